@@ -1,0 +1,280 @@
+"""Frozen, validated configs: one per skipping strategy, plus generation and tracing options."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any, ClassVar, Literal
+
+FILLS = ("copy", "propagate", "none")
+DROP_ORDERS = ("middle_out", "top_down", "bottom_up", "strided")
+CONFIDENCE_MEASURES = ("softmax_gap", "cosine")
+STRATEGY_NAMES = ("full", "d3", "skipdecode", "unified", "early_exit")
+
+Fill = Literal["copy", "propagate", "none"]
+
+
+def _check(ok: bool, name: str, value: Any, allowed: str) -> None:
+    """Raise a ValueError naming the field, the bad value and what is allowed."""
+    if not ok:
+        raise ValueError(f"{name}={value!r} is not allowed: {name} must be {allowed}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    _check(value in choices, name, value, "one of " + ", ".join(choices))
+
+
+def _check_optional_int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
+    if value is None:
+        return
+    allowed = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
+    _check(_is_int(value) and value >= lo and (hi is None or value <= hi), name, value, allowed + " (or None for auto)")
+
+
+def default_core(num_layers: int) -> tuple[int, int]:
+    """The default core split (head, tail): an eighth of the stack at each end, at least one layer."""
+    n = max(1, num_layers // 8)
+    return n, n
+
+
+@dataclass(frozen=True)
+class StrategyConfig:
+    """Base of every strategy: how the key/value states of skipped layers are filled."""
+
+    name: ClassVar[str] = "base"
+    fill: str = "copy"
+
+    def __post_init__(self) -> None:
+        _check_choice("fill", self.fill, FILLS)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"strategy": self.name, **asdict(self)}
+
+    def check_layers(self, num_layers: int) -> None:
+        """Raise ValueError if this config cannot run on a model with `num_layers` decoder layers."""
+        _check(_is_int(num_layers) and num_layers >= 1, "num_layers", num_layers, "an integer >= 1")
+
+    def with_(self, **changes: Any) -> "StrategyConfig":
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class FullConfig(StrategyConfig):
+    """Full depth: every layer for every token (the reference)."""
+
+    name: ClassVar[str] = "full"
+
+
+@dataclass(frozen=True)
+class D3Config(StrategyConfig):
+    """Position-aware depth decay: token i runs floor(L * alpha ** max(0, i - start)) layers.
+
+    core_head / core_tail: layers always run at the bottom / top (None: `default_core`).
+    start: number of generated tokens kept at full depth before the decay starts.
+    drop_order: order in which flex (middle) layers are dropped as the budget shrinks.
+    min_layers: floor of the budget besides the core (at least one layer always runs).
+    """
+
+    name: ClassVar[str] = "d3"
+    alpha: float = 0.99
+    core_head: int | None = None
+    core_tail: int | None = None
+    start: int = 0
+    drop_order: str = "middle_out"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(_is_number(self.alpha) and 0 < self.alpha <= 1, "alpha", self.alpha, "a number in (0, 1]")
+        _check_optional_int("core_head", self.core_head, 0)
+        _check_optional_int("core_tail", self.core_tail, 0)
+        _check(_is_int(self.start) and self.start >= 0, "start", self.start, "an integer >= 0 (tokens)")
+        _check_choice("drop_order", self.drop_order, DROP_ORDERS)
+
+    def core(self, num_layers: int) -> tuple[int, int]:
+        """The concrete (head, tail) core split for a model with `num_layers` layers."""
+        head, tail = default_core(num_layers)
+        return (head if self.core_head is None else self.core_head, tail if self.core_tail is None else self.core_tail)
+
+    def check_layers(self, num_layers: int) -> None:
+        super().check_layers(num_layers)
+        head, tail = self.core(num_layers)
+        _check(
+            head + tail <= num_layers,
+            "core_head + core_tail",
+            head + tail,
+            f"at most the model's {num_layers} layers (got head {head} + tail {tail})",
+        )
+
+
+@dataclass(frozen=True)
+class SkipDecodeConfig(StrategyConfig):
+    """SkipDecode: budget falls linearly from max_layers to min_layers over `horizon` tokens.
+
+    A token runs the bottom `warmup` layers plus the top (budget - warmup) layers. None: auto
+    (max = ceil(2L/3), min = L // 3), the 32-layer (22, 11) setting scaled to L.
+    """
+
+    name: ClassVar[str] = "skipdecode"
+    max_layers: int | None = None
+    min_layers: int | None = None
+    warmup: int = 1
+    horizon: int = 128
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_optional_int("max_layers", self.max_layers, 1)
+        _check_optional_int("min_layers", self.min_layers, 1)
+        _check(_is_int(self.warmup) and self.warmup >= 0, "warmup", self.warmup, "an integer >= 0")
+        _check(_is_int(self.horizon) and self.horizon >= 1, "horizon", self.horizon, "an integer >= 1 (tokens)")
+        if self.max_layers is not None and self.min_layers is not None:
+            _check(self.min_layers <= self.max_layers, "min_layers", self.min_layers, f"<= max_layers ({self.max_layers})")
+
+    def bounds(self, num_layers: int) -> tuple[int, int]:
+        """The concrete (max, min) budget for a model with `num_layers` layers."""
+        hi = math.ceil(2 * num_layers / 3) if self.max_layers is None else self.max_layers
+        lo = num_layers // 3 if self.min_layers is None else self.min_layers
+        return hi, max(1, min(lo, hi))
+
+    def check_layers(self, num_layers: int) -> None:
+        super().check_layers(num_layers)
+        hi, lo = self.bounds(num_layers)
+        _check(hi <= num_layers, "max_layers", hi, f"at most the model's {num_layers} layers")
+        _check(self.warmup <= lo, "warmup", self.warmup, f"at most min_layers ({lo})")
+
+
+@dataclass(frozen=True)
+class UnifiedConfig(StrategyConfig):
+    """Unified Layer Skipping: keep N = floor(L / ratio) layers, first and last always, the rest evenly spaced."""
+
+    name: ClassVar[str] = "unified"
+    ratio: float = 1.5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(_is_number(self.ratio) and 1 <= self.ratio <= 64, "ratio", self.ratio, "a number in [1, 64]")
+
+    def check_layers(self, num_layers: int) -> None:
+        super().check_layers(num_layers)
+        keep = math.floor(num_layers / self.ratio)
+        _check(keep >= min(2, num_layers), "ratio", self.ratio, f"small enough to keep 2 of {num_layers} layers")
+
+
+@dataclass(frozen=True)
+class EarlyExitConfig(StrategyConfig):
+    """CALM-style confidence early exit: stop once confidence passes `threshold` (not before `min_layers`).
+
+    softmax_gap: top-1 minus top-2 probability through the final norm and LM head.
+    cosine: cosine similarity of consecutive hidden states.
+    """
+
+    name: ClassVar[str] = "early_exit"
+    fill: str = "propagate"
+    threshold: float = 0.9
+    measure: str = "softmax_gap"
+    min_layers: int = 4
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(_is_number(self.threshold) and 0 < self.threshold <= 1, "threshold", self.threshold, "a number in (0, 1]")
+        _check_choice("measure", self.measure, CONFIDENCE_MEASURES)
+        _check(_is_int(self.min_layers) and self.min_layers >= 1, "min_layers", self.min_layers, "an integer >= 1")
+
+    def check_layers(self, num_layers: int) -> None:
+        super().check_layers(num_layers)
+        _check(self.min_layers <= num_layers, "min_layers", self.min_layers, f"at most the model's {num_layers} layers")
+
+
+STRATEGIES: dict[str, type[StrategyConfig]] = {
+    cls.name: cls for cls in (FullConfig, D3Config, SkipDecodeConfig, UnifiedConfig, EarlyExitConfig)
+}
+
+
+def strategy_from_dict(data: dict[str, Any]) -> StrategyConfig:
+    """Build a strategy config from {"strategy": name, **fields}; unknown names or fields raise ValueError."""
+    data = dict(data)
+    name = data.pop("strategy", "d3")
+    _check_choice("strategy", name, tuple(STRATEGIES))
+    cls = STRATEGIES[name]
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"unknown field(s) for strategy {name!r}: {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
+    return cls(**data)
+
+
+MAX_NEW_TOKENS_CAP = 1024
+MAX_PROMPT_TOKENS_CAP = 4096
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """How tokens are picked and when to stop. temperature 0 means greedy."""
+
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    stop_at_eos: bool = True
+
+    def __post_init__(self) -> None:
+        _check(
+            _is_int(self.max_new_tokens) and 1 <= self.max_new_tokens <= MAX_NEW_TOKENS_CAP,
+            "max_new_tokens",
+            self.max_new_tokens,
+            f"an integer in [1, {MAX_NEW_TOKENS_CAP}]",
+        )
+        _check(_is_number(self.temperature) and 0 <= self.temperature <= 5, "temperature", self.temperature, "a number in [0, 5] (0 = greedy)")
+        _check(_is_number(self.top_p) and 0 < self.top_p <= 1, "top_p", self.top_p, "a number in (0, 1]")
+        _check(_is_int(self.seed) and 0 <= self.seed < 2**63, "seed", self.seed, "an integer in [0, 2**63)")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class TraceConfig:
+    """What the decoder records. `enabled=False` records only tokens, layer sets and timings.
+
+    sublayer_stats: per layer, the change attention / MLP make to the residual stream (from hooks).
+    logit_lens: the top-1 token read out after every layer (costs an LM head per layer).
+    attention_layers: layers whose attention weights are kept, per head, for generated tokens.
+    top_k: how many next-token candidates each step keeps.
+    """
+
+    enabled: bool = True
+    sublayer_stats: bool = True
+    logit_lens: bool = False
+    attention_layers: tuple[int, ...] = field(default_factory=tuple)
+    top_k: int = 5
+
+    def __post_init__(self) -> None:
+        _check(_is_int(self.top_k) and 0 <= self.top_k <= 20, "top_k", self.top_k, "an integer in [0, 20]")
+        _check(
+            all(_is_int(x) and x >= 0 for x in self.attention_layers),
+            "attention_layers",
+            self.attention_layers,
+            "a tuple of layer indices >= 0",
+        )
+
+
+TRACE_OFF = TraceConfig(enabled=False, sublayer_stats=False)
+
+PRESETS: dict[str, StrategyConfig] = {
+    "full": FullConfig(),
+    "d3": D3Config(),
+    "d3-two-thirds": D3Config(alpha=0.99),
+    "d3-aggressive": D3Config(alpha=0.95),
+    "d3-no-core": D3Config(alpha=0.99, core_head=0, core_tail=0),
+    "skipdecode": SkipDecodeConfig(),
+    "unified-1.5x": UnifiedConfig(ratio=1.5),
+    "early-exit": EarlyExitConfig(),
+}

@@ -1,0 +1,180 @@
+"""Pure layer schedules: (config, num_layers, step) -> which decoder layers run. No torch, no model."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from d3.config import (
+    D3Config,
+    EarlyExitConfig,
+    FullConfig,
+    SkipDecodeConfig,
+    StrategyConfig,
+    UnifiedConfig,
+)
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """The layers a token will run, ascending, and its nominal budget.
+
+    `dynamic` marks strategies (early exit) whose plan is only an upper bound: the decoder
+    stops early when confidence passes the threshold, at or after `min_exit`.
+    """
+
+    run: tuple[int, ...]
+    budget: int
+    dynamic: bool = False
+    min_exit: int = 0
+
+
+def d3_budget(cfg: D3Config, num_layers: int, step: int) -> int:
+    """floor(L * alpha ** (step - start)) clamped to [core_head + core_tail, L] and at least 1."""
+    head, tail = cfg.core(num_layers)
+    decay_step = max(0, step - cfg.start)
+    # A tiny epsilon keeps alpha ** i from flooring 30 * 1.0 to 29 through rounding.
+    n = math.floor(num_layers * cfg.alpha**decay_step + 1e-9)
+    return min(num_layers, max(n, head + tail, 1))
+
+
+@lru_cache(maxsize=4096)
+def flex_drop_order(num_layers: int, head: int, tail: int, order: str) -> tuple[int, ...]:
+    """Flex layers in the order they are dropped (first = dropped first), for the nested orders."""
+    flex = list(range(head, num_layers - tail))
+    if order == "top_down":
+        return tuple(reversed(flex))
+    if order == "bottom_up":
+        return tuple(flex)
+    # middle_out: nearest to the centre of the flex block first, so dropped layers stay contiguous.
+    centre = (head + num_layers - tail - 1) / 2
+    return tuple(sorted(flex, key=lambda layer: (abs(layer - centre), layer)))
+
+
+def _strided_keep(flex: list[int], keep: int) -> set[int]:
+    """`keep` flex layers evenly spaced over the flex block (not nested from one budget to the next)."""
+    if keep <= 0:
+        return set()
+    if keep == 1:
+        return {flex[len(flex) // 2]}
+    span = len(flex) - 1
+    return {flex[round(k * span / (keep - 1))] for k in range(keep)}
+
+
+@lru_cache(maxsize=65536)
+def _d3_layers(num_layers: int, head: int, tail: int, order: str, budget: int) -> tuple[int, ...]:
+    flex = list(range(head, num_layers - tail))
+    keep = max(0, budget - head - tail)
+    if order == "strided":
+        kept_flex = _strided_keep(flex, keep)
+    else:
+        dropped = set(flex_drop_order(num_layers, head, tail, order)[: len(flex) - keep])
+        kept_flex = set(flex) - dropped
+    core = set(range(head)) | set(range(num_layers - tail, num_layers))
+    layers = sorted(core | kept_flex)
+    if not layers:  # budget >= 1 always, but a zero core with zero flex kept must still run something
+        layers = [flex[len(flex) // 2]] if flex else [0]
+    return tuple(layers)
+
+
+def d3_plan(cfg: D3Config, num_layers: int, step: int) -> LayerPlan:
+    head, tail = cfg.core(num_layers)
+    budget = d3_budget(cfg, num_layers, step)
+    return LayerPlan(_d3_layers(num_layers, head, tail, cfg.drop_order, budget), budget)
+
+
+def skipdecode_budget(cfg: SkipDecodeConfig, num_layers: int, step: int) -> int:
+    """Linear from max at step 0 to min at step horizon - 1, then flat (non-increasing)."""
+    hi, lo = cfg.bounds(num_layers)
+    if cfg.horizon <= 1:
+        return lo
+    frac = min(1.0, step / (cfg.horizon - 1))
+    return max(lo, min(hi, round(hi - (hi - lo) * frac)))
+
+
+def skipdecode_plan(cfg: SkipDecodeConfig, num_layers: int, step: int) -> LayerPlan:
+    budget = skipdecode_budget(cfg, num_layers, step)
+    warm = min(cfg.warmup, budget)
+    top = budget - warm
+    layers = sorted(set(range(warm)) | set(range(num_layers - top, num_layers)))
+    return LayerPlan(tuple(layers), budget)
+
+
+@lru_cache(maxsize=1024)
+def unified_layers(num_layers: int, ratio: float) -> tuple[int, ...]:
+    """N = floor(L / r) layers: the first, then every floor(L / (N - 1))-th, and the last."""
+    keep = max(1, min(num_layers, math.floor(num_layers / ratio)))
+    if keep >= num_layers:
+        return tuple(range(num_layers))
+    if keep == 1:
+        return (num_layers - 1,)
+    interval = max(1, num_layers // (keep - 1))
+    layers = [k * interval for k in range(keep - 1) if k * interval < num_layers - 1]
+    return tuple(sorted(set(layers) | {num_layers - 1}))
+
+
+def unified_plan(cfg: UnifiedConfig, num_layers: int, step: int) -> LayerPlan:
+    layers = unified_layers(num_layers, cfg.ratio)
+    return LayerPlan(layers, len(layers))
+
+
+def early_exit_plan(cfg: EarlyExitConfig, num_layers: int, step: int) -> LayerPlan:
+    return LayerPlan(tuple(range(num_layers)), num_layers, dynamic=True, min_exit=min(cfg.min_layers, num_layers))
+
+
+def full_plan(cfg: FullConfig, num_layers: int, step: int) -> LayerPlan:
+    return LayerPlan(tuple(range(num_layers)), num_layers)
+
+
+_PLANNERS = {
+    FullConfig: full_plan,
+    D3Config: d3_plan,
+    SkipDecodeConfig: skipdecode_plan,
+    UnifiedConfig: unified_plan,
+    EarlyExitConfig: early_exit_plan,
+}
+
+
+def plan(cfg: StrategyConfig, num_layers: int, step: int) -> LayerPlan:
+    """The layers generated token `step` (0 = first new token) runs. The prompt always runs all layers."""
+    if step < 0:
+        raise ValueError(f"step={step} is not allowed: step must be an integer >= 0")
+    return _PLANNERS[type(cfg)](cfg, num_layers, step)
+
+
+def budgets(cfg: StrategyConfig, num_layers: int, steps: int) -> list[int]:
+    """Planned number of layers for steps 0 .. steps-1 (the decay curve)."""
+    return [len(plan(cfg, num_layers, i).run) for i in range(steps)]
+
+
+def planned_grid(cfg: StrategyConfig, num_layers: int, steps: int) -> list[list[bool]]:
+    """[steps][num_layers] True where the layer is planned to run."""
+    rows = []
+    for i in range(steps):
+        run = set(plan(cfg, num_layers, i).run)
+        rows.append([layer in run for layer in range(num_layers)])
+    return rows
+
+
+def theoretical_speedup(layers_used: list[int] | tuple[int, ...], num_layers: int, fixed_cost_layers: float = 0.0) -> float:
+    """Full-depth cost over the cost used; `fixed_cost_layers` is the embedding + LM head cost in layer units."""
+    if not layers_used:
+        return 1.0
+    mean = sum(layers_used) / len(layers_used)
+    return (num_layers + fixed_cost_layers) / max(mean + fixed_cost_layers, 1e-9)
+
+
+def alpha_for_mean_depth(target_fraction: float, num_layers: int, steps: int, core_head: int | None = None,
+                         core_tail: int | None = None, start: int = 0) -> float:
+    """The alpha at which D3's mean layer count over `steps` tokens is closest to `target_fraction * L` (bisection)."""
+    lo, hi = 0.5, 1.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        cfg = D3Config(alpha=mid, core_head=core_head, core_tail=core_tail, start=start)
+        mean = sum(budgets(cfg, num_layers, steps)) / steps
+        if mean / num_layers < target_fraction:
+            lo = mid
+        else:
+            hi = mid
+    return round(hi, 6)

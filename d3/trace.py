@@ -1,0 +1,308 @@
+"""The one trace type: a frozen TokenStep per generated token inside a Trace. Plain Python and numpy only."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Iterable
+
+import numpy as np
+
+# Cell codes of the tokens x layers grid (Fig. 1 of the paper).
+SKIPPED, RAN, FILLED_COPY, FILLED_PROPAGATE, HOLE = 0, 1, 2, 3, 4
+CELL_NAMES = {SKIPPED: "skipped", RAN: "ran", FILLED_COPY: "filled (copy)", FILLED_PROPAGATE: "filled (propagate)", HOLE: "hole (masked)"}
+FILL_CODES = {"copy": FILLED_COPY, "propagate": FILLED_PROPAGATE, "none": HOLE}
+
+# Per-layer scalar names recorded from hooks; each is a float array of shape [num_layers], NaN where not run.
+LAYER_STATS = ("attn_cos", "attn_dist", "mlp_cos", "mlp_dist", "hidden_norm")
+
+
+def _nan_layers(num_layers: int) -> np.ndarray:
+    return np.full(num_layers, np.nan, dtype=np.float32)
+
+
+@dataclass(frozen=True, eq=False)
+class TokenStep:
+    """What happened when one sequence generated its `step`-th token (0 = first generated token).
+
+    layers_run: ascending layer indices that ran.
+    filled: (layer, how) for each skipped layer whose KV entry was filled; how in copy/propagate/none.
+    stats: LAYER_STATS name -> float32 array [num_layers] (NaN for layers that did not run).
+      attn_cos / mlp_cos: cosine between a sublayer's residual input and output.
+      attn_dist / mlp_dist: ||out - in|| / ||in|| for that sublayer.  hidden_norm: ||layer output||.
+    topk: (token_id, text, probability) of the most likely next tokens at this step.
+    logit_lens: top-1 token text read out after each layer ("" where the layer did not run).
+    attention: layer -> float16 array [heads, kv_len], this token's attention weights at that layer.
+    confidence: early exit only, the confidence measured after each layer (NaN where not measured).
+    """
+
+    step: int
+    token_id: int
+    text: str
+    layers_run: tuple[int, ...]
+    filled: tuple[tuple[int, str], ...]
+    planned: int
+    entropy: float
+    wall_ms: float
+    seq: int = 0
+    logprob: float = float("nan")
+    topk: tuple[tuple[int, str, float], ...] = ()
+    stats: dict[str, np.ndarray] = field(default_factory=dict)
+    logit_lens: tuple[str, ...] = ()
+    attention: dict[int, np.ndarray] = field(default_factory=dict)
+    confidence: tuple[float, ...] = ()
+    exit_layer: int | None = None
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers_run)
+
+    def cells(self, num_layers: int) -> np.ndarray:
+        """int8 [num_layers]: RAN, SKIPPED, or a FILLED_* / HOLE code per layer."""
+        row = np.full(num_layers, SKIPPED, dtype=np.int8)
+        row[list(self.layers_run)] = RAN
+        for layer, how in self.filled:
+            row[layer] = FILL_CODES[how]
+        return row
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in asdict(self).items() if k not in ("stats", "attention")}
+        d["stats"] = {k: _floats(v) for k, v in self.stats.items()}
+        d["attention"] = {str(k): np.asarray(v, dtype=np.float32).round(5).tolist() for k, v in self.attention.items()}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TokenStep":
+        d = dict(d)
+        d["layers_run"] = tuple(d["layers_run"])
+        d["filled"] = tuple((int(a), str(b)) for a, b in d["filled"])
+        d["topk"] = tuple((int(a), str(b), float(c)) for a, b, c in d.get("topk", ()))
+        d["logit_lens"] = tuple(d.get("logit_lens", ()))
+        d["confidence"] = tuple(_unfloat(x) for x in d.get("confidence", ()))
+        d["stats"] = {k: np.array([_unfloat(x) for x in v], dtype=np.float32) for k, v in d.get("stats", {}).items()}
+        d["attention"] = {int(k): np.array(v, dtype=np.float16) for k, v in d.get("attention", {}).items()}
+        for key in ("entropy", "logprob", "wall_ms"):
+            d[key] = _unfloat(d.get(key))
+        return cls(**d)
+
+
+def _floats(values: Iterable[float]) -> list[float | None]:
+    """JSON-safe floats: NaN becomes None."""
+    return [None if (x is None or math.isnan(x)) else round(float(x), 6) for x in np.asarray(values, dtype=np.float64)]
+
+
+def _unfloat(x: Any) -> float:
+    return float("nan") if x is None else float(x)
+
+
+@dataclass(frozen=True, eq=False)
+class PromptStats:
+    """Full-depth prefill statistics, averaged over prompt positions.
+
+    stats: LAYER_STATS name -> float32 array [num_layers].
+    attention: layer -> float16 array [heads, prompt_len, prompt_len].
+    """
+
+    tokens: tuple[str, ...] = ()
+    stats: dict[str, np.ndarray] = field(default_factory=dict)
+    attention: dict[int, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, eq=False)
+class Trace:
+    """Everything one generation produced, for one sequence. Views need nothing else.
+
+    strategy: the strategy config as a dict ({"strategy": name, **fields}).
+    core: (head, tail) core split used for display (D3's own, else the default split).
+    """
+
+    model: str
+    num_layers: int
+    strategy: dict[str, Any]
+    prompt: str
+    core: tuple[int, int]
+    steps: tuple[TokenStep, ...] = ()
+    prompt_stats: PromptStats = field(default_factory=PromptStats)
+    prefill_ms: float = 0.0
+    finish_reason: str = ""
+    num_heads: int = 0
+    fixed_cost_layers: float = 0.0
+
+    def with_steps(self, steps: Iterable[TokenStep], **changes: Any) -> "Trace":
+        return replace(self, steps=tuple(steps), **changes)
+
+    # -- derived views of the steps --------------------------------------------------------
+    @property
+    def strategy_name(self) -> str:
+        return str(self.strategy.get("strategy", "?"))
+
+    @property
+    def text(self) -> str:
+        return "".join(s.text for s in self.steps)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [s.token_id for s in self.steps]
+
+    @property
+    def layers_used(self) -> np.ndarray:
+        """int [T]: layers run per generated token."""
+        return np.array([s.n_layers for s in self.steps], dtype=np.int64)
+
+    @property
+    def planned(self) -> np.ndarray:
+        return np.array([s.planned for s in self.steps], dtype=np.int64)
+
+    @property
+    def mean_layers(self) -> float:
+        return float(self.layers_used.mean()) if self.steps else float(self.num_layers)
+
+    def grid(self) -> np.ndarray:
+        """int8 [T, num_layers] of cell codes (RAN, SKIPPED, FILLED_COPY, FILLED_PROPAGATE, HOLE)."""
+        if not self.steps:
+            return np.zeros((0, self.num_layers), dtype=np.int8)
+        return np.stack([s.cells(self.num_layers) for s in self.steps])
+
+    def stat(self, name: str) -> np.ndarray:
+        """float32 [T, num_layers] of one LAYER_STATS value (NaN where a layer did not run or was not traced)."""
+        rows = [s.stats.get(name, _nan_layers(self.num_layers)) for s in self.steps]
+        return np.stack(rows) if rows else np.zeros((0, self.num_layers), dtype=np.float32)
+
+    def theoretical_speedup(self, with_fixed_cost: bool = False) -> float:
+        fixed = self.fixed_cost_layers if with_fixed_cost else 0.0
+        return (self.num_layers + fixed) / max(self.mean_layers + fixed, 1e-9)
+
+    @property
+    def decode_seconds(self) -> float:
+        return sum(s.wall_ms for s in self.steps) / 1000.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        secs = self.decode_seconds
+        return len(self.steps) / secs if secs > 0 else 0.0
+
+    # -- export ------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "num_layers": self.num_layers,
+            "strategy": self.strategy,
+            "prompt": self.prompt,
+            "core": list(self.core),
+            "prefill_ms": self.prefill_ms,
+            "finish_reason": self.finish_reason,
+            "num_heads": self.num_heads,
+            "fixed_cost_layers": self.fixed_cost_layers,
+            "prompt_stats": {
+                "tokens": list(self.prompt_stats.tokens),
+                "stats": {k: _floats(v) for k, v in self.prompt_stats.stats.items()},
+            },
+            "steps": [s.to_dict() for s in self.steps],
+        }
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Trace":
+        ps = d.get("prompt_stats", {})
+        prompt_stats = PromptStats(
+            tokens=tuple(ps.get("tokens", ())),
+            stats={k: np.array([_unfloat(x) for x in v], dtype=np.float32) for k, v in ps.get("stats", {}).items()},
+        )
+        return cls(
+            model=d["model"],
+            num_layers=int(d["num_layers"]),
+            strategy=dict(d["strategy"]),
+            prompt=d["prompt"],
+            core=tuple(d["core"]),
+            steps=tuple(TokenStep.from_dict(s) for s in d["steps"]),
+            prompt_stats=prompt_stats,
+            prefill_ms=float(d.get("prefill_ms", 0.0)),
+            finish_reason=d.get("finish_reason", ""),
+            num_heads=int(d.get("num_heads", 0)),
+            fixed_cost_layers=float(d.get("fixed_cost_layers", 0.0)),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> "Trace":
+        return cls.from_dict(json.loads(text))
+
+    def to_frame(self):  # -> pandas.DataFrame, one row per (token, layer)
+        """Tidy table: one row per generated token and layer, with the cell state and per-layer stats."""
+        import pandas as pd
+
+        grid = self.grid()
+        rows = []
+        for t, s in enumerate(self.steps):
+            for layer in range(self.num_layers):
+                row = {"step": s.step, "token_id": s.token_id, "text": s.text, "layer": layer,
+                       "cell": CELL_NAMES[int(grid[t, layer])], "layers_used": s.n_layers, "planned": s.planned,
+                       "entropy": s.entropy, "wall_ms": s.wall_ms}
+                for name in LAYER_STATS:
+                    arr = s.stats.get(name)
+                    row[name] = float(arr[layer]) if arr is not None else float("nan")
+                rows.append(row)
+        return pd.DataFrame(rows)
+
+
+@dataclass(frozen=True, eq=False)
+class Comparison:
+    """A skipping run measured against full depth on the same prompt (all arrays indexed by position).
+
+    agree: bool [T] tokens equal at each position (over the shorter of the two runs).
+    kl_teacher: float [T] KL(full || skip) of next-token distributions, skip fed the full-depth tokens (local error).
+    kl_free: float [T'] KL(full || skip) on the skip run's own tokens (compounding error).
+    kv_error: float [T, L] relative error ||kv_skip - kv_full|| / ||kv_full|| under teacher forcing;
+      filled_mask: bool [T, L] True where that entry was filled (copy/propagate) or a hole.
+    """
+
+    full: Trace
+    skip: Trace
+    agree: np.ndarray
+    kl_teacher: np.ndarray
+    kl_free: np.ndarray
+    kv_error: np.ndarray
+    filled_mask: np.ndarray
+    teacher_grid: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int8))
+
+    @property
+    def first_divergence(self) -> int | None:
+        bad = np.flatnonzero(~self.agree)
+        return int(bad[0]) if bad.size else None
+
+    @property
+    def agreement(self) -> float:
+        return float(self.agree.mean()) if self.agree.size else 1.0
+
+    def filled_kv_error(self) -> float:
+        """Mean relative KV error over filled entries (NaN if nothing was filled)."""
+        vals = self.kv_error[self.filled_mask]
+        vals = vals[np.isfinite(vals)]
+        return float(vals.mean()) if vals.size else float("nan")
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "strategy": self.skip.strategy_name,
+            "tokens": len(self.skip.steps),
+            "mean_layers": self.skip.mean_layers,
+            "theoretical_speedup": self.skip.theoretical_speedup(),
+            "agreement": self.agreement,
+            "first_divergence": self.first_divergence,
+            "kl_teacher_mean": float(np.nanmean(self.kl_teacher)) if self.kl_teacher.size else float("nan"),
+            "kl_free_mean": float(np.nanmean(self.kl_free)) if self.kl_free.size else float("nan"),
+            "filled_kv_error": self.filled_kv_error(),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "summary": self.summary(),
+            "agree": self.agree.astype(bool).tolist(),
+            "kl_teacher": _floats(self.kl_teacher),
+            "kl_free": _floats(self.kl_free),
+            "kv_error": [_floats(r) for r in self.kv_error],
+            "filled_mask": self.filled_mask.astype(bool).tolist(),
+            "full": self.full.to_dict(),
+            "skip": self.skip.to_dict(),
+        }

@@ -1,0 +1,121 @@
+"""Quality against full depth: token agreement, KL teacher-forced and free-running, filled-KV error, perplexity."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from d3.config import FullConfig, GenerationConfig, StrategyConfig, TraceConfig, TRACE_OFF
+from d3.decoder import DecodeState, StepOutput
+from d3.engine import Engine
+from d3.trace import RAN, Comparison, Trace
+
+
+@dataclass
+class Recorded:
+    """A run's trace plus what only the comparison needs: per-step log-probs and the final KV cache."""
+
+    trace: Trace | None = None
+    logprobs: list[torch.Tensor] = field(default_factory=list)  # each float32 CPU [vocab]
+    state: DecodeState | None = None
+
+    def observe(self, step: int, out: StepOutput, state: DecodeState) -> None:
+        self.logprobs.append(torch.log_softmax(out.logits[0], dim=-1).cpu())
+        self.state = state
+
+    def stacked(self) -> torch.Tensor:
+        return torch.stack(self.logprobs) if self.logprobs else torch.zeros(0, 0)  # [T, vocab]
+
+
+def record(engine: Engine, prompt: str | Sequence[int], strategy: StrategyConfig, gen: GenerationConfig,
+           trace: TraceConfig = TraceConfig(), **kwargs: Any) -> Iterator[tuple[Trace, Recorded]]:
+    """Stream one prompt like `Engine.stream`, also recording log-probs and the cache for `compare`."""
+    rec = Recorded()
+    for t in engine.stream(prompt, strategy, gen, trace, observer=rec.observe, **kwargs):
+        rec.trace = t
+        yield t, rec
+
+
+def run_recorded(engine: Engine, prompt: str | Sequence[int], strategy: StrategyConfig, gen: GenerationConfig,
+                 trace: TraceConfig = TraceConfig(), **kwargs: Any) -> Recorded:
+    rec = Recorded()
+    for _, rec in record(engine, prompt, strategy, gen, trace, **kwargs):
+        pass
+    return rec
+
+
+def kl_rows(p_log: torch.Tensor, q_log: torch.Tensor) -> np.ndarray:
+    """KL(p || q) per row of two [T, vocab] log-prob tensors (over the shorter T): float [T]."""
+    n = min(len(p_log), len(q_log))
+    if n == 0:
+        return np.zeros(0)
+    p, q = p_log[:n], q_log[:n]
+    kl = (p.exp() * (p - q)).sum(-1)
+    return kl.clamp_min(0).numpy().astype(np.float64)
+
+
+def kv_error(full: DecodeState, skip: DecodeState, steps: int) -> np.ndarray:
+    """||kv_skip - kv_full|| / ||kv_full|| per generated step and layer: float [steps, L].
+
+    Row i is the KV entry written while producing token i (row 0: the last prompt position, from the prefill).
+    Both caches must hold the same tokens (teacher forcing). Rows outside a sliding window are NaN.
+    """
+    layers = len(full.cache.layers)
+    out = np.full((steps, layers), np.nan)
+    for idx in range(layers):
+        a, b = full.cache.layers[idx], skip.cache.layers[idx]
+        n = min(steps, a.keys.shape[-2], b.keys.shape[-2])
+        if n == 0:
+            continue
+        ref = torch.cat([a.keys[..., -n:, :], a.values[..., -n:, :]], dim=-1)[0].float()  # [kv_heads, n, 2*hd]
+        got = torch.cat([b.keys[..., -n:, :], b.values[..., -n:, :]], dim=-1)[0].float()
+        err = (got - ref).norm(dim=(0, 2)) / ref.norm(dim=(0, 2)).clamp_min(1e-6)  # [n]
+        out[steps - n:, idx] = err.numpy()
+    return out
+
+
+def compare(engine: Engine, prompt: str, strategy: StrategyConfig, gen: GenerationConfig = GenerationConfig(),
+            trace: TraceConfig = TraceConfig(), *, chat_template: bool = True, full: Recorded | None = None,
+            skip: Recorded | None = None) -> Comparison:
+    """Measure a skipping strategy against full depth on one prompt (runs whatever was not passed in)."""
+    kw = dict(chat_template=chat_template)
+    full = full or run_recorded(engine, prompt, FullConfig(), gen, trace, **kw)
+    skip = skip or run_recorded(engine, prompt, strategy, gen, trace, **kw)
+    assert full.trace is not None and skip.trace is not None
+    teacher = run_recorded(engine, prompt, strategy, gen, TRACE_OFF, forced=[full.trace.token_ids], **kw)
+    free_ref = engine.full_depth_logprobs(prompt, skip.trace.token_ids, chat_template=chat_template).cpu()
+    n = min(len(full.trace.steps), len(skip.trace.steps))
+    agree = np.array(full.trace.token_ids[:n]) == np.array(skip.trace.token_ids[:n])
+    steps = len(teacher.logprobs)
+    teacher_grid = teacher.trace.grid() if teacher.trace is not None else np.zeros((0, engine.num_layers), np.int8)
+    return Comparison(
+        full=full.trace,
+        skip=skip.trace,
+        agree=agree,
+        kl_teacher=kl_rows(full.stacked(), teacher.stacked()),
+        kl_free=kl_rows(free_ref, skip.stacked()),
+        kv_error=kv_error(full.state, teacher.state, steps) if steps else np.zeros((0, engine.num_layers)),
+        filled_mask=teacher_grid != RAN,
+        teacher_grid=teacher_grid,
+    )
+
+
+def perplexity(engine: Engine, text: str | Sequence[int], strategy: StrategyConfig, *, prefix_tokens: int = 8,
+               max_tokens: int = 256) -> float:
+    """Perplexity of real text whose tokens after a full-depth prefix are read under the strategy's schedule.
+
+    Position i after the prefix plays the role of generated token i (teacher forcing), so the schedule
+    decays along the text exactly as it would along a generation.
+    """
+    ids = engine.tokenizer(text)["input_ids"] if isinstance(text, str) else list(text)
+    ids = ids[: prefix_tokens + max_tokens]
+    if len(ids) <= prefix_tokens:
+        raise ValueError(f"text has {len(ids)} tokens; perplexity needs more than prefix_tokens={prefix_tokens}")
+    forced = ids[prefix_tokens:]
+    gen = GenerationConfig(max_new_tokens=min(len(forced), 1024), stop_at_eos=False)
+    traces = engine.generate_batch([ids[:prefix_tokens]], strategy, gen, TRACE_OFF, forced=[forced])
+    nll = -np.array([s.logprob for s in traces[0].steps])
+    return float(np.exp(nll.mean()))

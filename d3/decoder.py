@@ -1,0 +1,225 @@
+"""The skip-aware decode loop: prefill at full depth, then one token at a time through the layers a plan names.
+
+Mirrors transformers' own `for decoder_layer in self.layers` loop, calling the library's layers, cache,
+masks, rotary embedding, norm and LM head through `Adapter`. Skipped layers still get a KV entry at
+every position (filled by copy / propagate, or a masked-out hole), so every layer's cache stays aligned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers.cache_utils import DynamicCache
+
+from d3.adapter import Adapter
+from d3.config import EarlyExitConfig, GenerationConfig
+from d3.hooks import StatsRecorder, recording
+from d3.schedule import LayerPlan
+
+
+@dataclass
+class DecodeState:
+    """Mutable per-generation state: the KV cache, the 2-D padding mask, holes left by `none` filling."""
+
+    cache: DynamicCache
+    attention_mask: torch.Tensor  # [batch, seq] 1 = real token, 0 = left padding
+    next_positions: torch.Tensor  # [batch, 1] position id of the next token
+    holes: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> bool [batch, seq], True = hole
+
+    @property
+    def seq_len(self) -> int:
+        return self.attention_mask.shape[1]
+
+    def grow(self) -> None:
+        """Account for one new position in the padding mask and the hole masks."""
+        b = self.attention_mask.shape[0]
+        self.attention_mask = torch.cat([self.attention_mask, self.attention_mask.new_ones(b, 1)], dim=1)
+        for layer, hole in self.holes.items():
+            self.holes[layer] = torch.cat([hole, hole.new_zeros(b, 1)], dim=1)
+
+    def mark_hole(self, layer: int) -> None:
+        """The newest position of `layer` holds no real KV entry."""
+        if layer not in self.holes:
+            self.holes[layer] = torch.zeros_like(self.attention_mask, dtype=torch.bool)
+        self.holes[layer][:, -1] = True
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """One forward pass (prefill or one decode step) for the whole batch.
+
+    logits: float32 [batch, vocab] for the next token.  stats: float32 CPU [N_STATS, batch, L] or None.
+    attention: layer -> float32 CPU [batch, heads, q, kv].  confidence: per exit check (early exit only).
+    """
+
+    logits: torch.Tensor
+    layers_run: tuple[int, ...]
+    filled: tuple[tuple[int, str], ...]
+    stats: torch.Tensor | None = None
+    attention: dict[int, torch.Tensor] = field(default_factory=dict)
+    confidence: tuple[float, ...] = ()
+    exit_layer: int | None = None
+    lens: tuple[tuple[int, ...], ...] = ()  # [layer] -> top-1 id per batch row (logit lens)
+
+
+def left_padded_positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids that ignore left padding, as `generate` builds them: [batch, seq]."""
+    pos = attention_mask.long().cumsum(-1) - 1
+    return pos.masked_fill(attention_mask == 0, 0)
+
+
+def _layer_mask(state: DecodeState, idx: int, base: Any) -> Any:
+    """The library's mask for this layer, with this layer's holes masked out (only where it has holes)."""
+    hole = state.holes.get(idx)
+    if hole is None:
+        return base
+    allowed = (state.attention_mask.bool() & ~hole)[:, None, None, :]  # [batch, 1, 1, seq]
+    if base is None:
+        return allowed
+    allowed = allowed[..., -base.shape[-1]:]
+    if base.dtype == torch.bool:
+        return base & allowed
+    return base.masked_fill(~allowed, torch.finfo(base.dtype).min)
+
+
+def _nearest_ran(ran: list[int], idx: int) -> int:
+    """The nearest lower layer that ran (the official ULS rule), else the nearest higher one."""
+    lower = [r for r in ran if r < idx]
+    return lower[-1] if lower else min(ran, key=lambda r: abs(r - idx))
+
+
+def _fill(adapter: Adapter, state: DecodeState, pending: list[tuple[int, torch.Tensor]], ran: list[int],
+          fill: str, ropes: dict[str, Any]) -> tuple[tuple[int, str], ...]:
+    """Give every skipped layer a KV entry at the newest position; returns (layer, how) per filled layer."""
+    cache = state.cache
+    for idx, hidden in pending:
+        if fill == "copy" and ran:
+            src = cache.layers[_nearest_ran(ran, idx)]
+            keys, values = src.keys[..., -1:, :], src.values[..., -1:, :]
+        elif fill == "propagate" or (fill == "copy" and not ran):
+            keys, values = adapter.project_kv(idx, hidden, ropes[adapter.layer_types[idx]])
+        else:  # none: a zero placeholder that the mask hides from every later query
+            b = hidden.shape[0]
+            keys = hidden.new_zeros(b, adapter.num_kv_heads, 1, adapter.head_dim)
+            values = torch.zeros_like(keys)
+            state.mark_hole(idx)
+        cache.update(keys, values, idx)
+    return tuple((idx, fill) for idx, _ in pending)
+
+
+def _confidence(adapter: Adapter, cfg: EarlyExitConfig, hidden: torch.Tensor, previous: torch.Tensor) -> float:
+    """The batch's lowest confidence after this layer (the batch exits together, as in CALM)."""
+    if cfg.measure == "cosine":
+        return float(F.cosine_similarity(hidden[:, -1].float(), previous[:, -1].float(), dim=-1).min())
+    probs = torch.softmax(adapter.logits(hidden[:, -1]), dim=-1)
+    top2 = probs.topk(2, dim=-1).values  # [batch, 2]
+    return float((top2[:, 0] - top2[:, 1]).min())
+
+
+def _capture_attention(adapter: Adapter, state: DecodeState, recorder: StatsRecorder, masks: dict[str, Any],
+                       ropes: dict[str, Any]) -> dict[int, torch.Tensor]:
+    out = {}
+    for idx, h_in in recorder.inputs.items():
+        kind = adapter.layer_types[idx]
+        keys = state.cache.layers[idx].keys
+        mask = _layer_mask(state, idx, masks[kind])
+        if mask is None:
+            mask = state.attention_mask.bool()[:, None, None, :]
+        out[idx] = adapter.attention_probs(idx, h_in, ropes[kind], keys, mask).cpu()
+    return out
+
+
+def _logit_lens(adapter: Adapter, outputs: dict[int, torch.Tensor]) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(adapter.logits(h[:, -1]).argmax(-1).tolist()) for h in outputs.values())
+
+
+def forward(adapter: Adapter, state: DecodeState, hidden: torch.Tensor, positions: torch.Tensor, layer_plan: LayerPlan,
+            fill: str, *, early_exit: EarlyExitConfig | None = None, recorder: StatsRecorder | None = None,
+            logit_lens: bool = False) -> StepOutput:
+    """Run `hidden` ([batch, pos, d_model]) through the planned layers, filling the rest; the core of every step."""
+    masks = adapter.masks(hidden, state.attention_mask, state.cache, positions)
+    ropes = adapter.rope(hidden, positions)
+    run = set(layer_plan.run)
+    ran: list[int] = []
+    pending: list[tuple[int, torch.Tensor]] = []
+    conf: list[float] = []
+    outputs: dict[int, torch.Tensor] = {}
+    exit_layer = None
+    for idx in range(adapter.num_layers):
+        if exit_layer is not None or idx not in run:
+            pending.append((idx, hidden))
+            continue
+        kind = adapter.layer_types[idx]
+        before = hidden
+        hidden = adapter.run_layer(idx, hidden, _layer_mask(state, idx, masks[kind]), ropes[kind], state.cache, positions)
+        ran.append(idx)
+        if logit_lens:
+            outputs[idx] = hidden
+        if early_exit is not None and len(ran) >= layer_plan.min_exit and idx < adapter.num_layers - 1:
+            conf.append(_confidence(adapter, early_exit, hidden, before))
+            if conf[-1] >= early_exit.threshold:
+                exit_layer = idx
+    filled = _fill(adapter, state, pending, ran, fill, ropes) if pending else ()
+    attention = _capture_attention(adapter, state, recorder, masks, ropes) if recorder and recorder.inputs else {}
+    return StepOutput(
+        logits=adapter.logits(hidden[:, -1]),
+        layers_run=tuple(ran),
+        filled=filled,
+        stats=recorder.collect() if recorder is not None else None,
+        attention=attention,
+        confidence=tuple(conf),
+        exit_layer=exit_layer,
+        lens=_logit_lens(adapter, outputs) if logit_lens else (),
+    )
+
+
+def _recorded(adapter: Adapter, recorder: StatsRecorder | None, batch: int, valid: torch.Tensor | None, run: Any) -> StepOutput:
+    """Call `run()` with the recorder's hooks registered for exactly this forward pass (or none)."""
+    if recorder is None:
+        return run()
+    recorder.begin(batch, adapter.model.device, valid)
+    with recording(adapter, recorder):
+        return run()
+
+
+def prefill(adapter: Adapter, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
+            recorder: StatsRecorder | None = None, logit_lens: bool = False) -> tuple[DecodeState, StepOutput]:
+    """Run the prompt ([batch, prompt_len], left padded) at full depth; returns the state and the first step."""
+    state = DecodeState(DynamicCache(config=adapter.config), attention_mask, attention_mask.new_zeros(0))
+    positions = left_padded_positions(attention_mask)  # [batch, prompt_len]
+    hidden = adapter.embed(input_ids)  # [batch, prompt_len, d_model]
+    full = LayerPlan(tuple(range(adapter.num_layers)), adapter.num_layers)
+    out = _recorded(adapter, recorder, input_ids.shape[0], attention_mask,
+                    lambda: forward(adapter, state, hidden, positions, full, "copy", recorder=recorder, logit_lens=logit_lens))
+    state.next_positions = positions[:, -1:] + 1
+    return state, out
+
+
+def decode_one_token(adapter: Adapter, state: DecodeState, tokens: torch.Tensor, layer_plan: LayerPlan, fill: str, *,
+                     early_exit: EarlyExitConfig | None = None, recorder: StatsRecorder | None = None,
+                     logit_lens: bool = False) -> StepOutput:
+    """Feed the last tokens ([batch]) through the planned layers and return the next-token logits."""
+    state.grow()
+    positions = state.next_positions  # [batch, 1]
+    hidden = adapter.embed(tokens[:, None])  # [batch, 1, d_model]
+    out = _recorded(adapter, recorder, tokens.shape[0], None,
+                    lambda: forward(adapter, state, hidden, positions, layer_plan, fill, early_exit=early_exit,
+                                    recorder=recorder, logit_lens=logit_lens))
+    state.next_positions = positions + 1
+    return out
+
+
+def sample(logits: torch.Tensor, gen: GenerationConfig, generator: torch.Generator | None) -> torch.Tensor:
+    """Greedy argmax, or temperature + top-p sampling from a seeded generator: [batch, vocab] -> [batch]."""
+    if gen.greedy:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(logits / gen.temperature, dim=-1)
+    if gen.top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        drop = sorted_p.cumsum(-1) - sorted_p > gen.top_p  # keep the smallest prefix reaching top_p
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+    return torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1).to(logits.device)

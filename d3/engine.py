@@ -92,10 +92,7 @@ class Engine:
 
     def encode(self, prompts: Sequence[str], chat_template: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-padded ids and mask, [batch, prompt_len]; over-long prompts raise ValueError."""
-        rows = [list(p) if not isinstance(p, str) else
-                self.tokenizer(self.render(p, chat_template),
-                               add_special_tokens=not chat_template or not self.has_chat_template)["input_ids"]
-                for p in prompts]
+        rows = [self._ids(p, chat_template) for p in prompts]
         for r in rows:
             if len(r) > self.max_prompt_tokens:
                 raise ValueError(f"prompt is {len(r)} tokens long; the limit is {self.max_prompt_tokens} tokens")
@@ -106,6 +103,12 @@ class Engine:
         ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=self.device)
         mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=self.device)
         return ids, mask
+
+    def _ids(self, prompt: str | Sequence[int], chat_template: bool) -> list[int]:
+        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+            return list(prompt)
+        text = self.render(prompt, chat_template)  # type: ignore[arg-type]  (render rejects non-text)
+        return self.tokenizer(text, add_special_tokens=not chat_template or not self.has_chat_template)["input_ids"]
 
     def token_text(self, ids: list[int], i: int) -> str:
         """Text that token i adds, decoded with a little left context so multi-byte pieces come out right."""
@@ -161,7 +164,7 @@ class Engine:
                 picked = sample(out.logits, gen, generator) if forced is None else torch.tensor([f[step] for f in forced])
                 picked_list = picked.tolist()
             wall_ms = (time.perf_counter() - t0) * 1000
-            self._record(rows, step, picked_list, out, strategy, trace, wall_ms)
+            self._record(rows, step, picked_list, out, strategy, trace, wall_ms, stop_at_eos=forced is None)
             if gen.stop_at_eos and forced is None and all(r.done for r in rows):
                 finish = "eos"
             elif step == limit - 1:
@@ -194,15 +197,15 @@ class Engine:
         return stats
 
     def _record(self, rows: list[_Row], step: int, picked: list[int], out: StepOutput, strategy: StrategyConfig,
-                trace: TraceConfig, wall_ms: float) -> None:
-        planned = self.num_layers if step == 0 else plan(strategy, self.num_layers, step).budget
+                trace: TraceConfig, wall_ms: float, stop_at_eos: bool = True) -> None:
+        planned = plan(strategy, self.num_layers, step).budget
         logprobs = torch.log_softmax(out.logits, dim=-1)
         for b, row in enumerate(rows):
             if row.done:
                 continue
             row.ids.append(picked[b])
             row.steps.append(self._token_step(row, b, step, out, planned, logprobs, trace, wall_ms))
-            row.done = picked[b] in self.eos_ids
+            row.done = stop_at_eos and picked[b] in self.eos_ids
 
     def _token_step(self, row: _Row, b: int, step: int, out: StepOutput, planned: int, logprobs: torch.Tensor,
                     trace: TraceConfig, wall_ms: float) -> TokenStep:

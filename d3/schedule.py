@@ -137,9 +137,15 @@ _PLANNERS = {
 
 
 def plan(cfg: StrategyConfig, num_layers: int, step: int) -> LayerPlan:
-    """The layers generated token `step` (0 = first new token) runs. The prompt always runs all layers."""
+    """The layers generated token `step` runs.
+
+    Step 0, the first new token, comes out of the prompt's prefill, which always runs at full depth;
+    the strategy decides from step 1 on (for D3 this is the formula itself: floor(L * alpha ** 0) = L).
+    """
     if step < 0:
         raise ValueError(f"step={step} is not allowed: step must be an integer >= 0")
+    if step == 0:
+        return LayerPlan(tuple(range(num_layers)), num_layers)
     return _PLANNERS[type(cfg)](cfg, num_layers, step)
 
 

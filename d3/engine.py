@@ -47,6 +47,7 @@ class _Row:
 
     ids: list[int]
     steps: list[TokenStep]
+    pad: int = 0  # left-padding positions, cut from this row's attention weights
     done: bool = False
 
 
@@ -138,7 +139,7 @@ class Engine:
         self.check(strategy, trace)
         ids, mask = self.encode(prompts, chat_template)
         headers = [self._header(p, strategy, ids[b], mask[b]) for b, p in enumerate(prompts)]
-        rows = [_Row([], []) for _ in prompts]
+        rows = [_Row([], [], pad=int((mask[b] == 0).sum())) for b in range(len(prompts))]
         generator = torch.Generator().manual_seed(gen.seed) if not gen.greedy else None
         recorder = StatsRecorder(self.num_layers, trace.attention_layers) if trace.enabled and trace.sublayer_stats else None
         early = strategy if isinstance(strategy, EarlyExitConfig) else None
@@ -222,7 +223,7 @@ class Engine:
         if out.stats is not None and step > 0:
             extra["stats"] = {name: out.stats[k, b].numpy().copy() for k, name in enumerate(LAYER_STATS)}
         if out.attention and step > 0:
-            extra["attention"] = {layer: a[b, :, -1].to(torch.float16).numpy() for layer, a in out.attention.items()}
+            extra["attention"] = {layer: a[b, :, -1, row.pad:].to(torch.float16).numpy() for layer, a in out.attention.items()}
         if out.lens:
             by_layer = dict(zip(out.layers_run, out.lens))
             extra["logit_lens"] = tuple(self.tokenizer.decode([by_layer[l][b]]) if l in by_layer else ""

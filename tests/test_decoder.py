@@ -241,3 +241,15 @@ def test_over_long_prompt_and_bad_configs(tiny_engine):
         engine.generate(PROMPT, D3Config(core_head=4, core_tail=4), GREEDY)
     with pytest.raises(ValueError, match="attention_layers"):
         engine.generate(PROMPT, FullConfig(), GREEDY, TraceConfig(attention_layers=(9,)))
+
+
+def test_batched_attention_drops_left_padding(tiny_engine):
+    prompts = ["hi", "a longer prompt"]
+    batch = tiny_engine.generate_batch(prompts, FullConfig(), GenerationConfig(max_new_tokens=4, stop_at_eos=False),
+                                       TraceConfig(attention_layers=(1,)))
+    for p, t in zip(prompts, batch):
+        solo = tiny_engine.generate(p, FullConfig(), GenerationConfig(max_new_tokens=4, stop_at_eos=False),
+                                    TraceConfig(attention_layers=(1,)))
+        a, b = t.steps[2].attention[1].astype("float32"), solo.steps[2].attention[1].astype("float32")
+        assert a.shape == b.shape
+        assert abs(a - b).max() < 1e-2

@@ -1,0 +1,174 @@
+"""`python -m d3`: generate with a skipping strategy, describe a model, and the measurement subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from typing import Any, Sequence
+
+from d3.config import FILLS, DROP_ORDERS, STRATEGIES, GenerationConfig, TraceConfig, TRACE_OFF, strategy_from_dict
+
+# Subcommands that live in their own modules, each exposing add_parser(subparsers) and main(args) -> int.
+EXTRA_COMMANDS = ("d3.sweep",)  # d3.bench and d3.report are added when they land
+
+
+class CliError(Exception):
+    """A person's mistake: printed as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, no usage dump
+        raise CliError(message)
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="smollm2-135m", help="known model name or a local model directory")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
+    p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
+
+
+def add_strategy_args(p: argparse.ArgumentParser) -> None:
+    """Strategy flags shared by generate and the measurement commands."""
+    p.add_argument("--strategy", default="d3", choices=sorted(STRATEGIES))
+    p.add_argument("--alpha", type=float, help="D3 decay rate in (0, 1] (default 0.99)")
+    p.add_argument("--core-head", type=int, help="D3 core layers at the bottom (default L // 8)")
+    p.add_argument("--core-tail", type=int, help="D3 core layers at the top (default L // 8)")
+    p.add_argument("--start", type=int, help="D3: generated tokens kept at full depth before the decay")
+    p.add_argument("--drop-order", choices=DROP_ORDERS, help="D3: order in which flex layers are dropped")
+    p.add_argument("--fill", choices=FILLS, help="how skipped layers' KV entries are filled")
+    p.add_argument("--max-layers", type=int, help="SkipDecode: budget at the first token")
+    p.add_argument("--min-layers", type=int, help="SkipDecode / early exit: lowest budget")
+    p.add_argument("--warmup", type=int, help="SkipDecode: bottom layers always run")
+    p.add_argument("--ratio", type=float, help="Unified Layer Skipping: target speedup ratio")
+    p.add_argument("--threshold", type=float, help="early exit: confidence threshold in (0, 1]")
+    p.add_argument("--measure", choices=("softmax_gap", "cosine"), help="early exit: confidence measure")
+
+
+_STRATEGY_FIELDS = {
+    "alpha": "alpha", "core_head": "core_head", "core_tail": "core_tail", "start": "start", "drop_order": "drop_order",
+    "fill": "fill", "max_layers": "max_layers", "min_layers": "min_layers", "warmup": "warmup", "ratio": "ratio",
+    "threshold": "threshold", "measure": "measure",
+}
+
+
+def strategy_from_args(args: argparse.Namespace) -> Any:
+    """The strategy config the flags describe; flags that don't apply to the strategy are an error."""
+    cls = STRATEGIES[args.strategy]
+    given = {f: getattr(args, a) for a, f in _STRATEGY_FIELDS.items() if getattr(args, a, None) is not None}
+    allowed = set(cls.__dataclass_fields__)
+    extra = sorted(set(given) - allowed)
+    if extra:
+        flags = ", ".join("--" + e.replace("_", "-") for e in extra)
+        raise CliError(f"{flags} does not apply to --strategy {args.strategy}")
+    return strategy_from_dict({"strategy": args.strategy, **given})
+
+
+def _quiet_transformers() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+def load_engine(args: argparse.Namespace) -> Any:
+    from d3.engine import Engine
+    from d3.models import get_model
+
+    _quiet_transformers()
+
+    return Engine.from_loaded(get_model(args.model, device=args.device, dtype=args.dtype))
+
+
+def _token_rows(trace: Any) -> list[str]:
+    rows = [f"{'step':>4}  {'layers':>6}  {'entropy':>7}  token"]
+    for s in trace.steps:
+        rows.append(f"{s.step:>4}  {s.n_layers:>3}/{trace.num_layers:<2}  {s.entropy:7.3f}  {s.text!r}")
+    return rows
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from d3.engine import check_prompt
+
+    check_prompt(args.prompt)  # before the model loads: a bad prompt fails in milliseconds
+    strategy = strategy_from_args(args)
+    gen = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                           seed=args.seed)
+    engine = load_engine(args)
+    trace = engine.generate(args.prompt, strategy, gen, TraceConfig() if args.json or not args.quiet else TRACE_OFF,
+                            chat_template=not args.no_chat_template)
+    if args.json:
+        print(trace.to_json())
+        return 0
+    print(trace.text)
+    if not args.quiet:
+        print()
+        print("\n".join(_token_rows(trace)))
+        print(f"\n{len(trace.steps)} tokens, mean {trace.mean_layers:.1f}/{trace.num_layers} layers, "
+              f"theoretical speedup {trace.theoretical_speedup():.2f}x "
+              f"({trace.theoretical_speedup(with_fixed_cost=True):.2f}x counting the LM head), "
+              f"{trace.tokens_per_s:.1f} tokens/s, finished: {trace.finish_reason}")
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from d3.models import describe, get_model
+
+    _quiet_transformers()
+    info = describe(get_model(args.model, device=args.device, dtype=args.dtype))
+    if args.json:
+        print(json.dumps(info, default=str))
+        return 0
+    for key, value in info.items():
+        print(f"{key:>16}: {value}")
+    head, tail = info["default_core"]
+    n = info["num_layers"]
+    print(f"{'layers':>16}: core head 0..{head - 1}, flex {head}..{n - tail - 1}, core tail {n - tail}..{n - 1}")
+    return 0
+
+
+def cmd_fetch_data(args: argparse.Namespace) -> int:
+    from d3.data import fetch
+
+    print(f"data in {fetch(data_dir=args.data_dir)}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m d3", description="D3 Explorer: position-aware depth decay decoding")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    gen = sub.add_parser("generate", help="generate text with a skipping strategy and show per-token layer usage")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--max-new-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
+    gen.add_argument("--json", action="store_true", help="print the whole trace as JSON")
+    gen.add_argument("--quiet", action="store_true", help="print only the generated text")
+    add_strategy_args(gen)
+    _add_model_args(gen)
+    gen.set_defaults(func=cmd_generate)
+    info = sub.add_parser("info", help="the model, its layers and the default core split")
+    info.add_argument("--json", action="store_true")
+    _add_model_args(info)
+    info.set_defaults(func=cmd_info)
+    fetch = sub.add_parser("fetch-data", help="download the BIG-bench task files (PyPI sdist) into the data cache")
+    fetch.add_argument("--data-dir", default=None)
+    fetch.set_defaults(func=cmd_fetch_data)
+    for name in EXTRA_COMMANDS:
+        importlib.import_module(name).add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return int(args.func(args) or 0)
+    except (CliError, ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,66 @@
+"""`python -m d3`: bad arguments exit 2 with one line, generate prints text and a per-token summary."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from d3 import cli
+
+
+@pytest.fixture
+def tiny_cli(monkeypatch, tiny_engine):
+    monkeypatch.setattr(cli, "load_engine", lambda args: tiny_engine)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["generate", "--prompt", ""], "prompt is empty"),
+    (["generate", "--prompt", "hi", "--alpha", "1.5"], "alpha=1.5 is not allowed"),
+    (["generate", "--prompt", "hi", "--strategy", "full", "--alpha", "0.9"], "--alpha does not apply"),
+    (["generate", "--prompt", "hi", "--fill", "zeros"], "invalid choice"),
+    (["generate", "--prompt", "hi", "--max-new-tokens", "-4"], "max_new_tokens"),
+    (["generate", "--prompt", "hi", "--alpha", "abc"], "invalid float"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_bad_arguments_exit_2_with_one_line(tiny_cli, capsys, argv, message):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err and "Traceback" not in err
+
+
+def test_core_larger_than_model(tiny_cli, capsys):
+    assert cli.main(["generate", "--prompt", "hi", "--core-head", "5", "--core-tail", "5"]) == 2
+    assert "at most the model's 6 layers" in capsys.readouterr().err
+
+
+def test_generate_prints_text_and_per_token_summary(tiny_cli, capsys):
+    assert cli.main(["generate", "--prompt", "hello", "--alpha", "0.8", "--core-head", "1", "--core-tail", "1",
+                     "--max-new-tokens", "12"]) == 0
+    out = capsys.readouterr().out
+    assert "step  layers" in out and "theoretical speedup" in out
+    assert " 6/6 " in out and " 2/6 " in out  # full depth at the first token, the core floor later
+
+
+def test_generate_json_is_the_whole_trace(tiny_cli, capsys):
+    assert cli.main(["generate", "--prompt", "hello", "--strategy", "skipdecode", "--max-layers", "5",
+                     "--min-layers", "2", "--max-new-tokens", "8", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["strategy"]["strategy"] == "skipdecode" and len(data["steps"]) == 8
+    assert data["steps"][1]["layers_run"][0] == 0  # the warm-up layer
+
+
+@pytest.mark.integration
+def test_cli_on_the_embedded_model():
+    run = lambda *a: subprocess.run([sys.executable, "-m", "d3", *a], capture_output=True, text=True, timeout=300)
+    info = run("info", "--json")
+    assert info.returncode == 0, info.stderr
+    assert json.loads(info.stdout)["num_layers"] == 30
+    out = run("generate", "--prompt", "Name a colour.", "--max-new-tokens", "8", "--json")
+    assert out.returncode == 0, out.stderr
+    trace = json.loads(out.stdout)
+    assert trace["num_layers"] == 30 and 1 <= len(trace["steps"]) <= 8
+    bad = run("generate", "--prompt", "hi", "--model", "no-such-model")
+    assert bad.returncode == 2 and "unknown model" in bad.stderr and "Traceback" not in bad.stderr

@@ -1,0 +1,591 @@
+"""viz/: figure builders checked on the data they draw, from synthetic traces built off real schedules."""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from d3.config import D3Config, EarlyExitConfig, FullConfig, SkipDecodeConfig, StrategyConfig, UnifiedConfig, default_core
+from d3.schedule import budgets, d3_budget, plan, planned_grid
+from d3.trace import FILL_CODES, FILLED_COPY, HOLE, RAN, SKIPPED, Comparison, PromptStats, TokenStep, Trace
+import viz
+from viz.layout import plot_text, readable_token
+
+pytestmark = pytest.mark.filterwarnings("error::RuntimeWarning")  # e.g. numpy's "mean of empty slice"
+
+WORDS = ["The", " cat", " sat", " on", "\n", " the", " <b>mat</b>", "\t", " and", " purred", ".", " It"]
+
+
+# -- synthetic traces ------------------------------------------------------------------------------
+def make_trace(cfg: StrategyConfig, num_layers: int = 12, steps: int = 20, *, seed: int = 0,
+               token_ids: list[int] | None = None, attention_layers: tuple[int, ...] = (), heads: int = 2,
+               prompt_len: int = 5, texts: list[str] | None = None) -> Trace:
+    """A trace whose layer sets follow `plan(cfg)`: skipped layers filled with cfg.fill, random stats
+    (NaN where a layer did not run), attention [heads, prompt_len + step] at `attention_layers`."""
+    rng = np.random.default_rng(seed)
+    token_ids = token_ids if token_ids is not None else [i % len(WORDS) for i in range(steps)]
+    texts = texts if texts is not None else [WORDS[t % len(WORDS)] for t in token_ids]
+    out = []
+    for i in range(steps):
+        layer_plan = plan(cfg, num_layers, i)
+        run = layer_plan.run
+        ran = np.zeros(num_layers, dtype=bool)
+        ran[list(run)] = True
+        stats = {}
+        for name in ("attn_cos", "mlp_cos"):
+            stats[name] = np.where(ran, rng.uniform(0.5, 1.0, num_layers), np.nan).astype(np.float32)
+        for name in ("attn_dist", "mlp_dist", "hidden_norm"):
+            stats[name] = np.where(ran, rng.uniform(0.0, 1.0, num_layers), np.nan).astype(np.float32)
+        attention = {layer: rng.dirichlet(np.ones(prompt_len + i), size=heads).astype(np.float16)
+                     for layer in attention_layers if ran[layer]}
+        out.append(TokenStep(step=i, token_id=token_ids[i], text=texts[i], layers_run=run,
+                             filled=tuple((layer, cfg.fill) for layer in range(num_layers) if not ran[layer]),
+                             planned=layer_plan.budget, entropy=float(rng.uniform(0, 3)), wall_ms=10.0,
+                             logprob=float(np.log(rng.uniform(0.1, 1))), stats=stats, attention=attention,
+                             topk=((token_ids[i], texts[i], 0.6), (1, " dog", 0.2))))
+    prompt_stats = PromptStats(
+        tokens=tuple(f"p{k}" for k in range(prompt_len)),
+        stats={name: rng.uniform(0.5, 1.0, num_layers).astype(np.float32) for name in ("attn_cos", "mlp_cos")}
+        | {name: rng.uniform(0.0, 1.0, num_layers).astype(np.float32) for name in ("attn_dist", "mlp_dist")},
+    )
+    core = cfg.core(num_layers) if isinstance(cfg, D3Config) else default_core(num_layers)
+    return Trace(model="fake", num_layers=num_layers, strategy=cfg.to_dict(), prompt="p", core=core, steps=tuple(out),
+                 prompt_stats=prompt_stats, num_heads=heads)
+
+
+def make_comparison(full: Trace, skip: Trace, *, seed: int = 0) -> Comparison:
+    rng = np.random.default_rng(seed)
+    n = min(len(full.steps), len(skip.steps))
+    grid = skip.grid()[:n]
+    return Comparison(
+        full=full, skip=skip,
+        agree=np.array([a.token_id == b.token_id for a, b in zip(full.steps, skip.steps)]),
+        kl_teacher=rng.exponential(0.01, n), kl_free=rng.exponential(0.05, len(skip.steps)),
+        kv_error=rng.uniform(1e-4, 0.5, (n, full.num_layers)), filled_mask=np.isin(grid, list(FILL_CODES.values())),
+        teacher_grid=grid)
+
+
+@pytest.fixture(scope="module")
+def d3_cfg() -> D3Config:
+    return D3Config(alpha=0.9, start=3, core_head=2, core_tail=2)
+
+
+@pytest.fixture(scope="module")
+def d3_trace(d3_cfg: D3Config) -> Trace:
+    return make_trace(d3_cfg, attention_layers=(0, 5), seed=1)
+
+
+@pytest.fixture(scope="module")
+def full_trace() -> Trace:
+    return make_trace(FullConfig(), attention_layers=(0, 5), seed=2)
+
+
+def by_role(fig, role: str) -> list:
+    return [t for t in fig.data if isinstance(t.meta, dict) and t.meta.get("role") == role]
+
+
+def one(fig, role: str, **match):
+    found = [t for t in by_role(fig, role) if all(t.meta.get(k) == v for k, v in match.items())]
+    assert len(found) == 1, f"expected one {role} trace matching {match}, found {len(found)}"
+    return found[0]
+
+
+def assert_hover(trace) -> None:
+    """Every data trace explains itself on hover: per-point text, or a template."""
+    text = trace.text if trace.text is not None else ()
+    assert len(np.ravel(np.asarray(text, dtype=object))) or trace.hovertemplate, f"no hover on {trace.name}"
+
+
+# -- import hygiene --------------------------------------------------------------------------------
+def test_import_viz_pulls_in_no_torch_transformers_or_gradio() -> None:
+    code = ("import sys, viz; bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'gradio')];"
+            " print(bad); sys.exit(1 if bad else 0)")
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# -- text helpers ----------------------------------------------------------------------------------
+def test_readable_token_makes_whitespace_visible_and_plot_text_escapes() -> None:
+    assert readable_token("\n") == "⏎"
+    assert readable_token(" the") == "␣the"
+    assert readable_token("") == "∅"
+    assert readable_token("\x07") == "\u2407"
+    assert plot_text(" <br>&") == "␣&lt;br&gt;&amp;"
+
+
+# -- layer grid --------------------------------------------------------------------------------------
+def test_layer_grid_draws_the_trace_grid_with_token_labels_and_core_bands(d3_trace: Trace) -> None:
+    fig = viz.layer_grid(d3_trace)
+    heat = one(fig, "grid")
+    z = np.asarray(heat.z)
+    assert z.shape == (len(d3_trace.steps), d3_trace.num_layers)
+    np.testing.assert_array_equal(z, d3_trace.grid())
+    ticks = list(fig.layout.yaxis.ticktext)
+    assert ticks == [plot_text(s.text) for s in d3_trace.steps]
+    assert "⏎" in ticks and "␣&lt;b&gt;mat&lt;/b&gt;" in ticks
+    lines = sorted(s.x0 for s in fig.layout.shapes if s.type == "line")
+    head, tail = d3_trace.core
+    assert lines == [head - 0.5, d3_trace.num_layers - tail - 0.5]
+    assert list(fig.layout.coloraxis.colorbar.ticktext) == ["skipped", "ran", "filled (copy)", "filled (propagate)",
+                                                            "hole (masked)"]
+
+
+def test_layer_grid_hover_explains_each_cell(d3_trace: Trace) -> None:
+    hover = np.asarray(one(viz.layer_grid(d3_trace), "grid").text, dtype=object)
+    assert hover.shape == (len(d3_trace.steps), d3_trace.num_layers)
+    step = d3_trace.steps[-1]
+    skipped = [layer for layer in range(d3_trace.num_layers) if layer not in step.layers_run]
+    source = max(layer for layer in step.layers_run if layer < skipped[0])
+    cell = hover[-1, skipped[0]]
+    assert f"(step {step.step})" in cell and f"layer {skipped[0]} (flex)" in cell
+    assert f"skipped: KV filled by copying layer {source}" in cell
+    assert "layer 0 (core) · ran" in hover[-1, 0]
+
+
+def test_cell_hover_names_the_copy_source_as_the_decoder_picks_it() -> None:
+    from viz.grid import cell_hover
+
+    codes = np.array([[FILLED_COPY, FILLED_COPY, RAN, FILLED_COPY, SKIPPED]], dtype=np.int8)
+    hover = cell_hover(codes, ["token 'a' (step 1)"], ["core", "flex", "flex", "flex", "core"])
+    assert hover.shape == (1, 5)
+    assert hover[0, 0].endswith("copying layer 2 (no lower layer ran)")
+    assert hover[0, 3].endswith("skipped: KV filled by copying layer 2")
+    assert hover[0, 4] == "token 'a' (step 1) · layer 4 (core) · skipped: no KV entry written"
+
+
+def test_layer_grid_max_tokens_truncates(d3_trace: Trace) -> None:
+    z = np.asarray(one(viz.layer_grid(d3_trace, max_tokens=7), "grid").z)
+    np.testing.assert_array_equal(z, d3_trace.grid()[:7])
+
+
+def test_layer_grid_names_holes_and_propagated_fills() -> None:
+    trace = make_trace(D3Config(alpha=0.8, fill="none"), steps=10)
+    hover = np.asarray(one(viz.layer_grid(trace), "grid").text, dtype=object)
+    assert HOLE in trace.grid() and any("hole" in h for h in hover.ravel())
+    trace = make_trace(D3Config(alpha=0.8, fill="propagate"), steps=10)
+    hover = np.asarray(one(viz.layer_grid(trace), "grid").text, dtype=object)
+    assert any("propagate" in h for h in hover.ravel())
+
+
+def test_planned_grid_figure_matches_the_schedule(d3_cfg: D3Config) -> None:
+    fig = viz.planned_grid_figure(d3_cfg, 12, 30)
+    expected = np.where(np.array(planned_grid(d3_cfg, 12, 30)), RAN, SKIPPED)
+    np.testing.assert_array_equal(np.asarray(one(fig, "grid").z), expected)
+    assert "planned: skipped" in np.asarray(one(fig, "grid").text, dtype=object)[-1, 5]
+    filled = viz.planned_grid_figure(d3_cfg, 12, 30, show_fill=True)
+    np.testing.assert_array_equal(np.asarray(one(filled, "grid").z), np.where(expected == RAN, RAN, FILLED_COPY))
+
+
+def test_planned_grid_figure_says_early_exit_is_only_an_upper_bound() -> None:
+    fig = viz.planned_grid_figure(EarlyExitConfig(), 12, 10)
+    assert "upper bound" in fig.layout.title.text
+
+
+def test_planned_grid_figure_rejects_a_config_that_does_not_fit() -> None:
+    with pytest.raises(ValueError, match="core_head"):
+        viz.planned_grid_figure(D3Config(core_head=8, core_tail=8), 12, 10)
+
+
+def test_fig1_panels_one_grid_per_strategy(d3_trace: Trace, full_trace: Trace) -> None:
+    traces = {"full depth": full_trace, "SkipDecode": make_trace(SkipDecodeConfig(horizon=10)),
+              "unified": make_trace(UnifiedConfig(ratio=2.0)), "D3": d3_trace}
+    fig = viz.fig1_panels(traces)
+    grids = by_role(fig, "grid")
+    assert [g.meta["name"] for g in grids] == list(traces)
+    for grid, trace in zip(grids, traces.values()):
+        np.testing.assert_array_equal(np.asarray(grid.z), trace.grid())
+        assert grid.coloraxis == "coloraxis"
+    assert [g.xaxis for g in grids] == ["x", "x2", "x3", "x4"]
+
+
+# -- decay curve -------------------------------------------------------------------------------------
+def test_decay_curve_raw_formula_and_planned_budget(d3_cfg: D3Config, d3_trace: Trace) -> None:
+    L, steps = 12, 40
+    fig = viz.decay_curve(d3_cfg, L, steps, trace=d3_trace)
+    raw = [math.floor(L * d3_cfg.alpha ** max(0, i - d3_cfg.start) + 1e-9) for i in range(steps)]
+    np.testing.assert_array_equal(np.asarray(one(fig, "raw").y), raw)
+    head, tail = d3_cfg.core(L)
+    clamped = [min(L, max(r, head + tail, 1)) for r in raw]
+    planned = np.asarray(by_role(fig, "planned")[0].y)
+    np.testing.assert_array_equal(planned, clamped)
+    np.testing.assert_array_equal(planned, [d3_budget(d3_cfg, L, i) for i in range(steps)])
+    np.testing.assert_array_equal(planned, budgets(d3_cfg, L, steps))
+    np.testing.assert_array_equal(np.asarray(by_role(fig, "actual")[0].y), d3_trace.layers_used)
+    assert {(s.y0, s.y1) for s in fig.layout.shapes if s.y0 == s.y1} == {(head + tail, head + tail)}
+    assert {s.x0 for s in fig.layout.shapes if s.x0 == s.x1} == {d3_cfg.start - 0.5}
+    for trace in fig.data:
+        assert_hover(trace)
+
+
+def test_decay_curve_overlays_other_strategies(d3_cfg: D3Config) -> None:
+    others = {"SkipDecode": SkipDecodeConfig(horizon=20), "unified 2x": UnifiedConfig(ratio=2.0),
+              "early exit": EarlyExitConfig()}
+    exit_trace = make_trace(FullConfig(), steps=15).with_steps(
+        [s for s in make_trace(FullConfig(), steps=15).steps])  # stands in for a run with data-dependent depth
+    fig = viz.decay_curve(d3_cfg, 12, 50, others=others, others_traces={"early exit": exit_trace})
+    for key in ("SkipDecode", "unified 2x"):
+        line = one(fig, "planned", name=f"{key}: planned")
+        np.testing.assert_array_equal(np.asarray(line.y), budgets(others[key], 12, 50))
+    assert not [t for t in by_role(fig, "planned") if t.meta["name"].startswith("early exit")]
+    used = one(fig, "actual", name="early exit: used")
+    np.testing.assert_array_equal(np.asarray(used.y), exit_trace.layers_used)
+    colors = [t.line.color for t in by_role(fig, "planned")]
+    assert len(set(colors)) == len(colors)
+
+
+def test_decay_curve_handles_512_steps(d3_cfg: D3Config) -> None:
+    fig = viz.decay_curve(D3Config(alpha=0.995), 32, 512, others={"skip": SkipDecodeConfig()})
+    assert len(one(fig, "raw").y) == 512
+    np.testing.assert_array_equal(np.asarray(by_role(fig, "planned")[0].y), budgets(D3Config(alpha=0.995), 32, 512))
+
+
+def test_layers_vs_step_one_line_per_run(d3_trace: Trace, full_trace: Trace) -> None:
+    fig = viz.layers_vs_step({"full": full_trace, "d3": d3_trace})
+    used = by_role(fig, "actual")
+    assert len(used) == 2
+    np.testing.assert_array_equal(np.asarray(used[0].y), full_trace.layers_used)
+    np.testing.assert_array_equal(np.asarray(used[1].y), d3_trace.layers_used)
+    assert "ran" in used[1].text[0]
+
+
+# -- information flow ----------------------------------------------------------------------------------
+def _decode_mean(trace: Trace, name: str) -> np.ndarray:
+    """Mean over decode steps (step 0 is the prefill's last position) of one stat, NaN where never run."""
+    return _nanmean(trace.stat(name)[1:])
+
+
+def _nanmean(a: np.ndarray) -> np.ndarray:
+    a = np.asarray(a, dtype=np.float64)
+    count = np.isfinite(a).sum(axis=0)
+    return np.where(count > 0, np.nansum(a, axis=0) / np.maximum(count, 1), np.nan)
+
+
+def test_sublayer_flow_plots_the_nan_means_as_change(d3_trace: Trace, full_trace: Trace) -> None:
+    fig = viz.sublayer_flow(d3_trace, compare=full_trace)
+    flows = by_role(fig, "flow")
+    assert len(flows) == 2 * 2 * 3  # metrics x sublayers x (prompt, trace, compare)
+    for line in flows:
+        sub, metric, source = line.meta["sublayer"], line.meta["metric"], line.meta["source"]
+        name = f"{sub}_{metric}"
+        if source.startswith("prompt"):
+            expected = d3_trace.prompt_stats.stats[name].astype(np.float64)
+        else:
+            run = full_trace if "full depth" in source else d3_trace
+            expected = _decode_mean(run, name)
+        if metric == "cos":
+            expected = 1.0 - expected
+        np.testing.assert_allclose(np.asarray(line.y, dtype=np.float64), expected, rtol=1e-6)
+        assert_hover(line)
+    assert "1 − cos" in fig.layout.yaxis.title.text and "higher = more change" in fig.layout.yaxis.title.text
+    assert sum(s.type == "rect" for s in fig.layout.shapes) == 4  # head and tail band in each subplot
+
+
+def test_sublayer_flow_metric_switch_and_layers_that_never_ran() -> None:
+    trace = make_trace(D3Config(alpha=0.5, core_head=1, core_tail=1), steps=8)
+    trace = trace.with_steps(trace.steps[1:])  # step 0 always runs every layer
+    never = [layer for layer in range(12) if all(layer not in s.layers_run for s in trace.steps)]
+    assert never  # the middle of the stack is skipped by every token
+    fig = viz.sublayer_flow(trace, metric="dist")
+    line = one(fig, "flow", sublayer="mlp", metric="dist", source=f"generated, {viz.layout.strategy_label(trace.strategy)}")
+    assert np.isnan(np.asarray(line.y, dtype=np.float64)[never]).all()
+    assert "never ran" in line.text[never[0]]
+    with pytest.raises(ValueError, match="metric"):
+        viz.sublayer_flow(trace, metric="angle")
+
+
+def test_sublayer_flow_without_stats_says_so() -> None:
+    trace = make_trace(FullConfig(), steps=3)
+    bare = Trace(model="m", num_layers=12, strategy={"strategy": "full"}, prompt="", core=(1, 1),
+                 steps=tuple(TokenStep(step=s.step, token_id=1, text="a", layers_run=s.layers_run, filled=(),
+                                       planned=12, entropy=0.0, wall_ms=1.0) for s in trace.steps))
+    fig = viz.sublayer_flow(bare)
+    assert "sublayer_stats" in fig.layout.annotations[0].text
+
+
+def test_block_change_averages_per_trace_means(d3_cfg: D3Config) -> None:
+    traces = [make_trace(FullConfig(), steps=10, seed=s) for s in range(4)]
+    fig = viz.block_change(traces, metric="cos")
+    line = one(fig, "flow", sublayer="attn", metric="cos")
+    per_trace = np.stack([_decode_mean(t, "attn_cos") for t in traces])
+    np.testing.assert_allclose(np.asarray(line.y), 1 - per_trace.mean(axis=0), rtol=1e-6)
+    band = one(fig, "band", name="attention · mean over 4 traces")
+    upper = np.asarray(band.y[:12])  # the band polygon runs along the upper edge first, then back along the lower
+    np.testing.assert_allclose(upper - (1 - per_trace.mean(axis=0)), per_trace.std(axis=0, ddof=1), rtol=1e-5)
+    sem = one(viz.block_change(traces, metric="cos", band="sem"), "band", name=band.meta["name"])
+    assert np.ptp(sem.y) < np.ptp(band.y)  # sem = std / sqrt(4 traces)
+    with pytest.raises(ValueError, match="band"):
+        viz.block_change(traces, band="iqr")
+    with pytest.raises(ValueError, match="source"):
+        viz.block_change(traces, source="decode")
+    frame = pd.concat([t.to_frame() for t in traces])
+    from_frame = viz.block_change(frame, metric="dist")
+    line = one(from_frame, "flow", sublayer="mlp", metric="dist")
+    np.testing.assert_allclose(np.asarray(line.y), frame.groupby("layer")["mlp_dist"].mean().to_numpy(), rtol=1e-6)
+
+
+# -- attention -----------------------------------------------------------------------------------------
+def test_attention_map_rows_tokens_columns_keys(d3_trace: Trace, full_trace: Trace) -> None:
+    fig = viz.attention_map(full_trace, 5, 1)
+    heat = one(fig, "attention")
+    z = np.asarray(heat.z, dtype=np.float64)
+    T, P = len(full_trace.steps), len(full_trace.prompt_stats.tokens)
+    assert z.shape == (T, P + T - 1)
+    for t, step in enumerate(full_trace.steps):
+        np.testing.assert_allclose(z[t, : P + t], step.attention[5][1].astype(np.float64))
+        assert np.isnan(z[t, P + t:]).all()
+    labels = list(fig.layout.xaxis.ticktext)
+    assert labels[:P] == list(full_trace.prompt_stats.tokens) and labels[P] == plot_text(full_trace.steps[0].text)
+    # hover names the row and the column: the axes are self-explaining categories, one per row / column
+    assert len(heat.x) == z.shape[1] and len(set(heat.x)) == z.shape[1] and len(heat.y) == T
+    assert heat.x[0] == "key 0 'p0' (prompt)" and heat.x[P].endswith("(generated)")
+    assert heat.y[3] == f"step 3 (producing {viz.layout.quoted(full_trace.steps[3].text)})"
+    assert "%{y}" in heat.hovertemplate and "%{x}" in heat.hovertemplate and "%{z" in heat.hovertemplate
+
+
+def test_attention_map_side_by_side_and_skipped_rows(d3_trace: Trace, full_trace: Trace) -> None:
+    fig = viz.attention_map(d3_trace, 5, 0, compare=full_trace)
+    maps = by_role(fig, "attention")
+    assert [m.xaxis for m in maps] == ["x", "x2"] and maps[0].coloraxis == maps[1].coloraxis == "coloraxis"
+    z = np.asarray(maps[1].z, dtype=np.float64)
+    T, P = len(d3_trace.steps), len(d3_trace.prompt_stats.tokens)
+    assert z.shape == np.asarray(maps[0].z).shape == (T, P + T - 1)  # same keys on both sides
+    skipped = [t for t, s in enumerate(d3_trace.steps) if 5 not in s.layers_run]
+    assert skipped and np.isnan(z[skipped]).all()
+    assert "layer skipped" in maps[1].y[skipped[0]] and "skipped" not in maps[1].y[0]
+    titles = [a.text for a in fig.layout.annotations]
+    assert "grey rows" in titles[1] and "grey rows" not in titles[0]
+
+
+def test_attention_map_takes_step_0_from_the_prompt_attention(full_trace: Trace) -> None:
+    P = len(full_trace.prompt_stats.tokens)
+    prompt_attention = np.random.default_rng(0).dirichlet(np.ones(P), size=(2, P)).astype(np.float16)  # [heads, P, P]
+    steps = [replace(s, attention={}) if s.step == 0 else s for s in full_trace.steps]
+    trace = full_trace.with_steps(steps, prompt_stats=replace(full_trace.prompt_stats, attention={5: prompt_attention}))
+    z = np.asarray(one(viz.attention_map(trace, 5, 1), "attention").z, dtype=np.float64)
+    np.testing.assert_allclose(z[0, :P], prompt_attention[1, -1].astype(np.float64))
+    bare = full_trace.with_steps(steps)  # no prompt attention kept: row 0 is "not recorded", not "skipped"
+    heat = one(viz.attention_map(bare, 5, 1), "attention")
+    assert np.isnan(np.asarray(heat.z, dtype=np.float64)[0]).all() and "not recorded" in heat.y[0]
+
+
+def test_attention_map_without_that_layer_is_an_annotated_figure(d3_trace: Trace) -> None:
+    fig = viz.attention_map(d3_trace, 7, 0)
+    assert not fig.data and "No attention was captured for layer 7" in fig.layout.annotations[0].text
+    with pytest.raises(ValueError, match="head"):
+        viz.attention_map(d3_trace, 5, 9)
+
+
+# -- error propagation --------------------------------------------------------------------------------------
+def _diverging_pair(cfg: StrategyConfig, at: int) -> tuple[Trace, Trace]:
+    full = make_trace(FullConfig(), steps=20, seed=3)
+    ids = full.token_ids
+    ids = ids[:at] + [(i + 1) % len(WORDS) for i in ids[at:]]
+    return full, make_trace(cfg, steps=20, token_ids=ids, seed=4)
+
+
+def test_error_propagation_kl_lines_divergence_and_kv_heatmap(d3_cfg: D3Config) -> None:
+    comp = make_comparison(*_diverging_pair(d3_cfg, at=6))
+    fig = viz.error_propagation(comp)
+    np.testing.assert_allclose(np.asarray(one(fig, "kl_teacher").y), comp.kl_teacher)
+    np.testing.assert_allclose(np.asarray(one(fig, "kl_free").y), comp.kl_free)
+    marker = one(fig, "divergence")
+    assert list(marker.x) == [6] and comp.first_divergence == 6
+    heat = one(fig, "kv_error")
+    np.testing.assert_allclose(np.asarray(heat.z), np.log10(comp.kv_error).T)
+    filled = one(fig, "filled")
+    t_idx, l_idx = np.nonzero(comp.filled_mask)
+    np.testing.assert_array_equal(filled.x, t_idx)
+    np.testing.assert_array_equal(filled.y, l_idx)
+    assert "filled (copy)" in np.asarray(heat.text, dtype=object)[l_idx[0], t_idx[0]]
+    assert {s.x0 for s in fig.layout.shapes if s.type == "line" and s.x0 == s.x1} == {6}
+
+
+def test_error_propagation_without_divergence_or_kv(full_trace: Trace) -> None:
+    comp = Comparison(full=full_trace, skip=full_trace, agree=np.ones(20, bool), kl_teacher=np.zeros(20),
+                      kl_free=np.zeros(20), kv_error=np.zeros((0, 0)), filled_mask=np.zeros((0, 0), bool))
+    fig = viz.error_propagation(comp)
+    assert not by_role(fig, "divergence") and not by_role(fig, "kv_error")
+
+
+def test_fill_strategies_compares_curves_and_means() -> None:
+    comps = {fill: make_comparison(*_diverging_pair(D3Config(alpha=0.85, fill=fill), at=4 + k), seed=k)
+             for k, fill in enumerate(("copy", "propagate", "none"))}
+    fig = viz.fill_strategies(comps)
+    for fill, comp in comps.items():
+        np.testing.assert_allclose(np.asarray(one(fig, "kl_teacher", name=fill).y), comp.kl_teacher)
+        np.testing.assert_allclose(np.asarray(one(fig, "kl_free", name=fill).y), comp.kl_free)
+        np.testing.assert_allclose(one(fig, "kl_mean", name=fill).y, [comp.kl_teacher.mean(), comp.kl_free.mean()])
+        assert one(fig, "agreement", name=fill).y == (pytest.approx(comp.agreement),)
+    assert len({one(fig, "kl_teacher", name=f).line.color for f in comps}) == 3
+
+
+# -- Pareto ----------------------------------------------------------------------------------------------
+def _brute_front(points: np.ndarray, maximize: tuple[bool, bool]) -> set[int]:
+    q = points * np.where(maximize, 1.0, -1.0)
+    out = set()
+    for i, p in enumerate(q):
+        if not np.isfinite(p).all():
+            continue
+        dominated = any(np.isfinite(o).all() and (o >= p).all() and (o > p).any() for j, o in enumerate(q) if j != i)
+        if not dominated:
+            out.add(i)
+    return out
+
+
+@pytest.mark.parametrize("maximize", [(True, True), (True, False), (False, True)])
+def test_pareto_front_is_exactly_the_non_dominated_points(maximize: tuple[bool, bool]) -> None:
+    rng = np.random.default_rng(7)
+    for trial in range(40):
+        n = int(rng.integers(1, 40))
+        points = rng.random((n, 2))
+        if trial % 2:  # coarse grid: ties and exact duplicates
+            points = np.round(points * 4) / 4
+        if trial % 5 == 0:
+            points[rng.integers(n)] = np.nan
+        front = viz.pareto_front(points, maximize=maximize)
+        assert set(front.tolist()) == _brute_front(points, maximize)
+        assert len(front) == len(set(front.tolist()))
+        assert np.all(np.diff(points[front, 0]) >= 0)
+
+
+def test_pareto_front_empty_input() -> None:
+    assert viz.pareto_front(np.zeros((0, 2))).tolist() == []
+
+
+def _results() -> pd.DataFrame:
+    rng = np.random.default_rng(0)
+    rows = [{"strategy": "full", "label": "full depth", "measured_speedup": 1.0, "agreement": 1.0, "kl_teacher": 0.0,
+             "ppl_ratio": 1.0, "accuracy": 0.5}]
+    for strategy in ("d3", "skipdecode", "unified", "early_exit"):
+        for k in range(5):
+            rows.append({"strategy": strategy, "label": f"{strategy} #{k}", "measured_speedup": 1 + rng.random(),
+                         "agreement": rng.uniform(0.5, 1.0), "kl_teacher": rng.uniform(0, 0.5),
+                         "ppl_ratio": rng.uniform(1.0, 1.5), "accuracy": rng.uniform(0.3, 0.5)})
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("metric", ["agreement", "kl_teacher", "ppl_ratio", "accuracy"])
+def test_pareto_figure_front_line_through_exactly_the_non_dominated_rows(metric: str) -> None:
+    df = _results()
+    fig = viz.pareto(df, y=metric)
+    higher = metric in ("agreement", "accuracy")
+    expected = _brute_front(df[["measured_speedup", metric]].to_numpy(), (True, higher))
+    front = one(fig, "front")
+    assert set(front.meta["index"]) == expected
+    got = set(zip(np.asarray(front.x), np.asarray(front.y)))
+    assert got == {(df.measured_speedup[i], df[metric][i]) for i in expected}
+    assert front.line.shape == "vh"
+    points = by_role(fig, "points")
+    assert [p.meta["name"] for p in points] == ["full", "d3", "skipdecode", "unified", "early_exit"]
+    assert sum(len(p.x) for p in points) == len(df)
+    assert all("on the Pareto front" in t or "dominated" in t for p in points for t in p.text)
+    target = one(fig, "target")
+    full_value = df[metric][0]
+    bound = {"agreement": 0.99, "accuracy": full_value - 0.01, "kl_teacher": 0.01, "ppl_ratio": 1.01}[metric]
+    assert target.x == (1.5,) and target.y[0] == pytest.approx(bound)
+
+
+def test_pareto_needs_a_direction_for_unknown_metrics() -> None:
+    df = _results().assign(score=1.0)
+    with pytest.raises(ValueError, match="higher_is_better"):
+        viz.pareto(df, y="score")
+    assert one(viz.pareto(df, y="score", higher_is_better=True, target=None), "front")
+
+
+def test_task_accuracy_delta_bars_are_differences_in_points() -> None:
+    df = pd.DataFrame([
+        {"task": "gsm8k", "strategy": "full", "accuracy": 0.40, "chance": 0.0},
+        {"task": "word_sorting", "strategy": "full", "accuracy": 0.30, "chance": 0.28},
+        {"task": "gsm8k", "strategy": "d3", "label": "D3 α=0.99", "accuracy": 0.38, "chance": 0.0},
+        {"task": "word_sorting", "strategy": "d3", "label": "D3 α=0.99", "accuracy": 0.10, "chance": 0.28},
+        {"task": "gsm8k", "strategy": "skipdecode", "label": "SkipDecode", "accuracy": 0.20, "chance": 0.0},
+    ])
+    fig = viz.task_accuracy_delta(df)
+    d3 = one(fig, "delta", name="D3 α=0.99")
+    assert list(d3.x) == ["gsm8k", "word_sorting"]
+    np.testing.assert_allclose(d3.y, [-2.0, -20.0])
+    assert "chance level 28.0%" in d3.text[1] and "near chance" in d3.text[1]
+    np.testing.assert_allclose(one(fig, "delta", name="SkipDecode").y, [-20.0])
+    # the report's long table: no full-depth rows, the reference on every row as accuracy_full
+    runs = df[df.strategy != "full"].assign(accuracy_full=lambda d: d.task.map({"gsm8k": 0.40, "word_sorting": 0.30}))
+    np.testing.assert_allclose(one(viz.task_accuracy_delta(runs), "delta", name="D3 α=0.99").y, [-2.0, -20.0])
+
+
+# -- streaming pane ------------------------------------------------------------------------------------------
+def test_token_html_escapes_and_marks_exactly_the_differing_positions(d3_cfg: D3Config) -> None:
+    full, skip = _diverging_pair(d3_cfg, at=20)  # same ids everywhere, then change three
+    ids = full.token_ids
+    differ = [3, 7, 12]
+    for i in differ:
+        ids[i] = 99
+    texts = [WORDS[i % len(WORDS)] for i in full.token_ids]
+    texts[7] = "<script>alert(1)</script>"
+    skip = make_trace(d3_cfg, steps=20, token_ids=ids, texts=texts)
+    out = viz.token_html(skip, reference=full)
+    assert "<script>" not in out and "&lt;script&gt;alert(1)&lt;/script&gt;" in out
+    marked = [int(m) for m in re.findall(r'class="d3-tok d3-diff" data-step="(\d+)"', out)]
+    assert marked == differ
+    assert len(re.findall(r'class="d3-tok[ "]', out)) == 20
+    assert out.count('class="d3-badge"') == 1
+    assert out.index('class="d3-badge"') < out.index('data-step="3"') < out.index('data-step="4"')
+    assert out.index('class="d3-badge"') > out.index('data-step="2"')
+    assert "full depth picked" in out
+
+
+def test_token_html_colours_by_layers_and_shows_newlines(d3_trace: Trace) -> None:
+    out = viz.token_html(d3_trace)
+    assert "d3-diff" not in out and "d3-badge" not in out
+    assert "⏎\n" in out and 'class="d3-legend"' in out
+    colours = dict(re.findall(r'data-layers="(\d+)" title="[^"]*" style="background:([^;]+);', out))
+    assert len(colours) == len(set(d3_trace.layers_used.tolist())) >= 2
+    assert len(set(colours.values())) == len(colours)  # different depths, different colours
+
+
+def test_token_html_title_attribute_cannot_break_out() -> None:
+    trace = make_trace(FullConfig(), steps=2, texts=['" onmouseover="x', "a"])
+    out = viz.token_html(trace)
+    assert '" onmouseover="x' not in out and "&quot; onmouseover=&quot;x" in out
+
+
+def test_counters_html_reports_speed_depth_and_agreement(d3_cfg: D3Config) -> None:
+    full, skip = _diverging_pair(d3_cfg, at=15)
+    out = viz.counters_html(skip, reference=full, measured_speedup=1.23)
+    assert "1.23×" in out and f"{skip.theoretical_speedup():.2f}×" in out
+    assert f"{skip.mean_layers:.1f} / 12" in out and "15 / 20" in out and "first divergence at position 15" in out
+    assert "—" in viz.counters_html(skip)  # measured speedup not known yet
+
+
+# -- shared look and export ------------------------------------------------------------------------------------
+def test_presentation_scales_fonts_up(d3_cfg: D3Config) -> None:
+    normal = viz.decay_curve(d3_cfg, 12, 20)
+    big = viz.decay_curve(d3_cfg, 12, 20, presentation=True)
+    assert big.layout.font.size > normal.layout.font.size >= 14
+    assert big.layout.title.font.size > normal.layout.title.font.size
+
+
+def test_every_figure_explains_its_points(d3_trace: Trace, full_trace: Trace, d3_cfg: D3Config) -> None:
+    comp = make_comparison(full_trace, d3_trace)
+    figures = [viz.layer_grid(d3_trace), viz.planned_grid_figure(d3_cfg, 12, 10), viz.decay_curve(d3_cfg, 12, 20),
+               viz.sublayer_flow(d3_trace), viz.attention_map(d3_trace, 0, 0), viz.error_propagation(comp),
+               viz.fill_strategies({"copy": comp}), viz.pareto(_results()), viz.layers_vs_step({"d3": d3_trace}),
+               viz.block_change([d3_trace, full_trace])]
+    for fig in figures:
+        for trace in fig.data:
+            if trace.hoverinfo == "skip":
+                continue
+            assert_hover(trace)
+
+
+def test_to_html_is_standalone(d3_cfg: D3Config) -> None:
+    page = viz.to_html(viz.decay_curve(d3_cfg, 12, 10))
+    assert "<html>" in page and page.rstrip().endswith("</html>") and "plotly.js" in page.lower()
+    assert len(page) > 1_000_000  # plotly.js is inlined, so the page works offline

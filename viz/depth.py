@@ -1,0 +1,124 @@
+"""Depth against decoding step (Fig. 4): D3's decay curve, planned budgets and the layers tokens used."""
+
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+
+from d3.config import D3Config, StrategyConfig
+from d3.schedule import budgets
+from d3.trace import Trace
+from viz.layout import (
+    CORE_LINE,
+    decode_plan,
+    guide_line,
+    make_figure,
+    quoted,
+    series_colors,
+    strategy_kind,
+    strategy_label,
+)
+
+
+def raw_decay(cfg: D3Config, num_layers: int, steps: int) -> np.ndarray:
+    """int [steps]: floor(L * alpha ** max(0, i - start)), the formula before the core floor clamps it
+    (the same epsilon as `d3.schedule.d3_budget`, so 30 * 1.0 floors to 30)."""
+    decay_step = np.maximum(0, np.arange(steps) - cfg.start)
+    return np.floor(num_layers * np.power(float(cfg.alpha), decay_step) + 1e-9).astype(np.int64)
+
+
+def usage_scatter(trace: Trace, *, name: str, color: str, mode: str = "markers", showlegend: bool = True) -> go.Scatter:
+    """What each token of `trace` actually ran: layers_used [T] against step [T], with per-token hover."""
+    used = trace.layers_used
+    hover = [f"step {s.step}: token {quoted(s.text)} ran {s.n_layers} of {trace.num_layers} layers"
+             f" (planned {s.planned})" + (f", exited after layer {s.exit_layer}" if s.exit_layer is not None else "")
+             for s in trace.steps]
+    return go.Scatter(x=np.array([s.step for s in trace.steps]), y=used, mode=mode, name=name, text=hover,
+                      hovertemplate="%{text}<extra>" + name + "</extra>", showlegend=showlegend,
+                      marker=dict(color=color, size=7, opacity=0.85), line=dict(color=color, width=2),
+                      meta={"role": "actual", "name": name})
+
+
+def _planned_line(cfg: StrategyConfig, num_layers: int, steps: int, *, name: str, color: str, width: float,
+                  dash: str = "solid") -> go.Scatter:
+    """The planned budget `budgets(cfg, L, steps)` [steps] as a step-wise line."""
+    y = np.asarray(budgets(cfg, num_layers, steps), dtype=np.int64)
+    return go.Scatter(x=np.arange(steps), y=y, mode="lines", name=name, line=dict(color=color, width=width,
+                      dash=dash, shape="hv"), hovertemplate="step %{x}: planned %{y} of " + str(num_layers)
+                      + " layers<extra>" + name + "</extra>", meta={"role": "planned", "name": name})
+
+
+def decay_curve(cfg: StrategyConfig, num_layers: int, steps: int, *, trace: Trace | None = None,
+                others: dict[str, StrategyConfig] | None = None, others_traces: dict[str, Trace] | None = None,
+                title: str | None = None, presentation: bool = False, height: int | None = None) -> go.Figure:
+    """Layers per step: the raw decay floor(L * alpha ** i) [steps] (dashed, D3 only), the planned budget
+    `budgets(cfg)` [steps] with the core floor and the delayed start marked, the layers each token of
+    `trace` used [T] (markers), other strategies' planned budgets, and the actual usage of
+    `others_traces` (early exit has no plan, so only its trace can show it). Cheap enough for every
+    slider move (about 15 ms for 512 steps with three other strategies)."""
+    cfg.check_layers(num_layers)
+    others = others or {}
+    others_traces = others_traces or {}
+    kinds = [cfg.name, *(c.name for c in others.values()), *(strategy_kind(t.strategy) for k, t in others_traces.items()
+                                                              if k not in others)]
+    colors = series_colors(kinds)
+    main_color = colors[0]
+    label = strategy_label(cfg)
+    data: list[go.Scatter] = []  # collected, then one Figure(...) call: add_trace copies each trace
+    shapes: list[dict] = []
+    notes: list[dict] = []
+    if isinstance(cfg, D3Config):
+        data.append(go.Scatter(x=np.arange(steps), y=raw_decay(cfg, num_layers, steps), mode="lines",
+                               name="floor(L·α^i), unclamped", line=dict(color=main_color, dash="dash", width=1.5),
+                               hovertemplate="step %{x}: the formula alone gives %{y} layers<extra></extra>",
+                               meta={"role": "raw"}))
+        head, tail = cfg.core(num_layers)
+        floor = head + tail
+        if floor > 0:
+            shapes.append(guide_line(y=floor, color=CORE_LINE, dash="dot"))
+            notes.append(dict(x=1, xref="paper", xanchor="right", y=floor, yanchor="bottom", showarrow=False,
+                              text=f"core floor: {head} + {tail} = {floor} layers", font=dict(color=CORE_LINE)))
+        if cfg.start > 0:
+            shapes.append(guide_line(x=cfg.start - 0.5))
+            notes.append(dict(x=cfg.start - 0.5, xanchor="left", y=0, yref="paper", yanchor="bottom", showarrow=False,
+                              text=f" decay starts at token {cfg.start}"))
+    if not decode_plan(cfg, num_layers).dynamic:
+        data.append(_planned_line(cfg, num_layers, steps, name=f"{label}: planned", color=main_color, width=3))
+    if trace is not None:
+        data.append(usage_scatter(trace, name=f"{label}: used", color=main_color))
+    for (key, other), color in zip(others.items(), colors[1:]):
+        if decode_plan(other, num_layers).dynamic:
+            continue  # early exit decides while decoding: only its trace (below) can show it
+        data.append(_planned_line(other, num_layers, steps, name=f"{key}: planned", color=color, width=2))
+    other_colors = dict(zip(others, colors[1:]))
+    extra_colors = iter(colors[1 + len(others):])
+    for key, other_trace in others_traces.items():
+        color = other_colors.get(key) or next(extra_colors)
+        data.append(usage_scatter(other_trace, name=f"{key}: used", color=color, mode="lines+markers"))
+    layout = dict(
+        shapes=shapes, annotations=notes, hovermode="closest",
+        xaxis=dict(title=dict(text="generated token (step i)"), range=[-0.5, max(steps, 1) - 0.5]),
+        yaxis=dict(title=dict(text="decoder layers run"), range=[0, num_layers + 1]))
+    title = title if title is not None else f"Depth decay · {label} · L = {num_layers}"
+    return make_figure(data, layout, title=title, presentation=presentation, height=height or 460)
+
+
+def layers_vs_step(traces: dict[str, Trace], *, show_planned: bool = True, title: str | None = None,
+                   presentation: bool = False, height: int | None = None) -> go.Figure:
+    """Layers used [T] against decoding step for several runs (paper Fig. 4), planned budgets dotted."""
+    colors = series_colors([strategy_kind(t.strategy) for t in traces.values()])
+    data: list[go.Scatter] = []
+    num_layers = max((t.num_layers for t in traces.values()), default=1)
+    for (key, trace), color in zip(traces.items(), colors):
+        name = f"{key} (mean {trace.mean_layers:.1f}/{trace.num_layers})"
+        data.append(usage_scatter(trace, name=name, color=color, mode="lines+markers"))
+        if show_planned and trace.steps and not np.array_equal(trace.planned, trace.layers_used):
+            data.append(go.Scatter(x=np.array([s.step for s in trace.steps]), y=trace.planned, mode="lines",
+                                   name=f"{key}: planned", line=dict(color=color, dash="dot", width=1.5, shape="hv"),
+                                   hovertemplate="step %{x}: planned %{y} layers<extra>" + key + "</extra>",
+                                   meta={"role": "planned", "name": key}))
+    layout = dict(xaxis=dict(title=dict(text="generated token (step)")),
+                  yaxis=dict(title=dict(text="decoder layers run"), range=[0, num_layers + 1]),
+                 )
+    title = title if title is not None else "Layers used per decoding step (paper Fig. 4)"
+    return make_figure(data, layout, title=title, presentation=presentation, height=height or 460)

@@ -1,0 +1,161 @@
+"""Error against full depth (Fig. 2): local vs compounding KL, filled-KV error, and fill strategies side by side."""
+
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from d3.trace import CELL_NAMES, Comparison
+from viz.layout import (
+    EXTRA_COLORS,
+    FILL_COLORS,
+    apply_layout,
+    core_shapes,
+    fmt,
+    guide_line,
+    layer_kinds,
+    quoted,
+    strategy_label,
+)
+
+KL_COLORS = {"teacher": "#0072B2", "free": "#D55E00"}
+KL_NAMES = {"teacher": "KL teacher-forced (local error)", "free": "KL free-running (compounding error)"}
+KV_FLOOR = 1e-6  # relative KV errors below this are drawn at the floor of the log scale
+
+
+def _token_at(comparison: Comparison, position: int, run: str) -> str:
+    steps = (comparison.full if run == "full" else comparison.skip).steps
+    return quoted(steps[position].text) if position < len(steps) else "(none)"
+
+
+def _kl_line(comparison: Comparison, which: str, *, name: str, color: str, dash: str = "solid",
+             legendgroup: str | None = None, showlegend: bool = True) -> go.Scatter:
+    """KL per position ([T] teacher-forced or [T'] free-running) with the tokens in the hover."""
+    values = np.asarray(comparison.kl_teacher if which == "teacher" else comparison.kl_free, dtype=np.float64)
+    run = "full" if which == "teacher" else "skip"  # teacher forcing feeds the full-depth tokens
+    what = "local error: skip fed full-depth tokens" if which == "teacher" else "compounding error: skip on its own tokens"
+    hover = [f"position {t} · token {_token_at(comparison, t, run)} · KL(full ‖ skip) = {fmt(v)} nats · {what}"
+             for t, v in enumerate(values)]
+    return go.Scatter(x=np.arange(len(values)), y=values, mode="lines", name=name, text=hover,
+                      hovertemplate="%{text}<extra></extra>", line=dict(color=color, dash=dash, width=2.5),
+                      legendgroup=legendgroup, showlegend=showlegend, meta={"role": f"kl_{which}", "name": name})
+
+
+def _kv_heatmap(comparison: Comparison) -> tuple[go.Heatmap, go.Scatter]:
+    """log10 of `kv_error` [T, L], drawn transposed (layers up, positions along the shared x), and
+    open markers on the cells `filled_mask` [T, L] marks as filled."""
+    err = np.asarray(comparison.kv_error, dtype=np.float64)  # [T, L]
+    filled = np.asarray(comparison.filled_mask, dtype=bool)
+    positions, num_layers = err.shape
+    core = comparison.skip.core
+    kinds = layer_kinds(num_layers, core)
+    grid = comparison.teacher_grid if comparison.teacher_grid.shape == err.shape else None
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_err = np.log10(np.clip(err, KV_FLOOR, None))
+    hover = np.empty((num_layers, positions), dtype=object)  # transposed, like z
+    for t in range(positions):
+        token = _token_at(comparison, t, "full")
+        for layer in range(num_layers):
+            state = CELL_NAMES[int(grid[t, layer])] if grid is not None else ("filled" if filled[t, layer] else "")
+            hover[layer, t] = (f"position {t} · token {token} · layer {layer} ({kinds[layer]}) · relative KV error "
+                               f"{fmt(err[t, layer])}" + (f" · {state}" if state else ""))
+    finite = log_err[np.isfinite(log_err)]
+    lo, hi = (np.floor(finite.min()), np.ceil(finite.max())) if finite.size else (np.log10(KV_FLOOR), 0.0)
+    ticks = np.arange(lo, max(hi, lo) + 1)
+    heat = go.Heatmap(z=log_err.T, x=np.arange(positions), y=np.arange(num_layers), text=hover,
+                      hovertemplate="%{text}<extra></extra>", colorscale="Magma", reversescale=True,
+                      colorbar=dict(title=dict(text="KV error"), tickvals=ticks, ticktext=[f"1e{int(k)}" for k in ticks],
+                                    y=0.3, len=0.6), meta={"role": "kv_error"})
+    t_idx, l_idx = np.nonzero(filled)
+    marks = go.Scatter(x=t_idx, y=l_idx, mode="markers", name="filled KV entry",
+                       marker=dict(symbol="square-open", size=7, color="#22D3EE", line=dict(width=1.5)),
+                       hoverinfo="skip", meta={"role": "filled"})
+    return heat, marks
+
+
+def error_propagation(comparison: Comparison, *, log_kl: bool = False, title: str | None = None,
+                      presentation: bool = False, height: int | None = None) -> go.Figure:
+    """Top: KL teacher-forced [T] (local error) and free-running [T'] (compounding error) per position,
+    first divergence marked. Bottom: relative error of the KV cache under teacher forcing, `kv_error`
+    [T, L] on a log scale (z is transposed to [L, T] so positions share the x axis), filled entries
+    (`filled_mask` [T, L]) outlined."""
+    has_kv = comparison.kv_error.size > 0
+    rows = 2 if has_kv else 1
+    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        row_heights=[0.4, 0.6] if has_kv else None,
+                        subplot_titles=["next-token KL against full depth"]
+                        + (["KV cache error under teacher forcing (□ = filled entry)"] if has_kv else []))
+    for which in ("teacher", "free"):
+        fig.add_trace(_kl_line(comparison, which, name=KL_NAMES[which], color=KL_COLORS[which]), row=1, col=1)
+    shapes = []
+    first = comparison.first_divergence
+    if first is not None:
+        for row in range(1, rows + 1):
+            xref, yref = ("x", "y") if row == 1 else ("x2", "y2")
+            shapes.append(guide_line(x=first, xref=xref, yref=yref, color="#B91C1C", dash="dash", width=2))
+        kl_free = np.asarray(comparison.kl_free, dtype=np.float64)
+        y = kl_free[first] if first < len(kl_free) else np.nan
+        text = (f"first divergence at position {first}: full depth {_token_at(comparison, first, 'full')}, "
+                f"skip {_token_at(comparison, first, 'skip')}")
+        fig.add_trace(go.Scatter(x=[first], y=[y], mode="markers", name="first divergence", text=[text],
+                                 hovertemplate="%{text}<extra></extra>", meta={"role": "divergence"},
+                                 marker=dict(symbol="x", size=14, color="#B91C1C", line=dict(width=2))), row=1, col=1)
+        fig.add_annotation(x=first, y=1, xref="x", yref="y domain", yanchor="bottom", showarrow=False,
+                           text=f"first divergence: {first}", font=dict(color="#B91C1C"))
+    if has_kv:
+        heat, marks = _kv_heatmap(comparison)
+        fig.add_trace(heat, row=2, col=1)
+        fig.add_trace(marks, row=2, col=1)
+        shapes += core_shapes(comparison.kv_error.shape[1], comparison.skip.core, axis="y", xref="x2", yref="y2")
+        fig.update_yaxes(title_text="layer", row=2, col=1)
+        fig.update_xaxes(title_text="position (generated token)", row=2, col=1)
+    else:
+        fig.update_xaxes(title_text="position (generated token)", row=1, col=1)
+    fig.update_layout(shapes=shapes)
+    fig.update_yaxes(title_text="KL (nats)", type="log" if log_kl else "linear", row=1, col=1)
+    title = title if title is not None else (
+        f"Error against full depth · {strategy_label(comparison.skip.strategy)} · agreement {comparison.agreement:.0%}")
+    return apply_layout(fig, title=title, presentation=presentation, height=height or (640 if has_kv else 400))
+
+
+def _fill_colors(comparisons: dict[str, Comparison]) -> list[str]:
+    """The fill's own colour for the first run of each fill (copy / propagate / none), extras after."""
+    seen: set[str] = set()
+    extra = iter(EXTRA_COLORS * (1 + len(comparisons) // len(EXTRA_COLORS)))
+    out = []
+    for comp in comparisons.values():
+        fill = str(comp.skip.strategy.get("fill", ""))
+        out.append(FILL_COLORS[fill] if fill in FILL_COLORS and fill not in seen else next(extra))
+        seen.add(fill)
+    return out
+
+
+def fill_strategies(comparisons: dict[str, Comparison], *, title: str | None = None, presentation: bool = False,
+                    height: int | None = None) -> go.Figure:
+    """The same prompt under several fill strategies (copy / propagate / none): KL teacher-forced [T]
+    and free-running [T'] per position, then mean KL and greedy agreement per strategy as bars."""
+    fig = make_subplots(rows=2, cols=2, vertical_spacing=0.24, horizontal_spacing=0.1,
+                        subplot_titles=[KL_NAMES["teacher"], KL_NAMES["free"], "mean KL (nats)",
+                                        "tokens agreeing with full depth"])
+    for (key, comp), color in zip(comparisons.items(), _fill_colors(comparisons)):
+        fig.add_trace(_kl_line(comp, "teacher", name=key, color=color, legendgroup=key), row=1, col=1)
+        fig.add_trace(_kl_line(comp, "free", name=key, color=color, legendgroup=key, showlegend=False), row=1, col=2)
+        summary = comp.summary()
+        means = [summary["kl_teacher_mean"], summary["kl_free_mean"]]
+        fig.add_trace(go.Bar(x=["teacher-forced", "free-running"], y=means, name=key, marker_color=color,
+                             legendgroup=key, showlegend=False, meta={"role": "kl_mean", "name": key},
+                             hovertemplate=f"{key}: mean KL %{{x}} = %{{y:.3g}} nats<extra></extra>"), row=2, col=1)
+        first = summary["first_divergence"]
+        diverge = "never diverges" if first is None else f"first divergence at position {first}"
+        fig.add_trace(go.Bar(x=[key], y=[comp.agreement], name=key, marker_color=color, legendgroup=key,
+                             showlegend=False, meta={"role": "agreement", "name": key},
+                             hovertemplate=f"{key}: %{{y:.1%}} of tokens agree with full depth · {diverge}"
+                                           "<extra></extra>"), row=2, col=2)
+    fig.update_xaxes(title_text="position", row=1, col=1)
+    fig.update_xaxes(title_text="position", row=1, col=2)
+    fig.update_yaxes(title_text="KL (nats)", row=1, col=1)
+    fig.update_yaxes(tickformat=".0%", range=[0, 1.05], row=2, col=2)
+    fig.update_layout(barmode="group", legend=dict(title=dict(text="fill: ")))
+    title = title if title is not None else "Filling the KV of skipped layers: copy vs propagate vs none"
+    return apply_layout(fig, title=title, presentation=presentation, height=height or 640)

@@ -1,0 +1,189 @@
+"""Tokens x layers grids (Fig. 1): which layers each token ran, skipped or filled, actual or planned."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+from d3.config import StrategyConfig
+from d3.schedule import planned_grid
+from d3.trace import FILL_CODES, FILLED_COPY, FILLED_PROPAGATE, HOLE, RAN, SKIPPED, Trace
+from viz.layout import (
+    CELL_CODES,
+    CELL_COLORS,
+    axis_ref,
+    cell_names,
+    core_legend_entry,
+    core_shapes,
+    decode_plan,
+    display_core,
+    font_size,
+    layer_kinds,
+    make_figure,
+    panels,
+    plot_text,
+    quoted,
+    strategy_label,
+    tick_subset,
+)
+
+assert CELL_CODES == tuple(range(len(CELL_CODES))), "the discrete colour scale assumes codes 0..n-1"
+
+
+def _cell_coloraxis(presentation: bool) -> dict:
+    """A shared discrete colour axis: one flat colour band per cell code, named on the colour bar."""
+    n = len(CELL_CODES)
+    scale = []
+    for code in CELL_CODES:
+        scale += [[code / n, CELL_COLORS[code]], [(code + 1) / n, CELL_COLORS[code]]]
+    return dict(colorscale=scale, cmin=-0.5, cmax=n - 0.5,
+                colorbar=dict(title=dict(text="cell"), tickvals=list(CELL_CODES), ticktext=cell_names(),
+                              tickfont=dict(size=font_size(presentation, delta=-2)), len=0.9, thickness=18))
+
+
+STATE_PHRASES = {
+    RAN: "ran",
+    SKIPPED: "skipped: no KV entry written",
+    FILLED_PROPAGATE: "skipped: KV computed from the hidden state passed through unchanged (propagate)",
+    HOLE: "skipped: KV left empty and masked out of attention (hole)",
+}
+
+
+def cell_hover(codes: np.ndarray, row_labels: Sequence[str], kinds: Sequence[str], *, planned: bool = False) -> np.ndarray:
+    """Hover text [T, L] for a grid of cell codes [T, L]; `row_labels` [T] name each row, `kinds` [L]
+    is "core"/"flex" per layer. A copied cell names the layer it was copied from (nearest lower layer
+    that ran, else nearest higher, as `d3.decoder` copies). Built with
+    elementwise object-array ops: a planned grid of 512 x 32 cells is redrawn on every slider move."""
+    num_layers = codes.shape[1]
+    layer_ids = np.arange(num_layers)
+    ran = codes == RAN
+    # The copy source, as the decoder picks it: the nearest lower layer that ran (a running max over
+    # the indices of the layers that ran), else the nearest higher one (a running min from the top).
+    below = np.maximum.accumulate(np.where(ran, layer_ids, -1), axis=1)
+    above = np.minimum.accumulate(np.where(ran, layer_ids, num_layers)[:, ::-1], axis=1)[:, ::-1]
+    state = np.empty(codes.shape, dtype=object)
+    for code, phrase in STATE_PHRASES.items():
+        state[codes == code] = phrase
+    copied = codes == FILLED_COPY
+    from_below = copied & (below >= 0)
+    from_above = copied & (below < 0) & (above < num_layers)
+    state[from_below] = np.array([f"skipped: KV filled by copying layer {k}" for k in range(num_layers)],
+                                 dtype=object)[below[from_below]]
+    state[from_above] = np.array([f"skipped: KV filled by copying layer {k} (no lower layer ran)"
+                                  for k in range(num_layers)], dtype=object)[above[from_above]]
+    state[copied & ~from_below & ~from_above] = "skipped: KV filled (no layer ran to copy from)"
+    prefix = " · planned: " if planned else " · "
+    rows = np.array([f"{label} · " for label in row_labels], dtype=object)[:, None]  # [T, 1]
+    layers = np.array([f"layer {layer} ({kinds[layer]}){prefix}" for layer in range(num_layers)], dtype=object)
+    return rows + layers[None, :] + state  # [T, L]
+
+
+def _grid_panel(codes: np.ndarray, ys: Sequence[int], row_labels: Sequence[str], core: tuple[int, int], *,
+                index: int, tick_text: Sequence[str] | None, planned: bool, max_labels: int, name: str,
+                max_layer_ticks: int = 33) -> tuple[go.Heatmap, list[dict], dict, dict]:
+    """One tokens x layers heatmap (z = codes [T, L]) for panel `index` (1-based): the trace, its core
+    shapes, and its x / y axis settings."""
+    num_layers = codes.shape[1]
+    xref, yref = axis_ref(index)
+    heat = go.Heatmap(
+        z=codes, x=np.arange(num_layers), y=np.asarray(ys), coloraxis="coloraxis", name=name, xaxis=xref, yaxis=yref,
+        text=cell_hover(codes, row_labels, layer_kinds(num_layers, core), planned=planned),
+        hovertemplate="%{text}<extra></extra>", xgap=1, ygap=1 if len(ys) <= 128 else 0,
+        meta={"role": "grid", "name": name},
+    )
+    shapes = core_shapes(num_layers, core, axis="x", xref=xref, yref=yref, strip=True)
+    picks = tick_subset(len(ys), max_labels)
+    yaxis = dict(autorange="reversed", tickmode="array", tickvals=[ys[i] for i in picks], showgrid=False)
+    if tick_text is not None:
+        yaxis["ticktext"] = [tick_text[i] for i in picks]
+    xaxis = dict(tickmode="array", tickvals=tick_subset(num_layers, max_layer_ticks).tolist(),
+                 title=dict(text="layer"), range=[-0.5, num_layers - 0.5], showgrid=False)
+    return heat, shapes, xaxis, yaxis
+
+
+def _grid_figure(panels_: list[tuple[go.Heatmap, list[dict], dict, dict]], *, titles: Sequence[str] | None,
+                 y_title: str, title: str, presentation: bool, height: int) -> go.Figure:
+    """Grid panels side by side on one discrete cell colour axis, with the core legend entry."""
+    layout = panels(len(panels_), titles=titles, spacing=0.03)
+    shapes: list[dict] = []
+    for i, (_, panel_shapes, xaxis, yaxis) in enumerate(panels_):
+        suffix = "" if i == 0 else str(i + 1)
+        layout["xaxis" + suffix].update(xaxis)
+        layout["yaxis" + suffix].update(yaxis)
+        shapes += panel_shapes
+    layout["yaxis"]["title"] = dict(text=y_title)
+    for note in layout["annotations"]:
+        note["yshift"] = 14  # subplot titles clear the core/flex ribbon
+    layout.update(shapes=shapes, coloraxis=_cell_coloraxis(presentation))
+    data = [heat for heat, *_ in panels_] + [core_legend_entry()]
+    return make_figure(data, layout, title=title, presentation=presentation, height=height)
+
+
+def _grid_height(rows: int, height: int | None) -> int:
+    return height or int(np.clip(16 * rows + 160, 360, 1600))
+
+
+def _trace_rows(trace: Trace, max_tokens: int | None) -> tuple[np.ndarray, list[int], list[str], list[str]]:
+    """(codes [T, L], steps [T], hover row labels [T], tick labels [T]) for the first `max_tokens` tokens."""
+    steps = trace.steps[:max_tokens]
+    codes = trace.grid()[: len(steps)]
+    ys = [s.step for s in steps]
+    hover_rows = [f"token {quoted(s.text)} (step {s.step}) · {s.n_layers}/{trace.num_layers} layers" for s in steps]
+    return codes, ys, hover_rows, [plot_text(s.text) for s in steps]
+
+
+def layer_grid(trace: Trace, *, title: str | None = None, max_tokens: int | None = None, token_labels: bool = True,
+               max_labels: int = 80, presentation: bool = False, height: int | None = None) -> go.Figure:
+    """Per-token layer usage: a heatmap of `trace.grid()` (int8 [T, L] cell codes), one row per generated
+    token (labelled with its text) and one column per layer, core bands marked."""
+    codes, ys, hover_rows, ticks = _trace_rows(trace, max_tokens)
+    panel = _grid_panel(codes, ys, hover_rows, trace.core, index=1, tick_text=ticks if token_labels else None,
+                        planned=False, max_labels=max_labels, name=strategy_label(trace.strategy))
+    title = title if title is not None else (
+        f"Layers per token · {strategy_label(trace.strategy)} · {trace.mean_layers:.1f}/{trace.num_layers} on average")
+    return _grid_figure([panel], titles=None, y_title="generated token" if token_labels else "step", title=title,
+                        presentation=presentation, height=_grid_height(len(ys), height))
+
+
+def planned_grid_figure(cfg: StrategyConfig, num_layers: int, steps: int, *, show_fill: bool = False,
+                        title: str | None = None, max_labels: int = 40, presentation: bool = False,
+                        height: int | None = None) -> go.Figure:
+    """The planned grid from `d3.schedule.planned_grid` (bool [steps, L]) without running a model.
+    `show_fill` colours planned skips with the config's fill, the state a skipped layer's KV gets when
+    a later token reads it (the decoder fills only where needed, so a real trace may show fewer)."""
+    cfg.check_layers(num_layers)
+    ran = np.array(planned_grid(cfg, num_layers, steps), dtype=bool).reshape(steps, num_layers)
+    skip_code = FILL_CODES[cfg.fill] if show_fill else SKIPPED
+    codes = np.where(ran, RAN, skip_code).astype(np.int8)  # [steps, L]
+    ys = list(range(steps))
+    counts = ran.sum(axis=1)
+    hover_rows = [f"step {i} · {counts[i]}/{num_layers} layers" for i in ys]
+    panel = _grid_panel(codes, ys, hover_rows, display_core(cfg, num_layers), index=1, tick_text=None, planned=True,
+                        max_labels=max_labels, name=strategy_label(cfg))
+    title = title if title is not None else f"Planned layers · {strategy_label(cfg)}"
+    first = decode_plan(cfg, num_layers)
+    if first.dynamic:
+        title += (f"<br><sub>early exit decides per token while decoding: this is only the upper bound "
+                  f"(a token may stop after layer {first.min_exit - 1})</sub>")
+    return _grid_figure([panel], titles=None, y_title="generated token (step)", title=title,
+                        presentation=presentation, height=_grid_height(min(steps, 60), height))
+
+
+def fig1_panels(traces: dict[str, Trace], *, max_tokens: int | None = 64, title: str | None = None,
+                presentation: bool = False, height: int | None = None) -> go.Figure:
+    """Small multiples as in the paper's Fig. 1: one tokens x layers grid per trace (e.g. full depth,
+    early exit, SkipDecode, D3), side by side on one shared cell colour scale."""
+    if not traces:
+        raise ValueError("traces must name at least one trace, e.g. {'full depth': trace}")
+    names = list(traces)
+    built = []
+    for index, name in enumerate(names, start=1):
+        codes, ys, hover_rows, _ = _trace_rows(traces[name], max_tokens)
+        built.append(_grid_panel(codes, ys, hover_rows, traces[name].core, index=index, tick_text=None, planned=False,
+                                 max_labels=16, name=name, max_layer_ticks=max(2, 24 // len(names))))
+    longest = max(min(len(t.steps), max_tokens or len(t.steps)) for t in traces.values())
+    title = title if title is not None else "Which layers each token ran (paper Fig. 1)"
+    return _grid_figure(built, titles=names, y_title="generated token (step)", title=title, presentation=presentation,
+                        height=_grid_height(longest, height))

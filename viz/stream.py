@@ -1,0 +1,155 @@
+"""HTML for the streaming pane: tokens coloured by the layers they used, and the live counters."""
+
+from __future__ import annotations
+
+import html
+import math
+from functools import lru_cache
+from typing import Sequence
+
+import numpy as np
+from plotly.colors import sample_colorscale, unlabel_rgb
+
+from d3.trace import TokenStep, Trace
+from viz.layout import FONT_FAMILY, SEQUENTIAL, readable_token
+
+DIFF_COLOR = "#D55E00"
+
+
+def layer_range_text(layers: Sequence[int]) -> str:
+    """Compact ranges of layer indices: [3, 4, 5, 9] -> "3–5, 9"."""
+    out: list[str] = []
+    layers = sorted(layers)
+    i = 0
+    while i < len(layers):
+        j = i
+        while j + 1 < len(layers) and layers[j + 1] == layers[j] + 1:
+            j += 1
+        out.append(str(layers[i]) if i == j else f"{layers[i]}–{layers[j]}")
+        i = j + 1
+    return ", ".join(out) if out else "none"
+
+
+def differing_positions(trace: Trace, reference: Trace | None) -> list[int]:
+    """Positions (over the shorter run) where `trace` picked a different token than `reference`."""
+    if reference is None:
+        return []
+    return [i for i, (a, b) in enumerate(zip(trace.steps, reference.steps)) if a.token_id != b.token_id]
+
+
+def _depth_scale(trace: Trace) -> tuple[int, int]:
+    """(few, many) layers the colour scale spans: the core floor (or the fewest used) up to all layers."""
+    used = trace.layers_used
+    few = min(sum(trace.core), int(used.min())) if used.size else sum(trace.core)
+    return max(1, few), trace.num_layers
+
+
+@lru_cache(maxsize=4096)  # sampling a plotly colour scale is slow (~2 ms); a pane has few distinct depths
+def _colors(n_layers: int, few: int, many: int) -> tuple[str, str]:
+    """(background, text colour) for a token that used `n_layers`: light = few layers, dark = many."""
+    frac = 1.0 if many <= few else float(np.clip((n_layers - few) / (many - few), 0, 1))
+    background = sample_colorscale(SEQUENTIAL, [frac])[0]
+    r, g, b = unlabel_rgb(background)
+    text = "#111827" if 0.299 * r + 0.587 * g + 0.114 * b > 150 else "#FFFFFF"
+    return background, text
+
+
+def _token_title(step: TokenStep, num_layers: int, other: TokenStep | None) -> str:
+    """Plain-text details of one token for its tooltip (escaped by the caller)."""
+    skipped = sorted(set(range(num_layers)) - set(step.layers_run))
+    lines = [f"step {step.step} · token '{readable_token(step.text)}' (id {step.token_id})",
+             f"{step.n_layers}/{num_layers} layers (planned {step.planned}) · skipped: {layer_range_text(skipped)}"]
+    fills: dict[str, int] = {}
+    for _, how in step.filled:
+        fills[how] = fills.get(how, 0) + 1
+    if fills:
+        lines.append("KV filled: " + ", ".join(f"{how} ×{n}" for how, n in fills.items()))
+    if step.exit_layer is not None:
+        lines.append(f"exited after layer {step.exit_layer}")
+    if math.isfinite(step.logprob):
+        lines.append(f"p = {math.exp(step.logprob):.3f}")
+    if math.isfinite(step.entropy):
+        lines.append(f"entropy {step.entropy:.2f} nats")
+    if step.topk:
+        lines.append("top: " + ", ".join(f"'{readable_token(text)}' {p:.2f}" for _, text, p in step.topk))
+    if other is not None and other.token_id != step.token_id:
+        lines.append(f"full depth picked '{readable_token(other.text)}' here")
+    return "\n".join(lines)
+
+
+def _legend_strip(few: int, many: int) -> str:
+    """A row of swatches from few to many layers."""
+    values = sorted({int(round(v)) for v in np.linspace(few, many, num=min(8, many - few + 1))})
+    swatches = []
+    for n in values:
+        background, text = _colors(n, few, many)
+        swatches.append(f'<span style="background:{background};color:{text};padding:0 6px;border-radius:3px">{n}</span>')
+    return (f'<div class="d3-legend" style="font-size:0.85em;margin-bottom:6px">layers used: few '
+            + " ".join(swatches) + f' many (of {many})</div>')
+
+
+def token_html(trace: Trace, *, reference: Trace | None = None) -> str:
+    """The generated text as HTML: one <span> per token coloured by layers used, a tooltip with details,
+    tokens that differ from `reference` (full depth) at the same position underlined and outlined, and
+    a badge at the first divergence. Token text is HTML-escaped."""
+    few, many = _depth_scale(trace)
+    differ = set(differing_positions(trace, reference))
+    first = min(differ) if differ else None
+    spans = []
+    for i, step in enumerate(trace.steps):
+        other = reference.steps[i] if reference is not None and i < len(reference.steps) else None
+        background, color = _colors(int(step.n_layers), int(few), int(many))
+        style = f"background:{background};color:{color};border-radius:3px;padding:1px 1px"
+        cls = "d3-tok"
+        if i in differ:
+            cls += " d3-diff"
+            style += f";text-decoration:underline wavy {DIFF_COLOR};outline:2px solid {DIFF_COLOR}"
+        if i == first:
+            spans.append(f'<span class="d3-badge" title="first token that differs from full depth" style="background:'
+                         f'{DIFF_COLOR};color:#fff;font-size:0.75em;font-weight:600;padding:1px 5px;border-radius:8px;'
+                         f'margin:0 3px">first divergence ▸</span>')
+        text = html.escape(step.text).replace("\n", "⏎\n")
+        title = html.escape(_token_title(step, trace.num_layers, other), quote=True)
+        spans.append(f'<span class="{cls}" data-step="{step.step}" data-layers="{step.n_layers}" title="{title}" '
+                     f'style="{style}">{text}</span>')
+    body = "".join(spans) if spans else '<span style="color:#6B7280">(no tokens yet)</span>'
+    return (f'<div class="d3-tokens" style="font-family:{html.escape(FONT_FAMILY, quote=True)};font-size:1.05em;'
+            f'line-height:1.9">{_legend_strip(few, many)}<div class="d3-stream" style="white-space:pre-wrap">'
+            f'{body}</div></div>')
+
+
+def _counter(value: str, label: str, tip: str = "") -> str:
+    title = f' title="{html.escape(tip, quote=True)}"' if tip else ""
+    return (f'<div class="d3-counter"{title} style="padding:6px 12px;border:1px solid #E5E7EB;border-radius:8px;'
+            f'min-width:7em"><div class="d3-counter-value" style="font-size:1.5em;font-weight:600">{html.escape(value)}'
+            f'</div><div class="d3-counter-label" style="font-size:0.85em;color:#4B5563">{html.escape(label)}</div></div>')
+
+
+def counters_html(trace: Trace, *, reference: Trace | None = None, measured_speedup: float | None = None) -> str:
+    """Live counters: tokens, tokens/s, mean layers per token, theoretical and measured speedup, and
+    how many tokens agree with `reference` so far (with the first divergence)."""
+    n = len(trace.steps)
+    theory = trace.theoretical_speedup()
+    theory_tip = "L / mean layers per token"
+    if trace.fixed_cost_layers:
+        theory_tip += f"; {trace.theoretical_speedup(with_fixed_cost=True):.2f}× counting embedding + LM head"
+    if measured_speedup is None:
+        measured, measured_tip = "—", "wall-clock tokens/s against full depth: run the benchmark to measure it"
+    else:
+        measured, measured_tip = f"{measured_speedup:.2f}×", "wall-clock tokens/s against full depth (median of interleaved runs)"
+    boxes = [
+        _counter(str(n), "tokens"),
+        _counter(f"{trace.tokens_per_s:.1f}", "tokens / s", "decode only, this run"),
+        _counter(f"{trace.mean_layers:.1f} / {trace.num_layers}", "mean layers / token"),
+        _counter(f"{theory:.2f}×", "theoretical speedup", theory_tip),
+        _counter(measured, "measured speedup", measured_tip),
+    ]
+    if reference is not None:
+        compared = min(n, len(reference.steps))
+        differ = differing_positions(trace, reference)
+        agree = compared - len(differ)
+        value = f"{agree} / {compared}" if compared else "—"
+        tip = f"first divergence at position {differ[0]}" if differ else "no divergence so far"
+        boxes.append(_counter(value, "tokens agreeing with full depth", tip))
+    return (f'<div class="d3-counters" style="display:flex;flex-wrap:wrap;gap:8px;font-family:'
+            f'{html.escape(FONT_FAMILY, quote=True)}">' + "".join(boxes) + "</div>")

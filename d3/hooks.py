@@ -37,6 +37,11 @@ def _mean(values: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
 class StatsRecorder:
     """Collects per-layer sublayer change for one forward pass (a prefill or one decode step).
 
+    For a one-token decode step the hooks only keep references to each layer's input, middle and
+    output states; `collect` stacks them and computes every layer's statistics in a few vectorised
+    kernels, so tracing adds almost nothing per layer. A prefill (many positions) is reduced layer by
+    layer instead, so it never holds [layers, prompt, d_model] at once.
+
     stats: float32 [N_STATS, batch, num_layers], NaN where a layer did not run.
     inputs: layer -> its input hidden state, kept only for layers in `keep_inputs` (attention capture).
     """
@@ -47,6 +52,7 @@ class StatsRecorder:
         self.valid: torch.Tensor | None = None  # [batch, pos] 1 for real tokens (prefill padding excluded)
         self.stats: torch.Tensor | None = None
         self.inputs: dict[int, torch.Tensor] = {}
+        self._deferred: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self._h_in: torch.Tensor | None = None
         self._h_mid: torch.Tensor | None = None
 
@@ -54,6 +60,7 @@ class StatsRecorder:
         self.stats = torch.full((N_STATS, batch, self.num_layers), float("nan"), device=device)
         self.valid = valid
         self.inputs = {}
+        self._deferred = []
 
     def on_layer_in(self, idx: int, module: torch.nn.Module, args: tuple) -> None:
         self._h_in = args[0]
@@ -67,15 +74,31 @@ class StatsRecorder:
         if self.stats is None or self._h_in is None or self._h_mid is None:
             return
         h_out = output[0] if isinstance(output, tuple) else output
-        s = self.stats
-        s[0, :, idx], s[1, :, idx] = _change(self._h_in, self._h_mid, self.valid)
-        s[2, :, idx], s[3, :, idx] = _change(self._h_mid, h_out, self.valid)
-        s[4, :, idx] = _mean(h_out.float().norm(dim=-1), self.valid)
+        if h_out.shape[1] == 1:
+            self._deferred.append((idx, self._h_in, self._h_mid, h_out))
+        else:
+            s = self.stats
+            s[0, :, idx], s[1, :, idx] = _change(self._h_in, self._h_mid, self.valid)
+            s[2, :, idx], s[3, :, idx] = _change(self._h_mid, h_out, self.valid)
+            s[4, :, idx] = _mean(h_out.float().norm(dim=-1), self.valid)
         self._h_in = self._h_mid = None
+
+    def _reduce_deferred(self) -> None:
+        """All one-token layers at once: [layers, batch, d_model] stacks, a handful of kernels."""
+        idxs = [d[0] for d in self._deferred]
+        h_in, h_mid, h_out = (torch.stack([d[k][:, -1] for d in self._deferred]).float() for k in (1, 2, 3))
+        s = self.stats
+        for k, (before, after) in enumerate(((h_in, h_mid), (h_mid, h_out))):
+            s[2 * k][:, idxs] = F.cosine_similarity(before, after, dim=-1).T  # [batch, layers]
+            s[2 * k + 1][:, idxs] = ((after - before).norm(dim=-1) / before.norm(dim=-1).clamp_min(1e-6)).T
+        s[4][:, idxs] = h_out.norm(dim=-1).T
+        self._deferred = []
 
     def collect(self) -> torch.Tensor:
         """float32 CPU [N_STATS, batch, num_layers]; one device transfer per step."""
         assert self.stats is not None
+        if self._deferred:
+            self._reduce_deferred()
         return self.stats.detach().cpu()
 
 

@@ -212,6 +212,7 @@ def strategy_from_dict(data: dict[str, Any]) -> StrategyConfig:
 
 MAX_NEW_TOKENS_CAP = 1024
 MAX_PROMPT_TOKENS_CAP = 4096
+MAX_ATTENTION_LAYERS = 4  # bounds a trace: 4 layers x heads x (prompt + 1024) x 1024 tokens in float16
 
 
 @dataclass(frozen=True)
@@ -259,10 +260,11 @@ class TraceConfig:
     def __post_init__(self) -> None:
         _check(_is_int(self.top_k) and 0 <= self.top_k <= 20, "top_k", self.top_k, "an integer in [0, 20]")
         _check(
-            all(_is_int(x) and x >= 0 for x in self.attention_layers),
+            isinstance(self.attention_layers, tuple) and all(_is_int(x) and x >= 0 for x in self.attention_layers)
+            and len(self.attention_layers) <= MAX_ATTENTION_LAYERS,
             "attention_layers",
             self.attention_layers,
-            "a tuple of layer indices >= 0",
+            f"a tuple of at most {MAX_ATTENTION_LAYERS} layer indices >= 0 (attention is kept per head and token)",
         )
 
 

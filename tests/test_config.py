@@ -34,6 +34,7 @@ from d3.config import (
     (lambda: GenerationConfig(max_new_tokens=10**9), "max_new_tokens"),
     (lambda: GenerationConfig(top_p=0), "top_p"),
     (lambda: TraceConfig(top_k=100), "top_k"),
+    (lambda: TraceConfig(attention_layers=tuple(range(5))), "attention_layers"),
 ])
 def test_bad_values_name_the_field(make, field):
     with pytest.raises(ValueError, match=field) as err:

@@ -1,0 +1,613 @@
+"""D3 Explorer: the Gradio page. Layout and wiring only: the session logic is in d3.live, the figures in viz."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import gradio as gr
+import pandas as pd
+
+from d3.config import DROP_ORDERS, FILLS, default_core
+from d3.engine import Engine
+from d3.live import (
+    DECODINGS,
+    HISTORY_COLUMNS,
+    KNOWN_FACTS,
+    SCENARIOS,
+    STRATEGY_LABELS,
+    Caps,
+    LiveUpdate,
+    ModelPool,
+    RunSetup,
+    Session,
+    as_choice,
+    default_attention_layer,
+    example_prompts,
+    fill_comparison,
+    is_public,
+    measured_speedup,
+    parse_schedule,
+    prepare_run,
+    scenario_controls,
+    side_by_side,
+)
+from viz import app_extras as views
+from viz import counters_html, to_html, token_html
+
+log = logging.getLogger("d3.app")
+CSS_PATH = Path(__file__).resolve().parent / "assets" / "style.css"
+EXPORT_ROOT = Path(tempfile.gettempdir()) / "d3-explorer-exports"
+EXPORT_TTL_S = 3600
+
+# Control names in the order handlers take them; each is a component in the page and an API parameter.
+RUN_INPUTS = ("prompt", "model", "chat_template", "strategy", "alpha", "core_head", "core_tail", "start", "drop_order",
+              "fill", "max_new_tokens", "decoding", "temperature", "seed", "unified_ratio", "skipdecode_max",
+              "skipdecode_min", "threshold", "attention_layer")
+VIEW_INPUTS = ("attention_head", "metric", "log_kl", "presentation")
+SCHEDULE_INPUTS = ("model", "strategy", "alpha", "core_head", "core_tail", "start", "drop_order", "fill",
+                   "max_new_tokens", "unified_ratio", "skipdecode_max", "skipdecode_min", "threshold", "presentation")
+SCENARIO_OUTPUTS = ("strategy", "alpha", "core_head", "core_tail", "start", "drop_order", "fill", "decoding",
+                    "scenario_text")
+GENERATE_OUTPUTS = ("session", "status", "d3_title", "d3_tokens", "d3_counters", "full_tokens", "full_counters",
+                    "usage", "decay", "flow", "attention", "errors", "fills", "history")
+VIEW_OUTPUTS = ("usage", "flow", "attention", "errors", "fills", "root", *(f"explain_{k}" for k in views.EXPLAIN))
+FIGURES = ("usage", "decay", "planned", "flow", "attention", "errors", "fills")
+
+
+# ---------------------------------------------------------------- small helpers
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """A person's mistake (ValueError) becomes a clear gr.Error; anything else is logged, never shown as a trace."""
+    try:
+        yield
+    except gr.Error:
+        raise
+    except ValueError as err:
+        raise gr.Error(str(err), print_exception=False) from None
+    except Exception:
+        log.exception("handler failed")
+        raise gr.Error("Something went wrong on the server (the details are in its log). The app is still "
+                       "running: try again, perhaps with a shorter prompt or fewer tokens.", print_exception=False) from None
+
+
+def ordered(names: tuple[str, ...], **values: Any) -> tuple[Any, ...]:
+    """Handler outputs in `names` order; names not given are left as they are (gr.skip())."""
+    return tuple(values[n] if n in values else gr.skip() for n in names)
+
+
+def _export_dir() -> Path:
+    """A fresh server-named folder for one export; folders older than an hour are removed."""
+    EXPORT_ROOT.mkdir(parents=True, exist_ok=True)
+    for old in EXPORT_ROOT.iterdir():
+        if old.is_dir() and time.time() - old.stat().st_mtime > EXPORT_TTL_S:
+            shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix="export-", dir=EXPORT_ROOT))
+
+
+# ---------------------------------------------------------------- handlers
+
+
+def new_session() -> Session:
+    return Session()
+
+
+def use_example(title: str) -> str:
+    prompts = {p["title"]: p["prompt"] for p in example_prompts()}
+    with user_errors():
+        return prompts[as_choice("example", title, tuple(prompts))]
+
+
+def model_changed(pool: ModelPool, model: str) -> tuple[Any, ...]:
+    """Size the layer and head controls to the chosen model (known models: without loading them)."""
+    with user_errors():
+        facts = pool.facts(model)
+    head, tail = default_core(facts.num_layers)
+    layers = facts.num_layers
+    return (gr.update(maximum=layers, value=head), gr.update(maximum=layers, value=tail),
+            gr.update(maximum=layers - 1, value=default_attention_layer(layers)), gr.update(maximum=max(facts.num_heads - 1, 0), value=0),
+            gr.update(value=facts.chat_template))
+
+
+def redraw_schedule(pool: ModelPool, session: Session | None, model: str, strategy: str, alpha: float, core_head: int,
+                    core_tail: int, start: int, drop_order: str, fill: str, max_new_tokens: int, unified_ratio: float,
+                    skipdecode_max: int, skipdecode_min: int, threshold: float, presentation: bool) -> tuple[Any, Any]:
+    """Decay curve and planned grid from the controls alone: no model runs (called on every slider move)."""
+    raw = dict(strategy=strategy, alpha=alpha, core_head=core_head, core_tail=core_tail, start=start,
+               drop_order=drop_order, fill=fill, max_new_tokens=max_new_tokens, unified_ratio=unified_ratio,
+               skipdecode_max=skipdecode_max, skipdecode_min=skipdecode_min, threshold=threshold)
+    p = bool(presentation)
+    try:
+        with user_errors():
+            facts = pool.facts(model)  # an unknown model is a gr.Error
+        s = parse_schedule(raw, facts.num_layers, pool.caps)
+    except ValueError as err:  # shown in the preview while a slider moves; Generate raises it as gr.Error
+        message = views.waiting(f"Cannot draw this schedule:<br>{err}", presentation=p)
+        return message, message
+    trace = session.d3 if session is not None else None
+    return (views.decay_view(s.strategy, s.num_layers, s.steps, trace=trace, others=s.others, presentation=p),
+            views.planned_view(s.strategy, s.num_layers, s.steps, presentation=p))
+
+
+def interrupt(session: Session | None) -> None:
+    """A new run was asked for: stop this session's running one now, before the new one waits in the queue."""
+    if session is not None:
+        session.trigger()
+
+
+def stop(session: Session | None) -> str:
+    if session is None:
+        return views.status_html(None, None, "Nothing is running.")
+    session.request_stop()
+    return views.status_html(session.d3, session.full, "Stopping… (within one token)")
+
+
+def _run_raw(prompt: str, model: str, chat_template: bool, strategy: str, alpha: float, core_head: int,
+             core_tail: int, start: int, drop_order: str, fill: str, max_new_tokens: int, decoding: str,
+             temperature: float, seed: int, unified_ratio: float, skipdecode_max: int, skipdecode_min: int,
+             threshold: float, attention_layer: int) -> dict[str, Any]:
+    return dict(prompt=prompt, model=model, chat_template=chat_template, strategy=strategy, alpha=alpha,
+                core_head=core_head, core_tail=core_tail, start=start, drop_order=drop_order, fill=fill,
+                max_new_tokens=max_new_tokens, decoding=decoding, temperature=temperature, seed=seed,
+                unified_ratio=unified_ratio, skipdecode_max=skipdecode_max, skipdecode_min=skipdecode_min,
+                threshold=threshold, attention_layer=attention_layer)
+
+
+def _view_options(attention_layer: Any, attention_head: Any, metric: Any, log_kl: Any, presentation: Any) -> dict[str, Any]:
+    """View settings, made safe: they only change how a trace is drawn."""
+    def whole(value: Any, default: int) -> int:
+        try:
+            return max(0, int(value))
+        except (TypeError, ValueError):
+            return default
+    return dict(layer=whole(attention_layer, 0), head=whole(attention_head, 0),
+                metric=metric if metric in ("both", "cos", "dist") else "both", log_kl=bool(log_kl),
+                presentation=bool(presentation))
+
+
+def _is_due(update: LiveUpdate, every: int) -> bool:
+    """Heavy figures redraw on the first token, every `every` D3 tokens, and at each phase change."""
+    if update.phase != "streaming":
+        return True
+    return update.pane == "d3" and update.d3 is not None and (len(update.d3.steps) - 1) % every == 0
+
+
+def _render(session: Session, setup: RunSetup, update: LiveUpdate, view: dict[str, Any], every: int) -> tuple[Any, ...]:
+    """The outputs of one streamed update: panes and counters always, heavy figures when due."""
+    d3, full, p = update.d3, update.full, view["presentation"]
+    measured = measured_speedup(d3, full)
+    out: dict[str, Any] = dict(
+        session=session, status=views.status_html(d3, full, update.phase, comparison=update.comparison),
+        d3_tokens=token_html(d3, reference=full) if d3 else gr.skip(),
+        d3_counters=counters_html(d3, reference=full, measured_speedup=measured) if d3 else gr.skip(),
+        full_tokens=token_html(full) if full else gr.skip(),
+        full_counters=counters_html(full, reference=d3, measured_speedup=1.0 if measured else None) if full else gr.skip())
+    if _is_due(update, every):
+        cfg, steps, layers = setup.strategy, setup.gen.max_new_tokens, setup.engine.num_layers
+        out.update(usage=views.usage_view(d3, presentation=p),
+                   decay=views.decay_view(cfg, layers, steps, trace=d3, others=setup.others, presentation=p))
+    if update.phase != "streaming":
+        out.update(flow=views.flow_view(d3, full, metric=view["metric"], presentation=p),
+                   attention=views.attention_view(d3, full, view["layer"], view["head"], presentation=p),
+                   errors=views.error_view(update.comparison, phase=update.phase, log_kl=view["log_kl"], presentation=p))
+    if update.finished:
+        out["history"] = session.history_frame()
+    return ordered(GENERATE_OUTPUTS, **out)
+
+
+def _first_outputs(session: Session, setup: RunSetup, view: dict[str, Any]) -> tuple[Any, ...]:
+    """Clear what the previous run left in the views, and name the strategy over the D3 pane."""
+    p = view["presentation"]
+    blank = "<div class='d3-tokens'>(waiting for the first token…)</div>"
+    return ordered(GENERATE_OUTPUTS, session=session, status=views.status_html(None, None, "streaming"),
+                   d3_title=f"### {views.pane_title(setup.strategy, 'D3')}", d3_tokens=blank, full_tokens=blank,
+                   d3_counters="", full_counters="", flow=views.flow_view(None, None, presentation=p),
+                   attention=views.attention_view(None, None, 0, 0, presentation=p),
+                   errors=views.error_view(None, presentation=p), fills=views.fills_view(None, presentation=p))
+
+
+def _stream(session: Session, run_id: int, setup: RunSetup, view: dict[str, Any], every: int) -> Iterator[tuple[Any, ...]]:
+    label = views.pane_title(setup.strategy, "D3")
+    run = side_by_side(setup.engine, setup.prompt, setup.strategy, setup.gen, setup.trace,
+                       chat_template=setup.chat_template, should_stop=session.stopper(run_id))
+    with contextlib.closing(run):
+        for update in run:
+            if not session.is_current(run_id):
+                return  # a newer run of this session owns the panes now
+            if update.finished:
+                session.finish(update, label)
+            else:
+                session.show(update)
+            yield _render(session, setup, update, view, every)
+
+
+def generate(pool: ModelPool, session: Session | None, prompt: str, model: str, chat_template: bool, strategy: str,
+             alpha: float, core_head: int, core_tail: int, start: int, drop_order: str, fill: str,
+             max_new_tokens: int, decoding: str, temperature: float, seed: int, unified_ratio: float,
+             skipdecode_max: int, skipdecode_min: int, threshold: float, attention_layer: int, attention_head: int,
+             metric: str, log_kl: bool, presentation: bool) -> Iterator[tuple[Any, ...]]:
+    """Stream D3 (or the chosen strategy) and full depth side by side, then compare them."""
+    session = session or Session()
+    raw = _run_raw(prompt, model, chat_template, strategy, alpha, core_head, core_tail, start, drop_order, fill,
+                   max_new_tokens, decoding, temperature, seed, unified_ratio, skipdecode_max, skipdecode_min,
+                   threshold, attention_layer)
+    view = _view_options(attention_layer, attention_head, metric, log_kl, presentation)
+    with user_errors():
+        run_id = session.begin()  # any earlier run of this session stops within one token
+        if isinstance(model, str) and not pool.is_loaded(model):
+            yield ordered(GENERATE_OUTPUTS, session=session, status=views.status_html(None, None, "loading"))
+        setup = prepare_run(pool, raw)
+        session.clear()
+        yield _first_outputs(session, setup, view)
+        yield from _stream(session, run_id, setup, view, pool.caps.figure_every)
+
+
+def compare_fills(pool: ModelPool, session: Session | None, prompt: str, model: str, chat_template: bool,
+                  strategy: str, alpha: float, core_head: int, core_tail: int, start: int, drop_order: str, fill: str,
+                  max_new_tokens: int, decoding: str, temperature: float, seed: int, unified_ratio: float,
+                  skipdecode_max: int, skipdecode_min: int, threshold: float, attention_layer: int,
+                  presentation: bool) -> Iterator[tuple[Any, Any, Any]]:
+    """Run the same prompt and schedule with each fill (copy, propagate, none) against full depth."""
+    session = session or Session()
+    raw = _run_raw(prompt, model, chat_template, strategy, alpha, core_head, core_tail, start, drop_order, fill,
+                   max_new_tokens, decoding, temperature, seed, unified_ratio, skipdecode_max, skipdecode_min,
+                   threshold, attention_layer)
+    with user_errors():
+        run_id = session.begin()
+        setup = prepare_run(pool, raw)
+        session.fills = {}
+        yield session, views.status_html(None, None, "Comparing fills: running full depth…"), gr.skip()
+        runs = fill_comparison(setup.engine, setup.prompt, setup.strategy, setup.gen, chat_template=setup.chat_template,
+                               should_stop=session.stopper(run_id))
+        with contextlib.closing(runs):
+            for name, comparison in runs:
+                if not session.is_current(run_id):
+                    return
+                session.fills = {**session.fills, name: comparison}
+                yield (session, views.status_html(None, None, f"Comparing fills: {', '.join(session.fills)} done…"),
+                       views.fills_view(session.fills, presentation=bool(presentation)))
+        done = "Fill comparison done: see the Fill strategies tab." if len(session.fills) == len(FILLS) else "Stopped."
+        yield session, views.status_html(None, None, done), views.fills_view(session.fills, presentation=bool(presentation))
+
+
+def render_flow(session: Session | None, metric: str, presentation: bool) -> Any:
+    view = _view_options(0, 0, metric, False, presentation)
+    s = session or Session()
+    return views.flow_view(s.d3, s.full, metric=view["metric"], presentation=view["presentation"])
+
+
+def render_attention(session: Session | None, attention_layer: int, attention_head: int, presentation: bool) -> Any:
+    view = _view_options(attention_layer, attention_head, "both", False, presentation)
+    s = session or Session()
+    return views.attention_view(s.d3, s.full, view["layer"], view["head"], presentation=view["presentation"])
+
+
+def render_errors(session: Session | None, log_kl: bool, presentation: bool) -> Any:
+    s = session or Session()
+    return views.error_view(s.comparison, log_kl=bool(log_kl), presentation=bool(presentation))
+
+
+def set_presentation(session: Session | None, attention_layer: int, attention_head: int, metric: str, log_kl: bool,
+                     presentation: bool) -> tuple[Any, ...]:
+    """Presentation mode: bigger fonts everywhere, explanations hidden so each view takes the full width."""
+    view = _view_options(attention_layer, attention_head, metric, log_kl, presentation)
+    s, p = session or Session(), view["presentation"]
+    classes = ["d3-root", "d3-present"] if p else ["d3-root"]
+    explain = {f"explain_{k}": gr.update(visible=not p) for k in views.EXPLAIN}
+    return ordered(VIEW_OUTPUTS, usage=views.usage_view(s.d3, presentation=p),
+                   flow=views.flow_view(s.d3, s.full, metric=view["metric"], presentation=p),
+                   attention=views.attention_view(s.d3, s.full, view["layer"], view["head"], presentation=p),
+                   errors=views.error_view(s.comparison, log_kl=view["log_kl"], presentation=p),
+                   fills=views.fills_view(s.fills, presentation=p), root=gr.update(elem_classes=classes), **explain)
+
+
+def apply_scenario(pool: ModelPool, key: str, step: int, session: Session | None, model: str) -> tuple[Any, ...]:
+    """Set the controls of run `step` of a preset scenario (and stop whatever this session is running)."""
+    interrupt(session)
+    with user_errors():
+        values = scenario_controls(key, step, pool.facts(model).num_layers)
+    scenario = SCENARIOS[key]
+    text = f"**{scenario.title}** — {scenario.text}"
+    if len(scenario.runs) > 1:
+        text += f"\n\n*Run {step + 1} of {len(scenario.runs)}.*"
+    return ordered(SCENARIO_OUTPUTS, scenario_text=text, **values)
+
+
+def export_trace(session: Session | None) -> list[str]:
+    """The traces as JSON (D3, full depth, comparison) and one CSV table, written under server-chosen names."""
+    if session is None or session.d3 is None or session.full is None:
+        raise gr.Error("Nothing to export yet: press Generate first.")
+    folder = _export_dir()
+    files = {"d3_trace.json": session.d3.to_json(), "full_trace.json": session.full.to_json()}
+    if session.comparison is not None:
+        files["comparison.json"] = json.dumps(session.comparison.to_dict())
+    for name, text in files.items():
+        (folder / name).write_text(text, encoding="utf-8")
+    table = pd.concat([session.d3.to_frame().assign(run="d3"), session.full.to_frame().assign(run="full")])
+    table.to_csv(folder / "traces.csv", index=False)
+    return [str(folder / n) for n in (*files, "traces.csv")]
+
+
+def export_figure(pool: ModelPool, session: Session | None, figure: str, model: str, strategy: str, alpha: float,
+                  core_head: int, core_tail: int, start: int, drop_order: str, fill: str, max_new_tokens: int,
+                  unified_ratio: float, skipdecode_max: int, skipdecode_min: int, threshold: float,
+                  attention_layer: int, attention_head: int, metric: str, log_kl: bool, presentation: bool) -> str:
+    """One view as a standalone HTML page (plotly.js inlined, works offline)."""
+    s = session or Session()
+    view = _view_options(attention_layer, attention_head, metric, log_kl, presentation)
+    with user_errors():
+        key = as_choice("figure", figure, FIGURES)
+        p = view["presentation"]
+        if key in ("decay", "planned"):
+            decay, planned = redraw_schedule(pool, s, model, strategy, alpha, core_head, core_tail, start, drop_order,
+                                             fill, max_new_tokens, unified_ratio, skipdecode_max, skipdecode_min,
+                                             threshold, p)
+            fig = decay if key == "decay" else planned
+        else:
+            fig = {"usage": lambda: views.usage_view(s.d3, presentation=p),
+                   "flow": lambda: views.flow_view(s.d3, s.full, metric=view["metric"], presentation=p),
+                   "attention": lambda: views.attention_view(s.d3, s.full, view["layer"], view["head"], presentation=p),
+                   "errors": lambda: views.error_view(s.comparison, log_kl=view["log_kl"], presentation=p),
+                   "fills": lambda: views.fills_view(s.fills, presentation=p)}[key]()
+    path = _export_dir() / f"{key}.html"
+    path.write_text(to_html(fig), encoding="utf-8")
+    return str(path)
+
+
+# ---------------------------------------------------------------- layout
+
+
+def _controls(pool: ModelPool, facts: Any, ui: dict[str, Any]) -> None:
+    """The run controls: strategy, schedule, decoding, and the baselines' own settings."""
+    caps, layers = pool.caps, facts.num_layers
+    head, tail = default_core(layers)
+    with gr.Row():
+        ui["strategy"] = gr.Dropdown([(label, key) for key, label in STRATEGY_LABELS.items()], value="d3",
+                                     label="Strategy (against full depth)")
+        ui["fill"] = gr.Dropdown(list(FILLS), value="copy", label="Fill for skipped layers' KV",
+                                 info="copy · propagate · none (masked hole)")
+        ui["drop_order"] = gr.Dropdown(list(DROP_ORDERS), value="middle_out", label="Drop order of flex layers",
+                                       info="strided is not nested: filling matters")
+        ui["decoding"] = gr.Radio(list(DECODINGS), value="greedy", label="Decoding")
+    with gr.Row():
+        ui["alpha"] = gr.Slider(0.8, 1.0, value=0.99, step=0.001, label="α (decay per token)",
+                                info="token i runs floor(L·α^i) layers", elem_id="alpha")
+        ui["core_head"] = gr.Slider(0, layers, value=head, step=1, label="Core head (first layers, always run)")
+        ui["core_tail"] = gr.Slider(0, layers, value=tail, step=1, label="Core tail (last layers, always run)")
+        ui["start"] = gr.Slider(0, caps.max_new_tokens, value=0, step=1, label="Start (tokens at full depth)")
+    with gr.Row():
+        ui["max_new_tokens"] = gr.Number(64, label=f"Max new tokens (1–{caps.max_new_tokens})",
+                                         elem_id="max-new-tokens")
+        ui["temperature"] = gr.Slider(0.05, 2.0, value=0.8, step=0.05, label="Temperature (sampling only)")
+        ui["seed"] = gr.Number(0, label="Seed (sampling only)")
+        ui["attention_layer"] = gr.Slider(0, layers - 1, value=default_attention_layer(layers), step=1,
+                                          label="Attention layer to record (before generating)")
+    with gr.Accordion("Baselines' settings", open=False):
+        with gr.Row():
+            ui["unified_ratio"] = gr.Number(1.5, label="Unified skipping: target speedup r (keeps floor(L/r) layers)")
+            ui["skipdecode_max"] = gr.Number(0, label="SkipDecode: max layers (0 = auto)")
+            ui["skipdecode_min"] = gr.Number(0, label="SkipDecode: min layers (0 = auto)")
+            ui["threshold"] = gr.Number(0.9, label="Early exit: confidence threshold (0, 1]")
+
+
+def _panes(ui: dict[str, Any]) -> None:
+    with gr.Row(equal_height=False):
+        with gr.Column(elem_classes=["d3-pane"]):
+            ui["d3_title"] = gr.Markdown("### D3", elem_id="d3-title")
+            ui["d3_tokens"] = gr.HTML(elem_classes=["d3-pane-tokens"], elem_id="d3-pane")
+            ui["d3_counters"] = gr.HTML(elem_id="d3-counters")
+        with gr.Column(elem_classes=["d3-pane"]):
+            gr.Markdown("### Full depth (every layer, the reference)")
+            ui["full_tokens"] = gr.HTML(elem_classes=["d3-pane-tokens"], elem_id="full-pane")
+            ui["full_counters"] = gr.HTML(elem_id="full-counters")
+
+
+def _view_tab(key: str, ui: dict[str, Any], extra: Callable[[], None] | None = None) -> None:
+    with gr.Tab(views.VIEWS[key], id=key):
+        with gr.Row():
+            with gr.Column(scale=3):
+                if extra is not None:
+                    extra()
+                ui[key] = gr.Plot(show_label=False, elem_id=f"plot-{key}")
+            with gr.Column(scale=1, min_width=240, elem_classes=["d3-explain"]) as column:
+                gr.Markdown(views.EXPLAIN[key])
+        ui[f"explain_{key}"] = column
+
+
+def _tabs(pool: ModelPool, facts: Any, ui: dict[str, Any]) -> None:
+    def flow_extra() -> None:
+        ui["metric"] = gr.Radio([("both", "both"), ("1 − cosine", "cos"), ("relative distance", "dist")],
+                                value="both", label="Measure of change")
+
+    def attention_extra() -> None:
+        ui["attention_head"] = gr.Slider(0, max(facts.num_heads - 1, 0), value=0, step=1, label="Head")
+
+    def errors_extra() -> None:
+        ui["log_kl"] = gr.Checkbox(False, label="Log scale for KL")
+
+    def fills_extra() -> None:
+        ui["fills_button"] = gr.Button("Compare fills (copy · propagate · none)", elem_id="fills-button")
+
+    with gr.Tabs():
+        _view_tab("usage", ui)
+        _view_tab("decay", ui)
+        _view_tab("planned", ui)
+        _view_tab("flow", ui, flow_extra)
+        _view_tab("attention", ui, attention_extra)
+        _view_tab("errors", ui, errors_extra)
+        _view_tab("fills", ui, fills_extra)
+        with gr.Tab("Run history", id="history"):
+            gr.Markdown("Every run of this session: compare scenarios here (only you see your runs).")
+            ui["history"] = gr.Dataframe(pd.DataFrame(columns=HISTORY_COLUMNS), interactive=False)
+        with gr.Tab("Export", id="export"):
+            with gr.Row():
+                ui["export_trace"] = gr.Button("Download traces (JSON + CSV)")
+                ui["figure"] = gr.Dropdown([(views.VIEWS[k], k) for k in FIGURES], value="usage",
+                                           label="Figure to export")
+                ui["export_figure"] = gr.Button("Download figure (standalone HTML)")
+            ui["files"] = gr.File(label="Files", file_count="multiple", interactive=False)
+
+
+def _header(pool: ModelPool, facts: Any, ui: dict[str, Any]) -> None:
+    prompts = example_prompts()
+    gr.Markdown("# D3 Explorer: depth decay decoding, live")
+    gr.Markdown(views.INTRO)
+    with gr.Row():
+        with gr.Column(scale=3):
+            ui["prompt"] = gr.Textbox(prompts[0]["prompt"], label="Prompt", lines=3, max_lines=12,
+                                      elem_id="prompt")
+            with gr.Row():
+                ui["example"] = gr.Dropdown([p["title"] for p in prompts], value=prompts[0]["title"],
+                                            label="Example prompts")
+                ui["model"] = gr.Dropdown(list(pool.names), value=pool.names[0], label="Model",
+                                          allow_custom_value=not pool.public)
+                ui["chat_template"] = gr.Checkbox(facts.chat_template, label="Chat template (instruct models)")
+        with gr.Column(scale=1, min_width=220):
+            ui["generate"] = gr.Button("Generate", variant="primary", elem_id="generate")
+            ui["stop"] = gr.Button("Stop", variant="stop", elem_id="stop")
+            ui["presentation"] = gr.Checkbox(False, label="Presentation mode (big fonts, one view per tab)")
+            gr.HTML(views.caps_html(pool.caps.describe(), pool.public))
+    gr.Markdown("**Scenarios**: one click sets the controls and runs.")
+    with gr.Row():
+        for key, scenario in SCENARIOS.items():
+            ui[f"scenario_{key}"] = gr.Button(scenario.title, size="sm", elem_id=f"scenario-{key}")
+    ui["scenario_text"] = gr.Markdown()
+
+
+def _layout(pool: ModelPool, facts: Any) -> dict[str, Any]:
+    ui: dict[str, Any] = {"session": gr.State(None, time_to_live=pool.caps.session_ttl_s)}
+    with gr.Column(elem_classes=["d3-root"]) as root:
+        ui["root"] = root
+        _header(pool, facts, ui)
+        with gr.Accordion("Controls", open=True):
+            _controls(pool, facts, ui)
+        ui["status"] = gr.HTML(views.status_html(None, None, "Ready: press Generate."), elem_id="status")
+        _panes(ui)
+        _tabs(pool, facts, ui)
+    return ui
+
+
+# ---------------------------------------------------------------- wiring
+
+
+def _pick(ui: dict[str, Any], names: tuple[str, ...]) -> list[Any]:
+    return [ui[n] for n in names]
+
+
+def _wire_generation(pool: ModelPool, ui: dict[str, Any], triggers: list[Any], suffix: str = "") -> Any:
+    """Stop this session's running generation out of the queue, then generate in the queue."""
+    first = gr.on(triggers, interrupt, [ui["session"]], None, queue=False, show_progress="hidden",
+                  api_name=f"interrupt{suffix}", trigger_mode="multiple")
+    return first.then(functools.partial(generate, pool), _pick(ui, ("session", *RUN_INPUTS, *VIEW_INPUTS)),
+                      _pick(ui, GENERATE_OUTPUTS), api_name=f"generate{suffix}", preprocess=False,
+                      concurrency_id="model", concurrency_limit=pool.caps.concurrency, trigger_mode="always_last",
+                      show_progress="minimal")
+
+
+def _wire_fills(pool: ModelPool, ui: dict[str, Any], event: Any, suffix: str) -> Any:
+    return event.then(functools.partial(compare_fills, pool), _pick(ui, ("session", *RUN_INPUTS, "presentation")),
+                      _pick(ui, ("session", "status", "fills")), api_name=f"compare_fills{suffix}", preprocess=False,
+                      concurrency_id="model", concurrency_limit=pool.caps.concurrency, trigger_mode="always_last",
+                      show_progress="minimal")
+
+
+def _wire_scenarios(pool: ModelPool, ui: dict[str, Any]) -> None:
+    for key, scenario in SCENARIOS.items():
+        event = ui[f"scenario_{key}"].click
+        for step in range(len(scenario.runs)):
+            applied = (event if step == 0 else event.then)(
+                functools.partial(apply_scenario, pool, key, step), [ui["session"], ui["model"]],
+                _pick(ui, SCENARIO_OUTPUTS), queue=False, api_name=f"scenario_{key}_{step}")
+            event = applied.then(functools.partial(generate, pool), _pick(ui, ("session", *RUN_INPUTS, *VIEW_INPUTS)),
+                                 _pick(ui, GENERATE_OUTPUTS), api_name=f"generate_scenario_{key}_{step}",
+                                 preprocess=False, concurrency_id="model", concurrency_limit=pool.caps.concurrency,
+                                 show_progress="minimal")
+        if scenario.fills:
+            _wire_fills(pool, ui, event, f"_scenario_{key}")
+
+
+def _wire_views(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
+    schedule_controls = [ui[n] for n in SCHEDULE_INPUTS]
+    gr.on([demo.load, *(c.change for c in schedule_controls)], functools.partial(redraw_schedule, pool),
+          [ui["session"], *schedule_controls], [ui["decay"], ui["planned"]], api_name="redraw_schedule",
+          queue=False, preprocess=False, trigger_mode="always_last", show_progress="hidden")
+    ui["metric"].change(render_flow, _pick(ui, ("session", "metric", "presentation")), ui["flow"],
+                        api_name="render_flow", queue=False, show_progress="hidden")
+    gr.on([ui["attention_layer"].change, ui["attention_head"].change], render_attention,
+          _pick(ui, ("session", "attention_layer", "attention_head", "presentation")), ui["attention"],
+          api_name="render_attention", queue=False, show_progress="hidden", trigger_mode="always_last")
+    ui["log_kl"].change(render_errors, _pick(ui, ("session", "log_kl", "presentation")), ui["errors"],
+                        api_name="render_errors", queue=False, show_progress="hidden")
+    ui["presentation"].change(set_presentation, _pick(ui, ("session", "attention_layer", *VIEW_INPUTS)),
+                              _pick(ui, VIEW_OUTPUTS), api_name="set_presentation", queue=False,
+                              show_progress="hidden")
+
+
+def _wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
+    demo.load(new_session, None, ui["session"], api_name="new_session", queue=False)
+    ui["example"].input(use_example, ui["example"], ui["prompt"], api_name="use_example", queue=False)
+    ui["model"].input(functools.partial(model_changed, pool), ui["model"],
+                      _pick(ui, ("core_head", "core_tail", "attention_layer", "attention_head", "chat_template")),
+                      api_name="model_changed", queue=False)
+    _wire_generation(pool, ui, [ui["generate"].click, ui["prompt"].submit])
+    releases = [ui[n].release for n in ("alpha", "core_head", "core_tail", "start")]
+    _wire_generation(pool, ui, releases, "_on_release")
+    ui["stop"].click(stop, ui["session"], ui["status"], api_name="stop", queue=False, show_progress="hidden")
+    fills = gr.on([ui["fills_button"].click], interrupt, [ui["session"]], None, queue=False,
+                  api_name="interrupt_fills", show_progress="hidden")
+    _wire_fills(pool, ui, fills, "")
+    _wire_scenarios(pool, ui)
+    _wire_views(pool, ui, demo)
+    ui["export_trace"].click(export_trace, ui["session"], ui["files"], api_name="export_trace")
+    ui["export_figure"].click(functools.partial(export_figure, pool),
+                              _pick(ui, ("session", "figure", *SCHEDULE_INPUTS[:-1], "attention_layer",
+                                         *VIEW_INPUTS)), ui["files"], api_name="export_figure")
+
+
+def build_demo(engine_factory: Callable[[str], Engine] | None = None, *, caps: Caps | None = None,
+               public: bool | None = None, model_names: tuple[str, ...] | None = None) -> gr.Blocks:
+    """The page. The model loads lazily on first use; `engine_factory(name)` replaces the real loader (tests)."""
+    caps = caps or Caps.from_env()
+    public = is_public() if public is None else public
+    names = model_names or tuple(KNOWN_FACTS)
+    pool = ModelPool(engine_factory, caps=caps, public=public, names=names)
+    facts = pool.facts(names[0])
+    with gr.Blocks(title="D3 Explorer", delete_cache=(3600, 3600)) as demo:
+        ui = _layout(pool, facts)
+        _wire(pool, ui, demo)
+    demo.pool = pool  # type: ignore[attr-defined]  (tests and scripts reach the shared engines through it)
+    return demo
+
+
+def launch(demo: gr.Blocks, **kwargs: Any) -> Any:
+    """Queue (bounded, with the concurrency the caps allow) and serve the page with its stylesheet.
+
+    D3_TORCH_THREADS sets torch's CPU threads: on a busy or shared CPU, 1 thread can be several times
+    faster than torch's default (measured by scripts/measure_app.py)."""
+    caps: Caps = demo.pool.caps  # type: ignore[attr-defined]
+    threads = os.environ.get("D3_TORCH_THREADS", "").strip()
+    if threads.isdigit() and int(threads) > 0:
+        import torch
+
+        torch.set_num_threads(int(threads))
+    demo.queue(max_size=caps.queue_size, default_concurrency_limit=caps.concurrency)
+    kwargs.setdefault("css_paths", [CSS_PATH])
+    kwargs.setdefault("state_session_capacity", 1000)
+    return demo.launch(**kwargs)
+
+
+demo = build_demo()
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO)
+    launch(demo)

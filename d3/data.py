@@ -1,0 +1,254 @@
+"""Benchmark tasks (BIG-bench JSON tasks, fetched from PyPI and cached) and real text for perplexity."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import string
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Literal, Sequence
+
+BIGBENCH_VERSION = "1.0.0"
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+FETCH_HINT = "run `bash scripts/fetch_data.sh` (or `python -m d3 fetch-data`)"
+
+Kind = Literal["multiple_choice", "exact_match"]
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """One benchmark task: where its task.json lives in the sdist, how it is scored, its chance level.
+
+    chance: for multiple choice, mean of 1/len(choices) over the task's examples; for exact match, the
+    share of examples whose answer is the task's most common answer (always answering it scores that).
+    """
+
+    name: str
+    path: str  # under bigbench/benchmark_tasks/ in the sdist, e.g. "logical_deduction/three_objects"
+    kind: Kind
+    chance: float
+    summary: str
+
+
+def _task(name: str, path: str, kind: Kind, chance: float, summary: str) -> tuple[str, TaskInfo]:
+    return name, TaskInfo(name, path, kind, chance, summary)
+
+
+# BIG-bench tasks from which BIG-Bench Hard is drawn. Chance levels are those of bigbench 1.0.0
+# (checked against the fetched files by tests/test_data.py::test_real_data).
+TASKS: dict[str, TaskInfo] = dict([
+    _task("sports_understanding", "sports_understanding", "multiple_choice", 0.5,
+          "Is a sentence about a sports player plausible?"),
+    _task("navigate", "navigate", "multiple_choice", 0.5,
+          "Do these steps and turns bring you back to the start?"),
+    _task("causal_judgment", "causal_judgment", "multiple_choice", 0.5,
+          "How would a typical person answer a question about causation?"),
+    _task("hyperbaton", "hyperbaton", "multiple_choice", 0.5,
+          "Which of two sentences has the correct English adjective order?"),
+    _task("date_understanding", "date_understanding", "multiple_choice", 0.172,
+          "Date arithmetic in MM/DD/YYYY."),
+    _task("logical_deduction_three_objects", "logical_deduction/three_objects", "multiple_choice", 1 / 3,
+          "Order three objects from a few clues."),
+    _task("tracking_shuffled_objects_three_objects", "tracking_shuffled_objects/three_objects",
+          "multiple_choice", 1 / 3, "Who holds which ball after a few swaps?"),
+    _task("object_counting", "object_counting", "exact_match", 0.152,
+          "Count the objects of one kind in a list."),
+    _task("word_sorting", "word_sorting", "exact_match", 0.0, "Sort a list of words alphabetically."),
+])
+
+# Real text for perplexity, fetched alongside the tasks: BBC articles from XSum as packaged by BIG-bench.
+TEXT_SOURCES: dict[str, str] = {"xsum": "gem/xsum"}
+
+
+@dataclass(frozen=True)
+class Example:
+    """One question. `input` includes the task's prefix; `choices` is empty for exact-match tasks.
+
+    targets: every accepted answer (exact match may accept several, e.g. "three" and "3");
+    `target` is the first of them, and for multiple choice it is `choices[target_index]`.
+    """
+
+    task: str
+    input: str
+    choices: tuple[str, ...]
+    target: str
+    target_index: int | None
+    targets: tuple[str, ...] = ()
+
+
+def default_data_dir() -> Path:
+    """`$D3_DATA_DIR`, else ~/.cache/d3-explorer/data."""
+    env = os.environ.get("D3_DATA_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "d3-explorer" / "data"
+
+
+def task_file(path: str, data_dir: str | Path | None = None) -> Path:
+    """Where the task.json of sdist task `path` is cached."""
+    return Path(data_dir or default_data_dir()) / "bigbench" / path / "task.json"
+
+
+def _read_task_json(path: str, data_dir: str | Path | None) -> dict:
+    file = task_file(path, data_dir)
+    if not file.is_file():
+        where = data_dir or default_data_dir()
+        raise FileNotFoundError(f"BIG-bench task file {file} not found: {FETCH_HINT} to download "
+                                f"bigbench=={BIGBENCH_VERSION} from PyPI into {where} (D3_DATA_DIR sets it)")
+    return json.loads(file.read_text(encoding="utf-8"))
+
+
+def _join(*parts: str) -> str:
+    return "\n".join(p.strip() for p in parts if p and p.strip())
+
+
+def _example(task: str, kind: Kind, raw: dict, prefix: str, input_prefix: str, rng: random.Random) -> Example:
+    text = _join(prefix, input_prefix.strip() + " " + str(raw["input"]).strip())
+    if kind == "multiple_choice":  # some files give both target_scores and target; the kind decides
+        scores: dict[str, float] = raw["target_scores"]
+        best = max(scores.values())
+        target = next(c for c, s in scores.items() if s == best)  # BIG-bench: first top-scoring choice
+        choices = list(scores)
+        rng.shuffle(choices)  # some tasks list the answer first
+        return Example(task, text, tuple(choices), target, choices.index(target), (target,))
+    targets = raw["target"] if isinstance(raw["target"], list) else [raw["target"]]
+    targets = tuple(str(t) for t in targets)
+    return Example(task, text, (), targets[0], None, targets)
+
+
+def load_task(name: str, *, data_dir: str | Path | None = None, limit: int | None = None,
+              seed: int = 0) -> list[Example]:
+    """Examples of task `name` (a key of TASKS), in file order, or `limit` of them sampled with `seed`."""
+    if name not in TASKS:
+        raise ValueError(f"task={name!r} is not allowed: task must be one of {sorted(TASKS)}")
+    if limit is not None and (not isinstance(limit, int) or limit < 0):
+        raise ValueError(f"limit={limit!r} is not allowed: limit must be None or an int >= 0")
+    info = TASKS[name]
+    data = _read_task_json(info.path, data_dir)
+    prefix = str(data.get("task_prefix", data.get("prefix", "")))
+    input_prefix = str(data.get("example_input_prefix", ""))
+    raws = list(enumerate(data["examples"]))
+    if limit is not None and limit < len(raws):
+        raws = sorted(random.Random(f"{seed}:{name}").sample(raws, limit))
+    return [_example(name, info.kind, raw, prefix, input_prefix, random.Random(f"{seed}:{name}:{i}"))
+            for i, raw in raws]
+
+
+def chance_level(task: str | Sequence[Example]) -> float:
+    """Chance accuracy: of a task by name (TASKS), or of these examples (as defined in TaskInfo)."""
+    if isinstance(task, str):
+        return TASKS[task].chance
+    if not task:
+        return 0.0
+    if all(ex.choices for ex in task):
+        return sum(1 / len(ex.choices) for ex in task) / len(task)
+    majority, _ = Counter(normalize(ex.target) for ex in task).most_common(1)[0]
+    return sum(majority in {normalize(t) for t in ex.targets or (ex.target,)} for ex in task) / len(task)
+
+
+def format_answer(text: str) -> str:
+    """The continuation that follows a prompt from format_prompt (what to score or to expect)."""
+    return " " + text
+
+
+def _block(example: Example) -> str:
+    options = f"\nOptions: {'; '.join(example.choices)}" if example.choices else ""
+    return f"Q: {example.input}{options}\nA:"
+
+
+def format_prompt(example: Example, *, few_shot: Sequence[Example] = ()) -> str:
+    """A plain-text prompt ending in "A:", so the answer (format_answer) comes next; shots answered first."""
+    shots = [_block(s) + format_answer(s.target) for s in few_shot]
+    return "\n\n".join([*shots, _block(example)])
+
+
+_PUNCT = str.maketrans("", "", string.punctuation)
+
+
+def normalize(text: str) -> str:
+    """First non-empty line, lowercased, punctuation removed, whitespace collapsed."""
+    line = next((ln for ln in text.strip().splitlines() if ln.strip()), "")
+    return " ".join(line.lower().translate(_PUNCT).split())
+
+
+def score_exact(example: Example, generated_text: str) -> bool:
+    """Whether the generated answer matches an accepted answer after `normalize`."""
+    return normalize(generated_text) in {normalize(t) for t in example.targets or (example.target,)}
+
+
+def ppl_text() -> str:
+    """The shipped real passage (assets/ppl_text.txt) without its '#' source header."""
+    lines = (ASSETS / "ppl_text.txt").read_text(encoding="utf-8").splitlines()
+    while lines and (lines[0].startswith("#") or not lines[0].strip()):
+        lines.pop(0)
+    return "\n".join(lines).strip() + "\n"
+
+
+def ppl_texts(data_dir: str | Path | None = None, *, count: int = 8, min_chars: int = 1000) -> list[str]:
+    """ppl_text(), then (if fetched) the first `count` BBC articles of XSum with at least `min_chars`."""
+    texts = [ppl_text()]
+    file = task_file(TEXT_SOURCES["xsum"], data_dir)
+    if file.is_file():
+        examples = json.loads(file.read_text(encoding="utf-8"))["examples"]
+        texts += [ex["input"].strip() for ex in examples if len(ex["input"]) >= min_chars][:count]
+    return texts
+
+
+def _members(paths: Iterable[str]) -> dict[str, str]:
+    """Sdist member name -> task path, for the task.json of each task path."""
+    root = f"bigbench-{BIGBENCH_VERSION}/bigbench/benchmark_tasks"
+    return {f"{root}/{p}/task.json": p for p in paths}
+
+
+def fetch(tasks: Iterable[str] | None = None, data_dir: str | Path | None = None) -> Path:
+    """Download the bigbench sdist from PyPI (no install, no deps) and extract these tasks' task.json.
+
+    Idempotent: returns at once when every file is already there. The sdist stays in `data_dir`.
+    """
+    names = list(TASKS) if tasks is None else list(tasks)
+    unknown = [t for t in names if t not in TASKS]
+    if unknown:
+        raise ValueError(f"tasks={unknown!r} is not allowed: tasks must be among {sorted(TASKS)}")
+    out = Path(data_dir or default_data_dir())
+    paths = [TASKS[t].path for t in names] + list(TEXT_SOURCES.values())
+    if all(task_file(p, out).is_file() for p in paths):
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    sdist = out / f"bigbench-{BIGBENCH_VERSION}.tar.gz"
+    if not sdist.is_file():
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                        "--dest", str(out), f"bigbench=={BIGBENCH_VERSION}"], check=True)
+    wanted = _members(paths)
+    with tarfile.open(sdist, "r:gz") as tar:
+        for member in tar:
+            if member.name in wanted and member.isfile():
+                target = task_file(wanted.pop(member.name), out)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with tempfile.NamedTemporaryFile(dir=target.parent, delete=False) as tmp:
+                    tmp.write(tar.extractfile(member).read())  # type: ignore[union-attr]
+                os.replace(tmp.name, target)  # atomic: a crash never leaves a half-written task.json
+    if wanted:
+        raise FileNotFoundError(f"{sdist.name} has no {sorted(wanted)}")
+    return out
+
+
+def _main(argv: Sequence[str]) -> int:
+    """`python -m d3.data paths` lists sdist members to extract; `python -m d3.data fetch [DIR]` fetches."""
+    if argv[:1] == ["paths"]:
+        print("\n".join(_members([i.path for i in TASKS.values()] + list(TEXT_SOURCES.values()))))
+        return 0
+    if argv[:1] == ["fetch"]:
+        print(fetch(data_dir=argv[1] if len(argv) > 1 else None))
+        return 0
+    print("usage: python -m d3.data {paths | fetch [DATA_DIR]}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main(sys.argv[1:]))

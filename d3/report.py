@@ -1,0 +1,382 @@
+"""A self-contained HTML report and a plain-language headline from a sweep's results (`python -m d3 report`)."""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import math
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+
+from d3.sweep import read_results, sidecar
+
+STRATEGY_ORDER = ("d3", "skipdecode", "unified", "early_exit")
+PPL_LIMIT = 0.01  # perplexity within 1% of full depth
+ACC_LIMIT = 0.01  # task accuracy within 1 point of full depth (accuracy is a fraction)
+PARETO_METRICS = ("agreement", "kl_teacher", "kl_free", "ppl_ratio", "accuracy")
+TABLE_COLUMNS = ("strategy", "label", "target_depth", "mean_layers", "theoretical_speedup", "theoretical_speedup_fixed",
+                 "measured_speedup", "decode_speedup", "agreement", "first_divergence", "kl_teacher", "kl_free",
+                 "ppl_ratio", "accuracy", "accuracy_full", "chance")
+MATCHED_COLUMNS = ("strategy", "label", "mean_layers", "theoretical_speedup_fixed", "measured_speedup", "agreement",
+                   "first_divergence", "kl_teacher", "kl_free", "ppl_ratio", "accuracy")
+
+
+# ---------------------------------------------------------------- reading
+
+
+def load_records(csv_path: str | Path) -> list[dict[str, Any]]:
+    """The sweep's sidecar records (layer traces and Fig. 3 block rows); [] if there are none."""
+    path = sidecar(csv_path, "traces.jsonl")
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def task_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """Long table, one row per (setting, task): task, strategy, label, accuracy, accuracy_full, chance, n."""
+    rows = []
+    for _, r in df.iterrows():
+        text = r.get("task_accuracy", "")
+        per_task = json.loads(text) if isinstance(text, str) and text.strip() else {}
+        for task, v in per_task.items():
+            rows.append({"task": task, "strategy": r["strategy"], "label": r["label"], **v})
+    return pd.DataFrame(rows, columns=["task", "strategy", "label", "accuracy", "accuracy_full", "chance", "n"])
+
+
+# ---------------------------------------------------------------- the headline
+
+
+def _full_row(df: pd.DataFrame) -> pd.Series | None:
+    full = df[df["strategy"] == "full"]
+    return full.iloc[0] if len(full) else None
+
+
+def within_limits(df: pd.DataFrame) -> pd.Series:
+    """True where perplexity is within 1% of full depth and task accuracy within 1 point of full depth.
+
+    A limit whose metric was not measured (NaN in every row) is not applied; a NaN in a measured metric fails."""
+    ok = pd.Series(True, index=df.index)
+    if df["ppl_ratio"].notna().any():
+        ok &= df["ppl_ratio"] <= 1 + PPL_LIMIT
+    if df["accuracy"].notna().any():
+        ok &= df["accuracy"] >= df["accuracy_full"] - ACC_LIMIT - 1e-12
+    return ok
+
+
+def best_within_limits(df: pd.DataFrame, strategy: str) -> dict[str, Any] | None:
+    """The setting of `strategy` with the largest measured speedup among those within the quality limits."""
+    rows = df[(df["strategy"] == strategy) & within_limits(df)]
+    if rows.empty:
+        return None
+    best = rows.loc[rows["measured_speedup"].idxmax()]
+    return _summary(best)
+
+
+def closest_to_full(df: pd.DataFrame, strategy: str) -> dict[str, Any] | None:
+    """The setting of `strategy` with the lowest perplexity ratio (the least quality lost), None if none has one."""
+    rows = df[(df["strategy"] == strategy) & df["ppl_ratio"].notna()]
+    return None if rows.empty else _summary(rows.loc[rows["ppl_ratio"].idxmin()])
+
+
+def _summary(row: pd.Series) -> dict[str, Any]:
+    keys = ("label", "mean_layers", "measured_speedup", "theoretical_speedup", "theoretical_speedup_fixed",
+            "ppl_ratio", "agreement", "kl_free", "accuracy", "accuracy_full")
+    return {k: (row[k] if isinstance(row[k], str) else _num(row[k])) for k in keys if k in row}
+
+
+def _num(x: Any) -> float | None:
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(x) else x
+
+
+def matched_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Every non-full setting with a target depth, grouped by that depth (deepest first), D3 first in each group."""
+    runs = df[(df["strategy"] != "full") & df["target_depth"].notna()].copy()
+    runs["_order"] = runs["strategy"].map({s: i for i, s in enumerate(STRATEGY_ORDER)}).fillna(len(STRATEGY_ORDER))
+    runs = runs.sort_values(["target_depth", "_order"], ascending=[False, True], kind="stable")
+    return runs[["target_depth", *MATCHED_COLUMNS]].reset_index(drop=True)
+
+
+def _d3_at(group: pd.DataFrame) -> pd.Series | None:
+    """The D3 row of a depth group: the first one (the base variant; variants come after it in sweep order)."""
+    d3 = group[group["strategy"] == "d3"]
+    return d3.iloc[0] if len(d3) else None
+
+
+# metric -> (higher is better, words)
+LOSS_METRICS: dict[str, tuple[bool, str]] = {
+    "measured_speedup": (True, "measured speedup"),
+    "ppl_ratio": (False, "perplexity ratio"),
+    "agreement": (True, "token agreement"),
+    "kl_free": (False, "free-running KL"),
+    "accuracy": (True, "task accuracy"),
+}
+
+
+def where_d3_loses(df: pd.DataFrame) -> list[str]:
+    """Plain sentences: at each matched depth, every metric on which a baseline beats D3's base setting."""
+    out = []
+    for depth, group in matched_table(df).groupby("target_depth", sort=False):
+        d3 = _d3_at(group)
+        if d3 is None:
+            continue
+        for _, other in group[group["strategy"] != "d3"].iterrows():
+            for metric, (higher, words) in LOSS_METRICS.items():
+                a, b = _num(d3[metric]), _num(other[metric])
+                if a is None or b is None:
+                    continue
+                margin = 0.02 * abs(a) if metric == "measured_speedup" else 1e-9  # speed within 2% is a tie (noise)
+                if (b > a + margin) if higher else (b < a - margin):
+                    out.append(f"at {depth:.0%} depth, {other['label']} beats D3 ({d3['label']}) on {words}: "
+                               f"{_fmt(b, metric)} vs {_fmt(a, metric)}")
+    return out
+
+
+def _fmt(x: float | None, metric: str = "") -> str:
+    if x is None:
+        return "n/a"
+    if "speedup" in metric:
+        return f"{x:.2f}x"
+    if metric in ("agreement", "accuracy"):
+        return f"{x:.1%}"
+    return f"{x:.4f}" if abs(x) < 10 else f"{x:.1f}"
+
+
+def headline(df: pd.DataFrame) -> dict[str, Any]:
+    """The numbers a reader wants first, plus `text`, the same as a markdown paragraph list.
+
+    best: per strategy, the largest measured speedup with perplexity within 1% and accuracy within 1 point
+      of full depth (None where no setting qualifies); matched: every strategy side by side at each target
+      depth; losses: where a baseline beats D3 at matched depth; noise: full depth timed against itself."""
+    full = _full_row(df)
+    best = {s: best_within_limits(df, s) for s in STRATEGY_ORDER if (df["strategy"] == s).any()}
+    matched = matched_table(df)
+    result = {
+        "best": best,
+        "closest": {s: closest_to_full(df, s) for s in best},
+        "matched": matched.to_dict(orient="records"),
+        "losses": where_d3_loses(df),
+        "noise": _num(full["measured_speedup"]) if full is not None else None,
+        "ppl_full": _num(full["ppl"]) if full is not None else None,
+        "accuracy_full": _num(full["accuracy"]) if full is not None else None,
+        "limits": f"perplexity within {PPL_LIMIT:.0%} of full depth, task accuracy within {ACC_LIMIT * 100:.0f} point",
+    }
+    result["text"] = headline_text(result)
+    return result
+
+
+def headline_text(h: dict[str, Any]) -> str:
+    """Markdown bullet list of a `headline` dict."""
+    lines = [f"Limits: {h['limits']} (a limit is skipped when its metric was not measured)."]
+    for strategy, b in h["best"].items():
+        if b is None:
+            c = h.get("closest", {}).get(strategy)
+            near = (f" Least perplexity loss: {c['label']} at {c['mean_layers']:.1f} layers, perplexity ratio "
+                    f"{_fmt(c.get('ppl_ratio'))}, {c['measured_speedup']:.2f}x measured." if c else "")
+            lines.append(f"- **{strategy}**: no setting stays within the limits.{near}")
+            continue
+        theo = b.get("theoretical_speedup_fixed")
+        eff = f", {b['measured_speedup'] / theo:.0%} of its theoretical {theo:.2f}x (LM head counted)" if theo else ""
+        acc = f", accuracy {b['accuracy']:.1%} (full {b['accuracy_full']:.1%})" if b.get("accuracy") is not None else ""
+        lines.append(f"- **{strategy}**: {b['measured_speedup']:.2f}x measured{eff}, at {b['mean_layers']:.1f} layers, "
+                     f"perplexity ratio {_fmt(b.get('ppl_ratio'))}{acc} ({b['label']}).")
+    if h.get("noise") is not None:
+        lines.append(f"- Timing noise: full depth against itself measured {h['noise']:.2f}x.")
+    paper = h["best"].get("d3")
+    if paper is None or paper["measured_speedup"] < 1.5:
+        got = "no setting" if paper is None else f"at best {paper['measured_speedup']:.2f}x"
+        lines.append(f"- D3 does not reach the paper's operating point (about 1.5x at under 1% loss): {got}.")
+    if h["losses"]:
+        lines.append("- Where D3 loses at matched depth:")
+        lines += [f"  - {x}" for x in h["losses"]]
+    else:
+        lines.append("- At matched depth no baseline beats D3 on any measured metric.")
+    return "\n".join(lines)
+
+
+def markdown_table(df: pd.DataFrame, columns: Iterable[str], digits: int = 4) -> str:
+    """A GitHub markdown table (no tabulate dependency); floats to `digits` significant digits, NaN as "–"."""
+    cols = [c for c in columns if c in df]
+
+    def cell(x: Any) -> str:
+        if isinstance(x, (float, np.floating)):
+            return "–" if math.isnan(x) else f"{x:.{digits}g}"
+        return str(x).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df[cols].itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def summary_markdown(df: pd.DataFrame, *, title: str = "Sweep summary") -> str:
+    """Headline, the matched-depth table and every setting, as markdown (for results/SUMMARY.md)."""
+    h = headline(df)
+    parts = [f"# {title}", "", _context_text(df), "", "## Headline", "", h["text"], "",
+             "## At matched mean depth", "", markdown_table(matched_table(df), ("target_depth", *MATCHED_COLUMNS)), "",
+             "## All settings", "", markdown_table(df, TABLE_COLUMNS), ""]
+    return "\n".join(parts)
+
+
+# ---------------------------------------------------------------- figures
+
+
+def pareto_figures(df: pd.DataFrame) -> list[tuple[str, Any]]:
+    """(title, figure) per quality metric that was measured: quality vs measured speedup with its Pareto front."""
+    from viz import pareto
+
+    out = []
+    for metric in PARETO_METRICS:
+        if metric in df and df[metric].notna().any():
+            target = (1.5, ACC_LIMIT) if metric == "accuracy" else (1.5, 0.01)
+            out.append((f"{metric.replace('_', ' ')} vs measured speedup", pareto(df, y=metric, target=target)))
+    return out
+
+
+def layer_traces(records: Iterable[dict[str, Any]], df: pd.DataFrame, depth: float = 2 / 3) -> dict[str, Any]:
+    """label -> Trace: full depth and, per strategy, the setting whose target depth is closest to `depth`."""
+    from d3.trace import Trace
+
+    by_key = {r["key"]: r for r in records if r.get("kind") == "layers"}
+    chosen = {}
+    for strategy in ("full", *STRATEGY_ORDER):
+        rows = df[(df["strategy"] == strategy) & df["key"].isin(by_key)]
+        if rows.empty:
+            continue
+        row = rows.loc[(rows["target_depth"].fillna(1.0) - depth).abs().idxmin()]
+        chosen[row["label"]] = Trace.from_dict(by_key[row["key"]]["trace"])
+    return chosen
+
+
+def block_frame(records: Iterable[dict[str, Any]]) -> pd.DataFrame:
+    """The Fig. 3 rows (one per prompt and layer) of the last block record."""
+    blocks = [r for r in records if r.get("kind") == "block"]
+    return pd.DataFrame(blocks[-1]["rows"]) if blocks else pd.DataFrame()
+
+
+def figures(df: pd.DataFrame, records: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+    """Every figure of the report, in order."""
+    from viz import block_change, layers_vs_step, task_accuracy_delta
+
+    out = pareto_figures(df)
+    tasks = task_frame(df)
+    if not tasks.empty:
+        out.append(("accuracy difference per task", task_accuracy_delta(tasks)))
+    traces = layer_traces(records, df)
+    if traces:
+        out.append(("layers vs step", layers_vs_step(traces)))
+    blocks = block_frame(records)
+    if not blocks.empty:
+        out.append(("change per block across layers",
+                    block_change(blocks, title="Change per block across layers, full depth, mean ± std over prompts "
+                                               "(paper Fig. 3)")))
+    return out
+
+
+# ---------------------------------------------------------------- HTML
+
+
+CSS = """body{font-family:Inter,'Helvetica Neue',Arial,sans-serif;margin:2rem auto;max-width:1200px;color:#111827}
+table{border-collapse:collapse;font-size:13px}th,td{border:1px solid #E5E7EB;padding:3px 6px;text-align:right}
+th{background:#F3F4F6}td:nth-child(2),td:nth-child(3){text-align:left}section{margin:2rem 0}"""
+
+
+def _table_html(df: pd.DataFrame, columns: Iterable[str]) -> str:
+    cols = [c for c in columns if c in df]
+    return df[cols].to_html(index=False, float_format=lambda x: f"{x:.4g}", na_rep="–", border=0)
+
+
+def _markdown_html(text: str) -> str:
+    """The headline's small markdown subset (bullets, nested bullets, **bold**) as HTML."""
+    import re
+
+    out, depth = [], 0
+    for line in text.splitlines():
+        level = 2 if line.startswith("  - ") else 1 if line.startswith("- ") else 0
+        while depth < level:
+            out.append("<ul>")
+            depth += 1
+        while depth > level:
+            out.append("</ul>")
+            depth -= 1
+        body = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", html.escape(line.lstrip(" -")))
+        out.append(f"<li>{body}</li>" if level else f"<p>{body}</p>")
+    out += ["</ul>"] * depth
+    return "\n".join(out)
+
+
+def render_html(df: pd.DataFrame, records: list[dict[str, Any]], *, title: str = "D3 sweep report") -> str:
+    """The whole report as one HTML string; plotly.js is embedded once, in the head."""
+    from plotly.offline import get_plotlyjs
+
+    h = headline(df)
+    parts = [f"<h1>{html.escape(title)}</h1>", _context(df), "<section><h2>Headline</h2>", _markdown_html(h["text"]),
+             "</section>"]
+    for name, fig in figures(df, records):
+        parts.append(f"<section><h2>{html.escape(name.capitalize())}</h2>")
+        parts.append(fig.to_html(full_html=False, include_plotlyjs=False))
+        parts.append("</section>")
+    parts += ["<section><h2>At matched mean depth</h2>", _table_html(matched_table(df), ("target_depth", *MATCHED_COLUMNS)),
+              "</section><section><h2>All settings</h2>", _table_html(df, TABLE_COLUMNS), "</section>"]
+    head = (f"<head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{CSS}</style>"
+            f"<script type='text/javascript'>{get_plotlyjs()}</script></head>")
+    return f"<!DOCTYPE html><html>{head}<body>{''.join(parts)}</body></html>"
+
+
+def _context(df: pd.DataFrame) -> str:
+    return f"<p>{html.escape(_context_text(df))}</p>"
+
+
+def _context_text(df: pd.DataFrame) -> str:
+    """One paragraph: what was measured and how."""
+    if df.empty:
+        return "No results yet."
+    r = df.iloc[0]
+    scoring = next((s for s in df["task_scoring"] if isinstance(s, str) and s), "")
+    bits = [f"model {r['model']} ({int(r['num_layers'])} layers)", f"{int(r['prompts'])} prompts",
+            f"{int(r['new_tokens'])} new tokens (greedy, no stop at EOS)", f"{int(r['repeats'])} timing repeats",
+            f"LM head = {r['fixed_cost_layers']:.1f} layers of fixed cost"]
+    if scoring:
+        bits.append(f"tasks scored by {scoring}")
+    return ("; ".join(bits) + ". Measured speedup: full depth and the method alternate on the same prompts in one "
+            "process, median over prompt × repeat pairs, generate() wall time including the prefill.")
+
+
+def write_report(results: str | Path, out: str | Path, *, title: str | None = None) -> Path:
+    df = read_results(results)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_html(df, load_records(results), title=title or f"D3 sweep: {Path(results).name}"),
+                   encoding="utf-8")
+    return out
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("report", help="HTML report and headline from a sweep's CSV")
+    p.add_argument("--results", required=True, help="the sweep's CSV")
+    p.add_argument("--out", default="report.html")
+    p.add_argument("--title", default=None)
+    p.add_argument("--summary", default=None, help="also write a markdown summary here")
+    p.set_defaults(func=main)
+    return p
+
+
+def main(args: argparse.Namespace) -> int:
+    if not Path(args.results).is_file():
+        raise SystemExit(f"{args.results} not found: run `python -m d3 sweep --out {args.results}` first")
+    out = write_report(args.results, args.out, title=args.title)
+    df = read_results(args.results)
+    if args.summary:
+        Path(args.summary).write_text(summary_markdown(df, title=args.title or "Sweep summary"), encoding="utf-8")
+    print(headline(df)["text"])
+    print(f"\nwrote {out} ({out.stat().st_size / 1e6:.1f} MB)")
+    return 0

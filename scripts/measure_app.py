@@ -1,0 +1,159 @@
+"""Measure the page's responsiveness on the embedded model (not a timed test: numbers depend on the machine).
+
+1. Slider move: server-side time to redraw the decay curve and the planned grid (handler + gradio's
+   figure serialisation), target < 200 ms.
+2. Generate: time from pressing Generate (submitting the job) to the first streamed token of each pane,
+   once the model is loaded, target < 2 s. Measured twice: calling the handler in process, and through
+   gradio_client against the running server (queue and network included).
+
+Usage: python scripts/measure_app.py [--model smollm2-135m] [--repeats 5] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import gradio as gr  # noqa: E402
+
+import app  # noqa: E402
+from d3.live import KNOWN_FACTS, Session  # noqa: E402
+
+ALPHAS = (0.99, 0.985, 0.97, 0.95, 0.93, 0.9, 0.995, 0.98)
+OUT = {name: i for i, name in enumerate(app.GENERATE_OUTPUTS)}
+TOKEN = re.compile(r'class="d3-tok[ "]')
+
+
+def schedule_args(model: str, alpha: float, max_new_tokens: int) -> dict:
+    head = KNOWN_FACTS[model].num_layers // 8 if model in KNOWN_FACTS else 1
+    return dict(model=model, strategy="d3", alpha=alpha, core_head=head, core_tail=head, start=0,
+                drop_order="middle_out", fill="copy", max_new_tokens=max_new_tokens, unified_ratio=1.5,
+                skipdecode_max=0, skipdecode_min=0, threshold=0.9, presentation=False)
+
+
+def measure_redraw(pool, model: str, repeats: int, max_new_tokens: int) -> dict[str, float]:
+    """Median ms of redraw_schedule alone and with gr.Plot's postprocess (what the server sends)."""
+    plot = gr.Plot()
+    handler, total = [], []
+    app.redraw_schedule(pool, None, **schedule_args(model, 0.99, max_new_tokens))  # warm caches once
+    for i in range(repeats * len(ALPHAS)):
+        t0 = time.perf_counter()
+        figs = app.redraw_schedule(pool, None, **schedule_args(model, ALPHAS[i % len(ALPHAS)], max_new_tokens))
+        t1 = time.perf_counter()
+        for fig in figs:
+            plot.postprocess(fig)
+        t2 = time.perf_counter()
+        handler.append((t1 - t0) * 1000)
+        total.append((t2 - t0) * 1000)
+    return {"handler_ms": statistics.median(handler), "with_serialisation_ms": statistics.median(total),
+            "max_ms": max(total)}
+
+
+def run_args(model: str, max_new_tokens: int) -> dict:
+    head = KNOWN_FACTS[model].num_layers // 8 if model in KNOWN_FACTS else 1
+    return dict(prompt="Explain in a few sentences why the sky looks blue during the day.", model=model,
+                chat_template=True, strategy="d3", alpha=0.99, core_head=head, core_tail=head, start=0,
+                drop_order="middle_out", fill="copy", max_new_tokens=max_new_tokens, decoding="greedy",
+                temperature=0.8, seed=0, unified_ratio=1.5, skipdecode_max=0, skipdecode_min=0, threshold=0.9,
+                attention_layer=head,
+                attention_head=0, metric="both", log_kl=False, presentation=False)
+
+
+def first_tokens(outputs, t0: float, offset: int = 0) -> tuple[float, float]:
+    """Seconds from t0 to the first update with a D3 token and with a full-depth token."""
+    d3 = full = float("nan")
+    for out, at in outputs:
+        if d3 != d3 and TOKEN.search(str(out[OUT["d3_tokens"] - offset])):
+            d3 = at - t0
+        if full != full and TOKEN.search(str(out[OUT["full_tokens"] - offset])):
+            full = at - t0
+        if d3 == d3 and full == full:
+            break
+    return d3, full
+
+
+def measure_first_token_handler(pool, model: str, repeats: int) -> list[tuple[float, float]]:
+    results = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        stream = app.generate(pool, Session(), **run_args(model, 8))
+        timed = ((out, time.perf_counter()) for out in stream)
+        results.append(first_tokens(timed, t0))
+        stream.close()
+    return results
+
+
+def measure_first_token_client(url: str, model: str, repeats: int) -> list[tuple[float, float]]:
+    from gradio_client import Client
+
+    results = []
+    for _ in range(repeats):
+        client = Client(url, verbose=False)
+        args = run_args(model, 8)
+        seen: list[tuple[list, float]] = []
+        t0 = time.perf_counter()
+        job = client.submit(**args, api_name="/generate")
+        for out in job:  # each streamed update, as it arrives
+            seen.append((out, time.perf_counter()))
+            if all(v == v for v in first_tokens(seen, t0, offset=1)):  # both panes have a token (no NaN)
+                break
+        results.append(first_tokens(seen, t0, offset=1))  # the State output is not in the API
+        job.cancel()
+    return results
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def summarise(name: str, pairs: list[tuple[float, float]]) -> None:
+    d3 = [p[0] for p in pairs]
+    full = [p[1] for p in pairs]
+    print(f"{name}: first D3 token median {statistics.median(d3):.3f} s (max {max(d3):.3f}), "
+          f"first full-depth token median {statistics.median(full):.3f} s (max {max(full):.3f})")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    args = parser.parse_args()
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    demo = app.build_demo(public=False)
+    pool = demo.pool
+    print(f"torch threads: {torch.get_num_threads()}; model: {args.model}")
+    for steps in (64, 256):
+        r = measure_redraw(pool, args.model, args.repeats, steps)
+        print(f"slider redraw ({steps} planned tokens): handler {r['handler_ms']:.1f} ms, with serialisation "
+              f"{r['with_serialisation_ms']:.1f} ms (median), worst {r['max_ms']:.1f} ms  [target < 200 ms]")
+    t0 = time.perf_counter()
+    pool.engine(args.model)
+    print(f"model load (once per process): {time.perf_counter() - t0:.1f} s")
+    measure_first_token_handler(pool, args.model, 1)  # warm-up run
+    summarise("generate -> first token, handler in process [target < 2 s]",
+              measure_first_token_handler(pool, args.model, args.repeats))
+    port = free_port()
+    app.launch(demo, prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
+    try:
+        summarise("generate -> first token, through gradio_client [target < 2 s]",
+                  measure_first_token_client(f"http://127.0.0.1:{port}/", args.model, args.repeats))
+    finally:
+        demo.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

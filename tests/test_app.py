@@ -1,0 +1,336 @@
+"""app.py handlers called directly (no server): streaming, validation, stop, sessions, views, export."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import gradio as gr
+import numpy as np
+import pandas as pd
+import pytest
+
+import app
+from d3.config import D3Config
+from d3.live import Caps, ModelPool, Session
+from d3.models import unknown_name_message
+from d3.schedule import budgets, planned_grid
+from d3.trace import Trace
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+DEFAULTS = dict(prompt="hello there", model="tiny", chat_template=True, strategy="d3", alpha=0.9, core_head=1,
+                core_tail=1, start=0, drop_order="middle_out", fill="copy", max_new_tokens=8, decoding="greedy",
+                temperature=0.8, seed=0, unified_ratio=1.5, skipdecode_max=0, skipdecode_min=0, threshold=0.9,
+                attention_layer=3, attention_head=0, metric="both", log_kl=False, presentation=False)
+OUT = {name: i for i, name in enumerate(app.GENERATE_OUTPUTS)}
+
+
+def tiny_factory(engine):
+    def build(name: str):
+        if name != "tiny":
+            raise ValueError(unknown_name_message(name))  # as d3.models does
+        return engine
+    return build
+
+
+@pytest.fixture(scope="module")
+def pool(tiny_engine) -> ModelPool:
+    return ModelPool(tiny_factory(tiny_engine), names=("tiny",), caps=Caps(max_new_tokens=64))
+
+
+@pytest.fixture(scope="module")
+def finished(pool) -> Session:
+    """One finished run (views and exports only read it)."""
+    session = Session()
+    run(pool, session, max_new_tokens=6)
+    return session
+
+
+def run(pool: ModelPool, session: Session | None = None, **overrides) -> list[tuple]:
+    return list(app.generate(pool, session, **{**DEFAULTS, **overrides}))
+
+
+def token_spans(pane: str) -> int:
+    """Token <span>s in a pane's HTML (class "d3-tok", plus " d3-diff" where it differs)."""
+    return len(re.findall(r'class="d3-tok[ "]', str(pane)))
+
+
+def is_skip(value) -> bool:
+    return isinstance(value, dict) and value.get("__type__") == "update" and len(value) == 1
+
+
+def last_value(outputs: list[tuple], name: str):
+    """The newest value an output received over a stream (outputs left as they were are skipped)."""
+    values = [o[OUT[name]] for o in outputs if not is_skip(o[OUT[name]])]
+    return values[-1]
+
+
+def schedule_args(**overrides) -> dict:
+    names = app.SCHEDULE_INPUTS
+    return {k: v for k, v in {**DEFAULTS, **overrides}.items() if k in names}
+
+
+# ---------------------------------------------------------------- generation
+
+
+def test_generate_streams_both_panes_then_fills_every_view(pool) -> None:
+    session = Session()
+    outputs = run(pool, session)
+    counts = [token_spans(o[OUT["d3_tokens"]]) for o in outputs if token_spans(o[OUT["d3_tokens"]])]
+    assert len(counts) >= 5  # the pane grows token by token
+    assert counts == sorted(counts) and counts[-1] == len(session.d3.steps)
+    assert token_spans(last_value(outputs, "full_tokens")) == len(session.full.steps)
+    assert "Done." in last_value(outputs, "status")
+    usage = last_value(outputs, "usage")
+    assert np.array_equal(np.asarray(usage.data[0].z), session.d3.grid())
+    decay = last_value(outputs, "decay")
+    used = [t for t in decay.data if (t.meta or {}).get("role") == "actual"][0]
+    assert list(used.y) == list(session.d3.layers_used)
+    errors = last_value(outputs, "errors")
+    kl = [t for t in errors.data if t.name and "KL teacher" in t.name][0]
+    assert np.allclose(np.asarray(kl.y, dtype=float), session.comparison.kl_teacher)
+    flow = last_value(outputs, "flow")
+    assert any((t.meta or {}).get("role") == "flow" for t in flow.data)
+    attention = last_value(outputs, "attention")
+    assert any((t.meta or {}).get("role") == "attention" for t in attention.data)
+    history = last_value(outputs, "history")
+    assert isinstance(history, pd.DataFrame) and len(history) == 1
+
+
+def test_generate_throttles_heavy_figures(pool) -> None:
+    outputs = run(pool, max_new_tokens=17)
+    streaming = outputs[2:-2]
+    drawn = [o for o in streaming if not is_skip(o[OUT["usage"]])]
+    assert 0 < len(drawn) < len(streaming) / 4  # every few tokens, not every token
+    assert all(not is_skip(o[OUT["d3_counters"]]) for o in streaming)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"prompt": ""}, "prompt is empty"),
+    ({"prompt": " \n\t\x00"}, "prompt is empty"),
+    ({"prompt": "a" * 9000}, "limit is 8,000 characters"),
+    ({"alpha": 0}, r"alpha must be a number in \(0, 1\]"),
+    ({"alpha": "fast"}, "alpha='fast' is not a number"),
+    ({"core_head": 5, "core_tail": 4}, "at most the model's 6 layers"),
+    ({"max_new_tokens": -3}, r"max_new_tokens must be an integer in \[1, 64\]"),
+    ({"max_new_tokens": 10**9}, "max_new_tokens"),
+    ({"max_new_tokens": None}, "max_new_tokens is missing"),
+    ({"strategy": "magic"}, "strategy must be one of"),
+    ({"fill": "glue"}, "fill must be one of copy, propagate, none"),
+    ({"model": "no-such-model"}, "unknown model|not allowed"),
+    ({"attention_layer": 6}, r"attention_layer must be an integer in \[0, 5\]"),
+])
+def test_bad_input_is_a_clear_gr_error(pool, overrides, message) -> None:
+    with pytest.raises(gr.Error, match=message):
+        run(pool, **overrides)
+
+
+def test_the_app_keeps_working_after_bad_input(pool) -> None:
+    session = Session()
+    for bad in ({"prompt": ""}, {"alpha": 9}, {"model": "nope"}):
+        with pytest.raises(gr.Error):
+            run(pool, session, **bad)
+    assert "Done." in last_value(run(pool, session, max_new_tokens=3), "status")
+
+
+def test_unknown_model_reaches_neither_loader_nor_file_system_when_public(tiny_engine) -> None:
+    calls = []
+    pool = ModelPool(lambda name: calls.append(name) or tiny_engine, names=("tiny",), public=True)
+    calls.clear()
+    with pytest.raises(gr.Error, match="not allowed here"):
+        run(pool, model="/etc/passwd")
+    assert calls == []
+
+
+def test_a_crash_inside_is_a_plain_message_not_a_stack_trace(pool, monkeypatch) -> None:
+    monkeypatch.setattr(app, "side_by_side", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    with pytest.raises(gr.Error) as err:
+        run(pool)
+    assert "Something went wrong" in str(err.value) and "boom" not in str(err.value)
+
+
+def test_stop_ends_the_run_within_one_token(pool) -> None:
+    session = Session()
+    stream = app.generate(pool, session, **{**DEFAULTS, "max_new_tokens": 30})
+    outputs = []
+    for out in stream:
+        outputs.append(out)
+        if session.d3 is not None and len(session.d3.steps) == 3:
+            app.stop(session)
+    assert "Stopped." in last_value(outputs, "status")
+    assert len(session.d3.steps) <= 4 and session.comparison is None
+    assert len(session.history) == 1  # a stopped run is still in the history
+
+
+def test_a_new_run_supersedes_the_running_one(pool) -> None:
+    session = Session()
+    first = app.generate(pool, session, **{**DEFAULTS, "max_new_tokens": 30})
+    for _ in range(4):
+        next(first)
+    second = app.generate(pool, session, **{**DEFAULTS, "prompt": "second", "max_new_tokens": 3})
+    next(second)
+    assert list(first) == []  # the first run returns quietly ...
+    rest = list(second)
+    assert "Done." in rest[-1][OUT["status"]]
+    assert session.d3.prompt == "second"  # ... and never overwrote the second run's traces
+
+
+def test_two_sessions_never_see_each_others_runs(pool) -> None:
+    a, b = Session(), Session()
+    stream_a = app.generate(pool, a, **{**DEFAULTS, "prompt": "apples"})
+    stream_b = app.generate(pool, b, **{**DEFAULTS, "prompt": "bananas", "alpha": 0.95})
+    outputs_a, outputs_b = [], []
+    for out_a, out_b in zip(stream_a, stream_b):  # interleaved, as two people generating at once
+        outputs_a.append(out_a)
+        outputs_b.append(out_b)
+    outputs_a += list(stream_a)
+    outputs_b += list(stream_b)
+    assert a.d3.prompt == "apples" and b.d3.prompt == "bananas"
+    assert a.d3.strategy["alpha"] == 0.9 and b.d3.strategy["alpha"] == 0.95
+    assert len(a.history) == len(b.history) == 1
+    assert all(o[OUT["session"]] is a for o in outputs_a if not is_skip(o[OUT["session"]]))
+
+
+def test_every_strategy_runs_against_full_depth(pool) -> None:
+    for strategy in ("skipdecode", "unified", "early_exit"):
+        session = Session()
+        run(pool, session, strategy=strategy, max_new_tokens=4)
+        assert session.d3.strategy_name == strategy and session.comparison is not None
+
+
+# ---------------------------------------------------------------- views without the model
+
+
+def test_redraw_schedule_draws_the_plan_without_running_the_model(pool, tiny_engine, monkeypatch) -> None:
+    monkeypatch.setattr(type(tiny_engine), "run", lambda *a, **k: pytest.fail("the model must not run"))
+    decay, planned = app.redraw_schedule(pool, None, **schedule_args(alpha=0.8, max_new_tokens=32))
+    cfg = D3Config(alpha=0.8, core_head=1, core_tail=1)
+    line = [t for t in decay.data if (t.meta or {}).get("role") == "planned"][0]
+    assert list(line.y) == budgets(cfg, 6, 32)
+    assert np.array_equal(np.asarray(planned.data[0].z) == 1, np.array(planned_grid(cfg, 6, 32)))
+
+
+def test_redraw_schedule_shows_a_bad_combination_instead_of_failing(pool) -> None:
+    decay, planned = app.redraw_schedule(pool, None, **schedule_args(core_head=4, core_tail=4))
+    assert "core_head + core_tail" in decay.layout.annotations[0].text and not decay.data
+
+
+def test_attention_view_follows_the_recorded_layer(finished) -> None:
+    fig = app.render_attention(finished, 3, 1, False)  # layer 3 was recorded
+    heat = [t for t in fig.data if (t.meta or {}).get("role") == "attention"]
+    assert len(heat) == 2  # full depth and D3 side by side
+    missing = app.render_attention(finished, 4, 0, False)
+    assert not missing.data and "Layer 4 was not recorded" in missing.layout.annotations[0].text
+
+
+def test_presentation_mode_enlarges_fonts_and_hides_explanations(finished) -> None:
+    small = app.set_presentation(finished, 3, 0, "both", False, False)
+    big = app.set_presentation(finished, 3, 0, "both", False, True)
+    index = {name: i for i, name in enumerate(app.VIEW_OUTPUTS)}
+    assert big[index["usage"]].layout.font.size > small[index["usage"]].layout.font.size
+    assert big[index["explain_usage"]]["visible"] is False and "d3-present" in big[index["root"]]["elem_classes"]
+
+
+def test_compare_fills_yields_one_comparison_per_fill(pool) -> None:
+    session = Session()
+    args = {k: v for k, v in DEFAULTS.items() if k in app.RUN_INPUTS or k == "presentation"}
+    outputs = list(app.compare_fills(pool, session, **{**args, "drop_order": "strided", "max_new_tokens": 4}))
+    assert list(session.fills) == ["copy", "propagate", "none"]
+    fig = outputs[-1][2]
+    agreement = [t for t in fig.data if (t.meta or {}).get("role") == "agreement"]
+    assert [t.x[0] for t in agreement] == ["copy", "propagate", "none"]
+    assert "done" in outputs[-1][1]
+
+
+def test_scenarios_set_the_controls(pool) -> None:
+    index = {name: i for i, name in enumerate(app.SCENARIO_OUTPUTS)}
+    values = app.apply_scenario(pool, "core", 1, Session(), "tiny")
+    assert (values[index["core_head"]], values[index["core_tail"]]) == (0, 0)
+    assert "Run 2 of 2" in values[index["scenario_text"]]
+    fill = app.apply_scenario(pool, "fill", 0, None, "tiny")
+    assert (fill[index["drop_order"]], fill[index["fill"]]) == ("strided", "none")
+
+
+def test_model_change_resizes_the_layer_controls(pool) -> None:
+    head, tail, layer, attention_head, chat = app.model_changed(pool, "tiny")
+    assert head["maximum"] == 6 and layer["maximum"] == 5 and attention_head["maximum"] == 3 and chat["value"]
+    with pytest.raises(gr.Error):
+        app.model_changed(ModelPool(public=True), "../../etc")
+
+
+def test_use_example_fills_the_prompt() -> None:
+    assert app.use_example("Fact").startswith("What is the capital of France")
+    with pytest.raises(gr.Error, match="example"):
+        app.use_example("rm -rf /")
+
+
+# ---------------------------------------------------------------- export
+
+
+def test_export_trace_writes_json_and_csv_under_server_chosen_names(finished) -> None:
+    session = finished
+    paths = [Path(p) for p in app.export_trace(session)]
+    assert [p.name for p in paths] == ["d3_trace.json", "full_trace.json", "comparison.json", "traces.csv"]
+    assert all(app.EXPORT_ROOT in p.parents for p in paths)
+    again = Trace.from_json(paths[0].read_text())
+    assert again.token_ids == session.d3.token_ids and list(again.layers_used) == list(session.d3.layers_used)
+    assert json.loads(paths[2].read_text())["summary"]["tokens"] == len(session.d3.steps)
+    table = pd.read_csv(paths[3])
+    assert len(table) == 6 * (len(session.d3.steps) + len(session.full.steps))
+    assert set(table["run"]) == {"d3", "full"}
+    with pytest.raises(gr.Error, match="Nothing to export"):
+        app.export_trace(Session())
+
+
+@pytest.mark.parametrize("figure", app.FIGURES)
+def test_export_figure_is_a_standalone_html_page(pool, finished, figure) -> None:
+    session = finished
+    args = {k: v for k, v in DEFAULTS.items() if k in app.SCHEDULE_INPUTS or k in app.VIEW_INPUTS
+            or k == "attention_layer"}
+    path = Path(app.export_figure(pool, session, figure, **args))
+    text = path.read_text()
+    assert path.name == f"{figure}.html" and "<html>" in text and "Plotly" in text
+
+
+def test_export_figure_refuses_unknown_names(pool) -> None:
+    args = {k: v for k, v in DEFAULTS.items() if k in app.SCHEDULE_INPUTS or k in app.VIEW_INPUTS
+            or k == "attention_layer"}
+    with pytest.raises(gr.Error, match="figure"):
+        app.export_figure(pool, Session(), "../../etc/passwd", **args)
+
+
+# ---------------------------------------------------------------- the page itself
+
+
+def test_import_does_not_load_a_model() -> None:
+    assert not any(app.demo.pool.is_loaded(name) for name in app.demo.pool.names)
+
+
+def test_every_event_has_an_api_name() -> None:
+    fns = app.demo.fns.values() if isinstance(app.demo.fns, dict) else app.demo.fns
+    named = [fn for fn in fns if fn.fn is not None]
+    assert len(named) > 20 and all(fn.api_name for fn in named)
+    names = {fn.api_name for fn in named}
+    assert {"generate", "stop", "redraw_schedule", "compare_fills", "export_trace", "export_figure"} <= names
+
+
+def test_public_page_offers_only_the_known_models(tiny_engine) -> None:
+    demo = app.build_demo(lambda name: tiny_engine, public=True, model_names=("tiny",))
+    dropdowns = [b for b in demo.blocks.values() if isinstance(b, gr.Dropdown) and b.label == "Model"]
+    assert len(dropdowns) == 1 and dropdowns[0].allow_custom_value is False
+    assert [c[1] for c in dropdowns[0].choices] == ["tiny"]
+
+
+@pytest.mark.integration
+def test_generate_on_the_embedded_model() -> None:
+    pool = ModelPool(caps=Caps(max_new_tokens=16))
+    session = Session()
+    outputs = list(app.generate(pool, session, **{**DEFAULTS, "model": "smollm2-135m", "core_head": 3,
+                                                   "core_tail": 3, "attention_layer": 15, "max_new_tokens": 12,
+                                                   "alpha": 0.95}))
+    assert "Done." in last_value(outputs, "status")
+    assert session.d3.num_layers == 30 and session.d3.layers_used[0] == 30
+    assert session.d3.layers_used[-1] < 30 and session.comparison is not None
+    assert session.full.text.strip()

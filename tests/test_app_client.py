@@ -1,0 +1,219 @@
+"""The running app driven through gradio_client: streaming, errors, sessions, stop, cancel, queue, export."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import gradio as gr
+import pytest
+from gradio_client import Client
+
+import app
+from d3.engine import Engine
+from d3.live import Caps
+from tests.tiny import tiny_llama, tiny_tokenizer
+
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.filterwarnings("ignore::UserWarning")]
+OUT = {name: i for i, name in enumerate(n for n in app.GENERATE_OUTPUTS if n != "session")}  # State is not in the API
+
+
+class CountingEngine(Engine):
+    """The tiny engine, counting decode steps, optionally slowed down so a run outlasts a click."""
+
+    def __init__(self, *args, delay: float = 0.0, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.delay = delay
+        self.steps = 0
+        self.closed = 0
+
+    def run(self, *args, **kwargs):
+        try:
+            for item in super().run(*args, **kwargs):
+                self.steps += 1
+                time.sleep(self.delay)
+                yield item
+        finally:
+            self.closed += 1
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serve(demo: gr.Blocks) -> Iterator[str]:
+    """Serve `demo` on 127.0.0.1 on a free port; always closed afterwards."""
+    port = free_port()
+    app.launch(demo, prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
+    try:
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        demo.close()
+
+
+def wait_until(condition, timeout: float = 60.0, every: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not met in time")
+        time.sleep(every)
+
+
+@pytest.fixture(scope="module")
+def engine() -> CountingEngine:
+    return CountingEngine(tiny_llama(6), tiny_tokenizer(), name="tiny")
+
+
+@pytest.fixture(scope="module")
+def url(engine) -> Iterator[str]:
+    demo = app.build_demo(lambda name: engine, model_names=("tiny",), public=False, caps=Caps(max_new_tokens=64))
+    with serve(demo) as address:
+        yield address
+
+
+def client(url: str) -> Client:
+    return Client(url, verbose=False)
+
+
+RUN = dict(prompt="hello there", alpha=0.9, core_head=1, core_tail=1, attention_layer=3, max_new_tokens=8)
+
+
+def test_generate_streams_token_by_token(url) -> None:
+    job = client(url).submit(**RUN, api_name="/generate")
+    seen = [out for out in job]  # iterating a job yields each streamed update as it arrives
+    final = job.result()
+    panes = [str(out[OUT["d3_tokens"]]) for out in seen if "d3-tok" in str(out[OUT["d3_tokens"]])]
+    assert len(panes) >= 4
+    assert "Done." in final[OUT["status"]]
+    assert final[OUT["usage"]] is not None and final[OUT["errors"]] is not None
+
+
+def test_bad_input_is_a_clear_error_and_the_server_keeps_serving(url) -> None:
+    c = client(url)
+    for bad, message in [({"prompt": "   "}, "prompt is empty"), ({"alpha": 1.5}, "alpha must be a number in (0, 1]"),
+                         ({"max_new_tokens": "lots"}, "max_new_tokens='lots' is not a number"),
+                         ({"core_head": 4, "core_tail": 4}, "at most the model's 6 layers"),
+                         ({"strategy": "warp"}, "strategy must be one of"), ({"prompt": "x" * 9000}, "8,000")]:
+        with pytest.raises(Exception, match="") as err:
+            c.predict(**{**RUN, **bad}, api_name="/generate")
+        assert message in str(err.value) and "Traceback" not in str(err.value)
+    assert "Done." in c.predict(**RUN, api_name="/generate")[OUT["status"]]
+
+
+def test_two_people_at_once_never_see_each_others_traces(url) -> None:
+    alice, bob = client(url), client(url)
+    jobs = [alice.submit(**{**RUN, "prompt": "apples"}, api_name="/generate"),
+            bob.submit(**{**RUN, "prompt": "bananas", "alpha": 0.95}, api_name="/generate")]
+    finals = [job.result(timeout=120) for job in jobs]
+    assert all("Done." in f[OUT["status"]] for f in finals)
+    traces = [json.loads(Path(c.predict(api_name="/export_trace")[0]).read_text()) for c in (alice, bob)]
+    assert traces[0]["prompt"] == "apples" and traces[1]["prompt"] == "bananas"
+    assert traces[0]["strategy"]["alpha"] == 0.9 and traces[1]["strategy"]["alpha"] == 0.95
+
+
+def test_stop_ends_the_generation_within_one_step(engine, url) -> None:
+    engine.delay = 0.05
+    try:
+        c = client(url)
+        job = c.submit(**{**RUN, "max_new_tokens": 60}, api_name="/generate")
+        wait_until(lambda: len(job.outputs()) >= 6)
+        c.predict(api_name="/stop")
+        final = job.result(timeout=60)
+    finally:
+        engine.delay = 0.0
+    assert "Stopped." in final[OUT["status"]]
+    assert final[OUT["d3_tokens"]].count('data-step="') < 40
+
+
+def test_a_dropped_connection_ends_the_generation_and_frees_it(engine, url) -> None:
+    engine.delay = 0.05
+    try:
+        job = client(url).submit(**{**RUN, "max_new_tokens": 60}, api_name="/generate")
+        wait_until(lambda: len(job.outputs()) >= 6)
+        closed_before = engine.closed
+        job.cancel()  # what the server sees when a tab closes
+        time.sleep(0.3)
+        steps = engine.steps
+        time.sleep(1.0)
+        assert engine.steps - steps <= 1  # nothing decodes for that person any more
+        wait_until(lambda: engine.closed >= closed_before + 2, timeout=30)  # both runs' generators were closed
+    finally:
+        engine.delay = 0.0
+    assert "Done." in client(url).predict(**{**RUN, "max_new_tokens": 3}, api_name="/generate")[OUT["status"]]
+
+
+def test_a_full_queue_tells_people_to_retry() -> None:
+    engine = CountingEngine(tiny_llama(4), tiny_tokenizer(), name="tiny", delay=0.05)
+    demo = app.build_demo(lambda name: engine, model_names=("tiny",), caps=Caps(queue_size=1, concurrency=1))
+    with serve(demo) as address:
+        jobs = [client(address).submit(**{**RUN, "core_head": 0, "core_tail": 0, "attention_layer": 1,
+                                          "max_new_tokens": 20}, api_name="/generate") for _ in range(4)]
+        errors = []
+        for job in jobs:
+            try:
+                job.result(timeout=120)
+            except Exception as err:  # gradio_client's QueueError
+                errors.append(str(err))
+    assert errors and all("Queue is full" in e and "try again" in e for e in errors)
+    assert len(errors) < len(jobs)  # the first ones ran
+
+
+def test_slider_preview_and_views_via_the_api(url) -> None:
+    c = client(url)
+    decay, planned = c.predict(model="tiny", strategy="d3", alpha=0.8, core_head=1, core_tail=1, start=0,
+                               drop_order="middle_out", fill="copy", max_new_tokens=16, unified_ratio=1.5,
+                               skipdecode_max=0, skipdecode_min=0, threshold=0.9, presentation=False,
+                               api_name="/redraw_schedule")
+    for plot in (decay, planned):
+        figure = json.loads(plot["plot"]) if isinstance(plot, dict) else plot
+        assert figure and "data" in str(figure)
+
+
+def test_public_server_refuses_unknown_models(engine) -> None:
+    demo = app.build_demo(lambda name: engine, model_names=("tiny",), public=True)
+    with serve(demo) as address:
+        with pytest.raises(Exception, match="not allowed here"):
+            client(address).predict(**{**RUN, "model": "/etc/passwd"}, api_name="/generate")
+
+
+def test_scenario_chain_and_fill_comparison_via_the_api(url) -> None:
+    c = client(url)
+    values = c.predict(model="tiny", api_name="/scenario_fill_0")
+    assert "strided" in values and "none" in values
+    job = c.submit(**{**RUN, "drop_order": "strided", "max_new_tokens": 4}, presentation=False,
+                   api_name="/compare_fills")
+    status, fills = job.result(timeout=120)
+    assert "Fill comparison done" in status and fills is not None
+
+
+def test_export_figure_via_the_api(url) -> None:
+    c = client(url)
+    c.predict(**RUN, api_name="/generate")
+    path = c.predict(figure="usage", model="tiny", strategy="d3", alpha=0.9, core_head=1, core_tail=1, start=0,
+                     drop_order="middle_out", fill="copy", max_new_tokens=8, unified_ratio=1.5, skipdecode_max=0,
+                     skipdecode_min=0, threshold=0.9, attention_layer=3, attention_head=0, metric="both",
+                     log_kl=False, presentation=False, api_name="/export_figure")
+    text = Path(path).read_text()
+    assert Path(path).name == "usage.html" and "Plotly" in text
+
+
+def test_concurrent_requests_all_finish(url) -> None:
+    results: list[str] = []
+
+    def one(i: int) -> None:
+        results.append(client(url).predict(**{**RUN, "prompt": f"p{i}", "max_new_tokens": 3}, api_name="/generate")[OUT["status"]])
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=180)
+    assert len(results) == 3 and all("Done." in r for r in results)

@@ -1,0 +1,179 @@
+"""The real page in headless Chromium: generate, both panes fill, every view renders with data; screenshots
+are kept in artifacts/ (gitignored)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+import app
+from d3.live import Caps
+from tests.test_app_client import CountingEngine, serve, wait_until
+from tests.tiny import tiny_llama, tiny_tokenizer
+from viz.app_extras import VIEWS
+
+pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+              pytest.mark.filterwarnings("ignore::UserWarning")]
+playwright_api = pytest.importorskip("playwright.sync_api")
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
+TIMEOUT_MS = 120_000
+
+# A plot counts as rendered with data when plotly drew it and some trace holds values (plain arrays, or the
+# base64 typed arrays {dtype, bdata} that plotly.py sends for numpy data).
+PLOT_HAS_DATA = """(id) => {
+  const plot = document.querySelector(`#${id} .js-plotly-plot`);
+  if (!plot || !plot.data || !plot.querySelector('.main-svg')) return false;
+  const filled = v => v && ((v.bdata && v.bdata.length > 0) || (v.length > 0 && Array.from(v).some(x => x !== null)));
+  return plot.data.some(t => filled(t.x) || filled(t.y) || filled(t.z));
+}"""
+TOKENS_IN = "(id) => document.querySelectorAll(`#${id} .d3-tok`).length"
+
+
+@pytest.fixture(scope="module")
+def engine() -> CountingEngine:
+    return CountingEngine(tiny_llama(6), tiny_tokenizer(), name="tiny")
+
+
+@pytest.fixture(scope="module")
+def url(engine) -> Iterator[str]:
+    demo = app.build_demo(lambda name: engine, model_names=("tiny",), public=False, caps=Caps(max_new_tokens=64))
+    with serve(demo) as address:
+        yield address
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM}")
+    with playwright_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu",
+                                                              "--disable-background-networking"])
+        yield b
+        b.close()
+
+
+def open_page(browser, url: str):
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    page.set_default_timeout(TIMEOUT_MS)
+    page.goto(url)
+    page.wait_for_selector("#generate")
+    return page
+
+
+def wait_for_status(page, text: str) -> None:
+    page.wait_for_function("(t) => document.querySelector('#status')?.innerText.includes(t)", arg=text,
+                           timeout=TIMEOUT_MS)
+
+
+def show_tab(page, key: str) -> None:
+    page.get_by_role("tab", name=VIEWS[key]).click()
+    page.wait_for_function(PLOT_HAS_DATA, arg=f"plot-{key}", timeout=TIMEOUT_MS)
+
+
+def test_generate_fills_both_panes_and_every_view(browser, url) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    page = open_page(browser, url)
+    try:
+        page.fill("#prompt textarea", "the cat sat on the mat")
+        page.fill("#max-new-tokens input", "24")
+        page.click("#generate")
+        wait_for_status(page, "Done.")
+        assert page.evaluate(TOKENS_IN, "d3-pane") > 0 and page.evaluate(TOKENS_IN, "full-pane") > 0
+        assert "tokens agreeing with full depth" in page.inner_text("#d3-counters")
+        page.screenshot(path=str(ARTIFACTS / "browser_page.png"), full_page=True)
+        for key in ("usage", "decay", "planned", "flow", "attention", "errors"):
+            show_tab(page, key)
+            page.locator(f"#plot-{key}").screenshot(path=str(ARTIFACTS / f"browser_{key}.png"))
+        page.get_by_role("tab", name=VIEWS["fills"]).click()
+        page.click("#fills-button")
+        wait_for_status(page, "Fill comparison done")
+        page.wait_for_function(PLOT_HAS_DATA, arg="plot-fills", timeout=TIMEOUT_MS)
+        page.locator("#plot-fills").screenshot(path=str(ARTIFACTS / "browser_fills.png"))
+        rendered = page.evaluate("() => Array.from(document.querySelectorAll('.js-plotly-plot'))"
+                                 ".filter(p => p.data && p.data.length).length")
+        assert rendered >= 1
+    finally:
+        page.close()
+
+
+PLANNED_NAME = """() => document.querySelector('#plot-decay .js-plotly-plot').data
+  .find(t => t.meta && t.meta.role === 'planned').name"""
+
+
+def test_dragging_alpha_redraws_the_schedule_and_letting_go_regenerates(browser, url) -> None:
+    page = open_page(browser, url)
+    try:
+        show_tab(page, "decay")
+        assert "α=0.99" in page.evaluate(PLANNED_NAME)
+        box = page.locator("#alpha input[type=range]").bounding_box()
+        y = box["y"] + box["height"] / 2
+        page.mouse.move(box["x"] + box["width"] * 0.95, y)
+        page.mouse.down()
+        page.mouse.move(box["x"] + box["width"] * 0.3, y, steps=5)
+        page.wait_for_function(f"() => !({PLANNED_NAME})().includes('α=0.99')")  # redrawn while dragging
+        assert "Ready" in page.inner_text("#status")  # ... without running the model
+        page.mouse.up()
+        wait_for_status(page, "Done.")  # letting go regenerates with the new α
+        label = page.evaluate(PLANNED_NAME).removesuffix(": planned")
+        assert page.inner_text("#d3-title").strip() == label
+    finally:
+        page.close()
+
+
+def test_presentation_mode_enlarges_the_figures(browser, url) -> None:
+    page = open_page(browser, url)
+    try:
+        show_tab(page, "decay")
+        before = page.evaluate("() => document.querySelector('#plot-decay .js-plotly-plot').layout.font.size")
+        page.get_by_label("Presentation mode (big fonts, one view per tab)").check()
+        page.wait_for_selector(".d3-present")
+        page.wait_for_function("(b) => document.querySelector('#plot-decay .js-plotly-plot').layout.font.size > b",
+                               arg=before)
+        assert not page.locator(".d3-explain").first.is_visible()  # each view takes the full width
+        page.screenshot(path=str(ARTIFACTS / "browser_presentation.png"), full_page=False)
+    finally:
+        page.close()
+
+
+def test_closing_the_tab_ends_the_generation(browser, url, engine) -> None:
+    engine.delay = 0.05
+    page = open_page(browser, url)
+    try:
+        page.fill("#prompt textarea", "a long answer please")
+        page.click("#generate")
+        page.wait_for_function(f"() => ({TOKENS_IN})('d3-pane') >= 5")
+        closed = engine.closed
+    finally:
+        page.close()
+    try:
+        wait_until(lambda: engine.closed >= closed + 2, timeout=30)  # both runs closed once the tab went away
+        steps = engine.steps
+        time.sleep(1.0)
+        assert engine.steps - steps <= 1
+    finally:
+        engine.delay = 0.0
+
+
+@pytest.mark.integration
+def test_the_embedded_model_in_the_page(browser) -> None:
+    """The real page on SmolLM2-135M (loaded lazily on the first Generate); screenshot kept for review."""
+    demo = app.build_demo(public=True, caps=Caps(max_new_tokens=64))
+    with serve(demo) as address:
+        page = open_page(browser, address)
+        try:
+            page.fill("#max-new-tokens input", "40")
+            page.click("#scenario-aggressive")  # sets α = 0.9 and runs
+            wait_for_status(page, "Done.")
+            assert page.evaluate(TOKENS_IN, "d3-pane") > 0 and page.evaluate(TOKENS_IN, "full-pane") > 0
+            assert "α=0.9" in page.inner_text("#d3-title")
+            page.screenshot(path=str(ARTIFACTS / "browser_embedded.png"), full_page=True)
+            for key in ("decay", "flow", "attention", "errors"):
+                show_tab(page, key)
+                page.locator(f"#plot-{key}").screenshot(path=str(ARTIFACTS / f"browser_embedded_{key}.png"))
+        finally:
+            page.close()

@@ -1,0 +1,341 @@
+"""d3/live.py: caps, parsing of raw controls, the shared model pool, side-by-side streaming, sessions."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from d3.config import D3Config, EarlyExitConfig, FullConfig, GenerationConfig, SkipDecodeConfig, TraceConfig, UnifiedConfig
+from d3.live import (
+    KNOWN_FACTS,
+    SCENARIOS,
+    Caps,
+    LiveUpdate,
+    ModelPool,
+    Session,
+    as_number,
+    check_prompt_tokens,
+    clean_prompt,
+    example_prompts,
+    fill_comparison,
+    is_public,
+    measured_speedup,
+    other_schedules,
+    parse_controls,
+    prepare_run,
+    scenario_controls,
+    side_by_side,
+)
+from d3.trace import Trace
+
+CAPS = Caps()
+GEN = GenerationConfig(max_new_tokens=10, stop_at_eos=False)
+
+
+def collect(updates) -> list[LiveUpdate]:
+    return list(updates)
+
+
+# ---------------------------------------------------------------- caps and deployment
+
+
+def test_caps_from_env_reads_clamps_and_survives_garbage() -> None:
+    caps = Caps.from_env({"D3_MAX_NEW_TOKENS": "32", "D3_QUEUE_SIZE": "nope", "D3_MAX_PROMPT_TOKENS": "999999",
+                          "D3_CONCURRENCY": "0"})
+    assert caps.max_new_tokens == 32
+    assert caps.queue_size == Caps().queue_size  # malformed: the default
+    assert caps.max_prompt_tokens == 4096  # clamped to the engine's own cap
+    assert caps.concurrency == 1
+    assert Caps.from_env({}) == Caps()
+    assert "256 new tokens" in Caps().describe()
+
+
+def test_public_deployment_is_detected() -> None:
+    assert is_public({"D3_PUBLIC": "1"}) and is_public({"SPACE_ID": "someone/d3"})
+    assert not is_public({}) and not is_public({"D3_PUBLIC": "0"})
+
+
+def test_example_prompts_come_from_assets() -> None:
+    prompts = example_prompts()
+    assert len(prompts) >= 4 and all(p["title"] and p["prompt"].strip() for p in prompts)
+
+
+# ---------------------------------------------------------------- parsing
+
+
+@pytest.mark.parametrize("value, message", [
+    (None, "alpha is missing"), ("", "alpha is missing"), (True, "alpha is missing"), ("abc", "not a number"),
+    (float("nan"), "not a finite number"), (float("inf"), "not a finite number"), ("1e999", "not a finite number"),
+    (0, "out of range"), (1.5, "out of range"), (-1, "out of range"),
+])
+def test_as_number_names_the_field_and_the_range(value, message) -> None:
+    with pytest.raises(ValueError, match=message) as err:
+        as_number("alpha", value, 0, 1, lo_open=True)
+    assert "alpha must be a number in (0, 1]" in str(err.value)
+
+
+def test_as_number_accepts_numeric_text_and_whole_floats() -> None:
+    assert as_number("alpha", " 0.5 ", 0, 1) == 0.5
+    assert as_number("n", 7.0, 1, 10, integer=True) == 7 and isinstance(as_number("n", "7", 1, 10, integer=True), int)
+    with pytest.raises(ValueError, match="n must be an integer in"):
+        as_number("n", 7.5, 1, 10, integer=True)
+
+
+def test_parse_controls_defaults_to_d3_with_the_default_core() -> None:
+    strategy, gen = parse_controls({}, 30, CAPS)
+    assert strategy == D3Config(alpha=0.99, core_head=3, core_tail=3)
+    assert gen.greedy and gen.max_new_tokens == 64
+
+
+def test_parse_controls_builds_each_baseline() -> None:
+    assert parse_controls({"strategy": "unified", "unified_ratio": "2"}, 30, CAPS)[0] == UnifiedConfig(ratio=2.0)
+    skip = parse_controls({"strategy": "skipdecode", "skipdecode_max": 20, "skipdecode_min": 0,
+                           "max_new_tokens": 32}, 30, CAPS)[0]
+    assert skip == SkipDecodeConfig(max_layers=20, min_layers=None, horizon=32)
+    early = parse_controls({"strategy": "early_exit", "threshold": 0.5, "fill": "propagate"}, 30, CAPS)[0]
+    assert early == EarlyExitConfig(threshold=0.5, fill="propagate", min_layers=4)
+    _, gen = parse_controls({"decoding": "sample", "temperature": 0.7, "seed": 3}, 30, CAPS)
+    assert (gen.temperature, gen.seed) == (0.7, 3)
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"alpha": 0}, r"alpha=0 is out of range: alpha must be a number in \(0, 1\]"),
+    ({"alpha": 1.01}, "alpha must be a number in"),
+    ({"core_head": 4, "core_tail": 3}, r"core_head \+ core_tail=7 is not allowed: .*at most the model's 6 layers"),
+    ({"core_head": 99}, r"core_head must be an integer in \[0, 6\]"),
+    ({"core_tail": -1}, "core_tail"),
+    ({"start": 10**6}, r"start must be an integer in \[0, 256\]"),
+    ({"max_new_tokens": 0}, r"max_new_tokens must be an integer in \[1, 256\]"),
+    ({"max_new_tokens": 10**12}, "max_new_tokens"),
+    ({"max_new_tokens": "many"}, "max_new_tokens='many' is not a number"),
+    ({"max_new_tokens": 3.5}, "max_new_tokens must be an integer"),
+    ({"strategy": "turbo"}, "strategy='turbo' is not allowed: strategy must be one of d3, skipdecode"),
+    ({"strategy": "full"}, "strategy='full' is not allowed"),
+    ({"fill": "glue"}, "fill must be one of copy, propagate, none"),
+    ({"drop_order": "random"}, "drop_order must be one of middle_out"),
+    ({"decoding": "beam"}, "decoding must be one of greedy, sample"),
+    ({"decoding": "sample", "temperature": 0}, "temperature"),
+    ({"seed": -5}, "seed"),
+    ({"strategy": "unified", "unified_ratio": 100}, "unified_ratio"),
+    ({"strategy": "early_exit", "threshold": 2}, "threshold"),
+    ({"strategy": "skipdecode", "skipdecode_max": 50}, r"skipdecode_max must be an integer in \[1, 6\]"),
+])
+def test_parse_controls_rejects_bad_values_with_plain_messages(raw, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_controls(raw, 6, CAPS)
+
+
+def test_clean_prompt_strips_control_characters_and_odd_unicode() -> None:
+    assert clean_prompt("hi\x00 there\x1b\u202e\n\tok", CAPS) == "hi there\n\tok"
+    for empty in ("", "   \n\t", "\x00\x01", "\u200b\u200b", "\ufeff"):
+        with pytest.raises(ValueError, match="prompt is empty"):
+            clean_prompt(empty, CAPS)
+    with pytest.raises(ValueError, match="prompt must be text"):
+        clean_prompt(None, CAPS)
+    with pytest.raises(ValueError, match="limit is 8,000 characters"):
+        clean_prompt("a" * 8001, CAPS)
+    assert clean_prompt("café 東京 🙂", CAPS) == "café 東京 🙂"
+
+
+def test_prompt_token_cap_is_enforced(tiny_engine) -> None:
+    caps = replace(CAPS, max_prompt_tokens=40)  # the chat template adds about 20 characters (tokens here)
+    assert check_prompt_tokens(tiny_engine, "short", True, caps) <= 40
+    with pytest.raises(ValueError, match="limit is 40 tokens"):
+        check_prompt_tokens(tiny_engine, "x" * 50, True, caps)
+
+
+# ---------------------------------------------------------------- the shared model pool
+
+
+def test_pool_loads_each_model_once_under_concurrent_calls(tiny_engine) -> None:
+    calls = []
+
+    def factory(name):
+        calls.append(name)
+        return tiny_engine
+
+    pool = ModelPool(factory, names=("tiny",))
+    engines = []
+    threads = [threading.Thread(target=lambda: engines.append(pool.engine("tiny"))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls == ["tiny"] and all(e is tiny_engine for e in engines)
+    assert pool.facts("tiny").num_layers == 6
+
+
+def test_pool_knows_the_embedded_models_without_loading_them() -> None:
+    pool = ModelPool(public=True)  # the real loader: it must not be called here
+    assert pool.facts("smollm2-135m") == KNOWN_FACTS["smollm2-135m"]
+    assert not pool.is_loaded("smollm2-135m")
+
+
+@pytest.mark.parametrize("name", ["/etc", "../secret", "owner/model", "", None, 3])
+def test_public_pool_refuses_anything_but_the_known_models(name) -> None:
+    with pytest.raises(ValueError, match="is not allowed"):
+        ModelPool(public=True).check_name(name)
+
+
+def test_local_pool_accepts_paths_but_not_control_characters() -> None:
+    pool = ModelPool(public=False)
+    assert pool.check_name(" ./my-model ") == "./my-model"
+    with pytest.raises(ValueError, match="printable"):
+        pool.check_name("model\x00name")
+
+
+def test_prepare_run_validates_before_loading(tiny_engine) -> None:
+    calls = []
+    pool = ModelPool(lambda name: calls.append(name) or tiny_engine, names=("tiny",), facts={"tiny": KNOWN_FACTS["gemma3-270m"]})
+    with pytest.raises(ValueError, match="prompt is empty"):
+        prepare_run(pool, {"prompt": " ", "model": "tiny"})
+    with pytest.raises(ValueError, match="alpha"):
+        prepare_run(pool, {"prompt": "hi", "model": "tiny", "alpha": 7})
+    assert calls == []  # a bad value is reported before a slow model load
+    setup = prepare_run(pool, {"prompt": "hi", "model": "tiny", "core_head": 1, "core_tail": 1, "attention_layer": 2})
+    assert calls == ["tiny"] and setup.trace.attention_layers == (2,)
+
+
+# ---------------------------------------------------------------- streaming side by side
+
+
+def test_side_by_side_interleaves_and_matches_separate_runs(tiny_engine) -> None:
+    cfg = D3Config(alpha=0.9, core_head=1, core_tail=1)
+    updates = collect(side_by_side(tiny_engine, "hello there", cfg, GEN))
+    streamed = [u for u in updates if u.phase == "streaming"]
+    assert [u.pane for u in streamed[:4]] == ["d3", "full", "d3", "full"]
+    final = updates[-1]
+    assert [u.phase for u in updates[-2:]] == ["comparing", "done"] and final.comparison is not None
+    alone = tiny_engine.generate("hello there", cfg, GEN)
+    full = tiny_engine.generate("hello there", FullConfig(), GEN)
+    assert final.d3.token_ids == alone.token_ids and final.full.token_ids == full.token_ids
+    assert list(final.d3.layers_used) == list(alone.layers_used)
+    agree = np.array(alone.token_ids) == np.array(full.token_ids)
+    assert final.comparison.agree.tolist() == agree.tolist()
+    assert len(final.comparison.kl_teacher) == GEN.max_new_tokens
+
+
+def test_side_by_side_stops_within_one_step(tiny_engine) -> None:
+    stop = threading.Event()
+    updates = []
+    for update in side_by_side(tiny_engine, "hello", D3Config(), GEN, should_stop=stop.is_set):
+        updates.append(update)
+        if len(updates) == 3:
+            stop.set()
+    final = updates[-1]
+    assert final.phase == "stopped" and final.comparison is None
+    assert len(final.d3.steps) <= 3 and len(final.full.steps) <= 3
+
+
+def test_side_by_side_comparison_is_interruptible(tiny_engine) -> None:
+    stop = threading.Event()
+    phases = []
+    for update in side_by_side(tiny_engine, "hello", D3Config(), GEN, should_stop=stop.is_set):
+        phases.append(update.phase)
+        if update.phase == "comparing":
+            stop.set()
+    assert phases[-1] == "stopped"
+
+
+def test_closing_the_stream_closes_both_runs(tiny_engine, monkeypatch) -> None:
+    closed = []
+    original = type(tiny_engine).run
+
+    def run(self, *args, **kwargs):
+        try:
+            yield from original(self, *args, **kwargs)
+        finally:
+            closed.append(True)
+
+    monkeypatch.setattr(type(tiny_engine), "run", run)
+    stream = side_by_side(tiny_engine, "hello", D3Config(), GEN)
+    next(stream), next(stream), next(stream)
+    stream.close()  # what a closed tab or a superseding run does
+    assert closed == [True, True]
+
+
+def test_fill_comparison_matters_only_when_layer_sets_are_not_nested(tiny_engine) -> None:
+    gen = GenerationConfig(max_new_tokens=8, stop_at_eos=False)
+    nested = dict(fill_comparison(tiny_engine, "hello", D3Config(alpha=0.85, core_head=1, core_tail=1), gen))
+    strided = dict(fill_comparison(tiny_engine, "hello", D3Config(alpha=0.85, core_head=1, core_tail=1,
+                                                                   drop_order="strided"), gen))
+    assert list(nested) == ["copy", "propagate", "none"]
+    kl = {k: c.kl_teacher for k, c in nested.items()}
+    assert np.allclose(kl["copy"], kl["none"]) and np.allclose(kl["copy"], kl["propagate"])
+    assert not np.allclose(strided["copy"].kl_teacher, strided["none"].kl_teacher)
+
+
+def _timed(trace: Trace, ms: list[float]) -> Trace:
+    return trace.with_steps([replace(s, wall_ms=m) for s, m in zip(trace.steps, ms)])
+
+
+def test_measured_speedup_is_the_ratio_of_median_decode_times(tiny_engine) -> None:
+    d3 = tiny_engine.generate("hi", D3Config(), GEN, TraceConfig(enabled=False, sublayer_stats=False))
+    full = tiny_engine.generate("hi", FullConfig(), GEN, TraceConfig(enabled=False, sublayer_stats=False))
+    ms = [100.0] + [10.0] * 9  # the prefill step is left out
+    assert measured_speedup(_timed(d3, [100.0] + [5.0] * 9), _timed(full, ms)) == pytest.approx(2.0)
+    assert measured_speedup(d3.with_steps(d3.steps[:2]), full) is None
+    assert measured_speedup(None, full) is None
+
+
+# ---------------------------------------------------------------- sessions and scenarios
+
+
+def test_session_runs_supersede_each_other() -> None:
+    session = Session()
+    first = session.begin()
+    stop_first = session.stopper(first)
+    assert not stop_first()
+    second = session.begin()
+    assert stop_first() and not session.is_current(first)
+    assert not session.stopper(second)()
+    session.request_stop()
+    assert session.stopper(second)()
+
+
+def test_stop_reaches_a_run_still_waiting_in_the_queue_but_not_the_next_one() -> None:
+    session = Session()
+    session.trigger()  # Generate pressed: the run waits in the queue
+    session.request_stop()  # Stop pressed while it waits
+    assert session.stopper(session.begin())()  # it stops as soon as it begins
+    session.trigger()  # Generate pressed again
+    assert not session.stopper(session.begin())()  # the earlier Stop does not reach this run
+    session.request_stop()
+    assert not session.stopper(session.begin())()  # an API call without a trigger starts clean too
+
+
+def test_session_history_records_finished_runs(tiny_engine) -> None:
+    session = Session()
+    final = collect(side_by_side(tiny_engine, "hello", D3Config(alpha=0.9), GEN))[-1]
+    session.finish(final, "D3 (α=0.9)")
+    frame = session.history_frame()
+    assert frame["strategy"].tolist() == ["D3 (α=0.9)"]
+    assert frame["tokens"].tolist() == [len(final.d3.steps)]
+    assert frame["agreement"].iloc[0] == pytest.approx(final.comparison.agreement, abs=1e-3)
+    session.clear()
+    assert session.d3 is None and len(session.history) == 1
+
+
+def test_scenarios_set_what_they_promise() -> None:
+    core = SCENARIOS["core"]
+    assert len(core.runs) == 2
+    assert scenario_controls("core", 0, 30)["core_head"] == 3
+    assert (scenario_controls("core", 1, 30)["core_head"], scenario_controls("core", 1, 30)["core_tail"]) == (0, 0)
+    fill = scenario_controls("fill", 0, 30)
+    assert (fill["drop_order"], fill["fill"]) == ("strided", "none") and SCENARIOS["fill"].fills
+    assert "nested" in SCENARIOS["fill"].text
+    assert scenario_controls("aggressive", 0, 30)["alpha"] < 0.95
+    with pytest.raises(ValueError, match="scenario"):
+        scenario_controls("nope", 0, 30)
+    for key in SCENARIOS:  # every scenario's controls parse
+        parse_controls(scenario_controls(key, 1, 30), 30, CAPS)
+
+
+def test_other_schedules_leave_out_the_main_kind_and_what_does_not_fit() -> None:
+    d3 = D3Config()
+    assert set(other_schedules(d3, d3, 30)) == {"SkipDecode (auto)", "Unified 1.5×"}
+    assert set(other_schedules(UnifiedConfig(), d3, 30)) == {"D3", "SkipDecode (auto)"}
+    assert "Unified 1.5×" not in other_schedules(d3, d3, 1)  # keeps floor(1 / 1.5) = 0 layers: does not fit

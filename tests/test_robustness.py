@@ -1,0 +1,433 @@
+"""Real use: junk from a person or a direct API call, cancellation, server-side caps, public mode, flat memory."""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import gradio as gr
+import httpx
+import pytest
+from gradio_client import Client
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import app
+import d3.models
+from d3.decoder import DecodeState
+from d3.hooks import count_hooks
+from d3.live import Caps, ModelPool, Session, is_public
+from d3.trace import Trace
+from tests.apphelpers import ROOT, alive, load_script, one_torch_thread, rss_mib  # noqa: F401  (a fixture)
+from tests.test_app import DEFAULTS, last_value, tiny_factory
+from tests.test_app_client import RUN, CountingEngine, serve, wait_until
+from tests.tiny import tiny_llama, tiny_tokenizer
+
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.filterwarnings("ignore::UserWarning"),
+              pytest.mark.usefixtures("one_torch_thread")]
+load_test = load_script("load_test")  # reads token ids off the panes the API returns
+SAMPLED = dict(decoding="sample", temperature=0.9, seed=11)
+UNHANDLED = "has not enabled verbose error reporting"  # what gradio_client says when a handler raised a non-gr.Error
+
+
+# ---------------------------------------------------------------- junk a person or an API call can send
+
+NASTY_TEXT = ("", " ", "\x00", " \n\t\x00\x1b[31m", "\u202e\u200b\ufeff", "\u0301\u0301", "🦊" * 30, "a" * 9000,
+              "é" * 8001, "../../etc/passwd", "/tmp", "/etc/passwd", "~/.ssh/id_rsa", "C:\\Windows\\system32",
+              "HuggingFaceTB/SmolLM2-135M-Instruct", "gpt2", "$(rm -rf /)", "; cat /etc/passwd", "`id`",
+              "<script>alert(1)</script>", "{{7*7}}", "%s%n%x", "1e999", "-0", "nan", "inf", "0x10", " 3 ", "true")
+NASTY_NUMBERS = (10**400, -10**400, 2**63, 2**31, -1, 0, 1, 1e308, 5e-324, -0.0, 0.5, 7)
+
+
+def junk(json_safe: bool = False) -> st.SearchStrategy[Any]:
+    """Values of every type and shape; `json_safe`: only what gradio_client can send (no NaN/inf, no surrogates)."""
+    text = st.one_of(st.sampled_from(NASTY_TEXT), st.text(max_size=40),
+                     st.text(st.characters(max_codepoint=0x1F), max_size=10),
+                     st.text(st.characters(categories=["Cc", "Cf", "Co", "Mn", "So", "Zl", "Zp"]), max_size=20))
+    if json_safe:
+        text = text.filter(lambda s: not any(0xD800 <= ord(c) <= 0xDFFF for c in s))
+    numbers = st.one_of(st.sampled_from(NASTY_NUMBERS), st.integers(-2**70, 2**70),
+                        st.floats(allow_nan=not json_safe, allow_infinity=not json_safe))
+    if not json_safe:
+        numbers = st.one_of(numbers, st.sampled_from((math.nan, math.inf, -math.inf)))
+    shapes = st.one_of(st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(),
+                                                                              max_size=2))
+    return st.one_of(text, numbers, st.booleans(), st.none(), shapes)
+
+
+def assert_clean(message: str) -> None:
+    """A message a person can read: ours, short, with no stack trace and no server paths."""
+    assert message.strip() and UNHANDLED not in message, f"not a gr.Error: {message!r}"
+    assert "Traceback" not in message and 'File "' not in message, message
+    assert str(ROOT) not in message and ".py" not in message and "site-packages" not in message, message
+    assert len(message) <= 600, f"{len(message)} characters: {message[:200]}…"
+
+
+FUZZ = settings(deadline=None, derandomize=True, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
+RUN_BASE = {**DEFAULTS, "max_new_tokens": 2}
+
+
+def _pick(values: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    return {n: values[n] for n in names}
+
+
+# ---------------------------------------------------------------- (a) handlers called directly
+
+
+@pytest.fixture(scope="module")
+def engine() -> CountingEngine:
+    return CountingEngine(tiny_llama(6), tiny_tokenizer(), name="tiny")
+
+
+@pytest.fixture(scope="module")
+def pool(engine) -> ModelPool:
+    return ModelPool(tiny_factory(engine), names=("tiny",), caps=Caps(max_new_tokens=64))
+
+
+@pytest.fixture(scope="module")
+def finished(pool) -> Session:
+    """A session with a finished run, so the view handlers draw real traces."""
+    session = Session()
+    list(app.generate(pool, session, **{**RUN_BASE, "max_new_tokens": 4}))
+    return session
+
+
+def handlers(pool: ModelPool, finished: Session) -> dict[str, tuple[Callable[..., Any], dict[str, Any]]]:
+    """Every handler a person can reach, with the values the page would send; junk replaces some of them."""
+    run_args = _pick(RUN_BASE, (*app.RUN_INPUTS, "presentation"))
+    schedule = _pick(RUN_BASE, app.SCHEDULE_INPUTS)
+    figure = {"figure": "usage", **_pick(RUN_BASE, (*app.SCHEDULE_INPUTS[:-1], "attention_layer", *app.VIEW_INPUTS))}
+    view = _pick(RUN_BASE, ("attention_layer", *app.VIEW_INPUTS))
+    return {
+        "generate": (lambda **kw: list(app.generate(pool, Session(), **kw)), dict(RUN_BASE)),
+        "compare_fills": (lambda **kw: list(app.compare_fills(pool, Session(), **kw)), run_args),
+        "redraw_schedule": (lambda **kw: app.redraw_schedule(pool, finished, **kw), schedule),
+        "model_changed": (lambda **kw: app.model_changed(pool, **kw), {"model": "tiny"}),
+        "use_example": (lambda **kw: app.use_example(**kw), {"title": "Fact"}),
+        "apply_scenario": (lambda **kw: app.apply_scenario(pool, "core", 1, finished, **kw), {"model": "tiny"}),
+        "render_flow": (lambda **kw: app.render_flow(finished, **kw), _pick(view, ("metric", "presentation"))),
+        "render_attention": (lambda **kw: app.render_attention(finished, **kw),
+                             _pick(view, ("attention_layer", "attention_head", "presentation"))),
+        "render_errors": (lambda **kw: app.render_errors(finished, **kw), _pick(view, ("log_kl", "presentation"))),
+        "set_presentation": (lambda **kw: app.set_presentation(finished, **kw), view),
+        "export_figure": (lambda **kw: app.export_figure(pool, finished, **kw), figure),
+    }
+
+
+def test_every_handler_answers_junk_with_a_clear_message(pool, finished, engine) -> None:
+    table = handlers(pool, finished)
+
+    @settings(FUZZ, max_examples=150)
+    @given(data=st.data())
+    def fuzz(data: st.DataObject) -> None:
+        name = data.draw(st.sampled_from(sorted(table)), label="handler")
+        handler, values = table[name]
+        bad = data.draw(st.dictionaries(st.sampled_from(sorted(values)), junk(), min_size=1, max_size=3), label="junk")
+        try:
+            handler(**{**values, **bad})
+        except gr.Error as err:
+            assert_clean(str(err))
+        assert count_hooks(engine.model) == 0 and not engine._lock.locked()
+
+    fuzz()
+    session = Session()
+    assert "Done." in last_value(list(app.generate(pool, session, **RUN_BASE)), "status")
+
+
+@pytest.mark.parametrize("handler, args", [
+    ("generate", {"attention_layer": math.inf}),
+    ("generate", {"attention_head": -math.inf}),
+    ("generate", {"attention_head": 99}),
+    ("render_attention", {"attention_head": math.inf}),
+    ("render_attention", {"attention_head": 99}),
+    ("set_presentation", {"attention_layer": math.inf}),
+])
+def test_view_settings_out_of_range_are_a_clean_error_or_ignored(pool, finished, handler, args) -> None:
+    """View settings only change a drawing: a bad one must not be an unhandled exception (found by the fuzz)."""
+    fn, values = handlers(pool, finished)[handler]
+    try:
+        fn(**{**values, **args})
+    except gr.Error as err:
+        assert_clean(str(err))
+
+
+# ---------------------------------------------------------------- (b) the same junk through the API
+
+
+@pytest.fixture(scope="module")
+def served(engine) -> Iterator[str]:
+    demo = app.build_demo(tiny_factory(engine), model_names=("tiny",), public=False, caps=Caps(max_new_tokens=64))
+    with serve(demo) as url:
+        yield url
+
+
+def api_defaults(client: Client) -> dict[str, dict[str, Any]]:
+    """Each named endpoint's parameters with the page's default values."""
+    endpoints = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
+    return {name: {p["parameter_name"]: p.get("parameter_default") for p in ep["parameters"]}
+            for name, ep in endpoints.items()}
+
+
+API_FUZZED = ("/generate", "/compare_fills", "/redraw_schedule", "/model_changed", "/use_example", "/render_attention",
+              "/render_flow", "/set_presentation", "/export_figure", "/scenario_core_1")
+
+
+def generate_ok(client: Client, **overrides: Any) -> load_test.Tokens:
+    final = client.predict(**{**RUN, "max_new_tokens": 2, **overrides}, api_name="/generate")
+    assert "Done." in final[0]
+    return load_test.tokens_of(final)
+
+
+def test_the_api_answers_junk_with_a_clear_message_and_keeps_serving(served) -> None:
+    client = Client(served, verbose=False)
+    defaults = api_defaults(client)
+    run_like = {**RUN, "max_new_tokens": 2}
+
+    @settings(FUZZ, max_examples=25)
+    @given(data=st.data())
+    def fuzz(data: st.DataObject) -> None:
+        name = data.draw(st.sampled_from(API_FUZZED), label="endpoint")
+        values = {k: run_like.get(k, v) for k, v in defaults[name].items()}
+        bad = data.draw(st.dictionaries(st.sampled_from(sorted(values)), junk(json_safe=True), min_size=1,
+                                        max_size=3), label="junk")
+        try:
+            client.predict(**{**values, **bad}, api_name=name)
+        except Exception as err:  # gradio_client's AppError carries the gr.Error message
+            assert_clean(str(err))
+        generate_ok(client)  # still serving, with the queue working
+
+    fuzz()
+
+
+def raw_call(url: str, endpoint: str, values: dict[str, Any], raw: dict[str, str]) -> dict[str, Any]:
+    """Call `endpoint` over plain HTTP with some values written as raw JSON (NaN, Infinity: Python's json
+    reads them, gradio_client refuses to send them); the last server-sent event as {event, data}."""
+    items = ", ".join(raw[k] if k in raw else json.dumps(v) for k, v in values.items())
+    posted = httpx.post(f"{url}gradio_api/call{endpoint}", content=f'{{"data": [{items}]}}',
+                        headers={"content-type": "application/json"}, timeout=30)
+    posted.raise_for_status()
+    stream = httpx.get(f"{url}gradio_api/call{endpoint}/{posted.json()['event_id']}", timeout=120).text
+    events = [line.split(":", 1)[1].strip() for line in stream.splitlines() if line.startswith("event:")]
+    data = [line.split(":", 1)[1].strip() for line in stream.splitlines() if line.startswith("data:")]
+    return {"event": events[-1], "data": json.loads(data[-1])}
+
+
+@pytest.mark.parametrize("endpoint, raw", [
+    ("/generate", {"alpha": "NaN"}),
+    ("/generate", {"max_new_tokens": "Infinity"}),
+    ("/generate", {"attention_head": "Infinity"}),
+    ("/generate", {"attention_layer": "-Infinity"}),
+    ("/render_attention", {"attention_head": "Infinity"}),
+])
+def test_non_finite_numbers_over_raw_http_get_a_clear_message(served, endpoint, raw) -> None:
+    defaults = api_defaults(Client(served, verbose=False))[endpoint]
+    values = {k: {**RUN, "max_new_tokens": 2}.get(k, v) for k, v in defaults.items()}
+    answer = raw_call(served, endpoint, values, raw)
+    if answer["event"] == "error":
+        assert answer["data"]["error"] is not None, "an unhandled exception (the person sees no message)"
+        assert_clean(answer["data"]["error"])
+    generate_ok(Client(served, verbose=False))
+
+
+# ---------------------------------------------------------------- (c) cancellation
+
+
+def fresh_tokens(pool: ModelPool, **kw: Any) -> tuple[list[int], list[int]]:
+    session = Session()
+    list(app.generate(pool, session, **kw))
+    return session.d3.token_ids, session.full.token_ids
+
+
+@pytest.mark.parametrize("how", ["stop", "close"])
+def test_a_cancelled_run_leaves_nothing_behind_and_the_next_run_is_a_fresh_one(pool, engine, how) -> None:
+    """Stop, or a closed tab (the generator is closed): no hooks, no caches, the lock free, the same tokens."""
+    kw = {**RUN_BASE, **SAMPLED, "max_new_tokens": 30}
+    states = alive(DecodeState)
+    session = Session()
+    stream = app.generate(pool, session, **kw)
+    for _ in stream:
+        if session.d3 is not None and len(session.d3.steps) >= 3:
+            break
+    if how == "stop":
+        app.stop(session)
+        rest = list(stream)
+        assert "Stopped." in last_value(rest, "status") and len(session.d3.steps) <= 4
+    else:
+        stream.close()
+    assert count_hooks(engine.model) == 0 and not engine._lock.locked()
+    assert alive(DecodeState) == states  # both runs' KV caches are gone
+    again = {**kw, "max_new_tokens": 8}
+    list(app.generate(pool, session, **again))
+    assert (session.d3.token_ids, session.full.token_ids) == fresh_tokens(pool, **again)
+
+
+@pytest.mark.parametrize("how", ["cancel", "stop"])
+def test_a_cancelled_api_job_frees_the_model_and_the_next_run_is_a_fresh_one(served, engine, how) -> None:
+    client = Client(served, verbose=False)
+    states = alive(DecodeState)
+    engine.delay = 0.05
+    try:
+        closed = engine.closed
+        job = client.submit(**{**RUN, **SAMPLED, "max_new_tokens": 40}, api_name="/generate")
+        wait_until(lambda: len(job.outputs()) >= 6, timeout=120)
+        if how == "cancel":
+            job.cancel()  # what the server sees when a tab closes
+        else:
+            client.predict(api_name="/stop")
+        wait_until(lambda: engine.closed >= closed + 2, timeout=60)  # both runs' generators were closed
+    finally:
+        engine.delay = 0.0
+    wait_until(lambda: alive(DecodeState) == states, timeout=30, every=0.5)
+    assert count_hooks(engine.model) == 0
+    again = {**SAMPLED, "max_new_tokens": 8}
+    assert generate_ok(client, **again) == generate_ok(Client(served, verbose=False), **again)
+
+
+# ---------------------------------------------------------------- (d) caps, enforced on the server
+
+
+CAPS = Caps(max_new_tokens=16, max_prompt_chars=200, max_prompt_tokens=40)
+
+
+@pytest.fixture(scope="module")
+def capped(engine) -> Iterator[str]:
+    demo = app.build_demo(lambda name: engine, model_names=("tiny",), public=True, caps=CAPS)
+    with serve(demo) as url:
+        yield url
+
+
+@pytest.mark.parametrize("endpoint", ["/generate", "/generate_on_release", "/compare_fills"])
+@pytest.mark.parametrize("bad, message", [
+    ({"max_new_tokens": 17}, r"max_new_tokens must be an integer in [1, 16]"),
+    ({"max_new_tokens": 10**6}, r"max_new_tokens must be an integer in [1, 16]"),
+    ({"max_new_tokens": -5}, r"max_new_tokens must be an integer in [1, 16]"),
+    ({"start": 17}, r"start must be an integer in [0, 16]"),
+    ({"prompt": "a" * 201}, "the limit is 200 characters"),
+    ({"prompt": "ab " * 30}, "the limit is 40 tokens"),
+])
+def test_caps_hold_for_a_direct_api_call(capped, endpoint, bad, message) -> None:
+    client = Client(capped, verbose=False)
+    values = {k: {**RUN, "max_new_tokens": 4}.get(k, v) for k, v in api_defaults(client)[endpoint].items()}
+    with pytest.raises(Exception) as err:
+        client.predict(**{**values, **bad}, api_name=endpoint)
+    assert message in str(err.value)
+    assert_clean(str(err.value))
+
+
+def test_the_page_shows_the_caps_it_enforces(capped) -> None:
+    config = httpx.get(f"{capped}config", timeout=30).text
+    assert CAPS.describe() in config and "Max new tokens (1–16)" in config
+
+
+def test_the_page_defaults_fit_within_the_caps(capped) -> None:
+    """With a cap below the page's default token count, pressing Generate on the untouched page must work."""
+    client = Client(capped, verbose=False)
+    values = {k: RUN.get(k, v) for k, v in api_defaults(client)["/generate"].items() if k != "max_new_tokens"}
+    defaults = api_defaults(client)["/generate"]
+    assert defaults["max_new_tokens"] <= CAPS.max_new_tokens
+    assert "Done." in client.predict(**values, api_name="/generate")[0]
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"D3_MAX_NEW_TOKENS": "lots", "D3_QUEUE_SIZE": "-4"}, (Caps().max_new_tokens, 1)),
+    ({"D3_MAX_NEW_TOKENS": "99999999", "D3_QUEUE_SIZE": "10**9"}, (1024, Caps().queue_size)),
+    ({"D3_MAX_NEW_TOKENS": " 32 ", "D3_QUEUE_SIZE": ""}, (32, Caps().queue_size)),
+])
+def test_caps_from_a_malformed_environment_fall_back_or_clamp(env, expected) -> None:
+    caps = Caps.from_env(env)
+    assert (caps.max_new_tokens, caps.queue_size) == expected
+
+
+# ---------------------------------------------------------------- (e) public deployments
+
+
+OUTSIDE_MODELS = ("../../etc/passwd", "/tmp", str(ROOT), "~", "HuggingFaceTB/SmolLM2-135M-Instruct", "gpt2",
+                  "tiny/../../etc", "smollm2-135m; rm -rf /")
+
+
+@pytest.mark.parametrize("env", [{"D3_PUBLIC": "1"}, {"D3_PUBLIC": "true"}, {"SPACE_ID": "someone/d3-explorer"}])
+def test_a_public_deployment_loads_only_its_own_models(engine, monkeypatch, env) -> None:
+    for name in ("D3_PUBLIC", "SPACE_ID"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert is_public()
+    asked: list[str] = []
+    demo = app.build_demo(lambda name: asked.append(name) or engine, model_names=("tiny",))  # public from env
+    pool = demo.pool
+    assert pool.public
+    asked.clear()  # building the page sized its controls from the one allowed model
+    for model in OUTSIDE_MODELS:
+        with pytest.raises(gr.Error, match="not allowed here"):
+            list(app.generate(pool, Session(), **{**RUN_BASE, "model": model}))
+        with pytest.raises(gr.Error, match="not allowed here"):
+            app.model_changed(pool, model)
+    assert asked == []
+
+
+def test_the_public_loader_never_touches_a_path_or_the_hub(monkeypatch) -> None:
+    """The real loader, as a public Space builds it: paths and hub ids are refused before any file is read."""
+    monkeypatch.setattr(d3.models, "_from_pretrained", lambda *a, **k: pytest.fail("nothing may be loaded"))
+    monkeypatch.setattr(d3.models.Path, "is_dir", lambda self: pytest.fail(f"looked at {self}"))
+    pool = ModelPool(public=True)
+    for model in OUTSIDE_MODELS:
+        with pytest.raises(gr.Error, match="not allowed"):
+            list(app.generate(pool, Session(), **{**RUN_BASE, "model": model, "core_head": 3, "core_tail": 3,
+                                                   "attention_layer": 15}))
+        with pytest.raises(ValueError, match="not allowed here"):
+            d3.models.load_model(model, allow_paths=False)
+
+
+def test_a_local_deployment_is_not_public(monkeypatch) -> None:
+    for name in ("D3_PUBLIC", "SPACE_ID"):
+        monkeypatch.delenv(name, raising=False)
+    assert not is_public() and not is_public({"D3_PUBLIC": "0"}) and is_public({"D3_PUBLIC": " Yes "})
+
+
+def _calls(path: Path) -> set[str]:
+    """Dotted names of everything `path` calls (`subprocess.run`, `eval`, ...)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            names.add(ast.unparse(node.func))
+    return names
+
+
+def test_nothing_a_person_types_reaches_a_shell_or_remote_code() -> None:
+    risky = {"eval", "exec", "compile", "__import__", "os.system", "os.popen", "subprocess.run", "subprocess.Popen",
+             "subprocess.call", "subprocess.check_output", "pickle.loads", "torch.load"}
+    for path in (ROOT / "app.py", ROOT / "d3" / "live.py", ROOT / "d3" / "engine.py"):
+        assert not _calls(path) & risky, path.name
+    for path in [ROOT / "app.py", *sorted((ROOT / "d3").glob("*.py"))]:
+        assert "trust_remote_code=True" not in path.read_text(), path.name
+
+
+# ---------------------------------------------------------------- (f) memory over many generations
+
+
+@pytest.mark.slow
+def test_memory_stays_flat_over_a_hundred_generations(engine) -> None:
+    """100 short runs through the handlers: 80 in one session, 20 in sessions that are then dropped."""
+    pool = ModelPool(tiny_factory(engine), names=("tiny",), caps=Caps(max_new_tokens=64))
+    session = Session()
+    kw = {**RUN_BASE, **SAMPLED}
+
+    def runs(n: int) -> None:
+        for i in range(n):
+            if i % 5 == 4:
+                list(app.generate(pool, Session(), **{**kw, "seed": i}))  # someone who leaves
+            else:
+                list(app.generate(pool, session, **{**kw, "seed": i}))
+
+    runs(20)  # warm-up: caches, lazily built figures, the allocator's pools
+    traces, states, rss = alive(Trace), alive(DecodeState), rss_mib()
+    runs(80)
+    assert alive(Trace) == traces  # the session's current traces only: no trace of an earlier run is left
+    assert alive(DecodeState) == states and count_hooks(engine.model) == 0
+    assert len(session.history) == 50  # bounded
+    growth = rss_mib() - rss
+    assert growth < 0.05 * rss, f"RSS grew {growth:.1f} MiB over 80 generations (from {rss:.0f} MiB)"

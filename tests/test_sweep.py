@@ -1,0 +1,258 @@
+"""Sweep: the table's columns and types, matched depths, resume without duplicates, tasks, progress."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from d3 import sweep
+from d3.config import D3Config, EarlyExitConfig, FullConfig, SkipDecodeConfig, UnifiedConfig
+from d3.engine import Engine
+from d3.sweep import COLUMNS, SweepSpec
+from tests.tiny import tiny_llama, tiny_tokenizer
+
+SMALL = SweepSpec(prompts=("hello there", "the sky is"), max_new_tokens=3, repeats=1, depths=(0.5,),
+                  starts=(0, 2), baselines=("skipdecode", "unified", "early_exit"), ppl_chunks=1, ppl_prefix=4)
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    return Engine(tiny_llama(6), tiny_tokenizer(), "tiny")
+
+
+@pytest.fixture(scope="module")
+def swept(engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, pd.DataFrame, list[tuple[float, str]]]:
+    out = tmp_path_factory.mktemp("sweep") / "small.csv"
+    calls: list[tuple[float, str]] = []
+    df = sweep.run_sweep(SMALL, out, engine=engine, progress=lambda f, d: calls.append((f, d)))
+    return out, df, calls
+
+
+# ---------------------------------------------------------------- the table
+
+
+def test_table_has_every_column_with_its_type(swept) -> None:
+    out, df, _ = swept
+    assert tuple(df.columns) == COLUMNS
+    assert tuple(pd.read_csv(out).columns) == COLUMNS
+    for c in sweep.FLOAT_COLUMNS:
+        assert df[c].dtype == np.float64, c
+    for c in sweep.INT_COLUMNS:
+        assert df[c].dtype == np.int64, c
+    for c in ("key", "strategy", "label", "params"):
+        assert all(isinstance(x, str) and x for x in df[c]), c
+
+
+def test_rows_cover_the_grid_and_full_depth_is_the_reference(swept, engine: Engine) -> None:
+    _, df, _ = swept
+    assert list(df["strategy"]).count("full") == 1
+    assert {"d3", "skipdecode", "unified", "early_exit"} <= set(df["strategy"])
+    assert df["key"].is_unique
+    full = df[df["strategy"] == "full"].iloc[0]
+    assert full["mean_layers"] == engine.num_layers and full["agreement"] == 1 and full["ppl_ratio"] == 1
+    assert full["first_divergence"] == SMALL.max_new_tokens
+    assert (df["measured_speedup"] > 0).all() and (df["timing_pairs"] == len(SMALL.prompts) * SMALL.repeats).all()
+    assert ((df["agreement"] >= 0) & (df["agreement"] <= 1)).all()
+    assert (df["kl_teacher"] >= 0).all() and (df["kl_free"] >= 0).all()
+    np.testing.assert_allclose(df["fixed_cost_layers"], engine.fixed_cost_layers)
+    # every params string rebuilds its config
+    for _, row in df.iterrows():
+        from d3.config import strategy_from_dict
+        assert strategy_from_dict(json.loads(row["params"])).name == row["strategy"]
+
+
+def test_theoretical_speedups_follow_mean_layers(swept, engine: Engine) -> None:
+    _, df, _ = swept
+    L, fixed = engine.num_layers, engine.fixed_cost_layers
+    np.testing.assert_allclose(df["theoretical_speedup"], L / df["mean_layers"])
+    np.testing.assert_allclose(df["theoretical_speedup_fixed"], (L + fixed) / (df["mean_layers"] + fixed))
+    assert (df["theoretical_speedup_fixed"] <= df["theoretical_speedup"] + 1e-12).all()
+
+
+def test_planned_strategies_run_their_planned_depth(swept) -> None:
+    _, df, _ = swept
+    planned = df[df["strategy"].isin(["full", "d3", "skipdecode", "unified"])]
+    np.testing.assert_allclose(planned["mean_layers"], planned["planned_mean_layers"])
+
+
+def test_progress_reaches_one_and_never_goes_back(swept) -> None:
+    _, _, calls = swept
+    fractions = [f for f, _ in calls]
+    assert fractions[-1] == 1.0 and fractions == sorted(fractions)
+    assert all(isinstance(d, str) and d for _, d in calls)
+
+
+def test_sidecars_hold_json_and_traces(swept) -> None:
+    out, df, _ = swept
+    records = json.loads(sweep.sidecar(out, "json").read_text())
+    assert len(records) == len(df)
+    lines = [json.loads(x) for x in sweep.sidecar(out, "traces.jsonl").read_text().splitlines()]
+    kinds = [x["kind"] for x in lines]
+    assert kinds.count("block") == 1 and kinds.count("layers") == len(df)
+    assert {x["key"] for x in lines if x["kind"] == "layers"} == set(df["key"])
+
+
+# ---------------------------------------------------------------- resume
+
+
+def test_interrupted_sweep_resumes_without_duplicates(engine: Engine, tmp_path: Path, monkeypatch) -> None:
+    spec = SweepSpec(prompts=("hello",), max_new_tokens=2, repeats=1, depths=(0.5, 0.75), baselines=("unified",),
+                     ppl_chunks=0)
+    out = tmp_path / "r.csv"
+    first = sweep.run_sweep(spec, out, engine=engine, limit=2)  # "interrupted" after two settings
+    assert len(first) == 2
+    measured: list[str] = []
+    real = sweep.measure
+
+    def counting(engine, spec, setting, refs, key):
+        measured.append(key)
+        return real(engine, spec, setting, refs, key)
+
+    monkeypatch.setattr(sweep, "measure", counting)
+    full = sweep.run_sweep(spec, out, engine=engine)
+    assert len(full) == 5 and full["key"].is_unique
+    assert len(pd.read_csv(out)) == 5  # no duplicate rows in the file itself
+    assert set(measured) == set(full["key"]) - set(first["key"]) and len(measured) == 3
+    kept = full.set_index("key").loc[first["key"], "finished_at"]
+    assert list(kept) == list(first["finished_at"])  # old rows untouched
+    measured.clear()
+    again = sweep.run_sweep(spec, out, engine=engine)
+    assert measured == [] and len(again) == 5
+
+
+def test_keys_are_stable_and_depend_on_the_prompt_set() -> None:
+    setting = sweep.Setting("x", D3Config(alpha=0.9), 0.5)
+    a = sweep.setting_key(SMALL, "tiny", setting)
+    assert a == sweep.setting_key(SweepSpec(**{**SMALL.__dict__}), "tiny", setting)
+    assert a != sweep.setting_key(SweepSpec(**{**SMALL.__dict__, "prompts": ("other",)}), "tiny", setting)
+    assert a != sweep.setting_key(SMALL, "tiny", sweep.Setting("x", D3Config(alpha=0.91), 0.5))
+    assert a != sweep.setting_key(SMALL, "other-model", setting)
+    # the grid's shape is not part of a row's key: widening the grid keeps finished rows
+    assert a == sweep.setting_key(SweepSpec(**{**SMALL.__dict__, "depths": (0.5, 0.9)}), "tiny", setting)
+
+
+# ---------------------------------------------------------------- matching depths (pure)
+
+
+@pytest.mark.parametrize("depth", [0.5, 2 / 3, 0.8])
+def test_baselines_are_matched_to_the_target_depth(depth: float) -> None:
+    L, T = 30, 48
+    for cfg in (sweep.d3_for_depth(depth, L, T), sweep.skipdecode_for_depth(depth, L, T), sweep.unified_for_depth(depth, L, T)):
+        assert abs(sweep.planned_mean_layers(cfg, L, T) / L - depth) < 0.06, cfg
+
+
+def test_planned_mean_counts_the_prefill_token_at_full_depth() -> None:
+    assert sweep.planned_mean_layers(UnifiedConfig(ratio=2.0), 10, 4) == (10 + 3 * 5) / 4
+    assert sweep.planned_mean_layers(FullConfig(), 10, 4) == 10
+    assert math.isnan(sweep.planned_mean_layers(EarlyExitConfig(), 10, 4))
+
+
+def test_exit_layers_and_threshold_calibration() -> None:
+    assert sweep.exit_layers([0.1, 0.5, 0.9], 4, 10, 0.5) == 5
+    assert sweep.exit_layers([0.1, 0.2], 4, 10, 0.5) == 10
+    profiles = [[0.1 * k for k in range(1, 7)]] * 9  # confidences after layers 4..9 of a 10-layer model
+    t = sweep.threshold_for_depth(profiles, 4, 10, 0.7)
+    mean = (10 + 9 * sweep.exit_layers(profiles[0], 4, 10, t)) / 10
+    assert abs(mean - 7) <= 1
+
+
+def test_variants_run_one_at_a_time_and_fills_pair_with_the_strided_order() -> None:
+    spec = SweepSpec(depths=(0.5, 0.75), cores=(None, (0, 0)), starts=(0, 8), fills=("copy", "none"),
+                     drop_orders=("middle_out", "strided"), max_new_tokens=32)
+    got = sweep.d3_settings(spec, 12)
+    described = {(s.config.core_head, s.config.start, s.config.fill, s.config.drop_order) for s in got}
+    assert (None, 0, "copy", "middle_out") in described  # base
+    assert {(0, 0, "copy", "middle_out"), (None, 8, "copy", "middle_out"), (None, 0, "copy", "strided"),
+            (None, 0, "none", "strided")} <= described
+    assert (None, 0, "none", "middle_out") not in described  # identical to copy when sets are nested
+    assert len(got) == 2 + 4  # base at two depths; core, start, order, fill (strided) at variants_at
+    assert sum(s.target_depth == spec.variants_at for s in got) == 4
+
+
+def test_spec_rejects_bad_values_naming_the_field() -> None:
+    with pytest.raises(ValueError, match="depths"):
+        SweepSpec(depths=(1.5,))
+    with pytest.raises(ValueError, match="fills"):
+        SweepSpec(fills=("glue",))
+    with pytest.raises(ValueError, match="baselines"):
+        SweepSpec(baselines=("magic",))
+    with pytest.raises(ValueError, match="prompts"):
+        SweepSpec(prompts=())
+
+
+def test_cli_parsing_builds_the_spec() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    sweep.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["sweep", "--prompts", "2", "--depths", "0.8,2/3", "--cores", "default,0+0",
+                              "--starts", "0,16", "--tasks", "hyperbaton", "--baselines", "unified"])
+    spec = sweep.spec_from_args(args)
+    assert spec.depths == (0.8, 2 / 3) and spec.cores == (None, (0, 0)) and spec.starts == (0, 16)
+    assert len(spec.prompts) == 2 and spec.tasks == ("hyperbaton",) and spec.baselines == ("unified",)
+
+
+# ---------------------------------------------------------------- tasks
+
+
+def _fake_tasks(root: Path) -> None:
+    mc = {"task_prefix": "", "examples": [
+        {"input": "is a ball round", "target_scores": {"yes": 1, "no": 0}},
+        {"input": "is ice hot", "target_scores": {"yes": 0, "no": 1}},
+        {"input": "pick the long one", "target_scores": {"a bb ccc": 1, "d": 0}}]}
+    exact = {"examples": [{"input": "one plus one", "target": ["2", "two"]}, {"input": "count a b c", "target": "3"}]}
+    for path, data in (("hyperbaton", mc), ("object_counting", exact)):
+        f = root / "bigbench" / path / "task.json"
+        f.parent.mkdir(parents=True)
+        f.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("scoring", ["loglik", "generate"])
+def test_task_accuracy_per_task(engine: Engine, tmp_path: Path, monkeypatch, scoring: str) -> None:
+    _fake_tasks(tmp_path / "data")
+    monkeypatch.setenv("D3_DATA_DIR", str(tmp_path / "data"))
+    spec = SweepSpec(tasks=("hyperbaton", "object_counting"), task_limit=5, task_scoring=scoring)
+    examples = sweep.load_examples(spec)
+    assert [len(examples[t]) for t in spec.tasks] == [3, 2]
+    full = sweep.task_accuracy(engine, spec, FullConfig(), examples)
+    skip = sweep.task_accuracy(engine, spec, UnifiedConfig(ratio=2.0), examples)
+    for acc in (full, skip):
+        assert set(acc) == set(spec.tasks)
+        assert all(v in (0, 1 / 3, 2 / 3, 1) or v in (0, 0.5, 1) for v in acc.values())
+    assert ("log-likelihood" in sweep._scoring_note(spec, examples)) == (scoring == "loglik")
+
+
+def test_loglik_scoring_sums_only_each_options_own_tokens(engine: Engine) -> None:
+    from d3.data import Example
+
+    ex = Example("t", "pick", ("a bb ccc", "d"), "d", 1, ("d",))
+    # the padded batch must score each option exactly as it scores alone
+    prompt = engine.tokenizer("Q: pick\nOptions: a bb ccc; d\nA:")["input_ids"]
+    alone = []
+    for option in ex.choices:
+        ids = engine.tokenizer(" " + option, add_special_tokens=False)["input_ids"]
+        from d3.config import GenerationConfig, TRACE_OFF
+        t = engine.generate_batch([prompt], FullConfig(), GenerationConfig(max_new_tokens=len(ids), stop_at_eos=False),
+                                  TRACE_OFF, forced=[ids])[0]
+        alone.append(sum(s.logprob for s in t.steps))
+    assert sweep._loglik_correct(engine, FullConfig(), ex, False) == (int(np.argmax(alone)) == 1)
+
+
+def test_sweep_rows_carry_task_accuracy_and_chance(engine: Engine, tmp_path: Path, monkeypatch) -> None:
+    _fake_tasks(tmp_path / "data")
+    monkeypatch.setenv("D3_DATA_DIR", str(tmp_path / "data"))
+    spec = SweepSpec(prompts=("hi",), max_new_tokens=2, repeats=1, depths=(0.5,), baselines=(), ppl_chunks=0,
+                     tasks=("hyperbaton", "object_counting"), task_limit=5)
+    df = sweep.run_sweep(spec, tmp_path / "t.csv", engine=engine)
+    assert len(df) == 2 and df["accuracy"].between(0, 1).all() and df["accuracy_full"].nunique() == 1
+    full = df[df["strategy"] == "full"].iloc[0]
+    assert full["accuracy"] == full["accuracy_full"] and "log-likelihood" in full["task_scoring"]
+    per_task = json.loads(df.iloc[1]["task_accuracy"])
+    assert set(per_task) == {"hyperbaton", "object_counting"}
+    assert per_task["hyperbaton"]["chance"] == pytest.approx(0.5) and per_task["hyperbaton"]["n"] == 3
+    assert per_task["object_counting"]["n"] == 2

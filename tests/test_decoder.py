@@ -253,3 +253,15 @@ def test_batched_attention_drops_left_padding(tiny_engine):
         a, b = t.steps[2].attention[1].astype("float32"), solo.steps[2].attention[1].astype("float32")
         assert a.shape == b.shape
         assert abs(a - b).max() < 1e-2
+
+
+def test_bfloat16_model_runs_every_fill(tiny_tok):
+    from tests.tiny import tiny_llama
+
+    engine = Engine(tiny_llama(6).to(torch.bfloat16), tiny_tok, "tiny-bf16")
+    full = engine.generate(PROMPT, FullConfig(), GenerationConfig(max_new_tokens=8, stop_at_eos=False), TraceConfig())
+    assert full.token_ids == reference(engine, PROMPT, 8)
+    for fill in ("copy", "propagate", "none"):
+        cfg = D3Config(alpha=0.8, core_head=1, core_tail=1, drop_order="strided", fill=fill)
+        trace = engine.generate(PROMPT, cfg, GenerationConfig(max_new_tokens=8, stop_at_eos=False), TraceConfig())
+        assert len(trace.steps) == 8 and all(s.entropy == s.entropy for s in trace.steps)

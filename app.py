@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import html
 import json
 import logging
 import os
@@ -30,6 +31,7 @@ from d3.live import (
     RunSetup,
     Session,
     as_choice,
+    check_run,
     default_attention_layer,
     example_prompts,
     fill_comparison,
@@ -112,11 +114,11 @@ def model_changed(pool: ModelPool, model: str) -> tuple[Any, ...]:
     """Size the layer and head controls to the chosen model (known models: without loading them)."""
     with user_errors():
         facts = pool.facts(model)
-    head, tail = default_core(facts.num_layers)
     layers = facts.num_layers
+    head, tail = default_core(layers)
     return (gr.update(maximum=layers, value=head), gr.update(maximum=layers, value=tail),
-            gr.update(maximum=layers - 1, value=default_attention_layer(layers)), gr.update(maximum=max(facts.num_heads - 1, 0), value=0),
-            gr.update(value=facts.chat_template))
+            gr.update(maximum=layers - 1, value=default_attention_layer(layers)),
+            gr.update(maximum=max(facts.num_heads - 1, 0), value=0), gr.update(value=facts.chat_template))
 
 
 def redraw_schedule(pool: ModelPool, session: Session | None, model: str, strategy: str, alpha: float, core_head: int,
@@ -132,7 +134,7 @@ def redraw_schedule(pool: ModelPool, session: Session | None, model: str, strate
             facts = pool.facts(model)  # an unknown model is a gr.Error
         s = parse_schedule(raw, facts.num_layers, pool.caps)
     except ValueError as err:  # shown in the preview while a slider moves; Generate raises it as gr.Error
-        message = views.waiting(f"Cannot draw this schedule:<br>{err}", presentation=p)
+        message = views.waiting(f"Cannot draw this schedule:<br>{html.escape(str(err))}", presentation=p)
         return message, message
     trace = session.d3 if session is not None else None
     return (views.decay_view(s.strategy, s.num_layers, s.steps, trace=trace, others=s.others, presentation=p),
@@ -243,8 +245,9 @@ def generate(pool: ModelPool, session: Session | None, prompt: str, model: str, 
                    threshold, attention_layer)
     view = _view_options(attention_layer, attention_head, metric, log_kl, presentation)
     with user_errors():
+        checked = check_run(pool, raw)  # a mistake is reported before a slow model load
         run_id = session.begin()  # any earlier run of this session stops within one token
-        if isinstance(model, str) and not pool.is_loaded(model):
+        if not pool.is_loaded(checked.model):
             yield ordered(GENERATE_OUTPUTS, session=session, status=views.status_html(None, None, "loading"))
         setup = prepare_run(pool, raw)
         session.clear()
@@ -263,6 +266,7 @@ def compare_fills(pool: ModelPool, session: Session | None, prompt: str, model: 
                    max_new_tokens, decoding, temperature, seed, unified_ratio, skipdecode_max, skipdecode_min,
                    threshold, attention_layer)
     with user_errors():
+        check_run(pool, raw)
         run_id = session.begin()
         setup = prepare_run(pool, raw)
         session.fills = {}

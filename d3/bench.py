@@ -153,20 +153,26 @@ def load_time(model: str, repeats: int = 2) -> dict[str, float]:
 def results(engine: Any, times: dict[str, list[float]], first: dict[str, Any], d3: D3Config,
             load: dict[str, float] | None) -> dict[str, Any]:
     """Ratios, theoretical speedups and target checks from the timings."""
+    from d3.schedule import theoretical_speedup
+    from d3.sweep import planned_mean_layers
+
     d3_trace, full_trace = first["d3"], first["full"]
-    theo = d3_trace.theoretical_speedup(with_fixed_cost=False)
-    theo_fixed = d3_trace.theoretical_speedup(with_fixed_cost=True)
+    new_tokens = len(first["hf"])
+    # the planned depth over every computed step: the engine stops recording at EOS but keeps computing
+    depth = planned_mean_layers(d3, engine.num_layers, new_tokens)
+    theo = theoretical_speedup([depth], engine.num_layers)
+    theo_fixed = theoretical_speedup([depth], engine.num_layers, engine.fixed_cost_layers)
     speedup = pair_median(times["full"], times["d3"])
     out: dict[str, Any] = {
         "model": engine.name, "num_layers": engine.num_layers, "fixed_cost_layers": engine.fixed_cost_layers,
-        "pairs": len(times["full"]), "d3_alpha": d3.alpha, "d3_mean_layers": d3_trace.mean_layers,
+        "pairs": len(times["full"]), "d3_alpha": d3.alpha, "d3_mean_layers": depth,
+        "d3_recorded_mean_layers": d3_trace.mean_layers, "new_tokens": new_tokens,
         "full_vs_hf": pair_median(times["full"], times["hf"]),
         **parity(first["hf"], full_trace.token_ids, engine.eos_ids),
         "d3_speedup": speedup, "d3_theoretical": theo, "d3_theoretical_fixed": theo_fixed,
         "d3_efficiency": speedup / theo_fixed, "d3_efficiency_vs_plain": speedup / theo,
         "trace_overhead": pair_median(times["traced"], times["full"]),
-        "tokens_per_s": {v: statistics.median(len_t / t for len_t, t in zip([len(full_trace.steps)] * len(ts), ts))
-                         for v, ts in times.items()},
+        "tokens_per_s": {v: statistics.median(new_tokens / t for t in ts) for v, ts in times.items()},
     }
     if load:
         out.update(load)

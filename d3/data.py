@@ -157,15 +157,19 @@ def format_answer(text: str) -> str:
     return " " + text
 
 
-def _block(example: Example) -> str:
-    options = f"\nOptions: {'; '.join(example.choices)}" if example.choices else ""
+def _block(example: Example, show_choices: bool) -> str:
+    options = f"\nOptions: {'; '.join(example.choices)}" if example.choices and show_choices else ""
     return f"Q: {example.input}{options}\nA:"
 
 
-def format_prompt(example: Example, *, few_shot: Sequence[Example] = ()) -> str:
-    """A plain-text prompt ending in "A:", so the answer (format_answer) comes next; shots answered first."""
-    shots = [_block(s) + format_answer(s.target) for s in few_shot]
-    return "\n\n".join([*shots, _block(example)])
+def format_prompt(example: Example, *, few_shot: Sequence[Example] = (), show_choices: bool = True) -> str:
+    """A plain-text prompt ending in "A:", so the answer (format_answer) comes next; shots answered first.
+
+    show_choices=False leaves out the "Options:" line (plain continuation scoring, as in BIG-bench tasks
+    with append_choices_to_input false).
+    """
+    shots = [_block(s, show_choices) + format_answer(s.target) for s in few_shot]
+    return "\n\n".join([*shots, _block(example, show_choices)])
 
 
 _PUNCT = str.maketrans("", "", string.punctuation)

@@ -9,7 +9,7 @@ import os
 import statistics
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Mapping
 
 import pandas as pd
@@ -323,7 +323,7 @@ def parse_schedule(raw: Mapping[str, Any], num_layers: int, caps: Caps) -> Sched
 class RunSetup:
     """Everything one side-by-side run needs, validated."""
 
-    engine: Engine
+    engine: Engine | None  # None until the model is loaded (check_run)
     prompt: str
     chat_template: bool
     strategy: StrategyConfig
@@ -331,23 +331,29 @@ class RunSetup:
     trace: TraceConfig
     prompt_tokens: int
     others: dict[str, StrategyConfig] = field(default_factory=dict)  # schedules drawn next to this one
+    model: str = DEFAULT_MODEL
 
 
-def prepare_run(pool: ModelPool, raw: Mapping[str, Any]) -> RunSetup:
-    """Validate every control (loading the model if needed); ValueError with a plain message on bad input.
-
-    Cheap checks come first, so a bad value is reported before a slow model load."""
+def check_run(pool: ModelPool, raw: Mapping[str, Any]) -> RunSetup:
+    """Validate every control without loading a known model (engine None); ValueError with a plain message."""
     caps = pool.caps
     prompt = clean_prompt(raw.get("prompt"), caps)
     chat = as_flag("chat_template", raw.get("chat_template", True))
-    facts = pool.facts(raw.get("model", DEFAULT_MODEL))
+    model = pool.check_name(raw.get("model", DEFAULT_MODEL))
+    facts = pool.facts(model)
     strategy, gen = parse_controls(raw, facts.num_layers, caps)
     layer = int(as_number("attention_layer", raw.get("attention_layer", default_attention_layer(facts.num_layers)), 0,
                           facts.num_layers - 1, integer=True))
     others = parse_schedule(raw, facts.num_layers, caps).others
-    engine = pool.engine(raw.get("model", DEFAULT_MODEL))
-    count = check_prompt_tokens(engine, prompt, chat, caps)
-    return RunSetup(engine, prompt, chat, strategy, gen, TraceConfig(attention_layers=(layer,)), count, others)
+    return RunSetup(None, prompt, chat, strategy, gen, TraceConfig(attention_layers=(layer,)), 0, others, model)
+
+
+def prepare_run(pool: ModelPool, raw: Mapping[str, Any]) -> RunSetup:
+    """`check_run`, then the engine (loading the model on first use) and the prompt's token count."""
+    setup = check_run(pool, raw)
+    engine = pool.engine(setup.model)
+    return replace(setup, engine=engine, prompt_tokens=check_prompt_tokens(engine, setup.prompt, setup.chat_template,
+                                                                            pool.caps))
 
 
 # ---------------------------------------------------------------- streaming two runs side by side

@@ -164,6 +164,7 @@ def headline(df: pd.DataFrame) -> dict[str, Any]:
         "matched": matched.to_dict(orient="records"),
         "losses": where_d3_loses(df),
         "noise": _num(full["measured_speedup"]) if full is not None else None,
+        "accuracy_flat": bool(df["accuracy"].notna().any() and (df["accuracy"] - df["accuracy_full"]).abs().max() < 1e-12),
         "ppl_full": _num(full["ppl"]) if full is not None else None,
         "accuracy_full": _num(full["accuracy"]) if full is not None else None,
         "limits": f"perplexity within {PPL_LIMIT:.0%} of full depth, task accuracy within {ACC_LIMIT * 100:.0f} point",
@@ -187,6 +188,11 @@ def headline_text(h: dict[str, Any]) -> str:
         acc = f", accuracy {b['accuracy']:.1%} (full {b['accuracy_full']:.1%})" if b.get("accuracy") is not None else ""
         lines.append(f"- **{strategy}**: {b['measured_speedup']:.2f}x measured{eff}, at {b['mean_layers']:.1f} layers, "
                      f"perplexity ratio {_fmt(b.get('ppl_ratio'))}{acc} ({b['label']}).")
+    if h.get("accuracy_flat"):
+        lines.append("- Task accuracy equals full depth in every setting. The prompt always runs at full depth, so "
+                     "an answer decided by its first token is decided by the full-depth prefill: with short direct "
+                     "answers this metric cannot separate the strategies (the paper's BBH runs use chain-of-thought, "
+                     "where the answer comes many decoded tokens later).")
     if h.get("noise") is not None:
         lines.append(f"- Timing noise: full depth against itself measured {h['noise']:.2f}x.")
     paper = h["best"].get("d3")

@@ -9,8 +9,10 @@ against full depth (full depth and the method alternate on the same prompts; med
 pairs), greedy agreement and first divergence, KL teacher-forced and free-running (`d3.compare.compare`),
 perplexity of real text read under the schedule, and task accuracy where tasks are given.
 
-Timing and quality runs generate exactly `max_new_tokens` tokens (`stop_at_eos=False`), so every strategy is
-timed and judged on the same positions of its schedule.
+Timing and quality runs compute exactly `max_new_tokens` steps (`stop_at_eos=False`), so every strategy is timed
+on the same positions of its schedule. The engine stops recording a sequence's steps at its first EOS (while
+still computing the remaining steps), so `mean_layers`, agreement and KL cover the tokens up to that EOS;
+theoretical speedups use the planned mean over all computed steps (see `theoretical_columns`).
 """
 
 from __future__ import annotations
@@ -551,8 +553,7 @@ def measure(engine: Any, spec: SweepSpec, setting: Setting, refs: References, ke
     scores, first = quality(engine, spec, cfg, refs, runs)
     row.update(scores)
     row["depth_fraction"] = row["mean_layers"] / L
-    row["theoretical_speedup"] = theoretical_speedup([row["mean_layers"]], L)
-    row["theoretical_speedup_fixed"] = theoretical_speedup([row["mean_layers"]], L, engine.fixed_cost_layers)
+    row.update(theoretical_columns(row["planned_mean_layers"], row["mean_layers"], L, engine.fixed_cost_layers))
     row.update(timed)
     ppl = refs.ppl_full if isinstance(cfg, FullConfig) else chunked_perplexity(engine, refs.ppl_chunks, cfg, spec.ppl_prefix)
     row.update({"ppl": ppl, "ppl_full": refs.ppl_full, "ppl_ratio": ppl / refs.ppl_full if refs.ppl_chunks else float("nan"),
@@ -568,6 +569,15 @@ def measure(engine: Any, spec: SweepSpec, setting: Setting, refs: References, ke
     row["seconds"] = time.perf_counter() - t0
     row["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
     return row, first
+
+
+def theoretical_columns(planned: float, measured: float, num_layers: int, fixed: float) -> dict[str, float]:
+    """Theoretical speedups from the depth actually computed: the planned mean over all max_new_tokens steps
+    where the schedule is fixed (the engine keeps computing after an EOS but stops recording steps, so the
+    recorded mean can cover fewer tokens than were timed), the recorded mean for early exit."""
+    depth = planned if math.isfinite(planned) else measured
+    return {"theoretical_speedup": theoretical_speedup([depth], num_layers),
+            "theoretical_speedup_fixed": theoretical_speedup([depth], num_layers, fixed)}
 
 
 def _mean(values: list[float]) -> float:

@@ -56,6 +56,14 @@ PROMPTS = ("tell me a story about a small red fox", "what is the capital of fran
            "what happens when water boils?", "say something kind to a friend")
 
 
+_STARTED = time.monotonic()
+
+
+def progress(message: str) -> None:
+    """A progress line on stderr (the report itself goes to stdout)."""
+    print(f"[{time.monotonic() - _STARTED:6.0f} s] {message}", file=sys.stderr, flush=True)
+
+
 # ---------------------------------------------------------------- the server
 
 
@@ -397,6 +405,8 @@ def endurance_phase(server: Server, specs: Sequence[Spec], refs: dict[Spec, Toke
             report.rss_mib["after_warmup"] = server.rss()
         if (i + 1) % 10 == 0:
             report.rss_series_mib.append(round(server.rss(), 1))
+        if (i + 1) % 25 == 0:
+            progress(f"  {i + 1}/{runs} done, {sum(report.errors.values())} errors, RSS {server.rss():.0f} MiB")
     time.sleep(1.0)  # let the last run's buffers go before the final reading
     report.rss_mib["end"] = server.rss()
     report.completed["endurance"] = len(latencies)
@@ -415,14 +425,18 @@ def run(args: argparse.Namespace) -> Report:
     burst = [Spec(PROMPTS[i % len(PROMPTS)], seed=1000 + i, tokens=args.tokens) for i in range(args.clients)]
     steady = [Spec(PROMPTS[i % len(PROMPTS)], seed=2000 + i, tokens=args.run_tokens) for i in range(args.sessions)]
     env = {"D3_QUEUE_SIZE": str(2 * args.clients)} if args.clients > 8 else {}  # the default queue holds 16
+    progress(f"starting the app with {model}")
     with running_server(model, env, start_timeout=min(300, args.time_limit)) as server:
         report.rss_mib["start"] = server.rss()
+        progress(f"serving at {server.url}; {len(burst) + len(steady)} solo reference runs")
         refs = references(Client(server.url, verbose=False), [*burst, *steady], model, layers, deadline, report)
         report.rss_mib["after_references"] = server.rss()
         if not report.timed_out:
+            progress(f"phase 1: {len(burst)} clients at once")
             concurrent_phase(server, burst, refs, model, layers, deadline, report)
         report.rss_mib["after_concurrent"] = server.rss()
         if not report.timed_out:
+            progress(f"phase 2: {args.runs} generations in a row")
             warmup = min(args.warmup, args.runs // 2)
             endurance_phase(server, steady, refs, args.runs, warmup, model, layers, deadline, report)
         report.server_tracebacks = server.tracebacks()

@@ -13,7 +13,7 @@ import pytest
 
 import app
 from d3.config import D3Config
-from d3.live import Caps, ModelPool, Session
+from d3.live import Caps, ModelFacts, ModelPool, Session
 from d3.models import unknown_name_message
 from d3.schedule import budgets, planned_grid
 from d3.trace import Trace
@@ -142,6 +142,20 @@ def test_unknown_model_reaches_neither_loader_nor_file_system_when_public(tiny_e
     with pytest.raises(gr.Error, match="not allowed here"):
         run(pool, model="/etc/passwd")
     assert calls == []
+
+
+def test_first_use_says_the_model_is_loading_and_mistakes_never_load_it(tiny_engine) -> None:
+    calls = []
+    factory = tiny_factory(tiny_engine)
+    pool = ModelPool(lambda name: calls.append(name) or factory(name), names=("tiny",),
+                     facts={"tiny": ModelFacts(num_layers=6, num_heads=4, chat_template=True)})
+    with pytest.raises(gr.Error, match="alpha"):
+        run(pool, alpha=2)
+    assert calls == []
+    stream = app.generate(pool, Session(), **{**DEFAULTS, "max_new_tokens": 2})
+    assert "Loading the model" in next(stream)[OUT["status"]] and calls == []
+    rest = list(stream)
+    assert calls == ["tiny"] and "Done." in rest[-1][OUT["status"]]
 
 
 def test_a_crash_inside_is_a_plain_message_not_a_stack_trace(pool, monkeypatch) -> None:

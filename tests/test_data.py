@@ -98,6 +98,7 @@ def test_format_prompt() -> None:
     assert data.format_answer("yes") == " yes"
     few = data.format_prompt(ex, few_shot=[shot])
     assert few == "Q: Is 2 even?\nOptions: no; yes\nA: yes\n\n" + prompt
+    assert data.format_prompt(ex, few_shot=[shot], show_choices=False) == "Q: Is 2 even?\nA: yes\n\nQ: Is it so?\nA:"
     exact = Example("t", "Sort: b a", (), "a b", None, ("a b",))
     assert data.format_prompt(exact) == "Q: Sort: b a\nA:"
 

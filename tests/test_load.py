@@ -10,7 +10,8 @@ from d3.config import D3Config, GenerationConfig
 from tests.apphelpers import load_script
 from viz import token_html
 
-pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.filterwarnings("ignore::UserWarning")]
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+              pytest.mark.filterwarnings("ignore::UserWarning")]
 load_test = load_script("load_test")
 
 

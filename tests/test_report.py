@@ -53,6 +53,14 @@ def test_headline_picks_the_fastest_setting_within_both_limits() -> None:
     assert h["noise"] == 1.0
 
 
+def test_headline_flags_accuracy_that_never_moves() -> None:
+    df = synthetic()
+    assert not report.headline(df)["accuracy_flat"]
+    df["accuracy"] = df["accuracy_full"]
+    h = report.headline(df)
+    assert h["accuracy_flat"] and "cannot separate the strategies" in h["text"]
+
+
 def test_without_accuracy_only_the_perplexity_limit_applies() -> None:
     h = report.headline(synthetic(with_accuracy=False))
     assert h["best"]["d3"]["label"] == "d3 faster, accuracy too low"  # the accuracy limit is not applied

@@ -26,8 +26,8 @@ from tests.test_app import DEFAULTS, last_value, tiny_factory
 from tests.test_app_client import RUN, CountingEngine, serve, wait_until
 from tests.tiny import tiny_llama, tiny_tokenizer
 
-pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.filterwarnings("ignore::UserWarning"),
-              pytest.mark.usefixtures("one_torch_thread")]
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+              pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.usefixtures("one_torch_thread")]
 load_test = load_script("load_test")  # reads token ids off the panes the API returns
 SAMPLED = dict(decoding="sample", temperature=0.9, seed=11)
 UNHANDLED = "has not enabled verbose error reporting"  # what gradio_client says when a handler raised a non-gr.Error

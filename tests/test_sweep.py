@@ -69,8 +69,9 @@ def test_rows_cover_the_grid_and_full_depth_is_the_reference(swept, engine: Engi
 def test_theoretical_speedups_follow_mean_layers(swept, engine: Engine) -> None:
     _, df, _ = swept
     L, fixed = engine.num_layers, engine.fixed_cost_layers
-    np.testing.assert_allclose(df["theoretical_speedup"], L / df["mean_layers"])
-    np.testing.assert_allclose(df["theoretical_speedup_fixed"], (L + fixed) / (df["mean_layers"] + fixed))
+    depth = df["planned_mean_layers"].fillna(df["mean_layers"])
+    np.testing.assert_allclose(df["theoretical_speedup"], L / depth)
+    np.testing.assert_allclose(df["theoretical_speedup_fixed"], (L + fixed) / (depth + fixed))
     assert (df["theoretical_speedup_fixed"] <= df["theoretical_speedup"] + 1e-12).all()
 
 
@@ -115,14 +116,15 @@ def test_interrupted_sweep_resumes_without_duplicates(engine: Engine, tmp_path: 
 
     monkeypatch.setattr(sweep, "measure", counting)
     full = sweep.run_sweep(spec, out, engine=engine)
-    assert len(full) == 5 and full["key"].is_unique
-    assert len(pd.read_csv(out)) == 5  # no duplicate rows in the file itself
-    assert set(measured) == set(full["key"]) - set(first["key"]) and len(measured) == 3
+    n = len(sweep.all_settings(spec, engine))
+    assert n > 2 and len(full) == n and full["key"].is_unique
+    assert len(pd.read_csv(out)) == n  # no duplicate rows in the file itself
+    assert set(measured) == set(full["key"]) - set(first["key"]) and len(measured) == n - 2
     kept = full.set_index("key").loc[first["key"], "finished_at"]
     assert list(kept) == list(first["finished_at"])  # old rows untouched
     measured.clear()
     again = sweep.run_sweep(spec, out, engine=engine)
-    assert measured == [] and len(again) == 5
+    assert measured == [] and len(again) == n
 
 
 def test_keys_are_stable_and_depend_on_the_prompt_set() -> None:
@@ -256,3 +258,10 @@ def test_sweep_rows_carry_task_accuracy_and_chance(engine: Engine, tmp_path: Pat
     assert set(per_task) == {"hyperbaton", "object_counting"}
     assert per_task["hyperbaton"]["chance"] == pytest.approx(0.5) and per_task["hyperbaton"]["n"] == 3
     assert per_task["object_counting"]["n"] == 2
+
+
+def test_theoretical_speedup_uses_the_planned_depth_where_the_schedule_is_fixed() -> None:
+    # the recorded mean can stop at an EOS while the engine keeps computing: the plan covers every computed step
+    got = sweep.theoretical_columns(20.0, 26.0, 30, 8.0)
+    assert got == {"theoretical_speedup": 1.5, "theoretical_speedup_fixed": pytest.approx(38 / 28)}
+    assert sweep.theoretical_columns(float("nan"), 24.0, 30, 0.0)["theoretical_speedup"] == 1.25  # early exit

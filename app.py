@@ -128,7 +128,7 @@ def redraw_schedule(pool: ModelPool, session: Session | None, model: str, strate
     raw = dict(strategy=strategy, alpha=alpha, core_head=core_head, core_tail=core_tail, start=start,
                drop_order=drop_order, fill=fill, max_new_tokens=max_new_tokens, unified_ratio=unified_ratio,
                skipdecode_max=skipdecode_max, skipdecode_min=skipdecode_min, threshold=threshold)
-    p = bool(presentation)
+    p = presentation is True
     try:
         with user_errors():
             facts = pool.facts(model)  # an unknown model is a gr.Error
@@ -165,16 +165,19 @@ def _run_raw(prompt: str, model: str, chat_template: bool, strategy: str, alpha:
                 threshold=threshold, attention_layer=attention_layer)
 
 
+def _whole(value: Any, default: int = 0) -> int:
+    """A view index from whatever was sent: junk falls back to `default` (it only changes a drawing)."""
+    try:
+        return max(0, int(value))
+    except (TypeError, ValueError, OverflowError):
+        return default
+
+
 def _view_options(attention_layer: Any, attention_head: Any, metric: Any, log_kl: Any, presentation: Any) -> dict[str, Any]:
     """View settings, made safe: they only change how a trace is drawn."""
-    def whole(value: Any, default: int) -> int:
-        try:
-            return max(0, int(value))
-        except (TypeError, ValueError):
-            return default
-    return dict(layer=whole(attention_layer, 0), head=whole(attention_head, 0),
-                metric=metric if metric in ("both", "cos", "dist") else "both", log_kl=bool(log_kl),
-                presentation=bool(presentation))
+    return dict(layer=_whole(attention_layer), head=_whole(attention_head),
+                metric=metric if metric in ("both", "cos", "dist") else "both", log_kl=log_kl is True,
+                presentation=presentation is True)
 
 
 def _is_due(update: LiveUpdate, every: int) -> bool:
@@ -279,26 +282,27 @@ def compare_fills(pool: ModelPool, session: Session | None, prompt: str, model: 
                     return
                 session.fills = {**session.fills, name: comparison}
                 yield (session, views.status_html(None, None, f"Comparing fills: {', '.join(session.fills)} done…"),
-                       views.fills_view(session.fills, presentation=bool(presentation)))
+                       views.fills_view(session.fills, presentation=presentation is True))
         done = "Fill comparison done: see the Fill strategies tab." if len(session.fills) == len(FILLS) else "Stopped."
-        yield session, views.status_html(None, None, done), views.fills_view(session.fills, presentation=bool(presentation))
+        yield session, views.status_html(None, None, done), views.fills_view(session.fills, presentation=presentation is True)
 
 
 def render_flow(session: Session | None, metric: str, presentation: bool) -> Any:
-    view = _view_options(0, 0, metric, False, presentation)
-    s = session or Session()
-    return views.flow_view(s.d3, s.full, metric=view["metric"], presentation=view["presentation"])
+    view, s = _view_options(0, 0, metric, False, presentation), session or Session()
+    with user_errors():
+        return views.flow_view(s.d3, s.full, metric=view["metric"], presentation=view["presentation"])
 
 
 def render_attention(session: Session | None, attention_layer: int, attention_head: int, presentation: bool) -> Any:
-    view = _view_options(attention_layer, attention_head, "both", False, presentation)
-    s = session or Session()
-    return views.attention_view(s.d3, s.full, view["layer"], view["head"], presentation=view["presentation"])
+    view, s = _view_options(attention_layer, attention_head, "both", False, presentation), session or Session()
+    with user_errors():
+        return views.attention_view(s.d3, s.full, view["layer"], view["head"], presentation=view["presentation"])
 
 
 def render_errors(session: Session | None, log_kl: bool, presentation: bool) -> Any:
-    s = session or Session()
-    return views.error_view(s.comparison, log_kl=bool(log_kl), presentation=bool(presentation))
+    view, s = _view_options(0, 0, "both", log_kl, presentation), session or Session()
+    with user_errors():
+        return views.error_view(s.comparison, log_kl=view["log_kl"], presentation=view["presentation"])
 
 
 def set_presentation(session: Session | None, attention_layer: int, attention_head: int, metric: str, log_kl: bool,
@@ -308,11 +312,13 @@ def set_presentation(session: Session | None, attention_layer: int, attention_he
     s, p = session or Session(), view["presentation"]
     classes = ["d3-root", "d3-present"] if p else ["d3-root"]
     explain = {f"explain_{k}": gr.update(visible=not p) for k in views.EXPLAIN}
-    return ordered(VIEW_OUTPUTS, usage=views.usage_view(s.d3, presentation=p),
-                   flow=views.flow_view(s.d3, s.full, metric=view["metric"], presentation=p),
-                   attention=views.attention_view(s.d3, s.full, view["layer"], view["head"], presentation=p),
-                   errors=views.error_view(s.comparison, log_kl=view["log_kl"], presentation=p),
-                   fills=views.fills_view(s.fills, presentation=p), root=gr.update(elem_classes=classes), **explain)
+    with user_errors():
+        return ordered(VIEW_OUTPUTS, usage=views.usage_view(s.d3, presentation=p),
+                       flow=views.flow_view(s.d3, s.full, metric=view["metric"], presentation=p),
+                       attention=views.attention_view(s.d3, s.full, view["layer"], view["head"], presentation=p),
+                       errors=views.error_view(s.comparison, log_kl=view["log_kl"], presentation=p),
+                       fills=views.fills_view(s.fills, presentation=p), root=gr.update(elem_classes=classes),
+                       **explain)
 
 
 def apply_scenario(pool: ModelPool, key: str, step: int, session: Session | None, model: str) -> tuple[Any, ...]:
@@ -390,7 +396,7 @@ def _controls(pool: ModelPool, facts: Any, ui: dict[str, Any]) -> None:
         ui["core_tail"] = gr.Slider(0, layers, value=tail, step=1, label="Core tail (last layers, always run)")
         ui["start"] = gr.Slider(0, caps.max_new_tokens, value=0, step=1, label="Start (tokens at full depth)")
     with gr.Row():
-        ui["max_new_tokens"] = gr.Number(64, label=f"Max new tokens (1–{caps.max_new_tokens})",
+        ui["max_new_tokens"] = gr.Number(min(64, caps.max_new_tokens), label=f"Max new tokens (1–{caps.max_new_tokens})",
                                          elem_id="max-new-tokens")
         ui["temperature"] = gr.Slider(0.05, 2.0, value=0.8, step=0.05, label="Temperature (sampling only)")
         ui["seed"] = gr.Number(0, label="Seed (sampling only)")
@@ -531,7 +537,7 @@ def _wire_scenarios(pool: ModelPool, ui: dict[str, Any]) -> None:
         for step in range(len(scenario.runs)):
             applied = (event if step == 0 else event.then)(
                 functools.partial(apply_scenario, pool, key, step), [ui["session"], ui["model"]],
-                _pick(ui, SCENARIO_OUTPUTS), queue=False, api_name=f"scenario_{key}_{step}")
+                _pick(ui, SCENARIO_OUTPUTS), queue=False, api_name=f"scenario_{key}_{step}", preprocess=False)
             event = applied.then(functools.partial(generate, pool), _pick(ui, ("session", *RUN_INPUTS, *VIEW_INPUTS)),
                                  _pick(ui, GENERATE_OUTPUTS), api_name=f"generate_scenario_{key}_{step}",
                                  preprocess=False, concurrency_id="model", concurrency_limit=pool.caps.concurrency,
@@ -546,23 +552,25 @@ def _wire_views(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
           [ui["session"], *schedule_controls], [ui["decay"], ui["planned"]], api_name="redraw_schedule",
           queue=False, preprocess=False, trigger_mode="always_last", show_progress="hidden")
     ui["metric"].change(render_flow, _pick(ui, ("session", "metric", "presentation")), ui["flow"],
-                        api_name="render_flow", queue=False, show_progress="hidden")
+                        api_name="render_flow", queue=False, show_progress="hidden", preprocess=False)
     gr.on([ui["attention_layer"].change, ui["attention_head"].change], render_attention,
           _pick(ui, ("session", "attention_layer", "attention_head", "presentation")), ui["attention"],
-          api_name="render_attention", queue=False, show_progress="hidden", trigger_mode="always_last")
+          api_name="render_attention", queue=False, show_progress="hidden", trigger_mode="always_last",
+          preprocess=False)
     ui["log_kl"].change(render_errors, _pick(ui, ("session", "log_kl", "presentation")), ui["errors"],
-                        api_name="render_errors", queue=False, show_progress="hidden")
+                        api_name="render_errors", queue=False, show_progress="hidden", preprocess=False)
     ui["presentation"].change(set_presentation, _pick(ui, ("session", "attention_layer", *VIEW_INPUTS)),
-                              _pick(ui, VIEW_OUTPUTS), api_name="set_presentation", queue=False,
+                              _pick(ui, VIEW_OUTPUTS), api_name="set_presentation", queue=False, preprocess=False,
                               show_progress="hidden")
 
 
 def _wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     demo.load(new_session, None, ui["session"], api_name="new_session", queue=False)
-    ui["example"].input(use_example, ui["example"], ui["prompt"], api_name="use_example", queue=False)
+    ui["example"].input(use_example, ui["example"], ui["prompt"], api_name="use_example", queue=False,
+                        preprocess=False)
     ui["model"].input(functools.partial(model_changed, pool), ui["model"],
                       _pick(ui, ("core_head", "core_tail", "attention_layer", "attention_head", "chat_template")),
-                      api_name="model_changed", queue=False)
+                      api_name="model_changed", queue=False, preprocess=False)
     _wire_generation(pool, ui, [ui["generate"].click, ui["prompt"].submit])
     releases = [ui[n].release for n in ("alpha", "core_head", "core_tail", "start")]
     _wire_generation(pool, ui, releases, "_on_release")
@@ -575,7 +583,7 @@ def _wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     ui["export_trace"].click(export_trace, ui["session"], ui["files"], api_name="export_trace")
     ui["export_figure"].click(functools.partial(export_figure, pool),
                               _pick(ui, ("session", "figure", *SCHEDULE_INPUTS[:-1], "attention_layer",
-                                         *VIEW_INPUTS)), ui["files"], api_name="export_figure")
+                                         *VIEW_INPUTS)), ui["files"], api_name="export_figure", preprocess=False)
 
 
 def build_demo(engine_factory: Callable[[str], Engine] | None = None, *, caps: Caps | None = None,

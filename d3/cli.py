@@ -11,7 +11,7 @@ from typing import Any, Sequence
 from d3.config import FILLS, DROP_ORDERS, STRATEGIES, GenerationConfig, TraceConfig, TRACE_OFF, strategy_from_dict
 
 # Subcommands that live in their own modules, each exposing add_parser(subparsers) and main(args) -> int.
-EXTRA_COMMANDS = ("d3.sweep",)  # d3.bench and d3.report are added when they land
+EXTRA_COMMANDS = ("d3.bench", "d3.sweep", "d3.report")
 
 
 class CliError(Exception):

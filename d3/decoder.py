@@ -110,13 +110,15 @@ def _fill(adapter: Adapter, state: DecodeState, pending: list[tuple[int, torch.T
     return tuple((idx, fill) for idx, _ in pending)
 
 
-def _confidence(adapter: Adapter, cfg: EarlyExitConfig, hidden: torch.Tensor, previous: torch.Tensor) -> float:
-    """The batch's lowest confidence after this layer (the batch exits together, as in CALM)."""
+def _confidence(adapter: Adapter, cfg: EarlyExitConfig, hidden: torch.Tensor,
+                previous: torch.Tensor) -> tuple[float, torch.Tensor | None]:
+    """The batch's lowest confidence after this layer (the batch exits together, as in CALM),
+    and the logits it computed on the way (softmax_gap), reused as the output if the batch exits here."""
     if cfg.measure == "cosine":
-        return float(F.cosine_similarity(hidden[:, -1].float(), previous[:, -1].float(), dim=-1).min())
-    probs = torch.softmax(adapter.logits(hidden[:, -1]), dim=-1)
-    top2 = probs.topk(2, dim=-1).values  # [batch, 2]
-    return float((top2[:, 0] - top2[:, 1]).min())
+        return float(F.cosine_similarity(hidden[:, -1].float(), previous[:, -1].float(), dim=-1).min()), None
+    logits = adapter.logits(hidden[:, -1])
+    top2 = torch.softmax(logits, dim=-1).topk(2, dim=-1).values  # [batch, 2]
+    return float((top2[:, 0] - top2[:, 1]).min()), logits
 
 
 def _capture_attention(adapter: Adapter, state: DecodeState, recorder: StatsRecorder, masks: dict[str, Any],
@@ -148,6 +150,7 @@ def forward(adapter: Adapter, state: DecodeState, hidden: torch.Tensor, position
     conf: list[float] = []
     outputs: dict[int, torch.Tensor] = {}
     exit_layer = None
+    exit_logits = None
     for idx in range(adapter.num_layers):
         if exit_layer is not None or idx not in run:
             pending.append((idx, hidden))
@@ -159,13 +162,14 @@ def forward(adapter: Adapter, state: DecodeState, hidden: torch.Tensor, position
         if logit_lens:
             outputs[idx] = hidden
         if early_exit is not None and len(ran) >= layer_plan.min_exit and idx < adapter.num_layers - 1:
-            conf.append(_confidence(adapter, early_exit, hidden, before))
-            if conf[-1] >= early_exit.threshold:
-                exit_layer = idx
+            value, logits = _confidence(adapter, early_exit, hidden, before)
+            conf.append(value)
+            if value >= early_exit.threshold:
+                exit_layer, exit_logits = idx, logits
     filled = _fill(adapter, state, pending, ran, fill, ropes) if pending else ()
     attention = _capture_attention(adapter, state, recorder, masks, ropes) if recorder and recorder.inputs else {}
     return StepOutput(
-        logits=adapter.logits(hidden[:, -1]),
+        logits=exit_logits if exit_logits is not None else adapter.logits(hidden[:, -1]),
         layers_run=tuple(ran),
         filled=filled,
         stats=recorder.collect() if recorder is not None else None,

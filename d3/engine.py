@@ -165,7 +165,7 @@ class Engine:
                 picked = sample(out.logits, gen, generator) if forced is None else torch.tensor([f[step] for f in forced])
                 picked_list = picked.tolist()
             wall_ms = (time.perf_counter() - t0) * 1000
-            self._record(rows, step, picked_list, out, strategy, trace, wall_ms, stop_at_eos=forced is None)
+            self._record(rows, step, picked_list, out, strategy, trace, wall_ms, stop_at_eos=gen.stop_at_eos and forced is None)
             if gen.stop_at_eos and forced is None and all(r.done for r in rows):
                 finish = "eos"
             elif step == limit - 1:

@@ -68,8 +68,10 @@ def within_limits(df: pd.DataFrame) -> pd.Series:
 
 
 def best_within_limits(df: pd.DataFrame, strategy: str) -> dict[str, Any] | None:
-    """The setting of `strategy` with the largest measured speedup among those within the quality limits."""
-    rows = df[(df["strategy"] == strategy) & within_limits(df)]
+    """The setting of `strategy` with the largest measured speedup among those within the quality limits that
+    skip at least one layer somewhere."""
+    skips = df["theoretical_speedup"] > 1 + 1e-9  # a setting that skips nothing has only timing noise to offer
+    rows = df[(df["strategy"] == strategy) & within_limits(df) & skips]
     if rows.empty:
         return None
     best = rows.loc[rows["measured_speedup"].idxmax()]
@@ -78,7 +80,7 @@ def best_within_limits(df: pd.DataFrame, strategy: str) -> dict[str, Any] | None
 
 def closest_to_full(df: pd.DataFrame, strategy: str) -> dict[str, Any] | None:
     """The setting of `strategy` with the lowest perplexity ratio (the least quality lost), None if none has one."""
-    rows = df[(df["strategy"] == strategy) & df["ppl_ratio"].notna()]
+    rows = df[(df["strategy"] == strategy) & df["ppl_ratio"].notna() & (df["theoretical_speedup"] > 1 + 1e-9)]
     return None if rows.empty else _summary(rows.loc[rows["ppl_ratio"].idxmin()])
 
 

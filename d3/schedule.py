@@ -174,13 +174,18 @@ def theoretical_speedup(layers_used: list[int] | tuple[int, ...], num_layers: in
 def alpha_for_mean_depth(target_fraction: float, num_layers: int, steps: int, core_head: int | None = None,
                          core_tail: int | None = None, start: int = 0) -> float:
     """The alpha at which D3's mean layer count over `steps` tokens is closest to `target_fraction * L` (bisection)."""
+    def mean_fraction(alpha: float) -> float:
+        cfg = D3Config(alpha=alpha, core_head=core_head, core_tail=core_tail, start=start)
+        return sum(budgets(cfg, num_layers, steps)) / steps / num_layers
+
     lo, hi = 0.5, 1.0
+    best = (abs(mean_fraction(hi) - target_fraction), hi)
     for _ in range(50):
         mid = (lo + hi) / 2
-        cfg = D3Config(alpha=mid, core_head=core_head, core_tail=core_tail, start=start)
-        mean = sum(budgets(cfg, num_layers, steps)) / steps
-        if mean / num_layers < target_fraction:
+        frac = mean_fraction(mid)
+        best = min(best, (abs(frac - target_fraction), mid))
+        if frac < target_fraction:
             lo = mid
         else:
             hi = mid
-    return round(hi, 6)
+    return round(best[1], 6)

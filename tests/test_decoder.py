@@ -265,3 +265,11 @@ def test_bfloat16_model_runs_every_fill(tiny_tok):
         cfg = D3Config(alpha=0.8, core_head=1, core_tail=1, drop_order="strided", fill=fill)
         trace = engine.generate(PROMPT, cfg, GenerationConfig(max_new_tokens=8, stop_at_eos=False), TraceConfig())
         assert len(trace.steps) == 8 and all(s.entropy == s.entropy for s in trace.steps)
+
+
+def test_no_stop_at_eos_records_every_step(tiny_model, tiny_tok):
+    engine = Engine(tiny_model, tiny_tok, "tiny")
+    free = engine.generate(PROMPT, FullConfig(), GREEDY, TRACE_OFF).token_ids
+    engine.eos_ids = {free[3]}
+    trace = engine.generate(PROMPT, FullConfig(), GREEDY, TRACE_OFF)
+    assert len(trace.steps) == GREEDY.max_new_tokens and trace.token_ids == free

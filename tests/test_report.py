@@ -53,6 +53,12 @@ def test_headline_picks_the_fastest_setting_within_both_limits() -> None:
     assert h["noise"] == 1.0
 
 
+def test_a_setting_that_skips_nothing_is_never_the_headline() -> None:
+    df = pd.concat([synthetic(), pd.DataFrame([_row("d3", "d3 alpha 1", 0.97, 1.4, 1.0, 0.6, layers=30)])],
+                   ignore_index=True)
+    assert report.headline(df)["best"]["d3"]["label"] == "d3 fast ok"  # 1.4x there is timing noise
+
+
 def test_headline_flags_accuracy_that_never_moves() -> None:
     df = synthetic()
     assert not report.headline(df)["accuracy_flat"]

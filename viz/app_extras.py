@@ -124,6 +124,9 @@ def attention_view(d3: Trace | None, full: Trace | None, layer: int, head: int, 
     if d3 is None or not d3.steps:
         return waiting("Press Generate: the attention of the chosen layer is recorded while generating.",
                        presentation=presentation)
+    if d3.num_heads and not 0 <= head < d3.num_heads:
+        return waiting(f"Head {head} does not exist: this model has {d3.num_heads} heads per layer "
+                       f"(0–{d3.num_heads - 1}).", presentation=presentation)
     if not (attention_captured(d3, layer) or attention_captured(full, layer)):
         captured = sorted({layer for s in d3.steps for layer in s.attention})
         was = f" (this run recorded layer {', '.join(map(str, captured))})" if captured else ""

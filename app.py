@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import html
 import json
 import logging
@@ -601,17 +602,22 @@ def build_demo(engine_factory: Callable[[str], Engine] | None = None, *, caps: C
     return demo
 
 
-def launch(demo: gr.Blocks, **kwargs: Any) -> Any:
-    """Queue (bounded, with the concurrency the caps allow) and serve the page with its stylesheet.
-
-    D3_TORCH_THREADS sets torch's CPU threads: on a busy or shared CPU, 1 thread can be several times
-    faster than torch's default (measured by scripts/measure_app.py)."""
-    caps: Caps = demo.pool.caps  # type: ignore[attr-defined]
+def tune_process() -> None:
+    """Process settings for serving (`python app.py`, not the tests): D3_TORCH_THREADS sets torch's CPU threads (on a busy or shared CPU,
+    1 thread can be several times faster than torch's default), and everything alive now (gradio,
+    torch, the page) is moved out of the garbage collector's full passes, which otherwise pause a
+    slider redraw for about half a second now and then (both measured by scripts/measure_app.py)."""
     threads = os.environ.get("D3_TORCH_THREADS", "").strip()
     if threads.isdigit() and int(threads) > 0:
         import torch
 
         torch.set_num_threads(int(threads))
+    gc.freeze()
+
+
+def launch(demo: gr.Blocks, **kwargs: Any) -> Any:
+    """Queue (bounded, with the concurrency the caps allow) and serve the page with its stylesheet."""
+    caps: Caps = demo.pool.caps  # type: ignore[attr-defined]
     demo.queue(max_size=caps.queue_size, default_concurrency_limit=caps.concurrency)
     kwargs.setdefault("css_paths", [CSS_PATH])
     kwargs.setdefault("state_session_capacity", 1000)
@@ -622,4 +628,5 @@ demo = build_demo()
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO)
+    tune_process()
     launch(demo)

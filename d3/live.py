@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import math
@@ -130,7 +131,9 @@ def _default_factory(caps: Caps, public: bool) -> Callable[[str], Engine]:
         from d3.models import get_model  # imported on first use: loading is the slow part of the app
 
         loaded = get_model(name, allow_paths=not public)
-        return Engine(loaded.model, loaded.tokenizer, name=loaded.name, max_prompt_tokens=caps.max_prompt_tokens)
+        engine = Engine(loaded.model, loaded.tokenizer, name=loaded.name, max_prompt_tokens=caps.max_prompt_tokens)
+        gc.freeze()  # the model lives as long as the process: keep its objects out of every full GC pass
+        return engine
 
     return build
 
@@ -316,7 +319,7 @@ def parse_schedule(raw: Mapping[str, Any], num_layers: int, caps: Caps) -> Sched
     strategy = parse_strategy(raw, num_layers, caps)
     steps = int(as_number("max_new_tokens", raw.get("max_new_tokens", 64), 1, caps.max_new_tokens, integer=True))
     d3 = strategy if isinstance(strategy, D3Config) else parse_strategy({**raw, "strategy": "d3"}, num_layers, caps)
-    return Schedule(strategy, num_layers, steps, other_schedules(strategy, d3, num_layers))
+    return Schedule(strategy, num_layers, steps, other_schedules(strategy, d3, num_layers, steps))
 
 
 @dataclass(frozen=True)
@@ -624,9 +627,10 @@ def scenario_controls(key: str, step: int, num_layers: int) -> dict[str, Any]:
     return {**_d3_defaults(num_layers), **scenario.runs[min(step, len(scenario.runs) - 1)]}
 
 
-def other_schedules(main: StrategyConfig, d3: D3Config, num_layers: int) -> dict[str, StrategyConfig]:
-    """The other strategies' planned schedules to draw next to `main` on the decay curve."""
-    candidates: dict[str, StrategyConfig] = {"D3": d3, "SkipDecode (auto)": SkipDecodeConfig(),
+def other_schedules(main: StrategyConfig, d3: D3Config, num_layers: int, steps: int = 128) -> dict[str, StrategyConfig]:
+    """The other strategies' planned schedules to draw next to `main` on the decay curve (SkipDecode's
+    budget falls over the same `steps` tokens as the run)."""
+    candidates: dict[str, StrategyConfig] = {"D3": d3, "SkipDecode (auto)": SkipDecodeConfig(horizon=steps),
                                              "Unified 1.5×": UnifiedConfig(ratio=1.5)}
     out = {}
     for label, cfg in candidates.items():

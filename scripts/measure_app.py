@@ -133,6 +133,7 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     demo = app.build_demo(public=False)
+    app.tune_process()  # as app.launch does: torch threads from D3_TORCH_THREADS, gc.freeze()
     pool = demo.pool
     print(f"torch threads: {torch.get_num_threads()}; model: {args.model}")
     for steps in (64, 256):

@@ -239,6 +239,14 @@ def test_attention_view_follows_the_recorded_layer(finished) -> None:
     assert not missing.data and "Layer 4 was not recorded" in missing.layout.annotations[0].text
 
 
+def test_view_settings_that_make_no_sense_are_explained_not_raised(finished) -> None:
+    fig = app.render_attention(finished, 3, 99, False)
+    assert not fig.data and "Head 99 does not exist" in fig.layout.annotations[0].text
+    junk = app.render_attention(finished, float("inf"), "x", False)  # junk falls back to layer 0, head 0 ...
+    assert "Layer 0 was not recorded" in junk.layout.annotations[0].text
+    assert app.render_flow(finished, "nonsense", None).data  # ... or to the default measure
+
+
 def test_presentation_mode_enlarges_fonts_and_hides_explanations(finished) -> None:
     small = app.set_presentation(finished, 3, 0, "both", False, False)
     big = app.set_presentation(finished, 3, 0, "both", False, True)

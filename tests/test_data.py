@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from d3 import data
-from d3.data import Example
+from d3.data import Example, TaskInfo
 
 
 def write_task(data_dir: Path, path: str, task: dict) -> None:
@@ -24,7 +24,8 @@ MC = {
     "examples": [
         {"input": "The sky is green", "target_scores": {"plausible": 0, "implausible": 1}},
         {"input": "Which date?", "target_scores": {"01/01/2020": 1, "02/02/2020": 0, "03/03/2020": 0, "04/04/2020": 0}},
-    ] + [{"input": f"q{i}", "target_scores": {"yes": 1, "no": 0}} for i in range(8)],
+        {"input": "Two right answers", "target_scores": {"x": 0, "y": 1, "z": 1}},
+    ] + [{"input": f"q{i}", "target_scores": {"yes": 1, "no": 0}} for i in range(7)],
 }
 EXACT = {
     "task_prefix": "Count.",
@@ -37,34 +38,38 @@ EXACT = {
 
 
 @pytest.fixture
-def fake_dir(tmp_path: Path) -> Path:
-    write_task(tmp_path, data.TASKS["sports_understanding"].path, MC)
-    write_task(tmp_path, data.TASKS["object_counting"].path, EXACT)
+def fake_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A data dir holding two fake tasks, registered in TASKS as "fake_mc" and "fake_exact"."""
+    monkeypatch.setitem(data.TASKS, "fake_mc", TaskInfo("fake_mc", "fake/mc", "multiple_choice", 0.475, "mc"))
+    monkeypatch.setitem(data.TASKS, "fake_exact", TaskInfo("fake_exact", "fake_exact", "exact_match", 2 / 3, "x"))
+    write_task(tmp_path, "fake/mc", MC)
+    write_task(tmp_path, "fake_exact", EXACT)
     return tmp_path
 
 
 def test_load_multiple_choice(fake_dir: Path) -> None:
-    examples = data.load_task("sports_understanding", data_dir=fake_dir)
+    examples = data.load_task("fake_mc", data_dir=fake_dir)
     assert len(examples) == 10
     first, second = examples[:2]
-    assert first.task == "sports_understanding"
+    assert first.task == "fake_mc"
     assert first.input == "Answer the question.\nStatement: The sky is green"
     assert sorted(first.choices) == ["implausible", "plausible"]
     assert first.target == "implausible" and first.choices[first.target_index] == "implausible"
     assert len(second.choices) == 4 and second.choices[second.target_index] == "01/01/2020"
+    assert examples[2].target == "y" and examples[2].targets == ("y", "z")
     with pytest.raises(AttributeError):
         first.target = "x"  # type: ignore[misc]  # frozen
 
 
 def test_choice_order_is_shuffled_but_deterministic(fake_dir: Path) -> None:
-    runs = [data.load_task("sports_understanding", data_dir=fake_dir, seed=s) for s in range(6)]
-    assert runs[0] == data.load_task("sports_understanding", data_dir=fake_dir, seed=0)
+    runs = [data.load_task("fake_mc", data_dir=fake_dir, seed=s) for s in range(6)]
+    assert runs[0] == data.load_task("fake_mc", data_dir=fake_dir, seed=0)
     # the file lists the answer first; the options shown must not always keep it there
     assert {run[1].target_index for run in runs} != {0}
 
 
 def test_load_exact_match(fake_dir: Path) -> None:
-    examples = data.load_task("object_counting", data_dir=fake_dir)
+    examples = data.load_task("fake_exact", data_dir=fake_dir)
     assert [ex.choices for ex in examples] == [(), (), ()]
     assert examples[0].target == "two" and examples[0].targets == ("two", "2")
     assert examples[0].target_index is None
@@ -73,21 +78,21 @@ def test_load_exact_match(fake_dir: Path) -> None:
 
 
 def test_chance_level(fake_dir: Path) -> None:
-    mc = data.load_task("sports_understanding", data_dir=fake_dir)
-    assert data.chance_level(mc) == pytest.approx((9 * 0.5 + 0.25) / 10)
+    mc = data.load_task("fake_mc", data_dir=fake_dir)
+    assert data.chance_level(mc) == pytest.approx((8 * 0.5 + 0.25 + 1 / 3) / 10)
     # exact match: the share of examples answered by always giving the most common answer ("two")
-    assert data.chance_level(data.load_task("object_counting", data_dir=fake_dir)) == pytest.approx(2 / 3)
+    assert data.chance_level(data.load_task("fake_exact", data_dir=fake_dir)) == pytest.approx(2 / 3)
     assert data.chance_level([]) == 0.0
-    assert data.chance_level("navigate") == data.TASKS["navigate"].chance == 0.5
+    assert data.chance_level("fake_mc") == 0.475
 
 
 def test_subsampling_is_deterministic(fake_dir: Path) -> None:
-    a = data.load_task("sports_understanding", data_dir=fake_dir, limit=4, seed=7)
-    assert a == data.load_task("sports_understanding", data_dir=fake_dir, limit=4, seed=7)
+    a = data.load_task("fake_mc", data_dir=fake_dir, limit=4, seed=7)
+    assert a == data.load_task("fake_mc", data_dir=fake_dir, limit=4, seed=7)
     assert len(a) == 4 and len(set(a)) == 4
-    others = [data.load_task("sports_understanding", data_dir=fake_dir, limit=4, seed=s) for s in range(5)]
+    others = [data.load_task("fake_mc", data_dir=fake_dir, limit=4, seed=s) for s in range(5)]
     assert len({tuple(ex.input for ex in o) for o in others}) > 1
-    assert len(data.load_task("sports_understanding", data_dir=fake_dir, limit=100)) == 10
+    assert len(data.load_task("fake_mc", data_dir=fake_dir, limit=100)) == 10
 
 
 def test_format_prompt() -> None:
@@ -119,7 +124,7 @@ def test_normalize() -> None:
 
 def test_missing_data_dir_says_how_to_fetch(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"bash scripts/fetch_data\.sh.*python -m d3 fetch-data"):
-        data.load_task("navigate", data_dir=tmp_path / "nowhere")
+        data.load_task("general_knowledge", data_dir=tmp_path / "nowhere")
 
 
 def test_unknown_task(tmp_path: Path) -> None:
@@ -180,7 +185,7 @@ def test_real_data() -> None:
         pytest.skip(f"BIG-bench data not fetched (run `bash scripts/fetch_data.sh`); missing {missing}")
     for name, info in data.TASKS.items():
         examples = data.load_task(name)
-        assert len(examples) >= 100, name
+        assert len(examples) >= 50, name
         assert data.chance_level(examples) == pytest.approx(info.chance, abs=0.0005), name
         for ex in examples:
             if info.kind == "multiple_choice":

@@ -339,3 +339,4 @@ def test_other_schedules_leave_out_the_main_kind_and_what_does_not_fit() -> None
     assert set(other_schedules(d3, d3, 30)) == {"SkipDecode (auto)", "Unified 1.5×"}
     assert set(other_schedules(UnifiedConfig(), d3, 30)) == {"D3", "SkipDecode (auto)"}
     assert "Unified 1.5×" not in other_schedules(d3, d3, 1)  # keeps floor(1 / 1.5) = 0 layers: does not fit
+    assert other_schedules(d3, d3, 30, steps=40)["SkipDecode (auto)"].horizon == 40

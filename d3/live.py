@@ -51,6 +51,12 @@ DECODINGS = ("greedy", "sample")
 # ---------------------------------------------------------------- caps and deployment
 
 
+
+def _shown(value: object) -> str:
+    """A refused value as shown back in an error: its repr, cut to 40 characters."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:39] + "…"
+
 def _env_int(env: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
     """An integer from the environment, clamped to [lo, hi]; a malformed value falls back to the default."""
     raw = env.get(name, "")
@@ -159,12 +165,12 @@ class ModelPool:
     def check_name(self, name: Any) -> str:
         """A model name this deployment may load; ValueError otherwise (public: known models only)."""
         if not isinstance(name, str) or not name.strip():
-            raise ValueError(f"model={name!r} is not allowed: choose one of {', '.join(self.names)}")
+            raise ValueError(f"model={_shown(name)} is not allowed: choose one of {', '.join(self.names)}")
         name = name.strip()
         if name in self.names:
             return name
         if self.public:
-            raise ValueError(f"model={name!r} is not allowed here: this deployment only runs {', '.join(self.names)}")
+            raise ValueError(f"model={_shown(name)} is not allowed here: this deployment only runs {', '.join(self.names)}")
         if len(name) > 300 or not name.isprintable():
             raise ValueError("model names are at most 300 printable characters")
         return name
@@ -200,9 +206,9 @@ def as_number(name: str, value: Any, lo: float, hi: float, *, integer: bool = Fa
     allowed = f"{name} must be {kind} in {interval}"
     number = _to_float(name, value, allowed)
     if integer and number != math.floor(number):
-        raise ValueError(f"{name}={value!r} is not allowed: {allowed}")
+        raise ValueError(f"{name}={_shown(value)} is not allowed: {allowed}")
     if number < lo or number > hi or (lo_open and number == lo):
-        raise ValueError(f"{name}={value!r} is out of range: {allowed}")
+        raise ValueError(f"{name}={_shown(value)} is out of range: {allowed}")
     return int(number) if integer else number
 
 
@@ -214,7 +220,7 @@ def _to_float(name: str, value: Any, allowed: str) -> float:
     except (TypeError, ValueError, OverflowError):
         raise ValueError(f"{name}={str(value)[:40]!r} is not a number: {allowed}") from None
     if not math.isfinite(number):
-        raise ValueError(f"{name}={value!r} is not a finite number: {allowed}")
+        raise ValueError(f"{name}={_shown(value)} is not a finite number: {allowed}")
     return number
 
 
@@ -641,4 +647,113 @@ def other_schedules(main: StrategyConfig, d3: D3Config, num_layers: int, steps: 
         except ValueError:
             continue  # a tiny model may not fit a baseline's defaults; leave it off the chart
         out[label] = cfg
+    return out
+
+
+# ---------------------------------------------------------------- the Sweep tab: a small, bounded sweep
+
+
+@dataclass(frozen=True)
+class SweepChoice:
+    """One entry of the Sweep tab's fixed menu: a strategy tuned to a target mean depth (fraction of L)."""
+
+    label: str
+    strategy: str  # "d3", "skipdecode" or "unified"
+    depth: float
+
+
+SWEEP_MATCHED_DEPTH = 2 / 3  # the baselines run at this depth, as does the middle D3 setting
+SWEEP_MENU: dict[str, SweepChoice] = {
+    "d3_85": SweepChoice("D3 at 85% mean depth", "d3", 0.85),
+    "d3_75": SweepChoice("D3 at 75% mean depth", "d3", 0.75),
+    "d3_67": SweepChoice("D3 at 67% mean depth", "d3", SWEEP_MATCHED_DEPTH),
+    "skipdecode_67": SweepChoice("SkipDecode at 67% (matched)", "skipdecode", SWEEP_MATCHED_DEPTH),
+    "unified_67": SweepChoice("Unified Layer Skipping at 67% (matched)", "unified", SWEEP_MATCHED_DEPTH),
+}
+SWEEP_DEFAULT = ("d3_75", "d3_67", "skipdecode_67", "unified_67")
+SWEEP_MAX_SETTINGS = 4
+SWEEP_MAX_PROMPTS = 2
+SWEEP_MAX_NEW_TOKENS = 24
+SWEEP_MIN_NEW_TOKENS = 2
+SWEEP_TABLE_COLUMNS = ["label", "strategy", "target_depth", "mean_layers", "theoretical_speedup", "measured_speedup",
+                       "agreement", "first_divergence", "kl_teacher", "kl_free", "params"]
+
+
+def sweep_bounds_text() -> str:
+    return (f"Bounded on the server: at most {SWEEP_MAX_SETTINGS} settings from the menu (plus the full-depth "
+            f"reference row), {SWEEP_MAX_PROMPTS} prompts, {SWEEP_MAX_NEW_TOKENS} new tokens, 1 repeat; "
+            "no perplexity or task accuracy.")
+
+
+def sweep_spec(model: str, prompts: Any, choices: Any, new_tokens: Any, chat_template: Any, caps: Caps) -> "SweepSpec":
+    """The SweepSpec of a Sweep-tab request, within the tab's bounds; ValueError with a plain message otherwise.
+
+    prompts: text, one prompt per line (blank lines ignored)."""
+    from d3.sweep import SweepSpec
+
+    if isinstance(prompts, str) and len(prompts) > caps.max_prompt_chars:
+        raise ValueError(f"prompts are {len(prompts):,} characters long; the limit is {caps.max_prompt_chars:,}")
+    if not isinstance(prompts, str) or not prompts.strip():
+        raise ValueError("prompt is empty: type one or two prompts, one per line")
+    lines = [clean_prompt(line, caps).strip() for line in prompts.splitlines() if line.strip()]
+    if not lines:
+        raise ValueError("prompt is empty: type one or two prompts, one per line")
+    if len(lines) > SWEEP_MAX_PROMPTS:
+        raise ValueError(f"{len(lines)} prompts given; the sweep takes at most {SWEEP_MAX_PROMPTS} (one per line)")
+    if isinstance(choices, str):
+        choices = [choices]
+    if not isinstance(choices, (list, tuple)) or not choices:
+        raise ValueError("no settings chosen: tick at least one setting to sweep")
+    keys = list(dict.fromkeys(as_choice("setting", c, tuple(SWEEP_MENU)) for c in choices))
+    if len(keys) > SWEEP_MAX_SETTINGS:
+        raise ValueError(f"{len(keys)} settings chosen; the sweep runs at most {SWEEP_MAX_SETTINGS}: untick some")
+    tokens = int(as_number("new_tokens", new_tokens, SWEEP_MIN_NEW_TOKENS, min(SWEEP_MAX_NEW_TOKENS, max(
+        caps.max_new_tokens, SWEEP_MIN_NEW_TOKENS)), integer=True))
+    picked = [SWEEP_MENU[k] for k in keys]
+    d3_depths = tuple(c.depth for c in picked if c.strategy == "d3")
+    baselines = tuple(dict.fromkeys(c.strategy for c in picked if c.strategy != "d3"))
+    return SweepSpec(model=model, prompts=tuple(lines), max_new_tokens=tokens, repeats=1, depths=d3_depths,
+                     baselines=baselines, baseline_depths=(SWEEP_MATCHED_DEPTH,) if baselines else None,
+                     ppl_chunks=0, chat_template=as_flag("chat_template", chat_template))
+
+
+def run_small_sweep(engine: Engine, spec: "SweepSpec", progress: Callable[[float, str], None] | None = None) -> pd.DataFrame:
+    """Run `spec` on `engine` into a fresh temporary CSV (never resumed from an earlier sweep); the table."""
+    import tempfile
+    from pathlib import Path
+
+    from d3.sweep import run_sweep
+
+    with tempfile.TemporaryDirectory(prefix="d3-sweep-") as folder:
+        return run_sweep(spec, Path(folder) / "sweep.csv", engine=engine, progress=progress)
+
+
+def sweep_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The columns the Sweep tab shows (rounded), one row per setting, in the sweep's order."""
+    table = df.reindex(columns=SWEEP_TABLE_COLUMNS).reset_index(drop=True)
+    numeric = [c for c in SWEEP_TABLE_COLUMNS if c not in ("label", "strategy", "params")]
+    table[numeric] = table[numeric].apply(pd.to_numeric, errors="coerce").round(4)
+    return table
+
+
+def sweep_controls(row: Mapping[str, Any]) -> dict[str, Any]:
+    """Live-control values that reproduce one sweep row (`params` is its strategy config as JSON).
+
+    ValueError for the full-depth reference row (the right pane always runs full depth)."""
+    from d3.config import strategy_from_dict
+
+    params = json.loads(row["params"]) if isinstance(row["params"], str) else dict(row["params"])
+    cfg = strategy_from_dict(dict(params))
+    layers = int(row["num_layers"])
+    if cfg.name not in STRATEGY_LABELS:
+        raise ValueError("this row is the full-depth reference, which the right pane always runs: pick another row")
+    out: dict[str, Any] = {"strategy": cfg.name, "fill": cfg.fill, "max_new_tokens": int(row["new_tokens"])}
+    if isinstance(cfg, D3Config):
+        head, tail = cfg.core(layers)
+        out.update(alpha=cfg.alpha, core_head=head, core_tail=tail, start=cfg.start, drop_order=cfg.drop_order)
+    elif isinstance(cfg, SkipDecodeConfig):
+        hi, lo = cfg.bounds(layers)
+        out.update(skipdecode_max=hi, skipdecode_min=lo)
+    elif isinstance(cfg, UnifiedConfig):
+        out.update(unified_ratio=cfg.ratio)
     return out

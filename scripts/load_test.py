@@ -440,7 +440,9 @@ def run(args: argparse.Namespace) -> Report:
             warmup = min(args.warmup, args.runs // 2)
             endurance_phase(server, steady, refs, args.runs, warmup, model, layers, deadline, report)
         report.server_tracebacks = server.tracebacks()
-        if report.server_tracebacks:
+        if server.proc.poll() is not None:  # it must still be serving after everything above
+            report.failures.append(f"the server exited (status {server.proc.returncode}) during the test")
+        if report.server_tracebacks or server.proc.poll() is not None:
             report.server_log_tail = server.log_tail(60)
     report.wall_s = time.monotonic() - started
     _judge(report, args.max_growth)

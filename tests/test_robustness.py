@@ -143,9 +143,9 @@ EDGE_VALUES = (math.nan, math.inf, 10**400, -1, None, True, "", " \x00\x1b\ud800
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(["generate", "redraw_schedule", "model_changed", "use_example", "apply_scenario",
-                                         "render_flow", "render_attention", "render_errors", "set_presentation",
-                                         "export_figure"]))  # compare_fills validates as generate does
+@pytest.mark.parametrize("name", ["apply_scenario", "export_figure", "generate", "model_changed", "redraw_schedule",
+                                  "render_attention", "render_errors", "render_flow", "set_presentation",
+                                  "use_example"])  # compare_fills validates as generate does
 def test_every_field_takes_edge_values(pool, finished, engine, name) -> None:
     """Each edge value in each field, one at a time: combinations random draws reach only rarely (the fuzz
     above, with its fixed seed, never put an infinity into attention_layer)."""
@@ -170,7 +170,7 @@ def test_every_field_takes_edge_values(pool, finished, engine, name) -> None:
     ("set_presentation", {"attention_layer": math.inf}),
 ])
 def test_view_settings_out_of_range_are_a_clean_error_or_ignored(pool, finished, handler, args) -> None:
-    """View settings only change a drawing: a bad one must not be an unhandled exception (found by the fuzz)."""
+    """View settings only change a drawing: a bad one must not be an unhandled exception (found by fuzzing)."""
     fn, values = handlers(pool, finished)[handler]
     try:
         fn(**{**values, **args})
@@ -349,9 +349,9 @@ def test_the_page_shows_the_caps_it_enforces(capped) -> None:
 def test_the_page_defaults_fit_within_the_caps(capped) -> None:
     """With a cap below the page's default token count, pressing Generate on the untouched page must work."""
     client = Client(capped, verbose=False)
-    values = {k: RUN.get(k, v) for k, v in api_defaults(client)["/generate"].items() if k != "max_new_tokens"}
     defaults = api_defaults(client)["/generate"]
     assert defaults["max_new_tokens"] <= CAPS.max_new_tokens
+    values = {k: RUN.get(k, v) for k, v in defaults.items() if k != "max_new_tokens"}  # the page's own count
     assert "Done." in client.predict(**values, api_name="/generate")[0]
 
 
@@ -394,7 +394,8 @@ def test_a_public_deployment_loads_only_its_own_models(engine, monkeypatch, env)
 
 @pytest.mark.parametrize("field, value", [("model", "x" * 9000), ("model", ["tiny"] * 3000),
                                           ("model", {"name": "a" * 5000}), ("alpha", "9" * 5000),
-                                          ("max_new_tokens", "1" * 5000), ("seed", "0." + "5" * 5000)])
+                                          ("max_new_tokens", "1" * 5000), ("seed", "0." + "5" * 5000)],
+                         ids=["name", "name-list", "name-dict", "alpha", "max_new_tokens", "seed"])
 def test_a_refused_value_is_not_echoed_back_in_full(engine, field, value) -> None:
     """A public server: a pasted megabyte must not come back as a megabyte-long message."""
     pool = ModelPool(tiny_factory(engine), names=("tiny",), public=True)

@@ -26,6 +26,11 @@ from d3.live import (
     KNOWN_FACTS,
     SCENARIOS,
     STRATEGY_LABELS,
+    SWEEP_DEFAULT,
+    SWEEP_MAX_NEW_TOKENS,
+    SWEEP_MENU,
+    SWEEP_MIN_NEW_TOKENS,
+    SWEEP_TABLE_COLUMNS,
     Caps,
     LiveUpdate,
     ModelPool,
@@ -42,6 +47,11 @@ from d3.live import (
     prepare_run,
     scenario_controls,
     side_by_side,
+    run_small_sweep,
+    sweep_bounds_text,
+    sweep_controls,
+    sweep_spec,
+    sweep_table,
 )
 from viz import app_extras as views
 from viz import counters_html, to_html, token_html
@@ -64,6 +74,18 @@ GENERATE_OUTPUTS = ("session", "status", "d3_title", "d3_tokens", "d3_counters",
                     "usage", "decay", "flow", "attention", "errors", "fills", "history")
 VIEW_OUTPUTS = ("usage", "flow", "attention", "errors", "fills", "root", *(f"explain_{k}" for k in views.EXPLAIN))
 FIGURES = ("usage", "decay", "planned", "flow", "attention", "errors", "fills")
+SWEEP_INPUTS = ("model", "chat_template", "sweep_prompts", "sweep_settings", "sweep_tokens")
+SWEEP_OUTPUTS = ("sweep_results", "sweep_table", "sweep_pareto", "sweep_note")
+SWEEP_LOAD_OUTPUTS = ("strategy", "alpha", "core_head", "core_tail", "start", "drop_order", "fill", "max_new_tokens",
+                      "unified_ratio", "skipdecode_max", "skipdecode_min", "sweep_note")
+SWEEP_EXPLAIN = (
+    "**Sweep**: measure a few settings against full depth on your prompts (timing and greedy agreement / KL per "
+    "setting) and see them on the speed–quality plane with the Pareto front. "
+    "**Click a row of the table** to load that setting into the controls above, then press Generate to watch it "
+    "side by side (clicking a point on the plot does not load it: use the table). The full-depth row is the "
+    "reference and loads nothing. With the defaults (1 prompt, 16 tokens, 4 settings) it takes about 20 s for "
+    "SmolLM2-135M on a 2-core CPU (the largest request, 2 prompts × 24 tokens, about twice that); timings are "
+    "noisy with one repeat, above all on a busy machine.")
 
 
 # ---------------------------------------------------------------- small helpers
@@ -375,6 +397,53 @@ def export_figure(pool: ModelPool, session: Session | None, figure: str, model: 
     return str(path)
 
 
+def _sweep_figure(df: pd.DataFrame, presentation: bool = False) -> Any:
+    from viz import pareto
+
+    return pareto(df, y="agreement", title="Greedy agreement vs measured speedup", presentation=presentation)
+
+
+def run_sweep(pool: ModelPool, model: str, chat_template: bool, sweep_prompts: str, sweep_settings: list[str],
+              sweep_tokens: int, progress: gr.Progress = gr.Progress()) -> tuple[Any, ...]:
+    """A small bounded sweep (d3.sweep.run_sweep) on the chosen model: the table, its Pareto view, a note."""
+    with user_errors():
+        name = pool.check_name(model)
+        spec = sweep_spec(name, sweep_prompts, sweep_settings, sweep_tokens, chat_template, pool.caps)
+        progress(0.0, desc="Loading the model…" if not pool.is_loaded(name) else "Starting the sweep…")
+        engine = pool.engine(name)
+        df = run_small_sweep(engine, spec, progress=lambda fraction, desc: progress(fraction, desc=desc))
+    note = (f"Measured {len(df)} rows ({len(df) - 1} settings + the full-depth reference) on {len(spec.prompts)} "
+            f"prompt(s), {spec.max_new_tokens} new tokens. Click a row to load its setting into the controls.")
+    return ordered(SWEEP_OUTPUTS, sweep_results=df, sweep_table=sweep_table(df), sweep_pareto=_sweep_figure(df),
+                   sweep_note=note)
+
+
+def load_sweep_setting(sweep_results: pd.DataFrame | None, evt: gr.SelectData) -> tuple[Any, ...]:
+    """A clicked table row sets the live controls to that row's strategy and parameters."""
+    if sweep_results is None or len(sweep_results) == 0:
+        raise gr.Error("No sweep results yet: press Run sweep first.", print_exception=False)
+    index = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
+    try:
+        row = sweep_results.reset_index(drop=True).iloc[int(index)]
+    except (TypeError, ValueError, IndexError):
+        raise gr.Error("That row is not in the sweep's results.", print_exception=False) from None
+    with user_errors():
+        values = sweep_controls(row)
+    if "alpha" in values:  # a tuned alpha below the slider's range widens it rather than being clipped
+        values["alpha"] = gr.update(value=values["alpha"], minimum=min(0.8, values["alpha"]))
+    note = f"Loaded **{row['label']}** into the controls: press Generate to run it side by side with full depth."
+    return ordered(SWEEP_LOAD_OUTPUTS, sweep_note=note, **values)
+
+
+def export_sweep(sweep_results: pd.DataFrame | None) -> str:
+    """The sweep's whole table (every column) as CSV, under a server-chosen name."""
+    if sweep_results is None or len(sweep_results) == 0:
+        raise gr.Error("Nothing to export yet: run a sweep first.", print_exception=False)
+    path = _export_dir() / "sweep.csv"
+    sweep_results.to_csv(path, index=False)
+    return str(path)
+
+
 # ---------------------------------------------------------------- layout
 
 
@@ -467,6 +536,32 @@ def _tabs(pool: ModelPool, facts: Any, ui: dict[str, Any]) -> None:
                                            label="Figure to export")
                 ui["export_figure"] = gr.Button("Download figure (standalone HTML)")
             ui["files"] = gr.File(label="Files", file_count="multiple", interactive=False)
+        _sweep_tab(pool, ui)
+
+
+def _sweep_tab(pool: ModelPool, ui: dict[str, Any]) -> None:
+    from d3.sweep import BUILTIN_PROMPTS
+
+    with gr.Tab("Sweep", id="sweep"):
+        gr.Markdown(SWEEP_EXPLAIN)
+        gr.Markdown(f"*{sweep_bounds_text()}*")
+        with gr.Row():
+            with gr.Column(scale=3):
+                ui["sweep_prompts"] = gr.Textbox(BUILTIN_PROMPTS[0], lines=2, max_lines=6,
+                                                 label="Prompts (one per line, at most 2)")
+                ui["sweep_settings"] = gr.CheckboxGroup([(c.label, k) for k, c in SWEEP_MENU.items()],
+                                                        value=list(SWEEP_DEFAULT), label="Settings (at most 4)")
+            with gr.Column(scale=1, min_width=220):
+                top = min(SWEEP_MAX_NEW_TOKENS, max(pool.caps.max_new_tokens, SWEEP_MIN_NEW_TOKENS))
+                ui["sweep_tokens"] = gr.Slider(SWEEP_MIN_NEW_TOKENS, top, value=min(16, top), step=1,
+                                               label=f"New tokens per run (at most {top})")
+                ui["sweep_run"] = gr.Button("Run sweep", variant="primary", elem_id="sweep-run")
+                ui["sweep_export"] = gr.Button("Download results (CSV)")
+        ui["sweep_note"] = gr.Markdown()
+        ui["sweep_pareto"] = gr.Plot(show_label=False, elem_id="plot-sweep")
+        ui["sweep_table"] = gr.Dataframe(pd.DataFrame(columns=SWEEP_TABLE_COLUMNS), interactive=False,
+                                         label="Results (click a row to load it into the controls)")
+        ui["sweep_file"] = gr.File(label="Sweep CSV", interactive=False)
 
 
 def _header(pool: ModelPool, facts: Any, ui: dict[str, Any]) -> None:
@@ -496,7 +591,8 @@ def _header(pool: ModelPool, facts: Any, ui: dict[str, Any]) -> None:
 
 
 def _layout(pool: ModelPool, facts: Any) -> dict[str, Any]:
-    ui: dict[str, Any] = {"session": gr.State(None, time_to_live=pool.caps.session_ttl_s)}
+    ui: dict[str, Any] = {"session": gr.State(None, time_to_live=pool.caps.session_ttl_s),
+                          "sweep_results": gr.State(None, time_to_live=pool.caps.session_ttl_s)}
     with gr.Column(elem_classes=["d3-root"]) as root:
         ui["root"] = root
         _header(pool, facts, ui)
@@ -585,6 +681,16 @@ def _wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     ui["export_figure"].click(functools.partial(export_figure, pool),
                               _pick(ui, ("session", "figure", *SCHEDULE_INPUTS[:-1], "attention_layer",
                                          *VIEW_INPUTS)), ui["files"], api_name="export_figure", preprocess=False)
+    _wire_sweep(pool, ui)
+
+
+def _wire_sweep(pool: ModelPool, ui: dict[str, Any]) -> None:
+    ui["sweep_run"].click(functools.partial(run_sweep, pool), _pick(ui, SWEEP_INPUTS), _pick(ui, SWEEP_OUTPUTS),
+                          api_name="run_sweep", preprocess=False, concurrency_id="model",
+                          concurrency_limit=pool.caps.concurrency, trigger_mode="once")
+    ui["sweep_table"].select(load_sweep_setting, ui["sweep_results"], _pick(ui, SWEEP_LOAD_OUTPUTS),
+                             api_name="load_sweep_setting", queue=False)
+    ui["sweep_export"].click(export_sweep, ui["sweep_results"], ui["sweep_file"], api_name="export_sweep")
 
 
 def build_demo(engine_factory: Callable[[str], Engine] | None = None, *, caps: Caps | None = None,

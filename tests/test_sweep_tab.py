@@ -1,0 +1,120 @@
+"""The Sweep tab's handlers called directly (no server): a small bounded sweep, loading a row, CSV export."""
+
+from __future__ import annotations
+
+import json
+
+import gradio as gr
+import numpy as np
+import pandas as pd
+import pytest
+
+import app
+from d3.live import SWEEP_MAX_SETTINGS, Caps, ModelPool
+from d3.models import unknown_name_message
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+REQUEST = dict(model="tiny", chat_template=True, sweep_prompts="hello there", sweep_settings=list(app.SWEEP_DEFAULT),
+               sweep_tokens=6)
+OUT = {name: i for i, name in enumerate(app.SWEEP_OUTPUTS)}
+LOAD = {name: i for i, name in enumerate(app.SWEEP_LOAD_OUTPUTS)}
+
+
+@pytest.fixture(scope="module")
+def pool(tiny_engine) -> ModelPool:
+    def build(name: str):
+        if name != "tiny":
+            raise ValueError(unknown_name_message(name))
+        return tiny_engine
+    return ModelPool(build, names=("tiny",), caps=Caps(max_new_tokens=64))
+
+
+@pytest.fixture(scope="module")
+def swept(pool) -> tuple:
+    reports = []
+    out = app.run_sweep(pool, **REQUEST, progress=lambda fraction, desc=None: reports.append((fraction, desc)))
+    return out, reports
+
+
+def _select(index: int) -> gr.SelectData:
+    return gr.SelectData(None, {"index": [index, 0], "value": None, "row_value": [], "col_value": []})
+
+
+def test_sweep_gives_one_row_per_setting_and_a_matching_pareto_view(swept) -> None:
+    out, reports = swept
+    results, table, figure = out[OUT["sweep_results"]], out[OUT["sweep_table"]], out[OUT["sweep_pareto"]]
+    assert len(results) == len(table) == 1 + len(app.SWEEP_DEFAULT)  # the full-depth reference + each setting
+    assert list(table.columns) == app.SWEEP_TABLE_COLUMNS
+    assert table["strategy"].tolist() == ["full", "d3", "d3", "skipdecode", "unified"]
+    assert table["label"].tolist() == results["label"].tolist()
+    points = [t for t in figure.data if (t.meta or {}).get("role") == "points"]
+    xs = np.concatenate([np.asarray(t.x, dtype=float) for t in points])
+    ys = np.concatenate([np.asarray(t.y, dtype=float) for t in points])
+    assert sorted(zip(xs, ys)) == sorted(zip(results["measured_speedup"], results["agreement"]))
+    assert reports and reports[-1][0] == 1.0  # the progress bar reached the end
+    assert "Click a row" in out[OUT["sweep_note"]]
+
+
+@pytest.mark.parametrize("index", [1, 2, 3, 4])
+def test_selecting_a_row_loads_its_params_into_the_controls(swept, index) -> None:
+    results = swept[0][OUT["sweep_results"]]
+    row = results.iloc[index]
+    params = json.loads(row["params"])
+    values = app.load_sweep_setting(results, _select(index))
+    assert values[LOAD["strategy"]] == params["strategy"] and values[LOAD["fill"]] == params["fill"]
+    assert values[LOAD["max_new_tokens"]] == REQUEST["sweep_tokens"]
+    if params["strategy"] == "d3":
+        alpha = values[LOAD["alpha"]]
+        assert alpha["value"] == params["alpha"]
+        for name in ("start", "drop_order"):
+            assert values[LOAD[name]] == params[name]
+        for name in ("core_head", "core_tail"):
+            assert params[name] is None or values[LOAD[name]] == params[name]
+    elif params["strategy"] == "skipdecode":
+        assert values[LOAD["skipdecode_max"]] >= values[LOAD["skipdecode_min"]] >= 1
+        assert params["max_layers"] is None or values[LOAD["skipdecode_max"]] == params["max_layers"]
+        assert params["min_layers"] is None or values[LOAD["skipdecode_min"]] == params["min_layers"]
+    else:
+        assert values[LOAD["unified_ratio"]] == params["ratio"]
+    assert row["label"] in values[LOAD["sweep_note"]]
+
+
+def test_selecting_the_full_depth_row_or_nothing_is_a_clear_error(swept) -> None:
+    results = swept[0][OUT["sweep_results"]]
+    with pytest.raises(gr.Error, match="full-depth reference"):
+        app.load_sweep_setting(results, _select(0))
+    with pytest.raises(gr.Error, match="No sweep results"):
+        app.load_sweep_setting(None, _select(0))
+
+
+def test_export_writes_a_csv_with_the_same_rows(swept) -> None:
+    results = swept[0][OUT["sweep_results"]]
+    path = app.export_sweep(results)
+    assert path.endswith(".csv") and str(app.EXPORT_ROOT) in path
+    back = pd.read_csv(path)
+    assert len(back) == len(results) and back["label"].tolist() == results["label"].tolist()
+    assert np.allclose(back["measured_speedup"], results["measured_speedup"])
+    with pytest.raises(gr.Error, match="Nothing to export"):
+        app.export_sweep(None)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"sweep_prompts": ""}, "prompt is empty"),
+    ({"sweep_prompts": " \n \n"}, "prompt is empty"),
+    ({"sweep_prompts": "a\nb\nc"}, "at most 2"),
+    ({"sweep_settings": []}, "no settings chosen"),
+    ({"sweep_settings": ["d3_85", "magic"]}, "setting must be one of"),
+    ({"sweep_settings": list(app.SWEEP_MENU)}, f"at most {SWEEP_MAX_SETTINGS}"),
+    ({"sweep_tokens": 500}, r"new_tokens must be an integer in \[2, 24\]"),
+    ({"model": "no-such-model"}, "unknown model|not allowed"),
+])
+def test_bad_sweep_requests_are_clear_gr_errors(pool, overrides, message) -> None:
+    with pytest.raises(gr.Error, match=message):
+        app.run_sweep(pool, **{**REQUEST, **overrides}, progress=lambda *a, **k: None)
+
+
+def test_every_sweep_event_is_named() -> None:
+    fns = app.demo.fns.values() if isinstance(app.demo.fns, dict) else app.demo.fns
+    names = {fn.api_name for fn in fns if fn.fn is not None}
+    assert {"run_sweep", "load_sweep_setting", "export_sweep"} <= names

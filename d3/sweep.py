@@ -465,7 +465,9 @@ def _loglik_correct(engine: Any, cfg: StrategyConfig, example: Any, chat_templat
     from d3.data import format_answer, format_prompt
 
     tok = engine.tokenizer
-    prompt_ids = tok(format_prompt(example))["input_ids"]
+    # The options stay out of the prompt: the embedded model is above chance on the chosen tasks only
+    # when it ranks the answers without seeing them listed (see d3/data.py TASKS).
+    prompt_ids = tok(format_prompt(example, show_choices=False))["input_ids"]
     options = [tok(format_answer(c), add_special_tokens=False)["input_ids"] or [tok.unk_token_id or 0]
                for c in example.choices]
     width = max(len(o) for o in options)
@@ -746,6 +748,14 @@ def _words(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
+def _task_names(text: str) -> tuple[str, ...]:
+    """Comma-separated task names; "default" stands for the tasks the embedded model is above chance on."""
+    from d3.data import DEFAULT_TASKS
+
+    names = _words(text)
+    return DEFAULT_TASKS if names == ("default",) else names
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register `sweep` on an argparse subparsers object."""
     p = subparsers.add_parser("sweep", help="run a grid of D3 settings and baselines at matched depth",
@@ -767,7 +777,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--baseline-depths", default="", help="depths for baselines (default: --depths)")
     p.add_argument("--early-exit-measures", default="softmax_gap", help="softmax_gap,cosine")
     p.add_argument("--early-exit-depths", default="", help="depths for early exit (default: baseline depths)")
-    p.add_argument("--tasks", default="", help="BIG-bench tasks (d3.data.TASKS), comma separated")
+    p.add_argument("--tasks", default="", help="BIG-bench tasks (d3.data.TASKS), comma separated; 'default' for "
+                   "d3.data.DEFAULT_TASKS, the ones the embedded model is above chance on")
     p.add_argument("--task-limit", type=int, default=30)
     p.add_argument("--task-scoring", default="loglik", choices=TASK_SCORINGS)
     p.add_argument("--ppl-chunks", type=int, default=4)
@@ -786,7 +797,7 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
         product=args.product, baselines=_words(args.baselines),
         baseline_depths=_floats(args.baseline_depths) or None, early_exit_measures=_words(args.early_exit_measures),
         early_exit_depths=_floats(args.early_exit_depths) or None,
-        tasks=_words(args.tasks), task_limit=args.task_limit, task_scoring=args.task_scoring,
+        tasks=_task_names(args.tasks), task_limit=args.task_limit, task_scoring=args.task_scoring,
         ppl_chunks=args.ppl_chunks, chat_template=not args.no_chat_template)
 
 

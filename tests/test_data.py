@@ -145,6 +145,10 @@ def test_tasks_registry() -> None:
     for name, info in data.TASKS.items():
         assert info.name == name and info.kind in ("multiple_choice", "exact_match")
         assert 0.0 <= info.chance < 1.0 and info.summary
+    assert set(data.DEFAULT_TASKS) <= set(data.TASKS)
+    for name in data.DEFAULT_TASKS:  # picked because the embedded model is above chance on them
+        info = data.TASKS[name]
+        assert info.smollm2 is not None and info.smollm2 > info.chance + 0.05 and info.smollm2_n >= 50
 
 
 def test_ppl_text_is_real_shipped_text() -> None:

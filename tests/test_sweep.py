@@ -234,7 +234,10 @@ def test_loglik_scoring_sums_only_each_options_own_tokens(engine: Engine) -> Non
 
     ex = Example("t", "pick", ("a bb ccc", "d"), "d", 1, ("d",))
     # the padded batch must score each option exactly as it scores alone
-    prompt = engine.tokenizer("Q: pick\nOptions: a bb ccc; d\nA:")["input_ids"]
+    from d3.data import format_prompt
+
+    prompt = engine.tokenizer(format_prompt(ex, show_choices=False))["input_ids"]
+    assert "Options" not in format_prompt(ex, show_choices=False)
     alone = []
     for option in ex.choices:
         ids = engine.tokenizer(" " + option, add_special_tokens=False)["input_ids"]

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 import app
 from d3.live import Caps
-from tests.test_app_client import CountingEngine, serve, wait_until
-from tests.tiny import tiny_llama, tiny_tokenizer
+from tests.test_app_client import engine, serve, url, wait_until  # noqa: F401  (engine and url are shared fixtures)
 from viz.app_extras import VIEWS
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
@@ -34,16 +32,6 @@ PLOT_HAS_DATA = """(id) => {
 TOKENS_IN = "(id) => document.querySelectorAll(`#${id} .d3-tok`).length"
 
 
-@pytest.fixture(scope="module")
-def engine() -> CountingEngine:
-    return CountingEngine(tiny_llama(6), tiny_tokenizer(), name="tiny")
-
-
-@pytest.fixture(scope="module")
-def url(engine) -> Iterator[str]:
-    demo = app.build_demo(lambda name: engine, model_names=("tiny",), public=False, caps=Caps(max_new_tokens=64))
-    with serve(demo) as address:
-        yield address
 
 
 @pytest.fixture(scope="module")

@@ -40,6 +40,15 @@ class DecodeState:
         for layer, hole in self.holes.items():
             self.holes[layer] = torch.cat([hole, hole.new_zeros(b, 1)], dim=1)
 
+    def repeat(self, n: int) -> None:
+        """Turn a batch-1 state into n identical rows (one shared prefill for n continuations)."""
+        if self.attention_mask.shape[0] != 1:
+            raise ValueError(f"repeat needs a batch of 1, got {self.attention_mask.shape[0]}")
+        self.cache.batch_repeat_interleave(n)
+        self.attention_mask = self.attention_mask.expand(n, -1).contiguous()
+        self.next_positions = self.next_positions.expand(n, -1).contiguous()
+        self.holes = {layer: hole.expand(n, -1).contiguous() for layer, hole in self.holes.items()}
+
     def mark_hole(self, layer: int) -> None:
         """The newest position of `layer` holds no real KV entry."""
         if layer not in self.holes:

@@ -255,6 +255,33 @@ class Engine:
             pass
         return last
 
+    def score_continuations(self, prompt_ids: Sequence[int], continuations: Sequence[Sequence[int]],
+                            strategy: StrategyConfig = FullConfig()) -> list[float]:
+        """Summed log-probability of each continuation after the prompt, read under `strategy`.
+
+        The prompt is prefilled once at full depth (as `run` does) and its cache shared by every
+        continuation; token k of a continuation is fed at decode step k, so it sees the same layer plan
+        as in `run(..., forced=...)`. Continuations may differ in length."""
+        self.check(strategy, TRACE_OFF)
+        if not prompt_ids or not continuations or any(len(c) == 0 for c in continuations):
+            raise ValueError("score_continuations needs a non-empty prompt and non-empty continuations")
+        width = max(len(c) for c in continuations)
+        padded = torch.tensor([list(c) + [c[0]] * (width - len(c)) for c in continuations], device=self.device)
+        own = torch.tensor([[k < len(c) for k in range(width)] for c in continuations], device=self.device)
+        early = strategy if isinstance(strategy, EarlyExitConfig) else None
+        ids = torch.tensor([list(prompt_ids)], device=self.device)
+        with self._lock, torch.inference_mode():
+            state, out = prefill(self.adapter, ids, torch.ones_like(ids))
+            state.repeat(len(continuations))
+            first = torch.log_softmax(out.logits.float(), dim=-1)[0, padded[:, 0]]  # [n]
+            total = first.clone()
+            for step in range(1, width):
+                out = decode_one_token(self.adapter, state, padded[:, step - 1], plan(strategy, self.num_layers, step),
+                                       strategy.fill, early_exit=early)
+                lp = torch.log_softmax(out.logits.float(), dim=-1).gather(1, padded[:, step:step + 1])[:, 0]
+                total += torch.where(own[:, step], lp, torch.zeros_like(lp))
+        return total.tolist()
+
     def full_depth_logprobs(self, prompt: str, tokens: Sequence[int], chat_template: bool = True) -> torch.Tensor:
         """Full-depth next-token log-probs after the prompt and after each of `tokens`: float32 [len(tokens), vocab]."""
         ids, mask = self.encode([prompt], chat_template)

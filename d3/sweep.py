@@ -460,8 +460,7 @@ def load_examples(spec: SweepSpec) -> dict[str, list[Any]]:
 def _loglik_correct(engine: Any, cfg: StrategyConfig, example: Any, chat_template: bool) -> bool:
     """Pick the option whose tokens have the highest summed log-probability, read under the schedule.
 
-    All options of one example run as one batch; shorter options are padded with a repeat of their first
-    token and only their own tokens are summed."""
+    The prompt is prefilled once and shared by all options (`Engine.score_continuations`)."""
     from d3.data import format_answer, format_prompt
 
     tok = engine.tokenizer
@@ -470,11 +469,7 @@ def _loglik_correct(engine: Any, cfg: StrategyConfig, example: Any, chat_templat
     prompt_ids = tok(format_prompt(example, show_choices=False))["input_ids"]
     options = [tok(format_answer(c), add_special_tokens=False)["input_ids"] or [tok.unk_token_id or 0]
                for c in example.choices]
-    width = max(len(o) for o in options)
-    forced = [o + [o[0]] * (width - len(o)) for o in options]
-    gen = GenerationConfig(max_new_tokens=width, stop_at_eos=False)
-    traces = engine.generate_batch([prompt_ids] * len(options), cfg, gen, TRACE_OFF, forced=forced)
-    scores = [sum(s.logprob for s in t.steps[: len(o)]) for t, o in zip(traces, options)]
+    scores = engine.score_continuations(prompt_ids, options, cfg)
     return int(np.argmax(scores)) == example.target_index
 
 

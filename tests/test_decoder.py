@@ -273,3 +273,34 @@ def test_no_stop_at_eos_records_every_step(tiny_model, tiny_tok):
     engine.eos_ids = {free[3]}
     trace = engine.generate(PROMPT, FullConfig(), GREEDY, TRACE_OFF)
     assert len(trace.steps) == GREEDY.max_new_tokens and trace.token_ids == free
+
+
+@pytest.mark.parametrize("strategy", [
+    FullConfig(),
+    D3Config(alpha=0.8, core_head=1, core_tail=1),
+    D3Config(alpha=0.8, core_head=1, core_tail=0, drop_order="strided", fill="none"),
+    D3Config(alpha=0.8, core_head=1, core_tail=0, drop_order="strided", fill="propagate"),
+    UnifiedConfig(ratio=2.0),
+    EarlyExitConfig(threshold=0.01, min_layers=1, measure="cosine"),
+])
+def test_score_continuations_shares_one_prefill_and_matches_forced_runs(tiny_engine, strategy):
+    prompt = tiny_engine.tokenizer("hello world")["input_ids"]
+    options = [[5, 9, 13, 21, 30], [7], [11, 12, 40]]
+    alone = []
+    for option in options:
+        gen = GenerationConfig(max_new_tokens=len(option), stop_at_eos=False)
+        trace = tiny_engine.generate_batch([prompt], strategy, gen, forced=[option])[0]
+        assert len(trace.steps) == len(option)
+        alone.append(sum(s.logprob for s in trace.steps))
+    shared = tiny_engine.score_continuations(prompt, options, strategy)
+    assert shared == pytest.approx(alone, abs=1e-4)
+    # the scores depend on the schedule: skipping layers moves them away from full depth
+    if not isinstance(strategy, FullConfig):
+        assert shared != pytest.approx(tiny_engine.score_continuations(prompt, options), abs=1e-4)
+
+
+def test_score_continuations_rejects_empty_input(tiny_engine):
+    with pytest.raises(ValueError, match="non-empty"):
+        tiny_engine.score_continuations([], [[1]])
+    with pytest.raises(ValueError, match="non-empty"):
+        tiny_engine.score_continuations([1, 2], [[1], []])

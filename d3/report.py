@@ -47,6 +47,25 @@ def task_frame(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["task", "strategy", "label", "accuracy", "accuracy_full", "chance", "n"])
 
 
+def task_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per-task accuracy beside its chance level: a "chance" row, a "full depth" row, then one row per setting
+    (sweep order); one column per task, each cell "accuracy (difference from full depth in points)"."""
+    tasks = task_frame(df)
+    if tasks.empty:
+        return pd.DataFrame()
+    order = list(dict.fromkeys(tasks["task"]))
+    first = tasks.drop_duplicates("task").set_index("task")
+    rows = [{"setting": "chance", **{t: f"{first.loc[t, 'chance']:.1%}" for t in order}},
+            {"setting": f"full depth (n per task: {', '.join(str(int(first.loc[t, 'n'])) for t in order)})",
+             **{t: f"{first.loc[t, 'accuracy_full']:.1%}" for t in order}}]
+    for label, group in tasks[tasks["strategy"] != "full"].groupby("label", sort=False):
+        by_task = group.set_index("task")
+        rows.append({"setting": label, **{t: f"{by_task.loc[t, 'accuracy']:.1%} "
+                                             f"({(by_task.loc[t, 'accuracy'] - by_task.loc[t, 'accuracy_full']) * 100:+.1f})"
+                                          for t in order if t in by_task.index}})
+    return pd.DataFrame(rows, columns=["setting", *order])
+
+
 # ---------------------------------------------------------------- the headline
 
 
@@ -227,8 +246,12 @@ def summary_markdown(df: pd.DataFrame, *, title: str = "Sweep summary") -> str:
     """Headline, the matched-depth table and every setting, as markdown (for results/SUMMARY.md)."""
     h = headline(df)
     parts = [f"# {title}", "", _context_text(df), "", "## Headline", "", h["text"], "",
-             "## At matched mean depth", "", markdown_table(matched_table(df), ("target_depth", *MATCHED_COLUMNS)), "",
-             "## All settings", "", markdown_table(df, TABLE_COLUMNS), ""]
+             "## At matched mean depth", "", markdown_table(matched_table(df), ("target_depth", *MATCHED_COLUMNS)), ""]
+    tasks = task_table(df)
+    if not tasks.empty:
+        parts += ["## Task accuracy beside chance", "", "Accuracy per task (difference from full depth in points).", "",
+                  markdown_table(tasks, tasks.columns), ""]
+    parts += ["## All settings", "", markdown_table(df, TABLE_COLUMNS), ""]
     return "\n".join(parts)
 
 
@@ -331,7 +354,11 @@ def render_html(df: pd.DataFrame, records: list[dict[str, Any]], *, title: str =
         parts.append(fig.to_html(full_html=False, include_plotlyjs=False))
         parts.append("</section>")
     parts += ["<section><h2>At matched mean depth</h2>", _table_html(matched_table(df), ("target_depth", *MATCHED_COLUMNS)),
-              "</section><section><h2>All settings</h2>", _table_html(df, TABLE_COLUMNS), "</section>"]
+              "</section>"]
+    tasks = task_table(df)
+    if not tasks.empty:
+        parts += ["<section><h2>Task accuracy beside chance</h2>", _table_html(tasks, tasks.columns), "</section>"]
+    parts += ["<section><h2>All settings</h2>", _table_html(df, TABLE_COLUMNS), "</section>"]
     head = (f"<head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{CSS}</style>"
             f"<script type='text/javascript'>{get_plotlyjs()}</script></head>")
     return f"<!DOCTYPE html><html>{head}<body>{''.join(parts)}</body></html>"

@@ -97,6 +97,20 @@ def test_task_frame_expands_per_task_accuracy() -> None:
     assert tasks.loc[(tasks["label"] == "uni") & (tasks["task"] == "t1"), "accuracy"].item() == 0.62
 
 
+def test_task_table_puts_chance_beside_each_accuracy_and_the_difference_in_points() -> None:
+    table = report.task_table(synthetic())
+    assert list(table.columns) == ["setting", "t1", "t2"]
+    assert table.iloc[0].tolist() == ["chance", "50.0%", "50.0%"]
+    assert table.iloc[1]["setting"].startswith("full depth") and table.iloc[1]["t1"] == "60.0%"
+    uni = table[table["setting"] == "uni"].iloc[0]
+    assert uni["t1"] == "62.0% (+2.0)" and uni["t2"] == "52.0% (+2.0)"
+    assert len(table) == 2 + len(synthetic()) - 1  # chance, full depth, then every non-full setting
+    assert report.task_table(synthetic(with_accuracy=False)).empty
+    md = report.summary_markdown(synthetic())
+    assert "## Task accuracy beside chance" in md and "| uni | 62.0% (+2.0) | 52.0% (+2.0) |" in md
+    assert "Task accuracy beside chance" not in report.summary_markdown(synthetic(with_accuracy=False))
+
+
 def _dominated(points: np.ndarray, i: int, higher: bool) -> bool:
     s = np.array([1.0, 1.0 if higher else -1.0])
     p = points * s
@@ -138,7 +152,7 @@ def test_report_html_is_self_contained_with_every_figure(tmp_path: Path) -> None
     n_figs = len(re.findall(r"Plotly\.newPlot\(", text))
     assert n_figs == 5 + 1 + 1 + 1  # five Pareto views, per-task delta, layers vs step, block change
     for heading in ("Headline", "Accuracy difference per task", "Layers vs step", "Change per block across layers",
-                    "At matched mean depth", "All settings"):
+                    "At matched mean depth", "Task accuracy beside chance", "All settings"):
         assert heading in text, heading
     assert "d3 fast ok" in text and "<table" in text
 

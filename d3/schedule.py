@@ -188,4 +188,7 @@ def alpha_for_mean_depth(target_fraction: float, num_layers: int, steps: int, co
             lo = mid
         else:
             hi = mid
-    return round(best[1], 6)
+    # Six decimals for a readable label, rounded towards whichever neighbour lands closer to the target: plain
+    # rounding can turn 0.9999999 (skip one layer per token) into 1.0 (skip nothing).
+    candidates = (round(best[1], 6), math.floor(best[1] * 1e6) / 1e6, math.ceil(best[1] * 1e6) / 1e6)
+    return min(candidates, key=lambda a: abs(mean_fraction(a) - target_fraction))

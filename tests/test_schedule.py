@@ -134,3 +134,12 @@ def test_alpha_for_mean_depth_hits_target():
 def test_negative_step_rejected():
     with pytest.raises(ValueError, match="step"):
         plan(FullConfig(), 30, -1)
+
+
+def test_alpha_for_a_depth_just_below_full_keeps_skipping():
+    # floor(L * alpha**i) < L for any alpha < 1, so the lightest D3 schedule runs L-1 layers per decoded token;
+    # 0.97 of 30 layers over 40 tokens is closest to it, and the rounded alpha must not snap back to 1.0
+    alpha = alpha_for_mean_depth(0.97, 30, 40)
+    assert alpha < 1.0
+    assert budgets(D3Config(alpha=alpha), 30, 40) == [30] + [29] * 39
+    assert alpha_for_mean_depth(0.999, 30, 40) == 1.0  # nearer to full depth than to any skipping schedule

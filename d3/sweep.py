@@ -256,7 +256,16 @@ def threshold_for_depth(profiles: Sequence[Sequence[float]], min_exit: int, num_
 
 def _d3_label(cfg: D3Config, num_layers: int) -> str:
     head, tail = cfg.core(num_layers)
-    return f"d3 α={cfg.alpha:.4f} core={head}+{tail} start={cfg.start} {cfg.fill} {cfg.drop_order}"
+    return f"d3 α={_alpha_text(cfg.alpha)} core={head}+{tail} start={cfg.start} {cfg.fill} {cfg.drop_order}"
+
+
+def _alpha_text(alpha: float) -> str:
+    """Four decimals, or as many (up to 8) as it takes to tell an alpha below 1 from 1 (0.999999)."""
+    for digits in range(4, 9):
+        text = f"{alpha:.{digits}f}"
+        if alpha == 1.0 or float(text) < 1.0:
+            return text
+    return repr(alpha)
 
 
 def d3_settings(spec: SweepSpec, num_layers: int) -> list[Setting]:

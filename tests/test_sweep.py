@@ -268,3 +268,11 @@ def test_theoretical_speedup_uses_the_planned_depth_where_the_schedule_is_fixed(
     got = sweep.theoretical_columns(20.0, 26.0, 30, 8.0)
     assert got == {"theoretical_speedup": 1.5, "theoretical_speedup_fixed": pytest.approx(38 / 28)}
     assert sweep.theoretical_columns(float("nan"), 24.0, 30, 0.0)["theoretical_speedup"] == 1.25  # early exit
+
+
+def test_d3_labels_tell_an_alpha_just_below_one_from_full_depth() -> None:
+    from d3.config import D3Config
+
+    assert "α=0.999999 " in sweep._d3_label(D3Config(alpha=0.999999), 30)
+    assert "α=1.0000 " in sweep._d3_label(D3Config(alpha=1.0), 30)
+    assert "α=0.9792 " in sweep._d3_label(D3Config(alpha=0.979184), 30)

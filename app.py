@@ -58,6 +58,7 @@ from viz import counters_html, to_html, token_html
 
 log = logging.getLogger("d3.app")
 CSS_PATH = Path(__file__).resolve().parent / "assets" / "style.css"
+SWEEP_CLICK_JS = CSS_PATH.with_name("sweep_click.js")
 EXPORT_ROOT = Path(tempfile.gettempdir()) / "d3-explorer-exports"
 EXPORT_TTL_S = 3600
 
@@ -77,15 +78,15 @@ FIGURES = ("usage", "decay", "planned", "flow", "attention", "errors", "fills")
 SWEEP_INPUTS = ("model", "chat_template", "sweep_prompts", "sweep_settings", "sweep_tokens")
 SWEEP_OUTPUTS = ("sweep_results", "sweep_table", "sweep_pareto", "sweep_note")
 SWEEP_LOAD_OUTPUTS = ("strategy", "alpha", "core_head", "core_tail", "start", "drop_order", "fill", "max_new_tokens",
-                      "unified_ratio", "skipdecode_max", "skipdecode_min", "sweep_note")
+                      "unified_ratio", "skipdecode_max", "skipdecode_min", "sweep_note", "modes", "status")
 SWEEP_EXPLAIN = (
     "**Sweep**: measure a few settings against full depth on your prompts (timing and greedy agreement / KL per "
-    "setting) and see them on the speed–quality plane with the Pareto front. "
-    "**Click a row of the table** to load that setting into the controls above, then press Generate to watch it "
-    "side by side (clicking a point on the plot does not load it: use the table). The full-depth row is the "
-    "reference and loads nothing. With the defaults (1 prompt, 16 tokens, 4 settings) it takes about 20 s for "
-    "SmolLM2-135M on a 2-core CPU (the largest request, 2 prompts × 24 tokens, about twice that); timings are "
-    "noisy with one repeat, above all on a busy machine.")
+    "setting) with the model chosen in the Live tab, and see them on the speed–quality plane with the Pareto front. "
+    "**Click a point of the plot or a row of the table** to load that setting into the Live tab's controls, then "
+    "press Generate there to watch it side by side with full depth. The full-depth row is the reference and loads "
+    "nothing. With the defaults (1 prompt, 16 tokens, 4 settings) it takes about 20 s for SmolLM2-135M on a 2-core "
+    "CPU (the largest request, 2 prompts × 24 tokens, about twice that); timings are noisy with one repeat, above "
+    "all on a busy machine.")
 
 
 # ---------------------------------------------------------------- small helpers
@@ -413,17 +414,29 @@ def run_sweep(pool: ModelPool, model: str, chat_template: bool, sweep_prompts: s
         engine = pool.engine(name)
         df = run_small_sweep(engine, spec, progress=lambda fraction, desc: progress(fraction, desc=desc))
     note = (f"Measured {len(df)} rows ({len(df) - 1} settings + the full-depth reference) on {len(spec.prompts)} "
-            f"prompt(s), {spec.max_new_tokens} new tokens. Click a row to load its setting into the controls.")
+            f"prompt(s), {spec.max_new_tokens} new tokens. Click a point or a row to load its setting into the "
+            "controls.")
     return ordered(SWEEP_OUTPUTS, sweep_results=df, sweep_table=sweep_table(df), sweep_pareto=_sweep_figure(df),
                    sweep_note=note)
 
 
 def load_sweep_setting(sweep_results: pd.DataFrame | None, evt: gr.SelectData) -> tuple[Any, ...]:
     """A clicked table row sets the live controls to that row's strategy and parameters."""
+    index = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
+    return _load_sweep_row(sweep_results, index)
+
+
+def load_sweep_point(sweep_results: pd.DataFrame | None, sweep_point: str) -> tuple[Any, ...]:
+    """A clicked point of the Pareto view ("ROW@stamp", written by assets/sweep_click.js) loads that row."""
+    return _load_sweep_row(sweep_results, str(sweep_point or "").partition("@")[0].strip())
+
+
+def _load_sweep_row(sweep_results: pd.DataFrame | None, index: Any) -> tuple[Any, ...]:
     if sweep_results is None or len(sweep_results) == 0:
         raise gr.Error("No sweep results yet: press Run sweep first.", print_exception=False)
-    index = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
     try:
+        if int(index) < 0:
+            raise IndexError(index)
         row = sweep_results.reset_index(drop=True).iloc[int(index)]
     except (TypeError, ValueError, IndexError):
         raise gr.Error("That row is not in the sweep's results.", print_exception=False) from None
@@ -432,7 +445,8 @@ def load_sweep_setting(sweep_results: pd.DataFrame | None, evt: gr.SelectData) -
     if "alpha" in values:  # a tuned alpha below the slider's range widens it rather than being clipped
         values["alpha"] = gr.update(value=values["alpha"], minimum=min(0.8, values["alpha"]))
     note = f"Loaded **{row['label']}** into the controls: press Generate to run it side by side with full depth."
-    return ordered(SWEEP_LOAD_OUTPUTS, sweep_note=note, **values)
+    status = views.status_html(None, None, f"Loaded from the sweep: {row['label']}. Press Generate to run it.")
+    return ordered(SWEEP_LOAD_OUTPUTS, sweep_note=note, modes=gr.Tabs(selected="live"), status=status, **values)
 
 
 def export_sweep(sweep_results: pd.DataFrame | None) -> str:
@@ -536,7 +550,6 @@ def _tabs(pool: ModelPool, facts: Any, ui: dict[str, Any]) -> None:
                                            label="Figure to export")
                 ui["export_figure"] = gr.Button("Download figure (standalone HTML)")
             ui["files"] = gr.File(label="Files", file_count="multiple", interactive=False)
-        _sweep_tab(pool, ui)
 
 
 def _sweep_tab(pool: ModelPool, ui: dict[str, Any]) -> None:
@@ -554,20 +567,20 @@ def _sweep_tab(pool: ModelPool, ui: dict[str, Any]) -> None:
             with gr.Column(scale=1, min_width=220):
                 top = min(SWEEP_MAX_NEW_TOKENS, max(pool.caps.max_new_tokens, SWEEP_MIN_NEW_TOKENS))
                 ui["sweep_tokens"] = gr.Slider(SWEEP_MIN_NEW_TOKENS, top, value=min(16, top), step=1,
-                                               label=f"New tokens per run (at most {top})")
+                                               label=f"New tokens per run (at most {top})", elem_id="sweep-tokens")
                 ui["sweep_run"] = gr.Button("Run sweep", variant="primary", elem_id="sweep-run")
                 ui["sweep_export"] = gr.Button("Download results (CSV)")
-        ui["sweep_note"] = gr.Markdown()
+        ui["sweep_note"] = gr.Markdown(elem_id="sweep-note")
         ui["sweep_pareto"] = gr.Plot(show_label=False, elem_id="plot-sweep")
+        # written by assets/sweep_click.js when a point of the Pareto view is clicked
+        ui["sweep_point"] = gr.Textbox(visible="hidden", elem_id="sweep-point", show_label=False)
         ui["sweep_table"] = gr.Dataframe(pd.DataFrame(columns=SWEEP_TABLE_COLUMNS), interactive=False,
-                                         label="Results (click a row to load it into the controls)")
+                                         label="Results (click a row, or a point above, to load it into the controls)")
         ui["sweep_file"] = gr.File(label="Sweep CSV", interactive=False)
 
 
 def _header(pool: ModelPool, facts: Any, ui: dict[str, Any]) -> None:
     prompts = example_prompts()
-    gr.Markdown("# D3 Explorer: depth decay decoding, live")
-    gr.Markdown(views.INTRO)
     with gr.Row():
         with gr.Column(scale=3):
             ui["prompt"] = gr.Textbox(prompts[0]["prompt"], label="Prompt", lines=3, max_lines=12,
@@ -595,12 +608,17 @@ def _layout(pool: ModelPool, facts: Any) -> dict[str, Any]:
                           "sweep_results": gr.State(None, time_to_live=pool.caps.session_ttl_s)}
     with gr.Column(elem_classes=["d3-root"]) as root:
         ui["root"] = root
-        _header(pool, facts, ui)
-        with gr.Accordion("Controls", open=True):
-            _controls(pool, facts, ui)
-        ui["status"] = gr.HTML(views.status_html(None, None, "Ready: press Generate."), elem_id="status")
-        _panes(ui)
-        _tabs(pool, facts, ui)
+        gr.Markdown("# D3 Explorer: depth decay decoding, live")
+        gr.Markdown(views.INTRO)
+        with gr.Tabs(elem_id="modes") as ui["modes"]:
+            with gr.Tab("Live: D3 vs full depth", id="live"):
+                _header(pool, facts, ui)
+                with gr.Accordion("Controls", open=True):
+                    _controls(pool, facts, ui)
+                ui["status"] = gr.HTML(views.status_html(None, None, "Ready: press Generate."), elem_id="status")
+                _panes(ui)
+                _tabs(pool, facts, ui)
+            _sweep_tab(pool, ui)
     return ui
 
 
@@ -681,15 +699,18 @@ def _wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     ui["export_figure"].click(functools.partial(export_figure, pool),
                               _pick(ui, ("session", "figure", *SCHEDULE_INPUTS[:-1], "attention_layer",
                                          *VIEW_INPUTS)), ui["files"], api_name="export_figure", preprocess=False)
-    _wire_sweep(pool, ui)
+    _wire_sweep(pool, ui, demo)
 
 
-def _wire_sweep(pool: ModelPool, ui: dict[str, Any]) -> None:
+def _wire_sweep(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     ui["sweep_run"].click(functools.partial(run_sweep, pool), _pick(ui, SWEEP_INPUTS), _pick(ui, SWEEP_OUTPUTS),
                           api_name="run_sweep", preprocess=False, concurrency_id="model",
                           concurrency_limit=pool.caps.concurrency, trigger_mode="once")
     ui["sweep_table"].select(load_sweep_setting, ui["sweep_results"], _pick(ui, SWEEP_LOAD_OUTPUTS),
                              api_name="load_sweep_setting", queue=False)
+    ui["sweep_point"].change(load_sweep_point, _pick(ui, ("sweep_results", "sweep_point")),
+                            _pick(ui, SWEEP_LOAD_OUTPUTS), api_name="load_sweep_point", queue=False)
+    demo.load(None, js=SWEEP_CLICK_JS.read_text(encoding="utf-8"), api_name=False)
     ui["sweep_export"].click(export_sweep, ui["sweep_results"], ui["sweep_file"], api_name="export_sweep")
 
 

@@ -165,3 +165,42 @@ def test_the_embedded_model_in_the_page(browser) -> None:
                 page.locator(f"#plot-{key}").screenshot(path=str(ARTIFACTS / f"browser_embedded_{key}.png"))
         finally:
             page.close()
+
+
+# Where on the screen a D3 point of the Sweep tab's Pareto view is, and a listener that remembers what a click hit.
+D3_POINT = """() => {
+  const plot = document.querySelector('#plot-sweep .js-plotly-plot');
+  window.__clicked = null;
+  plot.on('plotly_click', (e) => { window.__clicked = {row: e.points[0].customdata, text: e.points[0].text}; });
+  const t = plot.data.findIndex(d => d.meta && d.meta.role === 'points' && d.meta.name === 'd3');
+  const group = document.querySelectorAll('#plot-sweep .scatterlayer .trace')[t];
+  const r = group.querySelector('path.point').getBoundingClientRect();
+  return {x: r.x + r.width / 2, y: r.y + r.height / 2};
+}"""
+
+
+def test_clicking_a_sweep_point_loads_its_setting_into_the_live_controls(browser, url) -> None:
+    page = open_page(browser, url)
+    try:
+        page.get_by_role("tab", name="Sweep").click()
+        page.fill("#sweep-tokens input[type=number]", "6")
+        page.click("#sweep-run")
+        page.wait_for_function(PLOT_HAS_DATA, arg="plot-sweep", timeout=TIMEOUT_MS)
+        page.wait_for_function("() => document.querySelector('#sweep-note').innerText.includes('Click a point')")
+        page.locator("#plot-sweep").scroll_into_view_if_needed()
+        page.screenshot(path=str(ARTIFACTS / "browser_sweep_tab.png"), full_page=True)
+        point = page.evaluate(D3_POINT)
+        page.mouse.move(point["x"], point["y"])
+        page.mouse.click(point["x"], point["y"])
+        page.wait_for_function("() => window.__clicked !== null")
+        clicked = page.evaluate("() => window.__clicked")
+        label = clicked["text"].split(" · ")[0]
+        assert label.startswith("d3 α=")
+        page.wait_for_function("(l) => document.querySelector('#sweep-note').innerText.includes('Loaded ' + l)",
+                               arg=label)
+        alpha = float(page.input_value("#alpha input[type=number]"))
+        assert alpha == pytest.approx(float(label.split("α=")[1].split()[0]), abs=1e-3)  # the live α is the point's
+        assert f"Loaded from the sweep: {label}" in page.inner_text("#status")  # shown on the Live tab it moved to
+        page.screenshot(path=str(ARTIFACTS / "browser_sweep.png"), full_page=True)
+    finally:
+        page.close()

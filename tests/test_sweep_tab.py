@@ -53,7 +53,7 @@ def test_sweep_gives_one_row_per_setting_and_a_matching_pareto_view(swept) -> No
     ys = np.concatenate([np.asarray(t.y, dtype=float) for t in points])
     assert sorted(zip(xs, ys)) == sorted(zip(results["measured_speedup"], results["agreement"]))
     assert reports and reports[-1][0] == 1.0  # the progress bar reached the end
-    assert "Click a row" in out[OUT["sweep_note"]]
+    assert "Click a point or a row" in out[OUT["sweep_note"]]
 
 
 @pytest.mark.parametrize("index", [1, 2, 3, 4])
@@ -88,6 +88,30 @@ def test_selecting_the_full_depth_row_or_nothing_is_a_clear_error(swept) -> None
         app.load_sweep_setting(None, _select(0))
 
 
+def test_clicking_a_pareto_point_loads_the_row_it_was_drawn_from(swept) -> None:
+    results, figure = swept[0][OUT["sweep_results"]], swept[0][OUT["sweep_pareto"]]
+    points = [t for t in figure.data if (t.meta or {}).get("role") == "points"]
+    drawn = sorted(int(i) for t in points for i in t.customdata)
+    assert drawn == list(range(len(results)))  # every row is exactly one point
+    for trace in points:
+        for i, x in zip(trace.customdata, trace.x):
+            assert x == results.iloc[int(i)]["measured_speedup"]
+            if int(i) == 0:
+                continue  # the full-depth reference loads nothing (tested below)
+            by_point = app.load_sweep_point(results, f"{int(i)}@1732350000000")
+            by_row = app.load_sweep_setting(results, _select(int(i)))
+            assert [v for k, v in enumerate(by_point) if k != LOAD["modes"]] == \
+                [v for k, v in enumerate(by_row) if k != LOAD["modes"]]
+            assert "Loaded from the sweep" in by_point[LOAD["status"]]
+            assert by_point[LOAD["modes"]].selected == "live"  # and the page goes to the Live tab
+
+
+@pytest.mark.parametrize("value", ["", "@5", "x@1", "-1@2", "99@1", "1.5"])
+def test_a_bad_point_value_is_a_clear_error(swept, value) -> None:
+    with pytest.raises(gr.Error, match="not in the sweep's results"):
+        app.load_sweep_point(swept[0][OUT["sweep_results"]], value)
+
+
 def test_export_writes_a_csv_with_the_same_rows(swept) -> None:
     results = swept[0][OUT["sweep_results"]]
     path = app.export_sweep(results)
@@ -117,4 +141,4 @@ def test_bad_sweep_requests_are_clear_gr_errors(pool, overrides, message) -> Non
 def test_every_sweep_event_is_named() -> None:
     fns = app.demo.fns.values() if isinstance(app.demo.fns, dict) else app.demo.fns
     names = {fn.api_name for fn in fns if fn.fn is not None}
-    assert {"run_sweep", "load_sweep_setting", "export_sweep"} <= names
+    assert {"run_sweep", "load_sweep_setting", "load_sweep_point", "export_sweep"} <= names

@@ -108,6 +108,7 @@ def pareto(df: pd.DataFrame, *, x: str = "measured_speedup", y: str = "agreement
         data.append(go.Scatter(
             x=rows[x], y=rows[y], mode="markers", name=str(group),
             text=[_point_hover(r, on_front[i]) for i, r in rows.iterrows()], hovertemplate="%{text}<extra></extra>",
+            customdata=rows.index.tolist(),  # the row of `df` each point is: a click on it can load that setting
             marker=dict(color=color, size=[14 if on_front[i] else 10 for i in rows.index],
                         line=dict(color="#111827", width=[2 if on_front[i] else 0 for i in rows.index])),
             meta={"role": "points", "name": str(group)}))
@@ -118,7 +119,7 @@ def pareto(df: pd.DataFrame, *, x: str = "measured_speedup", y: str = "agreement
         marker, region = _target(df, x, y, target, higher)
         data += marker
         shapes += region
-    layout = dict(shapes=shapes, xaxis=dict(title=dict(text=f"{x.replace('_', ' ')} (×, higher = faster)")),
+    layout = dict(shapes=shapes, hovermode="closest", xaxis=dict(title=dict(text=f"{x.replace('_', ' ')} (×, higher = faster)")),
                   yaxis=dict(title=dict(text=QUALITY_METRICS.get(y, (y,))[0])))
     title = title if title is not None else f"Quality vs {x.replace('_', ' ')}"
     return make_figure(data, layout, title=title, presentation=presentation, height=height or 520)

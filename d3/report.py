@@ -142,13 +142,16 @@ LOSS_METRICS: dict[str, tuple[bool, str]] = {
 
 
 def where_d3_loses(df: pd.DataFrame) -> list[str]:
-    """Plain sentences: at each matched depth, every metric on which a baseline beats D3's base setting."""
+    """Plain sentences: at each matched depth, every metric on which a baseline that skips layers beats D3's
+    base setting."""
     out = []
     for depth, group in matched_table(df).groupby("target_depth", sort=False):
         d3 = _d3_at(group)
         if d3 is None:
             continue
-        for _, other in group[group["strategy"] != "d3"].iterrows():
+        # a baseline tuned to this depth that skips nothing (its grid has no closer setting) is full depth
+        others = group[(group["strategy"] != "d3") & (group["theoretical_speedup_fixed"] > 1 + 1e-9)]
+        for _, other in others.iterrows():
             for metric, (higher, words) in LOSS_METRICS.items():
                 a, b = _num(d3[metric]), _num(other[metric])
                 if a is None or b is None:
@@ -158,6 +161,18 @@ def where_d3_loses(df: pd.DataFrame) -> list[str]:
                     out.append(f"at {depth:.0%} depth, {other['label']} beats D3 ({d3['label']}) on {words}: "
                                f"{_fmt(b, metric)} vs {_fmt(a, metric)}")
     return out
+
+
+def accuracy_by_depth(matched: pd.DataFrame) -> list[str]:
+    """One line per matched depth: the task accuracy of each strategy's first setting that skips layers there."""
+    lines = []
+    runs = matched[(matched["theoretical_speedup_fixed"] > 1 + 1e-9) & matched["accuracy"].notna()]
+    for depth, group in runs.groupby("target_depth", sort=False):
+        firsts = group.drop_duplicates("strategy")
+        if len(firsts) > 1:
+            lines.append(f"at {depth:.0%} depth: " + ", ".join(f"{r['strategy']} {r['accuracy']:.1%}"
+                                                            for _, r in firsts.iterrows()))
+    return lines
 
 
 def _fmt(x: float | None, metric: str = "") -> str:
@@ -188,6 +203,7 @@ def headline(df: pd.DataFrame) -> dict[str, Any]:
         "accuracy_flat": bool(df["accuracy"].notna().any() and (df["accuracy"] - df["accuracy_full"]).abs().max() < 1e-12),
         "ppl_full": _num(full["ppl"]) if full is not None else None,
         "accuracy_full": _num(full["accuracy"]) if full is not None else None,
+        "accuracy_by_depth": accuracy_by_depth(matched),
         "limits": f"perplexity within {PPL_LIMIT:.0%} of full depth, task accuracy within {ACC_LIMIT * 100:.0f} point",
     }
     result["text"] = headline_text(result)
@@ -214,6 +230,10 @@ def headline_text(h: dict[str, Any]) -> str:
                      "an answer decided by its first token is decided by the full-depth prefill: with short direct "
                      "answers this metric cannot separate the strategies (the paper's BBH runs use chain-of-thought, "
                      "where the answer comes many decoded tokens later).")
+    if h.get("accuracy_by_depth"):
+        lines.append(f"- Task accuracy at matched depth (full depth {h['accuracy_full']:.1%}; each strategy's first "
+                     "setting at that depth):")
+        lines += [f"  - {line}" for line in h["accuracy_by_depth"]]
     if h.get("noise") is not None:
         lines.append(f"- Timing noise: full depth against itself measured {h['noise']:.2f}x.")
     paper = h["best"].get("d3")
@@ -350,7 +370,7 @@ def render_html(df: pd.DataFrame, records: list[dict[str, Any]], *, title: str =
     parts = [f"<h1>{html.escape(title)}</h1>", _context(df), "<section><h2>Headline</h2>", _markdown_html(h["text"]),
              "</section>"]
     for name, fig in figures(df, records):
-        parts.append(f"<section><h2>{html.escape(name.capitalize())}</h2>")
+        parts.append(f"<section><h2>{html.escape(_heading(name))}</h2>")
         parts.append(fig.to_html(full_html=False, include_plotlyjs=False))
         parts.append("</section>")
     parts += ["<section><h2>At matched mean depth</h2>", _table_html(matched_table(df), ("target_depth", *MATCHED_COLUMNS)),
@@ -362,6 +382,14 @@ def render_html(df: pd.DataFrame, records: list[dict[str, Any]], *, title: str =
     head = (f"<head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{CSS}</style>"
             f"<script type='text/javascript'>{get_plotlyjs()}</script></head>")
     return f"<!DOCTYPE html><html>{head}<body>{''.join(parts)}</body></html>"
+
+
+def _heading(name: str) -> str:
+    """A figure's name as a heading: first letter up, metric abbreviations spelled as readers know them."""
+    text = name[:1].upper() + name[1:]
+    for raw, shown in (("Kl ", "KL "), ("Ppl ratio", "Perplexity ratio")):
+        text = text.replace(raw, shown)
+    return text
 
 
 def _context(df: pd.DataFrame) -> str:

@@ -83,6 +83,22 @@ def test_headline_says_plainly_where_d3_loses() -> None:
     assert "Where D3 loses" in h["text"]
 
 
+def test_a_baseline_that_skips_nothing_is_not_a_loss_for_d3() -> None:
+    df = pd.concat([synthetic(), pd.DataFrame([_row("unified", "uni r=1", 0.8, 1.31, 1.0, 0.6, agreement=1.0, kl=0.0,
+                                                    layers=30)])], ignore_index=True)
+    losses = report.headline(df)["losses"]
+    assert not any("uni r=1 beats D3" in x for x in losses)
+    assert any("uni beats D3" in x for x in losses)  # the skipping baseline at that depth still counts
+
+
+def test_headline_lists_task_accuracy_of_every_strategy_at_each_matched_depth() -> None:
+    h = report.headline(synthetic())
+    assert h["accuracy_by_depth"] == ["at 80% depth: d3 59.5%, skipdecode 40.0%, unified 62.0%",
+                                      "at 67% depth: d3 60.0%, early_exit 50.0%"]  # 90% and 50%: D3 alone, no line
+    assert "Task accuracy at matched depth (full depth 60.0%" in h["text"]
+    assert report.headline(synthetic(with_accuracy=False))["accuracy_by_depth"] == []
+
+
 def test_matched_table_groups_by_depth_with_d3_first() -> None:
     m = report.matched_table(synthetic())
     assert "full" not in set(m["strategy"])

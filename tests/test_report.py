@@ -188,3 +188,18 @@ def test_report_cli_prints_headline(tmp_path: Path, capsys) -> None:
     md = (tmp_path / "s.md").read_text()
     assert "## At matched mean depth" in md and "| target_depth | strategy |" in md
     assert md.count("\n| ") >= len(synthetic()) * 2 - 1  # matched rows + every setting
+
+
+def test_committed_results_are_modest_complete_and_summarised() -> None:
+    root = Path(__file__).resolve().parent.parent / "results"
+    csv = root / "smollm2_sweep.csv"
+    assert csv.stat().st_size < 1_000_000
+    df = sweep.read_results(csv)
+    assert set(COLUMNS) <= set(df.columns) and df["key"].is_unique
+    assert set(df["strategy"]) == {"full", "d3", "skipdecode", "unified", "early_exit"}
+    tasks = report.task_frame(df)
+    assert len(tasks) == 5 * len(df) and tasks["chance"].between(0.05, 0.5).all()  # chance beside every accuracy
+    full = df[df["strategy"] == "full"].iloc[0]
+    assert full["accuracy"] > full["chance"]  # the model is above chance on the task set as a whole
+    summary = (root / "SUMMARY.md").read_text(encoding="utf-8")
+    assert report.headline(df)["text"] in summary  # the committed summary is the one these results give

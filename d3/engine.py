@@ -273,8 +273,7 @@ class Engine:
         with self._lock, torch.inference_mode():
             state, out = prefill(self.adapter, ids, torch.ones_like(ids))
             state.repeat(len(continuations))
-            first = torch.log_softmax(out.logits.float(), dim=-1)[0, padded[:, 0]]  # [n]
-            total = first.clone()
+            total = torch.log_softmax(out.logits.float(), dim=-1)[0, padded[:, 0]]  # [n], first tokens from prefill
             for step in range(1, width):
                 out = decode_one_token(self.adapter, state, padded[:, step - 1], plan(strategy, self.num_layers, step),
                                        strategy.fill, early_exit=early)

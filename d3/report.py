@@ -86,10 +86,15 @@ def within_limits(df: pd.DataFrame) -> pd.Series:
     return ok
 
 
+def skips_layers(df: pd.DataFrame) -> pd.Series:
+    """True for rows whose schedule skips at least one layer somewhere (theoretical speedup above 1)."""
+    return df["theoretical_speedup_fixed"] > 1 + 1e-9
+
+
 def best_within_limits(df: pd.DataFrame, strategy: str) -> dict[str, Any] | None:
     """The setting of `strategy` with the largest measured speedup among those within the quality limits that
     skip at least one layer somewhere."""
-    skips = df["theoretical_speedup"] > 1 + 1e-9  # a setting that skips nothing has only timing noise to offer
+    skips = skips_layers(df)  # a setting that skips nothing has only timing noise to offer
     rows = df[(df["strategy"] == strategy) & within_limits(df) & skips]
     if rows.empty:
         return None
@@ -99,7 +104,7 @@ def best_within_limits(df: pd.DataFrame, strategy: str) -> dict[str, Any] | None
 
 def closest_to_full(df: pd.DataFrame, strategy: str) -> dict[str, Any] | None:
     """The setting of `strategy` with the lowest perplexity ratio (the least quality lost), None if none has one."""
-    rows = df[(df["strategy"] == strategy) & df["ppl_ratio"].notna() & (df["theoretical_speedup"] > 1 + 1e-9)]
+    rows = df[(df["strategy"] == strategy) & df["ppl_ratio"].notna() & skips_layers(df)]
     return None if rows.empty else _summary(rows.loc[rows["ppl_ratio"].idxmin()])
 
 
@@ -150,7 +155,7 @@ def where_d3_loses(df: pd.DataFrame) -> list[str]:
         if d3 is None:
             continue
         # a baseline tuned to this depth that skips nothing (its grid has no closer setting) is full depth
-        others = group[(group["strategy"] != "d3") & (group["theoretical_speedup_fixed"] > 1 + 1e-9)]
+        others = group[(group["strategy"] != "d3") & skips_layers(group)]
         for _, other in others.iterrows():
             for metric, (higher, words) in LOSS_METRICS.items():
                 a, b = _num(d3[metric]), _num(other[metric])
@@ -166,7 +171,7 @@ def where_d3_loses(df: pd.DataFrame) -> list[str]:
 def accuracy_by_depth(matched: pd.DataFrame) -> list[str]:
     """One line per matched depth: the task accuracy of each strategy's first setting that skips layers there."""
     lines = []
-    runs = matched[(matched["theoretical_speedup_fixed"] > 1 + 1e-9) & matched["accuracy"].notna()]
+    runs = matched[skips_layers(matched) & matched["accuracy"].notna()]
     for depth, group in runs.groupby("target_depth", sort=False):
         firsts = group.drop_duplicates("strategy")
         if len(firsts) > 1:

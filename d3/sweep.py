@@ -427,7 +427,7 @@ def quality(engine: Any, spec: SweepSpec, cfg: StrategyConfig, refs: References,
         c = compare(engine, prompt, cfg, spec.gen, TRACE_OFF, chat_template=spec.chat_template, full=full, skip=skip)
         first = first or c.skip
         s = c.summary()
-        s["first_divergence"] = len(c.agree) if s["first_divergence"] is None else s["first_divergence"]
+        s["first_divergence"] = c.tokens.compared if s["first_divergence"] is None else s["first_divergence"]
         rows.append(s)
     mean = lambda k: float(np.nanmean([r[k] for r in rows])) if any(np.isfinite(r[k]) for r in rows) else float("nan")
     return {"mean_layers": mean("mean_layers"), "agreement": mean("agreement"),

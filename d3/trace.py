@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -16,6 +16,31 @@ FILL_CODES = {"copy": FILLED_COPY, "propagate": FILLED_PROPAGATE, "none": HOLE}
 
 # Per-layer scalar names recorded from hooks; each is a float array of shape [num_layers], NaN where not run.
 LAYER_STATS = ("attn_cos", "attn_dist", "mlp_cos", "mlp_dist", "hidden_norm")
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """How two token sequences agree, position by position, over the shorter of the two.
+
+    compared: positions compared (the shorter length).  agreeing: positions with equal tokens.
+    first_divergence: the first position where they differ, None if none of the compared ones do.
+    """
+
+    compared: int
+    agreeing: int
+    first_divergence: int | None
+
+    @property
+    def agreement(self) -> float:
+        """Fraction of compared positions that agree (1.0 when nothing was compared)."""
+        return self.agreeing / self.compared if self.compared else 1.0
+
+
+def token_agreement(a: Sequence[int], b: Sequence[int]) -> Agreement:
+    """Compare two token id sequences position by position, over the shorter of the two."""
+    same = [x == y for x, y in zip(a, b)]
+    first = same.index(False) if False in same else None
+    return Agreement(compared=len(same), agreeing=sum(same), first_divergence=first)
 
 
 def _nan_layers(num_layers: int) -> np.ndarray:
@@ -268,13 +293,17 @@ class Comparison:
     teacher_grid: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int8))
 
     @property
+    def tokens(self) -> Agreement:
+        """Greedy token agreement of the skipping run with full depth."""
+        return token_agreement(self.full.token_ids, self.skip.token_ids)
+
+    @property
     def first_divergence(self) -> int | None:
-        bad = np.flatnonzero(~self.agree)
-        return int(bad[0]) if bad.size else None
+        return self.tokens.first_divergence
 
     @property
     def agreement(self) -> float:
-        return float(self.agree.mean()) if self.agree.size else 1.0
+        return self.tokens.agreement
 
     def filled_kv_error(self) -> float:
         """Mean relative KV error over filled entries (NaN if nothing was filled)."""

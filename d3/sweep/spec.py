@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from d3.config import DROP_ORDERS, FILLS, GenerationConfig, StrategyConfig, _check
-from d3.data import ASSETS
+from d3.data import ASSETS, example_prompts
 
 Progress = Callable[[float, str], None]
 BASELINES = ("skipdecode", "unified", "early_exit")
@@ -122,5 +122,5 @@ def setting_key(spec: SweepSpec, model_name: str, setting: Setting) -> str:
 def load_prompts(count: int, path: Path | None = None) -> tuple[str, ...]:
     """The first `count` prompts of assets/prompts.json (or the built-in list if the file is missing)."""
     path = path or ASSETS / "prompts.json"
-    prompts = [p["prompt"] for p in json.loads(path.read_text())] if path.is_file() else list(BUILTIN_PROMPTS)
+    prompts = [p.prompt for p in example_prompts(path)] if path.is_file() else list(BUILTIN_PROMPTS)
     return tuple(prompts[:count])

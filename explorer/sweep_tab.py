@@ -14,7 +14,8 @@ import pandas as pd
 
 from d3.config import D3Config, SkipDecodeConfig, UnifiedConfig, strategy_from_dict
 from d3.engine import Engine
-from d3.sweep import SweepSpec, run_sweep as run_sweep_file
+from d3.sweep import SweepSpec
+from d3.sweep.run import run_sweep as run_sweep_file
 from explorer import views
 from explorer.caps import Caps
 from explorer.controls import CONTROL_NAMES, STRATEGY_LABELS

@@ -1,5 +1,5 @@
-"""The layers stay apart: d3/ (the method) knows neither the page nor the figures, viz/ (the figures) needs neither
-torch, transformers nor gradio, and the page lives in explorer/."""
+"""The layers stay apart: viz/ (the figures) needs neither torch, transformers nor gradio, and the page lives in
+explorer/ with app.py only launching it (d3/'s own guard is tests/test_d3_imports.py)."""
 
 from __future__ import annotations
 
@@ -39,23 +39,6 @@ def imports_anywhere(module: str) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             found.add(node.module.split(".")[0])
     return found
-
-
-# d3/report.py draws its figures with viz until they move to viz/ (or are passed in): the layering item of issue 10.
-REPORT_IMPORTS_VIZ = pytest.mark.xfail(reason="d3/report.py still imports viz (being moved by the report split)",
-                                       strict=False)
-
-
-@pytest.mark.parametrize("module", [pytest.param(m, marks=REPORT_IMPORTS_VIZ) if m == "d3.report" else m
-                                    for m in modules("d3")])
-def test_d3_imports_neither_the_page_nor_the_figures(module: str) -> None:
-    assert not imports_anywhere(module) & {"gradio", "viz", "explorer", "app"}
-
-
-@pytest.mark.slow
-def test_importing_all_of_d3_loads_neither_gradio_nor_viz() -> None:
-    loaded = imported_top_level(", ".join(modules("d3")))
-    assert not loaded & {"gradio", "viz", "explorer"}
 
 
 @pytest.mark.parametrize("module", modules("viz"))

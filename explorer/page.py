@@ -5,11 +5,11 @@ from __future__ import annotations
 import gc
 import os
 import socket
-from pathlib import Path
 from typing import Any, Callable
 
 import gradio as gr
 
+from d3.data import ASSETS
 from d3.engine import Engine
 from d3.models import KNOWN_MODELS
 from explorer.caps import Caps, is_public
@@ -17,7 +17,7 @@ from explorer.layout import build_layout
 from explorer.pool import ModelPool
 from explorer.wiring import wire
 
-CSS_PATH = Path(__file__).resolve().parent.parent / "assets" / "style.css"
+CSS_PATH = ASSETS / "style.css"
 
 
 def build_demo(engine_factory: Callable[[str], Engine] | None = None, *, caps: Caps | None = None,

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 from typing import Any
 
 import gradio as gr
 
+from d3.data import ASSETS
 from explorer.controls import CONTROL_NAMES, REDRAW_NAMES
 from explorer.export import export_figure, export_sweep, export_trace
 from explorer.live import FILLS_OUTPUTS, GENERATE_OUTPUTS, compare_fills, generate, interrupt, stop
@@ -36,7 +36,7 @@ from explorer.view_handlers import (
     use_example,
 )
 
-SWEEP_CLICK_JS = Path(__file__).resolve().parent.parent / "assets" / "sweep_click.js"
+SWEEP_CLICK_JS = ASSETS / "sweep_click.js"
 # Letting go of one of these sliders regenerates.
 RELEASE_TRIGGERS = ("alpha", "core_head", "core_tail", "start")
 

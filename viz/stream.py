@@ -94,7 +94,7 @@ def token_html(trace: Trace, *, reference: Trace | None = None) -> str:
     a badge at the first divergence. Token text is HTML-escaped."""
     few, many = _depth_scale(trace)
     differ = set(differing_positions(trace, reference))
-    first = min(differ) if differ else None
+    first = token_agreement(trace.token_ids, reference.token_ids).first_divergence if reference is not None else None
     spans = []
     for i, step in enumerate(trace.steps):
         other = reference.steps[i] if reference is not None and i < len(reference.steps) else None

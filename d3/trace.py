@@ -58,6 +58,8 @@ class TokenStep:
       attn_dist / mlp_dist: ||out - in|| / ||in|| for that sublayer.  hidden_norm: ||layer output||.
     topk: (token_id, text, probability) of the most likely next tokens at this step.
     logit_lens: top-1 token text read out after each layer ("" where the layer did not run).
+    lens_prob / lens_rank: after each layer, the lens's probability and rank (0 = top-1) of the token that was
+      picked (NaN / -1 where the layer did not run).
     attention: layer -> float16 array [heads, kv_len], this token's attention weights at that layer.
     confidence: early exit only, the confidence measured after each layer (NaN where not measured).
     """
@@ -75,6 +77,8 @@ class TokenStep:
     topk: tuple[tuple[int, str, float], ...] = ()
     stats: dict[str, np.ndarray] = field(default_factory=dict)
     logit_lens: tuple[str, ...] = ()
+    lens_prob: tuple[float, ...] = ()
+    lens_rank: tuple[int, ...] = ()
     attention: dict[int, np.ndarray] = field(default_factory=dict)
     confidence: tuple[float, ...] = ()
     exit_layer: int | None = None
@@ -94,6 +98,7 @@ class TokenStep:
     def to_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in asdict(self).items() if k not in ("stats", "attention")}
         d["stats"] = {k: _floats(v) for k, v in self.stats.items()}
+        d["lens_prob"] = _floats(self.lens_prob)
         d["attention"] = {str(k): np.asarray(v, dtype=np.float32).round(5).tolist() for k, v in self.attention.items()}
         return d
 
@@ -104,6 +109,8 @@ class TokenStep:
         d["filled"] = tuple((int(a), str(b)) for a, b in d["filled"])
         d["topk"] = tuple((int(a), str(b), float(c)) for a, b, c in d.get("topk", ()))
         d["logit_lens"] = tuple(d.get("logit_lens", ()))
+        d["lens_prob"] = tuple(_unfloat(x) for x in d.get("lens_prob", ()))
+        d["lens_rank"] = tuple(int(x) for x in d.get("lens_rank", ()))
         d["confidence"] = tuple(_unfloat(x) for x in d.get("confidence", ()))
         d["stats"] = {k: np.array([_unfloat(x) for x in v], dtype=np.float32) for k, v in d.get("stats", {}).items()}
         d["attention"] = {int(k): np.array(v, dtype=np.float16) for k, v in d.get("attention", {}).items()}

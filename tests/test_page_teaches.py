@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import requests
 
-import app
-from d3.live import Caps
+from explorer.caps import Caps
+from explorer.page import build_demo
 from tests.test_app_client import CountingEngine, serve
 from tests.tiny import tiny_llama, tiny_tokenizer
 
@@ -49,7 +49,7 @@ def engine() -> CountingEngine:
 
 @pytest.fixture(scope="module")
 def url(engine):
-    demo = app.build_demo(lambda name: engine, model_names=("tiny",), public=False, caps=Caps(max_new_tokens=64))
+    demo = build_demo(lambda name: engine, model_names=("tiny",), public=False, caps=Caps(max_new_tokens=64))
     with serve(demo) as address:
         yield address
 

@@ -9,12 +9,18 @@ import math
 import numpy as np
 import pytest
 
-import app
 from d3.config import D3Config, FullConfig, GenerationConfig
-from d3.live import Caps, ModelPool, Session, default_attention_layer, run_small_sweep, side_by_side, sweep_spec
 from d3.schedule import plan
-from d3.sweep import planned_mean_layers, SweepSpec
-from viz import app_extras as views
+from d3.sweep.grid import d3_for_depth, planned_mean_layers
+from explorer import views
+from explorer.caps import Caps
+from explorer.controls import Controls, default_attention_layer
+from explorer.export import export_figure
+from explorer.live import stop
+from explorer.pool import ModelPool
+from explorer.runs import side_by_side
+from explorer.session import Session
+from explorer.sweep_tab import run_small_sweep, sweep_spec
 from viz.attention import attention_map
 from viz.depth import decay_curve
 
@@ -33,8 +39,6 @@ def run_pair(engine, strategy, tokens: int = 8):
 @pytest.mark.parametrize("tokens", [2, 3, 4, 6, 16, 24])
 def test_the_sweep_tabs_67_percent_setting_runs_at_67_percent(tokens) -> None:
     spec = sweep_spec("tiny", "a prompt", ["d3_67"], tokens, False, Caps())
-    from d3.sweep import d3_for_depth
-
     cfg = d3_for_depth(spec.depths[0], 30, tokens)
     assert planned_mean_layers(cfg, 30, tokens) / 30 == pytest.approx(2 / 3, abs=0.04)
 
@@ -56,7 +60,7 @@ def test_the_sweep_tab_times_full_depth_as_1x_after_a_warm_up_and_reports_progre
 
 def test_stop_while_idle_says_nothing_is_running() -> None:
     session = Session()
-    assert "Stopping" not in app.stop(session) and "Nothing is running" in app.stop(session)
+    assert "Stopping" not in stop(session) and "Nothing is running" in stop(session)
 
 
 def test_a_finished_run_that_never_diverged_says_so_without_so_far(tiny_engine) -> None:
@@ -69,8 +73,7 @@ def test_a_finished_run_that_never_diverged_says_so_without_so_far(tiny_engine) 
 def test_exporting_a_figure_that_was_never_computed_says_so() -> None:
     pool = ModelPool(lambda name: None, names=("tiny",))
     with pytest.raises(Exception, match="(?i)nothing to export|not computed|press generate"):
-        app.export_figure(pool, Session(), "errors", "tiny", "d3", 0.99, 1, 1, 0, "middle_out", "copy", 8, 1.5, 0, 0,
-                          0.9, 1, 0, "both", False, False)
+        export_figure(pool, Session(), "errors", Controls(model="tiny"))
 
 
 def test_prefill_time_is_in_the_trace_and_its_json(tiny_engine) -> None:
@@ -143,7 +146,7 @@ def test_the_core_floor_label_sits_clear_of_the_d3_line() -> None:
 @pytest.mark.slow
 def test_the_core_scenario_shows_what_its_text_claims(smol_engine) -> None:
     """Core 3 + 3 keeps D3 on full depth's text for longer than core 0 + 0 (first divergence and agreement)."""
-    from d3.live import SCENARIOS, scenario_controls
+    from explorer.scenarios import SCENARIOS, scenario_controls
 
     scenario = SCENARIOS["core"]
     results = []

@@ -37,6 +37,7 @@ from explorer.view_handlers import (
 )
 
 SWEEP_CLICK_JS = ASSETS / "sweep_click.js"
+PAGE_JS = ASSETS / "page.js"  # fits plots to their boxes after tab switches
 # Letting go of one of these sliders regenerates.
 RELEASE_TRIGGERS = ("alpha", "core_head", "core_tail", "start")
 
@@ -111,6 +112,7 @@ def _wire_sweep(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
 def wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     """Every event of the page, each with an API name."""
     demo.load(new_session, None, ui["session"], api_name="new_session", queue=False)
+    demo.load(None, js=PAGE_JS.read_text(encoding="utf-8"), api_name=False)
     ui["example"].input(use_example, ui["example"], ui["prompt"], api_name="use_example", queue=False,
                         preprocess=False)
     ui["model"].input(functools.partial(model_changed, pool), ui["model"], _pick(ui, MODEL_OUTPUTS),

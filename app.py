@@ -129,7 +129,7 @@ def new_session() -> Session:
 
 
 def use_example(title: str) -> str:
-    prompts = {p["title"]: p["prompt"] for p in example_prompts()}
+    prompts = {p.title: p.prompt for p in example_prompts()}
     with user_errors():
         return prompts[as_choice("example", title, tuple(prompts))]
 
@@ -583,10 +583,10 @@ def _header(pool: ModelPool, facts: Any, ui: dict[str, Any]) -> None:
     prompts = example_prompts()
     with gr.Row():
         with gr.Column(scale=3):
-            ui["prompt"] = gr.Textbox(prompts[0]["prompt"], label="Prompt", lines=3, max_lines=12,
+            ui["prompt"] = gr.Textbox(prompts[0].prompt, label="Prompt", lines=3, max_lines=12,
                                       elem_id="prompt")
             with gr.Row():
-                ui["example"] = gr.Dropdown([p["title"] for p in prompts], value=prompts[0]["title"],
+                ui["example"] = gr.Dropdown([p.title for p in prompts], value=prompts[0].title,
                                             label="Example prompts")
                 ui["model"] = gr.Dropdown(list(pool.names), value=pool.names[0], label="Model",
                                           allow_custom_value=not pool.public)

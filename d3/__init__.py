@@ -16,10 +16,10 @@ from d3.config import (
     strategy_from_dict,
 )
 from d3.schedule import LayerPlan, plan
-from d3.trace import Comparison, PromptStats, TokenStep, Trace
+from d3.trace import Agreement, Comparison, PromptStats, TokenStep, Trace, token_agreement
 
 __all__ = [
     "D3Config", "EarlyExitConfig", "FullConfig", "GenerationConfig", "SkipDecodeConfig", "StrategyConfig",
     "TraceConfig", "UnifiedConfig", "strategy_from_dict", "LayerPlan", "plan", "Comparison", "PromptStats",
-    "TokenStep", "Trace",
+    "TokenStep", "Trace", "Agreement", "token_agreement",
 ]

@@ -1,13 +1,6 @@
-"""Speed checks against targets (`python -m d3 bench`): our full-depth loop vs `model.generate`, D3's measured vs
-theoretical speedup, tracing overhead, and cache-warm model load time.
-
-Every timed variant runs on the same prompts, interleaved in one process (the order rotates every repeat), and
-each ratio is the median over (prompt, repeat) pairs, so load from other processes hits both sides alike.
-"""
-
+"""Speed checks against targets: our loop vs `model.generate`, D3 measured vs theoretical, tracing, load time."""
 from __future__ import annotations
 
-import argparse
 import cProfile
 import io
 import json
@@ -19,8 +12,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import torch
+
 from d3.config import TRACE_OFF, D3Config, FullConfig, GenerationConfig, StrategyConfig, TraceConfig
-from d3.schedule import alpha_for_mean_depth
+from d3.schedule import alpha_for_mean_depth, theoretical_speedup
+from d3.sweep.grid import planned_mean_layers
 
 TARGETS = {"full_vs_hf": 1.05, "d3_efficiency": 0.85, "trace_overhead": 1.2, "load_s": 5.0}
 VARIANTS = ("hf", "full", "d3", "traced")
@@ -37,8 +33,6 @@ def d3_two_thirds(num_layers: int, new_tokens: int) -> D3Config:
 
 def _hf_run(engine: Any, prompt: str, new_tokens: int) -> tuple[float, list[int]]:
     """`model.generate`, greedy, exactly `new_tokens` tokens, on the same chat-rendered ids as our loop."""
-    import torch
-
     ids, mask = engine.encode([prompt])
     pad = engine.tokenizer.pad_token_id if engine.tokenizer.pad_token_id is not None else 0
     t0 = time.perf_counter()
@@ -153,9 +147,6 @@ def load_time(model: str, repeats: int = 2) -> dict[str, float]:
 def results(engine: Any, times: dict[str, list[float]], first: dict[str, Any], d3: D3Config,
             load: dict[str, float] | None) -> dict[str, Any]:
     """Ratios, theoretical speedups and target checks from the timings."""
-    from d3.schedule import theoretical_speedup
-    from d3.sweep import planned_mean_layers
-
     d3_trace, full_trace = first["d3"], first["full"]
     new_tokens = len(first["hf"])
     # the planned depth over every computed step: the engine stops recording at EOS but keeps computing
@@ -226,57 +217,3 @@ def profile_misses(engine: Any, res: dict[str, Any], prompt: str, d3: D3Config, 
     runners = _runners(engine, d3, new_tokens)
     which = {"full_vs_hf": "full", "d3_efficiency": "d3", "trace_overhead": "traced"}
     return {k: profile(lambda v=v: runners[v](prompt)) for k, v in which.items() if not res["ok"].get(k, True)}
-
-
-# ---------------------------------------------------------------- CLI
-
-
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("bench", help="speed against targets: our loop vs model.generate, D3, tracing, load",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--prompts", type=int, default=4, help="how many prompts of assets/prompts.json")
-    p.add_argument("--new-tokens", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave torch's default)")
-    p.add_argument("--skip-load", action="store_true", help="skip the subprocess load-time check")
-    p.add_argument("--profile", choices=("auto", "always", "never"), default="auto",
-                   help="profile variants whose target was missed (auto), all of them, or none")
-    p.add_argument("--json", default=None, help="also write the results as JSON here")
-    p.set_defaults(func=main)
-    return p
-
-
-def main(args: argparse.Namespace, engine: Any = None) -> int:
-    """Run the bench; `engine` lets tests inject a tiny model (the load-time check then needs --skip-load)."""
-    import torch
-
-    from d3.sweep import load_prompts
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if engine is None:
-        from d3.engine import Engine
-        from d3.models import get_model
-
-        engine = Engine.from_loaded(get_model(args.model, device="cpu"))
-    prompts = load_prompts(args.prompts)
-    d3 = d3_two_thirds(engine.num_layers, args.new_tokens)
-    times, first = interleaved(engine, prompts, args.new_tokens, args.repeats, d3,
-                               progress=lambda m: print(m, file=sys.stderr, flush=True))
-    load = None if args.skip_load else load_time(args.model)
-    res = results(engine, times, first, d3, load)
-    res["times"] = times
-    print(table(res))
-    if args.profile != "never":
-        forced = {k: False for k in ("full_vs_hf", "d3_efficiency", "trace_overhead")} if args.profile == "always" else {}
-        profiles = profile_misses(engine, {**res, "ok": {**res["ok"], **forced}}, prompts[0], d3, args.new_tokens)
-        if load is not None and (args.profile == "always" or not res["ok"]["load_s"]):
-            profiles["load_s"] = profile_load(args.model)
-        for name, text in profiles.items():
-            print(f"\n--- profile for {name} ---\n{text}")
-        res["profiles"] = profiles
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(res, indent=1, default=str))
-    return 0

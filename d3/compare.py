@@ -11,7 +11,7 @@ import torch
 from d3.config import FullConfig, GenerationConfig, StrategyConfig, TraceConfig, TRACE_OFF
 from d3.decoder import DecodeState, StepOutput
 from d3.engine import Engine
-from d3.trace import RAN, Comparison, Trace
+from d3.trace import RAN, Comparison, Trace, token_agreement
 
 
 @dataclass
@@ -87,8 +87,8 @@ def compare(engine: Engine, prompt: str, strategy: StrategyConfig, gen: Generati
     assert full.trace is not None and skip.trace is not None
     teacher = run_recorded(engine, prompt, strategy, gen, TRACE_OFF, forced=[full.trace.token_ids], **kw)
     free_ref = engine.full_depth_logprobs(prompt, skip.trace.token_ids, chat_template=chat_template).cpu()
-    n = min(len(full.trace.steps), len(skip.trace.steps))
-    agree = np.array(full.trace.token_ids[:n]) == np.array(skip.trace.token_ids[:n])
+    n = token_agreement(full.trace.token_ids, skip.trace.token_ids).compared
+    agree = np.array(full.trace.token_ids[:n]) == np.array(skip.trace.token_ids[:n])  # bool [n], per position
     steps = len(teacher.logprobs)
     teacher_grid = teacher.trace.grid() if teacher.trace is not None else np.zeros((0, engine.num_layers), np.int8)
     return Comparison(

@@ -197,6 +197,20 @@ def score_exact(example: Example, generated_text: str) -> bool:
     return normalize(generated_text) in {normalize(t) for t in example.targets or (example.target,)}
 
 
+@dataclass(frozen=True)
+class ExamplePrompt:
+    """One example prompt shipped in assets/prompts.json."""
+
+    title: str
+    prompt: str
+
+
+def example_prompts(path: Path | None = None) -> tuple[ExamplePrompt, ...]:
+    """The example prompts of assets/prompts.json, in file order (the page's examples, the sweep's and bench's prompts)."""
+    rows = json.loads((path or ASSETS / "prompts.json").read_text(encoding="utf-8"))
+    return tuple(ExamplePrompt(title=str(r["title"]), prompt=str(r["prompt"])) for r in rows)
+
+
 def ppl_text() -> str:
     """The shipped real passage (assets/ppl_text.txt) without its '#' source header."""
     lines = (ASSETS / "ppl_text.txt").read_text(encoding="utf-8").splitlines()

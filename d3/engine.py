@@ -224,14 +224,24 @@ class Engine:
             extra["stats"] = {name: out.stats[k, b].numpy().copy() for k, name in enumerate(LAYER_STATS)}
         if out.attention and step > 0:
             extra["attention"] = {layer: a[b, :, -1, row.pad:].to(torch.float16).numpy() for layer, a in out.attention.items()}
-        if out.lens:
-            by_layer = dict(zip(out.layers_run, out.lens))
-            extra["logit_lens"] = tuple(self.tokenizer.decode([by_layer[l][b]]) if l in by_layer else ""
-                                        for l in range(self.num_layers))
+        if out.lens is not None:
+            extra.update(self._lens(out.layers_run, out.lens[:, b], token))
         return TokenStep(step=step, token_id=token, text=self.token_text(row.ids, len(row.ids) - 1),
                          layers_run=out.layers_run, filled=out.filled, planned=planned,
                          entropy=extra.pop("entropy", float("nan")), wall_ms=wall_ms, seq=b,
                          confidence=out.confidence, exit_layer=out.exit_layer, **extra)
+
+    def _lens(self, layers_run: tuple[int, ...], logits: torch.Tensor, token: int) -> dict[str, tuple]:
+        """Per layer ([n_ran, vocab] logits in): the lens's top-1 text, and the picked token's probability and
+        rank ("", NaN and -1 where the layer did not run)."""
+        logprobs = torch.log_softmax(logits, dim=-1)
+        picked = logprobs[:, token]  # [n_ran]
+        by_layer = dict(zip(layers_run, zip(logprobs.argmax(-1).tolist(), picked.exp().tolist(),
+                                            (logprobs > picked[:, None]).sum(-1).tolist())))
+        rows = [by_layer.get(layer) for layer in range(self.num_layers)]
+        return {"logit_lens": tuple(self.tokenizer.decode([r[0]]) if r else "" for r in rows),
+                "lens_prob": tuple(float(r[1]) if r else float("nan") for r in rows),
+                "lens_rank": tuple(int(r[2]) if r else -1 for r in rows)}
 
     # -- conveniences ----------------------------------------------------------------------------
     def stream(self, prompt: str, strategy: StrategyConfig, gen: GenerationConfig = GenerationConfig(),

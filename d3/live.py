@@ -32,7 +32,7 @@ from d3.config import (
     UnifiedConfig,
     default_core,
 )
-from d3.data import ASSETS
+from d3.data import example_prompts  # noqa: F401  (re-exported for the page)
 from d3.engine import Engine, check_prompt
 from d3.trace import Comparison, Trace
 
@@ -104,12 +104,6 @@ class Caps:
 def is_public(env: Mapping[str, str] = os.environ) -> bool:
     """A public deployment: D3_PUBLIC=1, or running on Hugging Face Spaces (SPACE_ID is set)."""
     return env.get("D3_PUBLIC", "").strip().lower() in ("1", "true", "yes") or bool(env.get("SPACE_ID"))
-
-
-def example_prompts() -> list[dict[str, str]]:
-    """The example prompts shipped in assets/prompts.json: [{"title", "prompt"}, ...]."""
-    data = json.loads((ASSETS / "prompts.json").read_text(encoding="utf-8"))
-    return [{"title": str(p["title"]), "prompt": str(p["prompt"])} for p in data]
 
 
 # ---------------------------------------------------------------- models shared by every session

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import html
 import json
 import math
@@ -12,7 +11,7 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from d3.sweep import read_results, sidecar
+from d3.sweep.table import read_results, sidecar
 
 STRATEGY_ORDER = ("d3", "skipdecode", "unified", "early_exit")
 PPL_LIMIT = 0.01  # perplexity within 1% of full depth
@@ -423,28 +422,3 @@ def write_report(results: str | Path, out: str | Path, *, title: str | None = No
     out.write_text(render_html(df, load_records(results), title=title or f"D3 sweep: {Path(results).name}"),
                    encoding="utf-8")
     return out
-
-
-# ---------------------------------------------------------------- CLI
-
-
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("report", help="HTML report and headline from a sweep's CSV")
-    p.add_argument("--results", required=True, help="the sweep's CSV")
-    p.add_argument("--out", default="report.html")
-    p.add_argument("--title", default=None)
-    p.add_argument("--summary", default=None, help="also write a markdown summary here")
-    p.set_defaults(func=main)
-    return p
-
-
-def main(args: argparse.Namespace) -> int:
-    if not Path(args.results).is_file():
-        raise SystemExit(f"{args.results} not found: run `python -m d3 sweep --out {args.results}` first")
-    out = write_report(args.results, args.out, title=args.title)
-    df = read_results(args.results)
-    if args.summary:
-        Path(args.summary).write_text(summary_markdown(df, title=args.title or "Sweep summary"), encoding="utf-8")
-    print(headline(df)["text"])
-    print(f"\nwrote {out} ({out.stat().st_size / 1e6:.1f} MB)")
-    return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -16,6 +16,31 @@ FILL_CODES = {"copy": FILLED_COPY, "propagate": FILLED_PROPAGATE, "none": HOLE}
 
 # Per-layer scalar names recorded from hooks; each is a float array of shape [num_layers], NaN where not run.
 LAYER_STATS = ("attn_cos", "attn_dist", "mlp_cos", "mlp_dist", "hidden_norm")
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """How two token sequences agree, position by position, over the shorter of the two.
+
+    compared: positions compared (the shorter length).  agreeing: positions with equal tokens.
+    first_divergence: the first position where they differ, None if none of the compared ones do.
+    """
+
+    compared: int
+    agreeing: int
+    first_divergence: int | None
+
+    @property
+    def agreement(self) -> float:
+        """Fraction of compared positions that agree (1.0 when nothing was compared)."""
+        return self.agreeing / self.compared if self.compared else 1.0
+
+
+def token_agreement(a: Sequence[int], b: Sequence[int]) -> Agreement:
+    """Compare two token id sequences position by position, over the shorter of the two."""
+    same = [x == y for x, y in zip(a, b)]
+    first = same.index(False) if False in same else None
+    return Agreement(compared=len(same), agreeing=sum(same), first_divergence=first)
 
 
 def _nan_layers(num_layers: int) -> np.ndarray:
@@ -33,6 +58,8 @@ class TokenStep:
       attn_dist / mlp_dist: ||out - in|| / ||in|| for that sublayer.  hidden_norm: ||layer output||.
     topk: (token_id, text, probability) of the most likely next tokens at this step.
     logit_lens: top-1 token text read out after each layer ("" where the layer did not run).
+    lens_prob / lens_rank: after each layer, the lens's probability and rank (0 = top-1) of the token that was
+      picked (NaN / -1 where the layer did not run).
     attention: layer -> float16 array [heads, kv_len], this token's attention weights at that layer.
     confidence: early exit only, the confidence measured after each layer (NaN where not measured).
     """
@@ -50,6 +77,8 @@ class TokenStep:
     topk: tuple[tuple[int, str, float], ...] = ()
     stats: dict[str, np.ndarray] = field(default_factory=dict)
     logit_lens: tuple[str, ...] = ()
+    lens_prob: tuple[float, ...] = ()
+    lens_rank: tuple[int, ...] = ()
     attention: dict[int, np.ndarray] = field(default_factory=dict)
     confidence: tuple[float, ...] = ()
     exit_layer: int | None = None
@@ -69,6 +98,7 @@ class TokenStep:
     def to_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in asdict(self).items() if k not in ("stats", "attention")}
         d["stats"] = {k: _floats(v) for k, v in self.stats.items()}
+        d["lens_prob"] = _floats(self.lens_prob)
         d["attention"] = {str(k): np.asarray(v, dtype=np.float32).round(5).tolist() for k, v in self.attention.items()}
         return d
 
@@ -79,6 +109,8 @@ class TokenStep:
         d["filled"] = tuple((int(a), str(b)) for a, b in d["filled"])
         d["topk"] = tuple((int(a), str(b), float(c)) for a, b, c in d.get("topk", ()))
         d["logit_lens"] = tuple(d.get("logit_lens", ()))
+        d["lens_prob"] = tuple(_unfloat(x) for x in d.get("lens_prob", ()))
+        d["lens_rank"] = tuple(int(x) for x in d.get("lens_rank", ()))
         d["confidence"] = tuple(_unfloat(x) for x in d.get("confidence", ()))
         d["stats"] = {k: np.array([_unfloat(x) for x in v], dtype=np.float32) for k, v in d.get("stats", {}).items()}
         d["attention"] = {int(k): np.array(v, dtype=np.float16) for k, v in d.get("attention", {}).items()}
@@ -268,13 +300,17 @@ class Comparison:
     teacher_grid: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int8))
 
     @property
+    def tokens(self) -> Agreement:
+        """Greedy token agreement of the skipping run with full depth."""
+        return token_agreement(self.full.token_ids, self.skip.token_ids)
+
+    @property
     def first_divergence(self) -> int | None:
-        bad = np.flatnonzero(~self.agree)
-        return int(bad[0]) if bad.size else None
+        return self.tokens.first_divergence
 
     @property
     def agreement(self) -> float:
-        return float(self.agree.mean()) if self.agree.size else 1.0
+        return self.tokens.agreement
 
     def filled_kv_error(self) -> float:
         """Mean relative KV error over filled entries (NaN if nothing was filled)."""

@@ -9,13 +9,15 @@ from pathlib import Path
 import pytest
 
 from d3 import bench
+from d3.cli import bench as bench_cli
 from d3.engine import Engine
+from d3.sweep.grid import planned_mean_layers
 from tests.tiny import tiny_llama, tiny_tokenizer
 
 
 def _args(*extra: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    bench.add_parser(parser.add_subparsers())
+    bench_cli.add_parser(parser.add_subparsers())
     return parser.parse_args(["bench", *extra])
 
 
@@ -24,7 +26,7 @@ def test_bench_runs_end_to_end_on_a_tiny_model(tmp_path: Path, capsys) -> None:
     out = tmp_path / "bench.json"
     args = _args("--prompts", "2", "--new-tokens", "4", "--repeats", "1", "--skip-load", "--profile", "always",
                  "--json", str(out))
-    assert bench.main(args, engine=engine) == 0
+    assert bench_cli.main(args, engine=engine) == 0
     printed = capsys.readouterr().out
     for check in ("(a) our full depth / model.generate", "(b) D3 speedup", "(c) tracing on / off", "profile for"):
         assert check in printed, check
@@ -47,8 +49,6 @@ def test_pair_median_is_the_median_of_per_pair_ratios() -> None:
 
 
 def test_d3_setting_uses_about_two_thirds_of_the_layers() -> None:
-    from d3.sweep import planned_mean_layers
-
     cfg = bench.d3_two_thirds(30, 128)
     assert abs(planned_mean_layers(cfg, 30, 128) - 20) < 1
 

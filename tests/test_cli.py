@@ -52,6 +52,40 @@ def test_generate_json_is_the_whole_trace(tiny_cli, capsys):
     assert data["steps"][1]["layers_run"][0] == 0  # the warm-up layer
 
 
+def _must_not_run(*args, **kwargs):
+    raise AssertionError("the command started its work despite a bad path")
+
+
+@pytest.mark.parametrize("command", ["sweep", "report", "bench"])
+def test_an_output_path_that_is_a_directory_fails_before_any_work(command, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("d3.sweep.run.run_sweep", _must_not_run)
+    monkeypatch.setattr("d3.models.get_model", _must_not_run)
+    monkeypatch.setattr("d3.report.write_report", _must_not_run)
+    results = tmp_path / "x.csv"
+    results.write_text("key\n")
+    flag = "--json" if command == "bench" else "--out"
+    argv = [command, flag, str(tmp_path)] + (["--results", str(results)] if command == "report" else [])
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{flag} {tmp_path} is a directory" in err and "\n" not in err and "Traceback" not in err
+
+
+def test_an_output_under_a_file_fails_before_any_work(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("d3.sweep.run.run_sweep", _must_not_run)
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert cli.main(["sweep", "--out", str(blocker / "sweep.csv")]) == 2
+    assert f"{blocker} is a file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("missing", ["missing.csv", "."])
+def test_report_on_missing_results_exits_2_with_one_line(missing, tmp_path, capsys):
+    path = tmp_path / missing
+    assert cli.main(["report", "--results", str(path), "--out", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"--results {path}" in err and "\n" not in err and not (tmp_path / "r.html").exists()
+
+
 @pytest.mark.integration
 def test_cli_on_the_embedded_model():
     run = lambda *a: subprocess.run([sys.executable, "-m", "d3", *a], capture_output=True, text=True, timeout=300)

@@ -176,9 +176,10 @@ def test_ppl_texts_with_fetched_data(tmp_path: Path) -> None:
 
 
 def test_prompts_asset() -> None:
-    prompts = json.loads((data.ASSETS / "prompts.json").read_text(encoding="utf-8"))
-    assert len(prompts) >= 6
-    assert all(set(p) == {"title", "prompt"} and p["title"] and p["prompt"] for p in prompts)
+    raw = json.loads((data.ASSETS / "prompts.json").read_text(encoding="utf-8"))
+    assert len(raw) >= 6 and all(set(p) == {"title", "prompt"} and p["title"] and p["prompt"] for p in raw)
+    prompts = data.example_prompts()
+    assert [(p.title, p.prompt) for p in prompts] == [(p["title"], p["prompt"]) for p in raw]
 
 
 @pytest.mark.data

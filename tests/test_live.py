@@ -60,7 +60,7 @@ def test_public_deployment_is_detected() -> None:
 
 def test_example_prompts_come_from_assets() -> None:
     prompts = example_prompts()
-    assert len(prompts) >= 4 and all(p["title"] and p["prompt"].strip() for p in prompts)
+    assert len(prompts) >= 4 and all(p.title and p.prompt.strip() for p in prompts)
 
 
 # ---------------------------------------------------------------- parsing

@@ -10,8 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from d3 import report, sweep
-from d3.sweep import COLUMNS
+from d3 import report
+from d3.cli import report as report_cli
+from d3.sweep import COLUMNS, table
 
 
 def _row(strategy: str, label: str, depth: float, speed: float, ppl_ratio: float, acc: float | None = None, *,
@@ -157,10 +158,10 @@ def test_report_html_is_self_contained_with_every_figure(tmp_path: Path) -> None
     trace = Trace(model="m", num_layers=30, strategy={"strategy": "d3"}, prompt="p", core=(3, 3), steps=tuple(steps))
     block = [{"trace": 0, "layer": l, "attn_cos": 0.9, "attn_dist": 0.1 * l, "mlp_cos": 0.8, "mlp_dist": 0.2,
               "hidden_norm": 1.0} for l in range(30)]
-    with open(sweep.sidecar(csv, "traces.jsonl"), "w") as fh:
+    with open(table.sidecar(csv, "traces.jsonl"), "w") as fh:
         fh.write(json.dumps({"kind": "block", "key": "full depth", "rows": block}) + "\n")
         fh.write(json.dumps({"kind": "layers", "key": "d3 fast ok", "label": "d3 fast ok",
-                             "trace": sweep.slim_trace(trace)}) + "\n")
+                             "trace": table.slim_trace(trace)}) + "\n")
     out = report.write_report(csv, tmp_path / "r.html")
     text = out.read_text()
     assert text.count("<script type='text/javascript'>") == 1  # plotly.js once
@@ -179,7 +180,7 @@ def test_report_cli_prints_headline(tmp_path: Path, capsys) -> None:
     csv = tmp_path / "x.csv"
     synthetic(with_accuracy=False).to_csv(csv, index=False)
     parser = argparse.ArgumentParser()
-    report.add_parser(parser.add_subparsers())
+    report_cli.add_parser(parser.add_subparsers())
     args = parser.parse_args(["report", "--results", str(csv), "--out", str(tmp_path / "r.html"),
                               "--summary", str(tmp_path / "s.md")])
     assert args.func(args) == 0
@@ -194,7 +195,7 @@ def test_committed_results_are_modest_complete_and_summarised() -> None:
     root = Path(__file__).resolve().parent.parent / "results"
     csv = root / "smollm2_sweep.csv"
     assert csv.stat().st_size < 1_000_000
-    df = sweep.read_results(csv)
+    df = table.read_results(csv)
     assert set(COLUMNS) <= set(df.columns) and df["key"].is_unique
     assert set(df["strategy"]) == {"full", "d3", "skipdecode", "unified", "early_exit"}
     tasks = report.task_frame(df)

@@ -10,10 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from d3 import sweep
+from d3.cli import sweep as sweep_cli
 from d3.config import D3Config, EarlyExitConfig, FullConfig, SkipDecodeConfig, UnifiedConfig
 from d3.engine import Engine
-from d3.sweep import COLUMNS, SweepSpec
+from d3.sweep import COLUMNS, Setting, SweepSpec, grid, measure, run, setting_key, table, tasks
 from tests.tiny import tiny_llama, tiny_tokenizer
 
 SMALL = SweepSpec(prompts=("hello there", "the sky is"), max_new_tokens=3, repeats=1, depths=(0.5,),
@@ -29,7 +29,7 @@ def engine() -> Engine:
 def swept(engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, pd.DataFrame, list[tuple[float, str]]]:
     out = tmp_path_factory.mktemp("sweep") / "small.csv"
     calls: list[tuple[float, str]] = []
-    df = sweep.run_sweep(SMALL, out, engine=engine, progress=lambda f, d: calls.append((f, d)))
+    df = run.run_sweep(SMALL, out, engine=engine, progress=lambda f, d: calls.append((f, d)))
     return out, df, calls
 
 
@@ -40,9 +40,9 @@ def test_table_has_every_column_with_its_type(swept) -> None:
     out, df, _ = swept
     assert tuple(df.columns) == COLUMNS
     assert tuple(pd.read_csv(out).columns) == COLUMNS
-    for c in sweep.FLOAT_COLUMNS:
+    for c in table.FLOAT_COLUMNS:
         assert df[c].dtype == np.float64, c
-    for c in sweep.INT_COLUMNS:
+    for c in table.INT_COLUMNS:
         assert df[c].dtype == np.int64, c
     for c in ("key", "strategy", "label", "params"):
         assert all(isinstance(x, str) and x for x in df[c]), c
@@ -90,9 +90,9 @@ def test_progress_reaches_one_and_never_goes_back(swept) -> None:
 
 def test_sidecars_hold_json_and_traces(swept) -> None:
     out, df, _ = swept
-    records = json.loads(sweep.sidecar(out, "json").read_text())
+    records = json.loads(table.sidecar(out, "json").read_text())
     assert len(records) == len(df)
-    lines = [json.loads(x) for x in sweep.sidecar(out, "traces.jsonl").read_text().splitlines()]
+    lines = [json.loads(x) for x in table.sidecar(out, "traces.jsonl").read_text().splitlines()]
     kinds = [x["kind"] for x in lines]
     assert kinds.count("block") == 1 and kinds.count("layers") == len(df)
     assert {x["key"] for x in lines if x["kind"] == "layers"} == set(df["key"])
@@ -105,37 +105,37 @@ def test_interrupted_sweep_resumes_without_duplicates(engine: Engine, tmp_path: 
     spec = SweepSpec(prompts=("hello",), max_new_tokens=2, repeats=1, depths=(0.5, 0.75), baselines=("unified",),
                      ppl_chunks=0)
     out = tmp_path / "r.csv"
-    first = sweep.run_sweep(spec, out, engine=engine, limit=2)  # "interrupted" after two settings
+    first = run.run_sweep(spec, out, engine=engine, limit=2)  # "interrupted" after two settings
     assert len(first) == 2
     measured: list[str] = []
-    real = sweep.measure
+    real = measure.measure_row
 
     def counting(engine, spec, setting, refs, key):
         measured.append(key)
         return real(engine, spec, setting, refs, key)
 
-    monkeypatch.setattr(sweep, "measure", counting)
-    full = sweep.run_sweep(spec, out, engine=engine)
-    n = len(sweep.all_settings(spec, engine))
+    monkeypatch.setattr(run, "measure_row", counting)
+    full = run.run_sweep(spec, out, engine=engine)
+    n = len(grid.all_settings(spec, engine))
     assert n > 2 and len(full) == n and full["key"].is_unique
     assert len(pd.read_csv(out)) == n  # no duplicate rows in the file itself
     assert set(measured) == set(full["key"]) - set(first["key"]) and len(measured) == n - 2
     kept = full.set_index("key").loc[first["key"], "finished_at"]
     assert list(kept) == list(first["finished_at"])  # old rows untouched
     measured.clear()
-    again = sweep.run_sweep(spec, out, engine=engine)
+    again = run.run_sweep(spec, out, engine=engine)
     assert measured == [] and len(again) == n
 
 
 def test_keys_are_stable_and_depend_on_the_prompt_set() -> None:
-    setting = sweep.Setting("x", D3Config(alpha=0.9), 0.5)
-    a = sweep.setting_key(SMALL, "tiny", setting)
-    assert a == sweep.setting_key(SweepSpec(**{**SMALL.__dict__}), "tiny", setting)
-    assert a != sweep.setting_key(SweepSpec(**{**SMALL.__dict__, "prompts": ("other",)}), "tiny", setting)
-    assert a != sweep.setting_key(SMALL, "tiny", sweep.Setting("x", D3Config(alpha=0.91), 0.5))
-    assert a != sweep.setting_key(SMALL, "other-model", setting)
+    setting = Setting("x", D3Config(alpha=0.9), 0.5)
+    a = setting_key(SMALL, "tiny", setting)
+    assert a == setting_key(SweepSpec(**{**SMALL.__dict__}), "tiny", setting)
+    assert a != setting_key(SweepSpec(**{**SMALL.__dict__, "prompts": ("other",)}), "tiny", setting)
+    assert a != setting_key(SMALL, "tiny", Setting("x", D3Config(alpha=0.91), 0.5))
+    assert a != setting_key(SMALL, "other-model", setting)
     # the grid's shape is not part of a row's key: widening the grid keeps finished rows
-    assert a == sweep.setting_key(SweepSpec(**{**SMALL.__dict__, "depths": (0.5, 0.9)}), "tiny", setting)
+    assert a == setting_key(SweepSpec(**{**SMALL.__dict__, "depths": (0.5, 0.9)}), "tiny", setting)
 
 
 # ---------------------------------------------------------------- matching depths (pure)
@@ -144,29 +144,29 @@ def test_keys_are_stable_and_depend_on_the_prompt_set() -> None:
 @pytest.mark.parametrize("depth", [0.5, 2 / 3, 0.8])
 def test_baselines_are_matched_to_the_target_depth(depth: float) -> None:
     L, T = 30, 48
-    for cfg in (sweep.d3_for_depth(depth, L, T), sweep.skipdecode_for_depth(depth, L, T), sweep.unified_for_depth(depth, L, T)):
-        assert abs(sweep.planned_mean_layers(cfg, L, T) / L - depth) < 0.06, cfg
+    for cfg in (grid.d3_for_depth(depth, L, T), grid.skipdecode_for_depth(depth, L, T), grid.unified_for_depth(depth, L, T)):
+        assert abs(grid.planned_mean_layers(cfg, L, T) / L - depth) < 0.06, cfg
 
 
 def test_planned_mean_counts_the_prefill_token_at_full_depth() -> None:
-    assert sweep.planned_mean_layers(UnifiedConfig(ratio=2.0), 10, 4) == (10 + 3 * 5) / 4
-    assert sweep.planned_mean_layers(FullConfig(), 10, 4) == 10
-    assert math.isnan(sweep.planned_mean_layers(EarlyExitConfig(), 10, 4))
+    assert grid.planned_mean_layers(UnifiedConfig(ratio=2.0), 10, 4) == (10 + 3 * 5) / 4
+    assert grid.planned_mean_layers(FullConfig(), 10, 4) == 10
+    assert math.isnan(grid.planned_mean_layers(EarlyExitConfig(), 10, 4))
 
 
 def test_exit_layers_and_threshold_calibration() -> None:
-    assert sweep.exit_layers([0.1, 0.5, 0.9], 4, 10, 0.5) == 5
-    assert sweep.exit_layers([0.1, 0.2], 4, 10, 0.5) == 10
+    assert grid.exit_layers([0.1, 0.5, 0.9], 4, 10, 0.5) == 5
+    assert grid.exit_layers([0.1, 0.2], 4, 10, 0.5) == 10
     profiles = [[0.1 * k for k in range(1, 7)]] * 9  # confidences after layers 4..9 of a 10-layer model
-    t = sweep.threshold_for_depth(profiles, 4, 10, 0.7)
-    mean = (10 + 9 * sweep.exit_layers(profiles[0], 4, 10, t)) / 10
+    t = grid.threshold_for_depth(profiles, 4, 10, 0.7)
+    mean = (10 + 9 * grid.exit_layers(profiles[0], 4, 10, t)) / 10
     assert abs(mean - 7) <= 1
 
 
 def test_variants_run_one_at_a_time_and_fills_pair_with_the_strided_order() -> None:
     spec = SweepSpec(depths=(0.5, 0.75), cores=(None, (0, 0)), starts=(0, 8), fills=("copy", "none"),
                      drop_orders=("middle_out", "strided"), max_new_tokens=32)
-    got = sweep.d3_settings(spec, 12)
+    got = grid.d3_settings(spec, 12)
     described = {(s.config.core_head, s.config.start, s.config.fill, s.config.drop_order) for s in got}
     assert (None, 0, "copy", "middle_out") in described  # base
     assert {(0, 0, "copy", "middle_out"), (None, 8, "copy", "middle_out"), (None, 0, "copy", "strided"),
@@ -191,10 +191,10 @@ def test_cli_parsing_builds_the_spec() -> None:
     import argparse
 
     parser = argparse.ArgumentParser()
-    sweep.add_parser(parser.add_subparsers())
+    sweep_cli.add_parser(parser.add_subparsers())
     args = parser.parse_args(["sweep", "--prompts", "2", "--depths", "0.8,2/3", "--cores", "default,0+0",
                               "--starts", "0,16", "--tasks", "hyperbaton", "--baselines", "unified"])
-    spec = sweep.spec_from_args(args)
+    spec = sweep_cli.spec_from_args(args)
     assert spec.depths == (0.8, 2 / 3) and spec.cores == (None, (0, 0)) and spec.starts == (0, 16)
     assert len(spec.prompts) == 2 and spec.tasks == ("hyperbaton",) and spec.baselines == ("unified",)
 
@@ -219,14 +219,14 @@ def test_task_accuracy_per_task(engine: Engine, tmp_path: Path, monkeypatch, sco
     _fake_tasks(tmp_path / "data")
     monkeypatch.setenv("D3_DATA_DIR", str(tmp_path / "data"))
     spec = SweepSpec(tasks=("hyperbaton", "object_counting"), task_limit=5, task_scoring=scoring)
-    examples = sweep.load_examples(spec)
+    examples = tasks.load_examples(spec)
     assert [len(examples[t]) for t in spec.tasks] == [3, 2]
-    full = sweep.task_accuracy(engine, spec, FullConfig(), examples)
-    skip = sweep.task_accuracy(engine, spec, UnifiedConfig(ratio=2.0), examples)
+    full = tasks.task_accuracy(engine, spec, FullConfig(), examples)
+    skip = tasks.task_accuracy(engine, spec, UnifiedConfig(ratio=2.0), examples)
     for acc in (full, skip):
         assert set(acc) == set(spec.tasks)
         assert all(v in (0, 1 / 3, 2 / 3, 1) or v in (0, 0.5, 1) for v in acc.values())
-    assert ("log-likelihood" in sweep._scoring_note(spec, examples)) == (scoring == "loglik")
+    assert ("log-likelihood" in tasks.scoring_note(spec, examples)) == (scoring == "loglik")
 
 
 def test_loglik_scoring_sums_only_each_options_own_tokens(engine: Engine) -> None:
@@ -245,7 +245,7 @@ def test_loglik_scoring_sums_only_each_options_own_tokens(engine: Engine) -> Non
         t = engine.generate_batch([prompt], FullConfig(), GenerationConfig(max_new_tokens=len(ids), stop_at_eos=False),
                                   TRACE_OFF, forced=[ids])[0]
         alone.append(sum(s.logprob for s in t.steps))
-    assert sweep._loglik_correct(engine, FullConfig(), ex, False) == (int(np.argmax(alone)) == 1)
+    assert tasks._loglik_correct(engine, FullConfig(), ex, False) == (int(np.argmax(alone)) == 1)
 
 
 def test_sweep_rows_carry_task_accuracy_and_chance(engine: Engine, tmp_path: Path, monkeypatch) -> None:
@@ -253,7 +253,7 @@ def test_sweep_rows_carry_task_accuracy_and_chance(engine: Engine, tmp_path: Pat
     monkeypatch.setenv("D3_DATA_DIR", str(tmp_path / "data"))
     spec = SweepSpec(prompts=("hi",), max_new_tokens=2, repeats=1, depths=(0.5,), baselines=(), ppl_chunks=0,
                      tasks=("hyperbaton", "object_counting"), task_limit=5)
-    df = sweep.run_sweep(spec, tmp_path / "t.csv", engine=engine)
+    df = run.run_sweep(spec, tmp_path / "t.csv", engine=engine)
     assert len(df) == 2 and df["accuracy"].between(0, 1).all() and df["accuracy_full"].nunique() == 1
     full = df[df["strategy"] == "full"].iloc[0]
     assert full["accuracy"] == full["accuracy_full"] and "log-likelihood" in full["task_scoring"]
@@ -265,14 +265,14 @@ def test_sweep_rows_carry_task_accuracy_and_chance(engine: Engine, tmp_path: Pat
 
 def test_theoretical_speedup_uses_the_planned_depth_where_the_schedule_is_fixed() -> None:
     # the recorded mean can stop at an EOS while the engine keeps computing: the plan covers every computed step
-    got = sweep.theoretical_columns(20.0, 26.0, 30, 8.0)
+    got = measure.theoretical_columns(20.0, 26.0, 30, 8.0)
     assert got == {"theoretical_speedup": 1.5, "theoretical_speedup_fixed": pytest.approx(38 / 28)}
-    assert sweep.theoretical_columns(float("nan"), 24.0, 30, 0.0)["theoretical_speedup"] == 1.25  # early exit
+    assert measure.theoretical_columns(float("nan"), 24.0, 30, 0.0)["theoretical_speedup"] == 1.25  # early exit
 
 
 def test_d3_labels_tell_an_alpha_just_below_one_from_full_depth() -> None:
     from d3.config import D3Config
 
-    assert "α=0.999999 " in sweep._d3_label(D3Config(alpha=0.999999), 30)
-    assert "α=1.0000 " in sweep._d3_label(D3Config(alpha=1.0), 30)
-    assert "α=0.9792 " in sweep._d3_label(D3Config(alpha=0.979184), 30)
+    assert "α=0.999999 " in grid._d3_label(D3Config(alpha=0.999999), 30)
+    assert "α=1.0000 " in grid._d3_label(D3Config(alpha=1.0), 30)
+    assert "α=0.9792 " in grid._d3_label(D3Config(alpha=0.979184), 30)

@@ -10,12 +10,13 @@ from typing import Any, Sequence
 
 from d3.config import FILLS, DROP_ORDERS, STRATEGIES, GenerationConfig, TraceConfig, TRACE_OFF, strategy_from_dict
 
+from d3.cli.common import CliError
+from d3.data import fetch
+
 # Subcommands that live in their own modules, each exposing add_parser(subparsers) and main(args) -> int.
-EXTRA_COMMANDS = ("d3.bench", "d3.sweep", "d3.report")
-
-
-class CliError(Exception):
-    """A person's mistake: printed as one line, exit status 2."""
+# The handlers below and those modules import torch and the model code only when a command runs, so building
+# the parser (and rejecting a bad flag) stays fast.
+EXTRA_COMMANDS = ("d3.cli.bench", "d3.cli.sweep", "d3.cli.report")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -129,8 +130,6 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_fetch_data(args: argparse.Namespace) -> int:
-    from d3.data import fetch
-
     print(f"data in {fetch(data_dir=args.data_dir)}")
     return 0
 

@@ -1,0 +1,67 @@
+"""Speed checks against targets (`python -m d3 bench`): our full-depth loop vs `model.generate`, D3's measured vs
+theoretical speedup, tracing overhead, and cache-warm model load time.
+
+Every timed variant runs on the same prompts, interleaved in one process (the order rotates every repeat), and
+each ratio is the median over (prompt, repeat) pairs, so load from other processes hits both sides alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from d3.cli.common import check_output_file, set_threads
+from d3.sweep.spec import load_prompts
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("bench", help="speed against targets: our loop vs model.generate, D3, tracing, load",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--prompts", type=int, default=4, help="how many prompts of assets/prompts.json")
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave torch's default)")
+    p.add_argument("--skip-load", action="store_true", help="skip the subprocess load-time check")
+    p.add_argument("--profile", choices=("auto", "always", "never"), default="auto",
+                   help="profile variants whose target was missed (auto), all of them, or none")
+    p.add_argument("--json", default=None, help="also write the results as JSON here")
+    p.set_defaults(func=main)
+    return p
+
+
+def main(args: argparse.Namespace, engine: Any = None) -> int:
+    """Run the bench; `engine` lets tests inject a tiny model (the load-time check then needs --skip-load)."""
+    if args.json:
+        check_output_file(args.json, "--json")
+    set_threads(args.threads)
+    # Loaded here, not at the top: the parser is built for every command, and the bench needs torch.
+    from d3.bench import d3_two_thirds, interleaved, load_time, profile_load, profile_misses, results, table
+    from d3.engine import Engine
+    from d3.models import get_model
+
+    if engine is None:
+        engine = Engine.from_loaded(get_model(args.model, device="cpu"))
+    prompts = load_prompts(args.prompts)
+    d3 = d3_two_thirds(engine.num_layers, args.new_tokens)
+    times, first = interleaved(engine, prompts, args.new_tokens, args.repeats, d3,
+                               progress=lambda m: print(m, file=sys.stderr, flush=True))
+    load = None if args.skip_load else load_time(args.model)
+    res = results(engine, times, first, d3, load)
+    res["times"] = times
+    print(table(res))
+    if args.profile != "never":
+        forced = {k: False for k in ("full_vs_hf", "d3_efficiency", "trace_overhead")} if args.profile == "always" else {}
+        profiles = profile_misses(engine, {**res, "ok": {**res["ok"], **forced}}, prompts[0], d3, args.new_tokens)
+        if load is not None and (args.profile == "always" or not res["ok"]["load_s"]):
+            profiles["load_s"] = profile_load(args.model)
+        for name, text in profiles.items():
+            print(f"\n--- profile for {name} ---\n{text}")
+        res["profiles"] = profiles
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(res, indent=1, default=str))
+    return 0

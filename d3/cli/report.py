@@ -1,0 +1,35 @@
+"""`python -m d3 report`: the HTML report, the headline and a markdown summary from a sweep's CSV."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from d3.cli.common import check_input_file, check_output_file
+from d3.report import headline, summary_markdown, write_report
+from d3.sweep.table import read_results
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("report", help="HTML report and headline from a sweep's CSV")
+    p.add_argument("--results", required=True, help="the sweep's CSV")
+    p.add_argument("--out", default="report.html")
+    p.add_argument("--title", default=None)
+    p.add_argument("--summary", default=None, help="also write a markdown summary here")
+    p.set_defaults(func=main)
+    return p
+
+
+def main(args: argparse.Namespace) -> int:
+    check_input_file(args.results, "--results", f"run `python -m d3 sweep --out {args.results}` first")
+    check_output_file(args.out, "--out")
+    if args.summary:
+        check_output_file(args.summary, "--summary")
+    out = write_report(args.results, args.out, title=args.title)
+    df = read_results(args.results)
+    if args.summary:
+        Path(args.summary).write_text(summary_markdown(df, title=args.title or "Sweep summary"), encoding="utf-8")
+    print(headline(df)["text"])
+    print(f"\nwrote {out} ({out.stat().st_size / 1e6:.1f} MB)")
+    return 0

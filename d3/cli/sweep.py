@@ -1,0 +1,121 @@
+"""`python -m d3 sweep`: the sweep's flags, parsed into a `SweepSpec`, and the run with a progress bar."""
+
+from __future__ import annotations
+
+import argparse
+from fractions import Fraction
+from typing import Any, Callable
+
+from tqdm import tqdm
+
+import d3.sweep
+from d3.cli.common import check_output_file, set_threads
+from d3.config import DROP_ORDERS
+from d3.data import DEFAULT_TASKS
+from d3.sweep.spec import BASELINES, TASK_SCORINGS, Progress, SweepSpec, load_prompts
+from d3.sweep.table import sidecar
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    """"0.85,2/3" -> (0.85, 0.666...)."""
+    return tuple(float(Fraction(x.strip())) for x in text.split(",") if x.strip())
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x.strip())
+
+
+def _cores(text: str) -> tuple[tuple[int, int] | None, ...]:
+    """"default,0+0,2+2" -> (None, (0, 0), (2, 2))."""
+    out: list[tuple[int, int] | None] = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        if part == "default":
+            out.append(None)
+        else:
+            head, tail = part.split("+")
+            out.append((int(head), int(tail)))
+    return tuple(out)
+
+
+def _words(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _task_names(text: str) -> tuple[str, ...]:
+    """Comma-separated task names; "default" stands for the tasks the embedded model is above chance on."""
+    names = _words(text)
+    return DEFAULT_TASKS if names == ("default",) else names
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register `sweep` on an argparse subparsers object."""
+    p = subparsers.add_parser("sweep", help="run a grid of D3 settings and baselines at matched depth",
+                              description=d3.sweep.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--out", default="results/sweep.csv", help="CSV appended row by row; a rerun resumes")
+    p.add_argument("--prompts", type=int, default=4, help="how many prompts of assets/prompts.json")
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3, help="timing repeats (full depth and method alternate)")
+    p.add_argument("--depths", default="0.85,0.75,2/3,0.55", help="target mean depths, fractions of L")
+    p.add_argument("--alphas", default="", help="extra D3 settings with explicit alpha")
+    p.add_argument("--cores", default="default", help="D3 core splits, e.g. default,0+0,4+4")
+    p.add_argument("--starts", default="0", help="D3 start values in tokens, e.g. 0,16")
+    p.add_argument("--fills", default="copy", help="D3 fills among copy,propagate,none")
+    p.add_argument("--drop-orders", default="middle_out", help=f"D3 drop orders among {','.join(DROP_ORDERS)}")
+    p.add_argument("--variants-at", default="2/3", help="depth at which the non-base D3 variants run")
+    p.add_argument("--product", action="store_true", help="full product of the D3 axes at every depth")
+    p.add_argument("--baselines", default=",".join(BASELINES))
+    p.add_argument("--baseline-depths", default="", help="depths for baselines (default: --depths)")
+    p.add_argument("--early-exit-measures", default="softmax_gap", help="softmax_gap,cosine")
+    p.add_argument("--early-exit-depths", default="", help="depths for early exit (default: baseline depths)")
+    p.add_argument("--tasks", default="", help="BIG-bench tasks (d3.data.TASKS), comma separated; 'default' for "
+                   "d3.data.DEFAULT_TASKS, the ones the embedded model is above chance on")
+    p.add_argument("--task-limit", type=int, default=30)
+    p.add_argument("--task-scoring", default="loglik", choices=TASK_SCORINGS)
+    p.add_argument("--ppl-chunks", type=int, default=4)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave torch's default)")
+    p.add_argument("--limit", type=int, default=None, help="measure at most this many new settings, then stop")
+    p.add_argument("--no-chat-template", action="store_true")
+    p.set_defaults(func=main)
+    return p
+
+
+def spec_from_args(args: argparse.Namespace) -> SweepSpec:
+    return SweepSpec(
+        model=args.model, prompts=load_prompts(args.prompts), max_new_tokens=args.new_tokens, repeats=args.repeats,
+        depths=_floats(args.depths), alphas=_floats(args.alphas), cores=_cores(args.cores), starts=_ints(args.starts),
+        fills=_words(args.fills), drop_orders=_words(args.drop_orders), variants_at=_floats(args.variants_at)[0],
+        product=args.product, baselines=_words(args.baselines),
+        baseline_depths=_floats(args.baseline_depths) or None, early_exit_measures=_words(args.early_exit_measures),
+        early_exit_depths=_floats(args.early_exit_depths) or None,
+        tasks=_task_names(args.tasks), task_limit=args.task_limit, task_scoring=args.task_scoring,
+        ppl_chunks=args.ppl_chunks, chat_template=not args.no_chat_template)
+
+
+def tqdm_progress() -> tuple[Progress, Callable[[], None]]:
+    """A progress(fraction, desc) callback drawing a tqdm bar, and a function that closes the bar."""
+    bar = tqdm(total=1000, unit="‰", bar_format="{l_bar}{bar}| {elapsed}<{remaining}")
+
+    def update(fraction: float, desc: str) -> None:
+        bar.set_description_str(desc[:60])
+        bar.n = int(round(fraction * 1000))
+        bar.refresh()
+
+    return update, bar.close
+
+
+def main(args: argparse.Namespace, engine: Any = None) -> int:
+    """Run the sweep; `engine` lets tests inject a tiny model."""
+    check_output_file(args.out, "--out")  # before any model loads: a bad path fails in milliseconds
+    spec = spec_from_args(args)
+    set_threads(args.threads)
+    # Loaded here, not at the top: the parser is built for every command, and the run needs torch.
+    from d3.sweep.run import run_sweep
+
+    progress, close = tqdm_progress()
+    try:
+        df = run_sweep(spec, args.out, engine=engine, progress=progress, limit=args.limit)
+    finally:
+        close()
+    print(f"{len(df)} rows in {args.out} (JSON: {sidecar(args.out, 'json')})")
+    return 0

@@ -1,0 +1,126 @@
+"""What a sweep measures: the frozen `SweepSpec`, one grid `Setting`, the key of its row, the prompt set."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from d3.config import DROP_ORDERS, FILLS, GenerationConfig, StrategyConfig, _check
+from d3.data import ASSETS, example_prompts
+
+Progress = Callable[[float, str], None]
+BASELINES = ("skipdecode", "unified", "early_exit")
+TASK_SCORINGS = ("loglik", "generate")
+BUILTIN_PROMPTS = (
+    "Explain in a few sentences why the sky looks blue during the day.",
+    "List five tips for getting a good night's sleep.",
+    "Write the opening paragraph of a short story about a lighthouse keeper who finds a message in a bottle.",
+    "Write a short, polite email asking a colleague to move tomorrow's meeting to Friday.",
+)
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """The grid and what is measured for it.
+
+    depths: target mean depths (fraction of L over the generated tokens); every D3 variant and every baseline
+      is tuned to each one (D3 by bisection on alpha, SkipDecode / Unified by picking the closest planned mean,
+      early exit by calibrating its threshold on a full-depth run's confidences).
+    alphas: extra D3 settings with an explicit alpha (default core, start, fill, order).
+    cores / starts / fills / drop_orders: D3 variants. The first value of each is the base; unless `product`,
+      the other values are run one at a time at `variants_at` depth only (a one-factor-at-a-time grid). With a
+      nested drop order (middle_out, top_down, bottom_up) no later token reads a skipped entry, so fills make
+      no difference there: when "strided" is among drop_orders, the other fills run with it instead.
+    tasks: BIG-bench task names (d3.data.TASKS), `task_limit` examples each; scored by `task_scoring`:
+      "loglik" picks the multiple-choice option with the highest summed log-likelihood under the schedule
+      (exact-match tasks always use greedy generation + `score_exact`), "generate" uses greedy generation
+      + `score_exact` for every task.
+    ppl_chunks: how many windows of `d3.data.ppl_text()` (each `ppl_prefix` + `max_new_tokens` tokens) perplexity
+      is measured on; 0 turns perplexity off.
+    """
+
+    model: str = "smollm2-135m"
+    prompts: tuple[str, ...] = BUILTIN_PROMPTS
+    max_new_tokens: int = 64
+    repeats: int = 3
+    depths: tuple[float, ...] = (0.85, 0.75, 2 / 3, 0.55)
+    alphas: tuple[float, ...] = ()
+    cores: tuple[tuple[int, int] | None, ...] = (None,)
+    starts: tuple[int, ...] = (0,)
+    fills: tuple[str, ...] = ("copy",)
+    drop_orders: tuple[str, ...] = ("middle_out",)
+    variants_at: float = 2 / 3
+    product: bool = False
+    baselines: tuple[str, ...] = BASELINES
+    baseline_depths: tuple[float, ...] | None = None  # None: every depth
+    early_exit_measures: tuple[str, ...] = ("softmax_gap",)
+    early_exit_depths: tuple[float, ...] | None = None  # None: the baseline depths
+    tasks: tuple[str, ...] = ()
+    task_limit: int = 30
+    task_scoring: str = "loglik"
+    ppl_chunks: int = 4
+    ppl_prefix: int = 32
+    chat_template: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check(len(self.prompts) >= 1 and all(isinstance(p, str) and p.strip() for p in self.prompts), "prompts",
+               self.prompts, "one or more non-empty strings")
+        _check(isinstance(self.max_new_tokens, int) and 2 <= self.max_new_tokens <= 1024, "max_new_tokens",
+               self.max_new_tokens, "an integer in [2, 1024]")
+        _check(isinstance(self.repeats, int) and 1 <= self.repeats <= 50, "repeats", self.repeats, "an integer in [1, 50]")
+        for d in (*self.depths, self.variants_at, *(self.baseline_depths or ()), *(self.early_exit_depths or ())):
+            _check(0 < d <= 1, "depths", d, "fractions in (0, 1]")
+        for a in self.alphas:
+            _check(0 < a <= 1, "alphas", a, "numbers in (0, 1]")
+        _check(len(self.cores) >= 1, "cores", self.cores, "at least one (head, tail) pair or None")
+        for core in self.cores:
+            _check(core is None or (len(core) == 2 and all(isinstance(x, int) and x >= 0 for x in core)), "cores",
+                   core, "None or a (head, tail) pair of integers >= 0")
+        _check(len(self.starts) >= 1 and all(isinstance(s, int) and s >= 0 for s in self.starts), "starts", self.starts,
+               "one or more integers >= 0 (tokens)")
+        _check(len(self.fills) >= 1 and all(f in FILLS for f in self.fills), "fills", self.fills, f"among {FILLS}")
+        _check(len(self.drop_orders) >= 1 and all(o in DROP_ORDERS for o in self.drop_orders), "drop_orders",
+               self.drop_orders, f"among {DROP_ORDERS}")
+        _check(all(b in BASELINES for b in self.baselines), "baselines", self.baselines, f"among {BASELINES}")
+        _check(self.task_scoring in TASK_SCORINGS, "task_scoring", self.task_scoring, f"one of {TASK_SCORINGS}")
+        _check(isinstance(self.task_limit, int) and self.task_limit >= 1, "task_limit", self.task_limit, "an integer >= 1")
+        _check(isinstance(self.ppl_chunks, int) and self.ppl_chunks >= 0, "ppl_chunks", self.ppl_chunks, "an integer >= 0")
+
+    @property
+    def gen(self) -> GenerationConfig:
+        return GenerationConfig(max_new_tokens=self.max_new_tokens, stop_at_eos=False)
+
+    def measured_with(self) -> dict[str, Any]:
+        """Everything besides the strategy that a row's numbers depend on (part of every row's key)."""
+        d = asdict(self)
+        for name in ("depths", "alphas", "cores", "starts", "fills", "drop_orders", "variants_at", "product",
+                     "baselines", "baseline_depths", "early_exit_measures", "early_exit_depths"):
+            d.pop(name)
+        return d
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One point of the grid: a strategy config, its label and the mean depth it was tuned to (None: untuned)."""
+
+    label: str
+    config: StrategyConfig
+    target_depth: float | None = None
+
+
+def setting_key(spec: SweepSpec, model_name: str, setting: Setting) -> str:
+    """A stable hash of the strategy config, the model and everything the row was measured with."""
+    payload = {"model": model_name, "strategy": setting.config.to_dict(), "measured_with": spec.measured_with()}
+    text = json.dumps(payload, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def load_prompts(count: int, path: Path | None = None) -> tuple[str, ...]:
+    """The first `count` prompts of assets/prompts.json (or the built-in list if the file is missing)."""
+    path = path or ASSETS / "prompts.json"
+    prompts = [p.prompt for p in example_prompts(path)] if path.is_file() else list(BUILTIN_PROMPTS)
+    return tuple(prompts[:count])

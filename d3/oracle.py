@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -23,7 +23,7 @@ from transformers.cache_utils import DynamicCache
 from d3.adapter import Adapter
 from d3.config import TRACE_OFF, D3Config, FullConfig, GenerationConfig
 from d3.engine import Engine
-from d3.oracle_fit import prediction_depth
+from d3.oracle_fit import fit_alpha, judge, position_summary, prediction_depth, underserved_fraction
 from d3.schedule import d3_layers, plan
 
 
@@ -129,22 +129,43 @@ def budget_logits(adapter: Adapter, fp: FullPass, query: _Query, layers: Sequenc
     return adapter.logits(hidden[:, -1])[0]
 
 
-def oracle_depths(adapter: Adapter, fp: FullPass, cfg: D3Config) -> list[int]:
-    """Per answer token, the smallest budget (core floor .. L) whose D3 layer set keeps full depth's top-1."""
+def need_and_stable(keeps: Callable[[int], bool], floor: int, num_layers: int) -> tuple[int, int]:
+    """(need, stable) for one token, where keeps(n) says whether budget n keeps full depth's top-1.
+
+    need: the smallest budget that keeps it (scanning up from the floor). stable: the smallest budget from which
+    every larger budget keeps it (scanning down from L - 1); need <= stable, and they differ where a small
+    budget happens to hit the right token while some larger one misses. Budget L always keeps it.
+    """
+    need = next((n for n in range(floor, num_layers) if keeps(n)), num_layers)
+    stable = next((n + 1 for n in range(num_layers - 1, need - 1, -1) if not keeps(n)), need)
+    return need, stable
+
+
+@dataclass(frozen=True)
+class Depths:
+    """Per answer token: `need` (the oracle depth) and `stable` (see `need_and_stable`), ints in [floor, L]."""
+
+    need: list[int]
+    stable: list[int]
+
+
+def oracle_depths(adapter: Adapter, fp: FullPass, cfg: D3Config) -> Depths:
+    """Per answer token, the budgets (core floor .. L) whose D3 layer set keeps full depth's top-1."""
     num_layers = adapter.num_layers
     floor = max(1, sum(cfg.core(num_layers)))
     top1 = fp.top1
-    needs = []
+    need, stable = [], []
     with torch.inference_mode():
         for i in range(fp.steps):
             query = _query(adapter, fp, i)
-            need = num_layers  # full depth always keeps its own top-1
-            for n in range(floor, num_layers):
-                if int(budget_logits(adapter, fp, query, d3_layers(cfg, num_layers, n)).argmax()) == top1[i]:
-                    need = n
-                    break
-            needs.append(need)
-    return needs
+
+            def keeps(n: int) -> bool:
+                return int(budget_logits(adapter, fp, query, d3_layers(cfg, num_layers, n)).argmax()) == top1[i]
+
+            a, b = need_and_stable(keeps, floor, num_layers)
+            need.append(a)
+            stable.append(b)
+    return Depths(need, stable)
 
 
 def kl_at_budget(adapter: Adapter, fp: FullPass, cfg: D3Config) -> list[float]:
@@ -174,6 +195,7 @@ class Answer:
     fp: FullPass
     texts: list[str]
     oracle_depth: list[int] = field(default_factory=list)
+    stable_depth: list[int] = field(default_factory=list)
     prediction_depth: list[int] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -181,7 +203,7 @@ class Answer:
         return {"title": title, "prompt": self.prompt, "prompt_tokens": len(self.prompt_ids),
                 "answer_ids": list(self.fp.answer), "answer_tokens": self.texts,
                 "full_top1_matches_answer": float(np.mean(np.array(self.fp.top1) == np.array(self.fp.answer))),
-                "oracle_depth": self.oracle_depth, "prediction_depth": self.prediction_depth,
+                "oracle_depth": self.oracle_depth, "stable_depth": self.stable_depth, "prediction_depth": self.prediction_depth,
                 "seconds": {k: round(v, 3) for k, v in self.seconds.items()}}
 
 
@@ -197,9 +219,55 @@ def measure(engine: Engine, prompt: str, cfg: D3Config, max_new_tokens: int = 64
         fp = full_pass(engine.adapter, prompt_ids, trace.token_ids)
     t2 = time.perf_counter()
     answer = Answer(prompt, prompt_ids, fp, [s.text for s in trace.steps])
-    answer.oracle_depth = oracle_depths(engine.adapter, fp, cfg)
+    depths = oracle_depths(engine.adapter, fp, cfg)
+    answer.oracle_depth, answer.stable_depth = depths.need, depths.stable
     t3 = time.perf_counter()
     answer.prediction_depth = prediction_depth(lens_top1(engine.adapter, fp), np.array(fp.top1)).tolist()
     t4 = time.perf_counter()
     answer.seconds = {"generate": t1 - t0, "full_pass": t2 - t1, "oracle": t3 - t2, "lens": t4 - t3, "total": t4 - t0}
     return answer
+
+
+def _per_prompt(values: list[list[Any]]) -> list[Any]:
+    """One prompt: its list as it is; several: a list per prompt."""
+    return values[0] if len(values) == 1 else values
+
+
+def study(engine: Engine, prompts: Sequence[tuple[str, str]], cfg: D3Config, max_new_tokens: int = 64, *,
+          chat_template: bool = True, alpha: float | None = None, k: float = 0.10,
+          report_at: Sequence[D3Config] = (), log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The oracle on (title, prompt) pairs, the decay fitted to all their needs, and D3 judged against them.
+
+    The schedule judged (under-served fraction, KL at its budget) is `cfg` with `alpha` when given, else the
+    least-squares fit's alpha and start. `report_at`: further D3 settings whose under-served fraction is listed.
+    """
+    t0 = time.perf_counter()
+    answers = []
+    for n, (title, prompt) in enumerate(prompts):
+        answers.append(measure(engine, prompt, cfg, max_new_tokens, chat_template=chat_template))
+        if log:
+            log(f"[{n + 1}/{len(prompts)}] {title or prompt[:40]!r}: {len(answers[-1].oracle_depth)} tokens in "
+                f"{answers[-1].seconds['total']:.1f} s")
+    L = engine.num_layers
+    needs = [a.oracle_depth for a in answers]
+    fits = fit_alpha(needs, L, core=cfg.core(L), k=k)
+    judged = cfg.with_(alpha=alpha) if alpha is not None else fits["least_squares"].config(cfg)
+    kl = [kl_at_budget(engine.adapter, a.fp, judged) for a in answers]
+    return {
+        "model": engine.name, "num_layers": L, "core": list(cfg.core(L)), "drop_order": cfg.drop_order,
+        "max_new_tokens": max_new_tokens, "chat_template": chat_template and engine.has_chat_template,
+        "oracle_depth": _per_prompt(needs), "stable_depth": _per_prompt([a.stable_depth for a in answers]),
+        "prediction_depth": _per_prompt([a.prediction_depth for a in answers]),
+        "alpha_fit": {name: f.to_dict() for name, f in fits.items()}, "k": k,
+        "alpha": judged.alpha, "start": judged.start,
+        "alpha_source": "--alpha" if alpha is not None else "least_squares fit",
+        "underserved_fraction": underserved_fraction(needs, judged, L),
+        "kl_at_budget": _per_prompt([[round(x, 5) for x in row] for row in kl]),
+        "underserved_at": [judge(needs, c, L) for c in report_at],
+        "summary": {"oracle_depth": position_summary(needs, L),
+                    "stable_depth": position_summary([a.stable_depth for a in answers], L),
+                    "fits_stable_depth": {n: f.to_dict() for n, f in fit_alpha([a.stable_depth for a in answers], L,
+                                                                               core=cfg.core(L), k=k).items()}},
+        "prompts": [a.to_dict(title) for a, (title, _) in zip(answers, prompts)],
+        "seconds": round(time.perf_counter() - t0, 2),
+    }

@@ -80,6 +80,15 @@ def underserved_fraction(needs: Needs, cfg: D3Config, num_layers: int) -> float:
     return float(np.mean(schedule_budgets(cfg, num_layers, int(pos.max()) + 1)[pos] < need))
 
 
+def judge(needs: Needs, cfg: D3Config, num_layers: int) -> dict[str, float]:
+    """How D3 under `cfg` serves the needs: under-served fraction, mean budget per token, theoretical speedup."""
+    pos, need = flat_needs(needs)
+    cfg.check_layers(num_layers)
+    b = schedule_budgets(cfg, num_layers, int(pos.max()) + 1)[pos]
+    return {"alpha": cfg.alpha, "start": cfg.start, "underserved_fraction": float(np.mean(b < need)),
+            "mean_budget": float(b.mean()), "theoretical_speedup": num_layers / float(b.mean())}
+
+
 def _grid_scores(pos: np.ndarray, need: np.ndarray, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per (alpha, start): squared error sum, under-served count and budget sum, each [A, S].
 

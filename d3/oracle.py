@@ -23,7 +23,7 @@ from transformers.cache_utils import DynamicCache
 from d3.adapter import Adapter
 from d3.config import TRACE_OFF, D3Config, FullConfig, GenerationConfig
 from d3.engine import Engine
-from d3.oracle_fit import fit_alpha, judge, position_summary, prediction_depth, underserved_fraction
+from d3.oracle_fit import fit_alpha, judge, need_and_stable, position_summary, underserved_fraction
 from d3.schedule import d3_layers, plan
 
 
@@ -85,99 +85,100 @@ def full_pass(adapter: Adapter, prompt_ids: Sequence[int], answer: Sequence[int]
     return FullPass(len(prompt_ids), tuple(answer), kv, torch.stack(resid), logprobs)
 
 
-@dataclass
-class _Query:
-    """What every budget of one query shares: the exact cache before it, and its masks and rotary embedding."""
+class _ExactPast:
+    """Full depth's keys and values before one query, shared by every row that runs a layer.
 
-    i: int
-    cache: DynamicCache
-    positions: torch.Tensor  # [1, 1]
-    masks: dict[str, Any]
-    ropes: dict[str, Any]
+    `update` is the one cache method a decoder layer calls (Llama, Mistral, Qwen2/3 and Gemma 3 attention), so
+    a layer can run on just the rows whose layer set holds it, each seeing the exact past plus its own key/value,
+    without a cache copy per row or rolling anything back afterwards.
+    """
+
+    def __init__(self, kv: list[tuple[torch.Tensor, torch.Tensor]], q: int) -> None:
+        self.kv, self.q = kv, q
+
+    def update(self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        past_k, past_v = (t[..., : self.q, :].expand(keys.shape[0], -1, -1, -1) for t in self.kv[layer_idx])
+        return torch.cat([past_k, keys], dim=-2), torch.cat([past_v, values], dim=-2)  # [rows, kv_heads, q + 1, hd]
 
 
-def _query(adapter: Adapter, fp: FullPass, i: int) -> _Query:
+def _rows(x: Any, sel: torch.Tensor, batch: int) -> Any:
+    """Rows `sel` of a per-row tensor (mask, cos, sin); None and batch-1 broadcasts pass through."""
+    return x[sel] if isinstance(x, torch.Tensor) and x.shape[0] == batch > 1 else x
+
+
+def budget_logprobs(adapter: Adapter, fp: FullPass, i: int, layer_sets: Sequence[Sequence[int]]) -> torch.Tensor:
+    """Query i's next-token log-probs [len(layer_sets), vocab]: one row per layer set, all in one batch.
+
+    Earlier positions are at full depth (their exact keys and values from the full pass). A row passes the layers
+    it skips unchanged, as D3's decode step does, and each layer runs only on the rows that hold it. Every row
+    starts from full depth's residual at the lowest first-dropped layer of all rows: below its own first dropped
+    layer a row runs every layer, on the same input and the same past as full depth did, so that residual is
+    what it would compute.
+    """
+    L, rows = adapter.num_layers, len(layer_sets)
+    runs = torch.tensor([[idx in set(layers) for idx in range(L)] for layers in layer_sets])  # bool [B, L]
+    if runs.all():
+        return fp.logprobs[i].expand(rows, -1)
+    first = int((~runs).any(0).float().argmax())
     q = fp.query(i)
-    past = [(k[..., :q, :], v[..., :q, :]) for k, v in fp.kv] if q > 0 else None
-    cache = DynamicCache(past, config=adapter.config)
-    positions = torch.tensor([[q]], device=fp.resid.device)
-    hidden = fp.resid[0, i][None, None]  # [1, 1, d_model]
-    mask = torch.ones(1, q + 1, dtype=torch.long, device=hidden.device)
-    return _Query(i, cache, positions, adapter.masks(hidden, mask, cache, positions), adapter.rope(hidden, positions))
-
-
-def budget_logits(adapter: Adapter, fp: FullPass, query: _Query, layers: Sequence[int]) -> torch.Tensor:
-    """Query i's next-token logits [vocab] when it runs only `layers` (earlier positions at full depth).
-
-    Starts from full depth's residual at the first layer not in `layers`: every layer below it ran, on the same
-    input and the same cache, so that residual is what the step would have computed. The cache is left as it was.
-    """
-    run = set(layers)
-    first_dropped = next((idx for idx in range(adapter.num_layers) if idx not in run), adapter.num_layers)
-    if first_dropped == adapter.num_layers:
-        return fp.logprobs[query.i]  # full depth: log-probs have the logits' argmax and KL 0 to themselves
-    hidden = fp.resid[first_dropped, query.i][None, None]  # [1, 1, d_model]
-    ran = []
-    for idx in sorted(run):
-        if idx < first_dropped:
-            continue
-        kind = adapter.layer_types[idx]
-        hidden = adapter.run_layer(idx, hidden, query.masks[kind], query.ropes[kind], query.cache, query.positions)
-        ran.append(idx)
-    for idx in ran:  # each layer that ran appended this query's key/value: take it back out
-        query.cache.layers[idx].crop(-1)
-    return adapter.logits(hidden[:, -1])[0]
-
-
-def need_and_stable(keeps: Callable[[int], bool], floor: int, num_layers: int) -> tuple[int, int]:
-    """(need, stable) for one token, where keeps(n) says whether budget n keeps full depth's top-1.
-
-    need: the smallest budget that keeps it (scanning up from the floor). stable: the smallest budget from which
-    every larger budget keeps it (scanning down from L - 1); need <= stable, and they differ where a small
-    budget happens to hit the right token while some larger one misses. Budget L always keeps it.
-    """
-    need = next((n for n in range(floor, num_layers) if keeps(n)), num_layers)
-    stable = next((n + 1 for n in range(num_layers - 1, need - 1, -1) if not keeps(n)), need)
-    return need, stable
+    device = fp.resid.device
+    positions = torch.full((rows, 1), q, device=device)
+    hidden = fp.resid[first, i].expand(rows, 1, -1).clone()  # [B, 1, d_model]
+    # The library's masks need a real cache of the past's length; the layers themselves only read _ExactPast.
+    sizing = DynamicCache([(k[..., :q, :], v[..., :q, :]) for k, v in fp.kv] if q else None, config=adapter.config)
+    masks = adapter.masks(hidden, torch.ones(rows, q + 1, dtype=torch.long, device=device), sizing, positions)
+    ropes = adapter.rope(hidden, positions)
+    past = _ExactPast(fp.kv, q)
+    for idx in range(first, L):
+        sel = runs[:, idx].nonzero()[:, 0].to(device)
+        if len(sel):
+            kind = adapter.layer_types[idx]
+            rope = tuple(_rows(t, sel, rows) for t in ropes[kind])
+            out = adapter.run_layer(idx, hidden[sel], _rows(masks[kind], sel, rows), rope, past, positions[sel])
+            hidden = hidden.index_copy(0, sel, out)
+    return torch.log_softmax(adapter.logits(hidden[:, -1]), dim=-1)
 
 
 @dataclass(frozen=True)
-class Depths:
-    """Per answer token: `need` (the oracle depth) and `stable` (see `need_and_stable`), ints in [floor, L]."""
+class BudgetScan:
+    """Every budget n from the core floor to L, for every answer token: column n - floor of each array.
 
-    need: list[int]
-    stable: list[int]
+    keeps: bool [T, L - floor + 1], D3's layer set for n keeps full depth's top-1.
+    kl: float [T, L - floor + 1], KL(full depth || budget n) of the next-token distribution.
+    """
+
+    cfg: D3Config
+    floor: int
+    keeps: np.ndarray
+    kl: np.ndarray
+
+    def depths(self) -> tuple[list[int], list[int]]:
+        """(need, stable) per token: see `d3.oracle_fit.need_and_stable`."""
+        pairs = [need_and_stable(row, self.floor) for row in self.keeps]
+        return [a for a, _ in pairs], [b for _, b in pairs]
+
+    def kl_at(self, cfg: D3Config, num_layers: int) -> list[float]:
+        """Per token, KL at D3's own budget for that step under `cfg` (same core and drop order as the scan)."""
+        if cfg.core(num_layers) != self.cfg.core(num_layers) or cfg.drop_order != self.cfg.drop_order:
+            raise ValueError("kl_at needs the scan's core and drop order; scan again for another layer set")
+        return [float(self.kl[i, plan(cfg, num_layers, i).budget - self.floor]) for i in range(len(self.kl))]
 
 
-def oracle_depths(adapter: Adapter, fp: FullPass, cfg: D3Config) -> Depths:
-    """Per answer token, the budgets (core floor .. L) whose D3 layer set keeps full depth's top-1."""
-    num_layers = adapter.num_layers
-    floor = max(1, sum(cfg.core(num_layers)))
+def scan_budgets(adapter: Adapter, fp: FullPass, cfg: D3Config) -> BudgetScan:
+    """Run every answer token at every D3 budget below L (one batch per token) against full depth."""
+    L = adapter.num_layers
+    floor = max(1, sum(cfg.core(L)))
+    sets = [d3_layers(cfg, L, n) for n in range(floor, L)]
+    keeps = np.ones((fp.steps, L - floor + 1), dtype=bool)  # budget L is full depth: it keeps, with KL 0
+    kl = np.zeros((fp.steps, L - floor + 1))
     top1 = fp.top1
-    need, stable = [], []
     with torch.inference_mode():
         for i in range(fp.steps):
-            query = _query(adapter, fp, i)
-
-            def keeps(n: int) -> bool:
-                return int(budget_logits(adapter, fp, query, d3_layers(cfg, num_layers, n)).argmax()) == top1[i]
-
-            a, b = need_and_stable(keeps, floor, num_layers)
-            need.append(a)
-            stable.append(b)
-    return Depths(need, stable)
-
-
-def kl_at_budget(adapter: Adapter, fp: FullPass, cfg: D3Config) -> list[float]:
-    """Per answer token, KL(full depth || D3's own budget for that step under `cfg`) of the next-token distribution."""
-    out = []
-    with torch.inference_mode():
-        for i in range(fp.steps):
-            layers = plan(cfg, adapter.num_layers, i).run
-            logp = torch.log_softmax(budget_logits(adapter, fp, _query(adapter, fp, i), layers).float(), dim=-1)
+            logp = budget_logprobs(adapter, fp, i, sets) if sets else fp.logprobs[i][None, :0]
             full = fp.logprobs[i]
-            out.append(max(0.0, float((full.exp() * (full - logp)).sum())))
-    return out
+            keeps[i, :-1] = (logp.argmax(-1) == top1[i]).cpu().numpy()
+            kl[i, :-1] = (full.exp() * (full - logp)).sum(-1).clamp_min(0).cpu().numpy()
+    return BudgetScan(cfg, floor, keeps, kl)
 
 
 def lens_top1(adapter: Adapter, fp: FullPass) -> np.ndarray:
@@ -186,14 +187,31 @@ def lens_top1(adapter: Adapter, fp: FullPass) -> np.ndarray:
         return np.stack([adapter.logits(fp.resid[k]).argmax(-1).cpu().numpy() for k in range(adapter.num_layers + 1)])
 
 
+def lens_depth(adapter: Adapter, fp: FullPass) -> list[int]:
+    """`prediction_depth(lens_top1(...), top1)` read from the top down: a token leaves the LM-head calls at the
+    first layer (going down) where the lens loses full depth's top-1, so most tokens cost a few calls, not L."""
+    top1 = torch.tensor(fp.top1, device=fp.resid.device)
+    depth = torch.zeros(fp.steps, dtype=torch.long)
+    active = torch.arange(fp.steps, device=fp.resid.device)
+    with torch.inference_mode():
+        for k in range(adapter.num_layers - 1, -1, -1):
+            lost = adapter.logits(fp.resid[k, active]).argmax(-1) != top1[active]
+            depth[active[lost].cpu()] = k + 1
+            active = active[~lost]
+            if not len(active):
+                break
+    return depth.tolist()
+
+
 @dataclass
 class Answer:
-    """One prompt's full-depth answer and its oracle: JSON-ready lists plus the full pass for later KL passes."""
+    """One prompt's full-depth answer and its oracle: the full pass, the scan of every budget, JSON-ready lists."""
 
     prompt: str
     prompt_ids: list[int]
     fp: FullPass
     texts: list[str]
+    scan: BudgetScan
     oracle_depth: list[int] = field(default_factory=list)
     stable_depth: list[int] = field(default_factory=list)
     prediction_depth: list[int] = field(default_factory=list)
@@ -204,11 +222,14 @@ class Answer:
                 "answer_ids": list(self.fp.answer), "answer_tokens": self.texts,
                 "full_top1_matches_answer": float(np.mean(np.array(self.fp.top1) == np.array(self.fp.answer))),
                 "oracle_depth": self.oracle_depth, "stable_depth": self.stable_depth, "prediction_depth": self.prediction_depth,
+                "budgets": list(range(self.scan.floor, self.scan.floor + self.scan.keeps.shape[1])),
+                "kept_by_budget": [round(float(x), 4) for x in self.scan.keeps.mean(0)],
+                "mean_kl_by_budget": [round(float(x), 4) for x in self.scan.kl.mean(0)],
                 "seconds": {k: round(v, 3) for k, v in self.seconds.items()}}
 
 
 def measure(engine: Engine, prompt: str, cfg: D3Config, max_new_tokens: int = 64, *, chat_template: bool = True) -> Answer:
-    """Generate the full-depth greedy answer, then the oracle depth and prediction depth of each of its tokens."""
+    """Generate the full-depth greedy answer, then scan every budget and the logit lens for each of its tokens."""
     cfg.check_layers(engine.num_layers)
     t0 = time.perf_counter()
     gen = GenerationConfig(max_new_tokens=max_new_tokens)
@@ -218,11 +239,10 @@ def measure(engine: Engine, prompt: str, cfg: D3Config, max_new_tokens: int = 64
     with torch.inference_mode():
         fp = full_pass(engine.adapter, prompt_ids, trace.token_ids)
     t2 = time.perf_counter()
-    answer = Answer(prompt, prompt_ids, fp, [s.text for s in trace.steps])
-    depths = oracle_depths(engine.adapter, fp, cfg)
-    answer.oracle_depth, answer.stable_depth = depths.need, depths.stable
+    answer = Answer(prompt, prompt_ids, fp, [s.text for s in trace.steps], scan_budgets(engine.adapter, fp, cfg))
+    answer.oracle_depth, answer.stable_depth = answer.scan.depths()
     t3 = time.perf_counter()
-    answer.prediction_depth = prediction_depth(lens_top1(engine.adapter, fp), np.array(fp.top1)).tolist()
+    answer.prediction_depth = lens_depth(engine.adapter, fp)
     t4 = time.perf_counter()
     answer.seconds = {"generate": t1 - t0, "full_pass": t2 - t1, "oracle": t3 - t2, "lens": t4 - t3, "total": t4 - t0}
     return answer
@@ -252,7 +272,7 @@ def study(engine: Engine, prompts: Sequence[tuple[str, str]], cfg: D3Config, max
     needs = [a.oracle_depth for a in answers]
     fits = fit_alpha(needs, L, core=cfg.core(L), k=k)
     judged = cfg.with_(alpha=alpha) if alpha is not None else fits["least_squares"].config(cfg)
-    kl = [kl_at_budget(engine.adapter, a.fp, judged) for a in answers]
+    kl = [a.scan.kl_at(judged, L) for a in answers]
     return {
         "model": engine.name, "num_layers": L, "core": list(cfg.core(L)), "drop_order": cfg.drop_order,
         "max_new_tokens": max_new_tokens, "chat_template": chat_template and engine.has_chat_template,

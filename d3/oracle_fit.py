@@ -161,6 +161,21 @@ def prediction_depth(lens_top1: np.ndarray, final_top1: np.ndarray) -> np.ndarra
     return depth.astype(np.int64)
 
 
+def need_and_stable(keeps: Sequence[bool], floor: int) -> tuple[int, int]:
+    """(need, stable) of one token, where keeps[j] says whether budget floor + j keeps full depth's top-1 (the
+    last entry, budget L, always does).
+
+    need: the smallest budget that keeps it (the oracle depth). stable: the smallest budget from which every
+    larger budget keeps it. need <= stable; they differ where a small budget hits the right token by luck
+    while a larger one misses it.
+    """
+    row = np.asarray(keeps, dtype=bool)
+    if not row.size or not row[-1]:
+        raise ValueError("keeps must end with True: full depth keeps its own top-1")
+    misses = np.flatnonzero(~row)
+    return floor + int(np.argmax(row)), floor + (int(misses[-1]) + 1 if misses.size else 0)
+
+
 def position_summary(needs: Needs, num_layers: int) -> dict[str, float]:
     """Does need fall with position? Spearman's rho of need against position, and mean need by quarter."""
     pos, need = flat_needs(needs)

@@ -13,7 +13,8 @@ import torch
 from d3 import cli
 from d3.config import D3Config, DROP_ORDERS
 from d3.decoder import decode_one_token, prefill
-from d3.oracle import _check_window, _query, budget_logits, kl_at_budget, lens_top1, measure, need_and_stable
+from d3.oracle import _check_window, budget_logprobs, lens_depth, lens_top1, measure
+from d3.oracle_fit import need_and_stable, prediction_depth
 from d3.schedule import LayerPlan, d3_layers, plan
 
 PROMPT = "hello there"
@@ -50,25 +51,25 @@ def test_need_is_the_smallest_budget_that_keeps_full_depths_top1(tiny_engine, me
     assert len(set(answer.oracle_depth)) > 2
 
 
-def test_fast_path_logits_equal_the_decoders(tiny_engine, measured):
+def test_fast_path_log_probs_equal_the_decoders(tiny_engine, measured):
     cfg, answer = measured
     L = tiny_engine.num_layers
+    sets = [d3_layers(cfg, L, n) for n in (2, 4, L - 1, L)]
     for i in (0, 3, 9):
-        query = _query(tiny_engine.adapter, answer.fp, i)
-        for n in (2, 4, L - 1):
-            layers = d3_layers(cfg, L, n)
-            with torch.inference_mode():
-                fast = budget_logits(tiny_engine.adapter, answer.fp, query, layers)
-            torch.testing.assert_close(fast, brute_logits(tiny_engine, answer, i, layers), atol=2e-4, rtol=1e-4)
-            # The step leaves the cache as it found it: every layer still holds exactly the q earlier positions.
-            assert {layer.get_seq_length() for layer in query.cache.layers} == {answer.fp.query(i)}
+        with torch.inference_mode():
+            fast = budget_logprobs(tiny_engine.adapter, answer.fp, i, sets)  # [4, vocab], one batch
+        for row, layers in zip(fast, sets):
+            torch.testing.assert_close(row, torch.log_softmax(brute_logits(tiny_engine, answer, i, layers), -1),
+                                       atol=2e-4, rtol=1e-4)
 
 
 def test_need_and_stable_by_hand():
-    keeps = {2: False, 3: True, 4: False, 5: True, 6: True}.__getitem__
-    assert need_and_stable(keeps, 2, 6) == (3, 5)
-    assert need_and_stable(lambda n: True, 2, 6) == (2, 2)
-    assert need_and_stable(lambda n: False, 2, 6) == (6, 6)  # only full depth keeps it
+    # budgets 2..6: 2 misses, 3 keeps (by luck), 4 misses, 5 and 6 keep
+    assert need_and_stable([False, True, False, True, True], 2) == (3, 5)
+    assert need_and_stable([True] * 5, 2) == (2, 2)
+    assert need_and_stable([False] * 4 + [True], 2) == (6, 6)  # only full depth keeps it
+    with pytest.raises(ValueError, match="end with True"):
+        need_and_stable([True, False], 2)
 
 
 def test_lens_ends_at_full_depths_top1(tiny_engine, measured):
@@ -80,19 +81,24 @@ def test_lens_ends_at_full_depths_top1(tiny_engine, measured):
     assert ((depth >= 0) & (depth <= tiny_engine.num_layers)).all()
     for t, k in enumerate(depth):  # from depth k on, the lens shows the final top-1; just below it, it does not
         assert (lens[k:, t] == answer.fp.top1[t]).all() and (k == 0 or lens[k - 1, t] != answer.fp.top1[t])
+    # The top-down reading gives the same depths as the whole lens.
+    assert lens_depth(tiny_engine.adapter, answer.fp) == prediction_depth(lens, np.array(answer.fp.top1)).tolist()
+    assert len(set(answer.prediction_depth)) > 1
 
 
 def test_kl_at_budget_matches_the_decoder_and_is_zero_at_full_depth(tiny_engine, measured):
     cfg, answer = measured
-    assert kl_at_budget(tiny_engine.adapter, answer.fp, cfg.with_(alpha=1.0)) == pytest.approx([0.0] * 10, abs=1e-6)
-    decayed = cfg.with_(alpha=0.7)
-    kl = kl_at_budget(tiny_engine.adapter, answer.fp, decayed)
     L = tiny_engine.num_layers
+    assert answer.scan.kl_at(cfg.with_(alpha=1.0), L) == [0.0] * 10
+    decayed = cfg.with_(alpha=0.7)
+    kl = answer.scan.kl_at(decayed, L)
     for i in (1, 5):
         logp = torch.log_softmax(brute_logits(tiny_engine, answer, i, plan(decayed, L, i).run), -1)
         full = answer.fp.logprobs[i]
         assert kl[i] == pytest.approx(float((full.exp() * (full - logp)).sum()), rel=1e-3, abs=1e-5)
-    assert kl[0] < 1e-6 and max(kl) > 0.01  # step 0 comes from the full-depth prefill; later steps lose something
+    assert kl[0] == 0 and max(kl) > 0.01  # step 0 comes from the full-depth prefill; later steps lose something
+    with pytest.raises(ValueError, match="core and drop order"):
+        answer.scan.kl_at(cfg.with_(core_head=2), L)
 
 
 def test_sliding_window_limit_is_a_clear_error():

@@ -1,8 +1,7 @@
-"""A self-contained HTML report and a plain-language headline from a sweep's results (`python -m d3 report`)."""
+"""What a sweep's results say: the headline, matched-depth and per-task tables, markdown (HTML: `viz.report`)."""
 
 from __future__ import annotations
 
-import html
 import json
 import math
 from pathlib import Path
@@ -11,7 +10,8 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from d3.sweep.table import read_results, sidecar
+from d3.sweep.table import sidecar
+from d3.trace import Trace
 
 STRATEGY_ORDER = ("d3", "skipdecode", "unified", "early_exit")
 PPL_LIMIT = 0.01  # perplexity within 1% of full depth
@@ -269,7 +269,7 @@ def markdown_table(df: pd.DataFrame, columns: Iterable[str], digits: int = 4) ->
 def summary_markdown(df: pd.DataFrame, *, title: str = "Sweep summary") -> str:
     """Headline, the matched-depth table and every setting, as markdown (for results/SUMMARY.md)."""
     h = headline(df)
-    parts = [f"# {title}", "", _context_text(df), "", "## Headline", "", h["text"], "",
+    parts = [f"# {title}", "", context_text(df), "", "## Headline", "", h["text"], "",
              "## At matched mean depth", "", markdown_table(matched_table(df), ("target_depth", *MATCHED_COLUMNS)), ""]
     tasks = task_table(df)
     if not tasks.empty:
@@ -279,25 +279,11 @@ def summary_markdown(df: pd.DataFrame, *, title: str = "Sweep summary") -> str:
     return "\n".join(parts)
 
 
-# ---------------------------------------------------------------- figures
+# ---------------------------------------------------------------- the sidecar records
 
 
-def pareto_figures(df: pd.DataFrame) -> list[tuple[str, Any]]:
-    """(title, figure) per quality metric that was measured: quality vs measured speedup with its Pareto front."""
-    from viz import pareto
-
-    out = []
-    for metric in PARETO_METRICS:
-        if metric in df and df[metric].notna().any():
-            target = (1.5, ACC_LIMIT) if metric == "accuracy" else (1.5, 0.01)
-            out.append((f"{metric.replace('_', ' ')} vs measured speedup", pareto(df, y=metric, target=target)))
-    return out
-
-
-def layer_traces(records: Iterable[dict[str, Any]], df: pd.DataFrame, depth: float = 2 / 3) -> dict[str, Any]:
+def layer_traces(records: Iterable[dict[str, Any]], df: pd.DataFrame, depth: float = 2 / 3) -> dict[str, Trace]:
     """label -> Trace: full depth and, per strategy, the setting whose target depth is closest to `depth`."""
-    from d3.trace import Trace
-
     by_key = {r["key"]: r for r in records if r.get("kind") == "layers"}
     chosen = {}
     for strategy in ("full", *STRATEGY_ORDER):
@@ -315,92 +301,7 @@ def block_frame(records: Iterable[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(blocks[-1]["rows"]) if blocks else pd.DataFrame()
 
 
-def figures(df: pd.DataFrame, records: list[dict[str, Any]]) -> list[tuple[str, Any]]:
-    """Every figure of the report, in order."""
-    from viz import block_change, layers_vs_step, task_accuracy_delta
-
-    out = pareto_figures(df)
-    tasks = task_frame(df)
-    if not tasks.empty:
-        out.append(("accuracy difference per task", task_accuracy_delta(tasks)))
-    traces = layer_traces(records, df)
-    if traces:
-        out.append(("layers vs step", layers_vs_step(traces)))
-    blocks = block_frame(records)
-    if not blocks.empty:
-        out.append(("change per block across layers",
-                    block_change(blocks, title="Change per block across layers, full depth, mean ± std over prompts "
-                                               "(paper Fig. 3)")))
-    return out
-
-
-# ---------------------------------------------------------------- HTML
-
-
-CSS = """body{font-family:Inter,'Helvetica Neue',Arial,sans-serif;margin:2rem auto;max-width:1200px;color:#111827}
-table{border-collapse:collapse;font-size:13px}th,td{border:1px solid #E5E7EB;padding:3px 6px;text-align:right}
-th{background:#F3F4F6}td:nth-child(2),td:nth-child(3){text-align:left}section{margin:2rem 0}"""
-
-
-def _table_html(df: pd.DataFrame, columns: Iterable[str]) -> str:
-    cols = [c for c in columns if c in df]
-    return df[cols].to_html(index=False, float_format=lambda x: f"{x:.4g}", na_rep="–", border=0)
-
-
-def _markdown_html(text: str) -> str:
-    """The headline's small markdown subset (bullets, nested bullets, **bold**) as HTML."""
-    import re
-
-    out, depth = [], 0
-    for line in text.splitlines():
-        level = 2 if line.startswith("  - ") else 1 if line.startswith("- ") else 0
-        while depth < level:
-            out.append("<ul>")
-            depth += 1
-        while depth > level:
-            out.append("</ul>")
-            depth -= 1
-        body = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", html.escape(line.lstrip(" -")))
-        out.append(f"<li>{body}</li>" if level else f"<p>{body}</p>")
-    out += ["</ul>"] * depth
-    return "\n".join(out)
-
-
-def render_html(df: pd.DataFrame, records: list[dict[str, Any]], *, title: str = "D3 sweep report") -> str:
-    """The whole report as one HTML string; plotly.js is embedded once, in the head."""
-    from plotly.offline import get_plotlyjs
-
-    h = headline(df)
-    parts = [f"<h1>{html.escape(title)}</h1>", _context(df), "<section><h2>Headline</h2>", _markdown_html(h["text"]),
-             "</section>"]
-    for name, fig in figures(df, records):
-        parts.append(f"<section><h2>{html.escape(_heading(name))}</h2>")
-        parts.append(fig.to_html(full_html=False, include_plotlyjs=False))
-        parts.append("</section>")
-    parts += ["<section><h2>At matched mean depth</h2>", _table_html(matched_table(df), ("target_depth", *MATCHED_COLUMNS)),
-              "</section>"]
-    tasks = task_table(df)
-    if not tasks.empty:
-        parts += ["<section><h2>Task accuracy beside chance</h2>", _table_html(tasks, tasks.columns), "</section>"]
-    parts += ["<section><h2>All settings</h2>", _table_html(df, TABLE_COLUMNS), "</section>"]
-    head = (f"<head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{CSS}</style>"
-            f"<script type='text/javascript'>{get_plotlyjs()}</script></head>")
-    return f"<!DOCTYPE html><html>{head}<body>{''.join(parts)}</body></html>"
-
-
-def _heading(name: str) -> str:
-    """A figure's name as a heading: first letter up, metric abbreviations spelled as readers know them."""
-    text = name[:1].upper() + name[1:]
-    for raw, shown in (("Kl ", "KL "), ("Ppl ratio", "Perplexity ratio")):
-        text = text.replace(raw, shown)
-    return text
-
-
-def _context(df: pd.DataFrame) -> str:
-    return f"<p>{html.escape(_context_text(df))}</p>"
-
-
-def _context_text(df: pd.DataFrame) -> str:
+def context_text(df: pd.DataFrame) -> str:
     """One paragraph: what was measured and how."""
     if df.empty:
         return "No results yet."
@@ -413,12 +314,3 @@ def _context_text(df: pd.DataFrame) -> str:
         bits.append(f"tasks scored by {scoring}")
     return ("; ".join(bits) + ". Measured speedup: full depth and the method alternate on the same prompts in one "
             "process, median over prompt × repeat pairs, generate() wall time including the prefill.")
-
-
-def write_report(results: str | Path, out: str | Path, *, title: str | None = None) -> Path:
-    df = read_results(results)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_html(df, load_records(results), title=title or f"D3 sweep: {Path(results).name}"),
-                   encoding="utf-8")
-    return out

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from d3.cli.common import check_input_file, check_output_file
-from d3.report import headline, summary_markdown, write_report
+from d3.report import headline, summary_markdown
 from d3.sweep.table import read_results
 
 
@@ -26,6 +26,10 @@ def main(args: argparse.Namespace) -> int:
     check_output_file(args.out, "--out")
     if args.summary:
         check_output_file(args.summary, "--summary")
+    # The HTML report's figures are viz's job and the engine never imports viz: this command, which wires
+    # the two together, loads it only when it writes a report.
+    from viz.report import write_report
+
     out = write_report(args.results, args.out, title=args.title)
     df = read_results(args.results)
     if args.summary:

@@ -280,7 +280,7 @@ def test_scenarios_set_the_controls(pool) -> None:
 
 
 def test_model_change_resizes_the_layer_controls(pool) -> None:
-    head, tail, layer, attention_head, chat = view_handlers.model_changed(pool, "tiny")
+    head, tail, layer, attention_head, chat, _ = view_handlers.model_changed(pool, "tiny")
     assert head["maximum"] == 6 and layer["maximum"] == 5 and attention_head["maximum"] == 3 and chat["value"]
     with pytest.raises(gr.Error):
         view_handlers.model_changed(ModelPool(public=True), "../../etc")

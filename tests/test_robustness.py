@@ -112,6 +112,7 @@ def handlers(pool: ModelPool, finished: Session) -> dict[str, tuple[Callable[...
         "compare_fills": (lambda **kw: list(live.compare_fills(pool, Session(), **kw)), run_args),
         "redraw_schedule": (lambda **kw: view_handlers.redraw_schedule(pool, finished, **kw), schedule),
         "model_changed": (lambda **kw: view_handlers.model_changed(pool, **kw), {"model": "tiny"}),
+        "load_model": (lambda **kw: view_handlers.load_model(pool, **kw), {"model": "tiny"}),
         "use_example": (lambda **kw: view_handlers.use_example(**kw), {"title": "Fact"}),
         "apply_scenario": (lambda **kw: view_handlers.apply_scenario(pool, "core", 1, finished, **kw), {"model": "tiny"}),
         "render_flow": (lambda **kw: view_handlers.render_flow(finished, **kw), _pick(view, ("metric", "presentation"))),
@@ -199,7 +200,7 @@ def api_defaults(client: Client) -> dict[str, dict[str, Any]]:
             for name, ep in endpoints.items()}
 
 
-API_FUZZED = ("/generate", "/compare_fills", "/redraw_schedule", "/model_changed", "/use_example", "/render_attention",
+API_FUZZED = ("/generate", "/compare_fills", "/redraw_schedule", "/model_changed", "/load_model", "/use_example", "/render_attention",
               "/render_flow", "/set_presentation", "/export_figure", "/scenario_core_1")
 
 
@@ -393,6 +394,8 @@ def test_a_public_deployment_loads_only_its_own_models(engine, monkeypatch, env)
             list(live.generate(pool, Session(), **{**RUN_BASE, "model": model}))
         with pytest.raises(gr.Error, match="not allowed here"):
             view_handlers.model_changed(pool, model)
+        with pytest.raises(gr.Error, match="not allowed here"):
+            view_handlers.load_model(pool, model)
     assert asked == []
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from explorer.caps import Caps
 from explorer.page import build_demo
+from tests.apphelpers import exports_in_tmp  # noqa: F401  (a fixture)
 from tests.test_app_client import engine, serve, url, wait_until  # noqa: F401  (engine and url are shared fixtures)
 from explorer.wording import VIEWS
 

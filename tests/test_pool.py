@@ -10,7 +10,6 @@ from pathlib import Path
 
 import gradio as gr
 import pytest
-from gradio_client import Client
 
 from explorer import live, pool as pool_module, view_handlers
 from explorer.caps import Caps
@@ -18,6 +17,7 @@ from explorer.page import build_demo
 from explorer.parse import shown
 from explorer.pool import ModelPool
 from explorer.session import Session
+from tests.apphelpers import exports_in_tmp, new_client  # noqa: F401  (a fixture)
 from tests.test_app import DEFAULTS
 from tests.test_app_client import serve
 from tests.tiny import tiny_llama
@@ -138,13 +138,13 @@ def test_the_issue_repro_through_the_api(tiny_engine) -> None:
     demo.pool.engine("tiny")
     api = dict(prompt="hello there", alpha=0.9, core_head=1, core_tail=1, attention_layer=3, max_new_tokens=2)
     with serve(demo) as url:
-        b = Client(url, verbose=False)
+        b = new_client(url)
         normal = min(timed(lambda: b.predict(**api, api_name="/generate")) for _ in range(2))
         a_errors: list[str] = []
 
         def a() -> None:
             try:
-                Client(url, verbose=False).predict(model=BAD, api_name="/load_model")
+                new_client(url).predict(model=BAD, api_name="/load_model")
             except Exception as err:  # gradio_client's AppError carries the gr.Error message
                 a_errors.append(str(err))
 

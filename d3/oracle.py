@@ -12,9 +12,10 @@ step starts from the recorded residual at that layer, not from the embedding. Th
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ContextManager, Sequence
 
 import numpy as np
 import torch
@@ -164,8 +165,10 @@ class BudgetScan:
         return [float(self.kl[i, plan(cfg, num_layers, i).budget - self.floor]) for i in range(len(self.kl))]
 
 
-def scan_budgets(adapter: Adapter, fp: FullPass, cfg: D3Config) -> BudgetScan:
-    """Run every answer token at every D3 budget below L (one batch per token) against full depth."""
+def scan_budgets(adapter: Adapter, fp: FullPass, cfg: D3Config, lock: ContextManager[Any] | None = None) -> BudgetScan:
+    """Run every answer token at every D3 budget below L (one batch per token) against full depth.
+
+    lock: held for each token's batch (the engine's lock, so a shared model interleaves with other users)."""
     L = adapter.num_layers
     floor = max(1, sum(cfg.core(L)))
     sets = [d3_layers(cfg, L, n) for n in range(floor, L)]
@@ -174,7 +177,8 @@ def scan_budgets(adapter: Adapter, fp: FullPass, cfg: D3Config) -> BudgetScan:
     top1 = fp.top1
     with torch.inference_mode():
         for i in range(fp.steps):
-            logp = budget_logprobs(adapter, fp, i, sets) if sets else fp.logprobs[i][None, :0]
+            with lock or contextlib.nullcontext():
+                logp = budget_logprobs(adapter, fp, i, sets) if sets else fp.logprobs[i][None, :0]
             full = fp.logprobs[i]
             keeps[i, :-1] = (logp.argmax(-1) == top1[i]).cpu().numpy()
             kl[i, :-1] = (full.exp() * (full - logp)).sum(-1).clamp_min(0).cpu().numpy()
@@ -236,13 +240,14 @@ def measure(engine: Engine, prompt: str, cfg: D3Config, max_new_tokens: int = 64
     trace = engine.generate(prompt, FullConfig(), gen, TRACE_OFF, chat_template=chat_template)
     prompt_ids = engine.encode([prompt], chat_template)[0][0].tolist()
     t1 = time.perf_counter()
-    with torch.inference_mode():
+    with engine.lock, torch.inference_mode():
         fp = full_pass(engine.adapter, prompt_ids, trace.token_ids)
     t2 = time.perf_counter()
-    answer = Answer(prompt, prompt_ids, fp, [s.text for s in trace.steps], scan_budgets(engine.adapter, fp, cfg))
+    answer = Answer(prompt, prompt_ids, fp, [s.text for s in trace.steps], scan_budgets(engine.adapter, fp, cfg, engine.lock))
     answer.oracle_depth, answer.stable_depth = answer.scan.depths()
     t3 = time.perf_counter()
-    answer.prediction_depth = lens_depth(engine.adapter, fp)
+    with engine.lock:
+        answer.prediction_depth = lens_depth(engine.adapter, fp)
     t4 = time.perf_counter()
     answer.seconds = {"generate": t1 - t0, "full_pass": t2 - t1, "oracle": t3 - t2, "lens": t4 - t3, "total": t4 - t0}
     return answer

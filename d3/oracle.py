@@ -158,11 +158,20 @@ class BudgetScan:
         pairs = [need_and_stable(row, self.floor) for row in self.keeps]
         return [a for a, _ in pairs], [b for _, b in pairs]
 
-    def kl_at(self, cfg: D3Config, num_layers: int) -> list[float]:
-        """Per token, KL at D3's own budget for that step under `cfg` (same core and drop order as the scan)."""
+    def _columns(self, cfg: D3Config, num_layers: int) -> list[int]:
+        """Per token, the column of D3's own budget for that step under `cfg` (same core and drop order)."""
         if cfg.core(num_layers) != self.cfg.core(num_layers) or cfg.drop_order != self.cfg.drop_order:
-            raise ValueError("kl_at needs the scan's core and drop order; scan again for another layer set")
-        return [float(self.kl[i, plan(cfg, num_layers, i).budget - self.floor]) for i in range(len(self.kl))]
+            raise ValueError("the scan holds one core and drop order's layer sets; scan again for another")
+        return [plan(cfg, num_layers, i).budget - self.floor for i in range(len(self.kl))]
+
+    def kl_at(self, cfg: D3Config, num_layers: int) -> list[float]:
+        """Per token, KL(full depth || D3 under `cfg`) of the next-token distribution, teacher-forced."""
+        return [float(self.kl[i, j]) for i, j in enumerate(self._columns(cfg, num_layers))]
+
+    def kept_at(self, cfg: D3Config, num_layers: int) -> list[bool]:
+        """Per token, whether D3 under `cfg` keeps full depth's top-1 (teacher-forced). A token with need <= its
+        budget can still lose it, where a budget between need and stable depth misses."""
+        return [bool(self.keeps[i, j]) for i, j in enumerate(self._columns(cfg, num_layers))]
 
 
 def scan_budgets(adapter: Adapter, fp: FullPass, cfg: D3Config, lock: ContextManager[Any] | None = None) -> BudgetScan:
@@ -227,6 +236,7 @@ class Answer:
                 "full_top1_matches_answer": float(np.mean(np.array(self.fp.top1) == np.array(self.fp.answer))),
                 "oracle_depth": self.oracle_depth, "stable_depth": self.stable_depth, "prediction_depth": self.prediction_depth,
                 "budgets": list(range(self.scan.floor, self.scan.floor + self.scan.keeps.shape[1])),
+                "kept_by_token": ["".join("1" if k else "0" for k in row) for row in self.scan.keeps],
                 "kept_by_budget": [round(float(x), 4) for x in self.scan.keeps.mean(0)],
                 "mean_kl_by_budget": [round(float(x), 4) for x in self.scan.kl.mean(0)],
                 "seconds": {k: round(v, 3) for k, v in self.seconds.items()}}
@@ -253,6 +263,12 @@ def measure(engine: Engine, prompt: str, cfg: D3Config, max_new_tokens: int = 64
     return answer
 
 
+def _lost(answers: Sequence[Answer], cfg: D3Config, num_layers: int) -> float:
+    """The share of all answers' tokens whose top-1 D3 under `cfg` loses (teacher-forced)."""
+    kept = [k for a in answers for k in a.scan.kept_at(cfg, num_layers)]
+    return 1 - sum(kept) / len(kept)
+
+
 def _per_prompt(values: list[list[Any]]) -> list[Any]:
     """One prompt: its list as it is; several: a list per prompt."""
     return values[0] if len(values) == 1 else values
@@ -277,6 +293,7 @@ def study(engine: Engine, prompts: Sequence[tuple[str, str]], cfg: D3Config, max
     needs = [a.oracle_depth for a in answers]
     fits = fit_alpha(needs, L, core=cfg.core(L), k=k)
     judged = cfg.with_(alpha=alpha) if alpha is not None else fits["least_squares"].config(cfg)
+    settings = [cfg.with_(alpha=c.alpha, start=c.start) for c in report_at]  # the scan's core and drop order
     kl = [a.scan.kl_at(judged, L) for a in answers]
     return {
         "model": engine.name, "num_layers": L, "core": list(cfg.core(L)), "drop_order": cfg.drop_order,
@@ -288,7 +305,8 @@ def study(engine: Engine, prompts: Sequence[tuple[str, str]], cfg: D3Config, max
         "alpha_source": "--alpha" if alpha is not None else "least_squares fit",
         "underserved_fraction": underserved_fraction(needs, judged, L),
         "kl_at_budget": _per_prompt([[round(x, 5) for x in row] for row in kl]),
-        "underserved_at": [judge(needs, c, L) for c in report_at],
+        "top1_lost_fraction": _lost(answers, judged, L),
+        "underserved_at": [{**judge(needs, c, L), "top1_lost_fraction": _lost(answers, c, L)} for c in settings],
         "summary": {"oracle_depth": position_summary(needs, L),
                     "stable_depth": position_summary([a.stable_depth for a in answers], L),
                     "fits_stable_depth": {n: f.to_dict() for n, f in fit_alpha([a.stable_depth for a in answers], L,

@@ -14,6 +14,7 @@ from d3.models import ModelFacts
 from d3.sweep import BUILTIN_PROMPTS
 from explorer.controls import DECODINGS, DEFAULTS, STRATEGY_LABELS, default_attention_layer
 from explorer.export import FIGURES
+from explorer.needs import needs_controls
 from explorer.pool import ModelPool
 from explorer.scenarios import SCENARIOS
 from explorer.session import HISTORY_COLUMNS
@@ -118,6 +119,7 @@ def _tabs(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> None:
         _view_tab("attention", ui, attention_extra)
         _view_tab("errors", ui, errors_extra)
         _view_tab("fills", ui, fills_extra)
+        _view_tab("needs", ui, lambda: needs_controls(ui))
         with gr.Tab("Run history", id="history"):
             gr.Markdown("Every run of this session: compare scenarios here (only you see your runs).")
             ui["history"] = gr.Dataframe(pd.DataFrame(columns=HISTORY_COLUMNS), interactive=False)

@@ -11,6 +11,7 @@ from d3.data import ASSETS
 from explorer.controls import CONTROL_NAMES, REDRAW_NAMES
 from explorer.export import export_figure, export_sweep, export_trace
 from explorer.live import FILLS_OUTPUTS, GENERATE_OUTPUTS, compare_fills, generate, interrupt, stop
+from explorer.needs import wire_needs
 from explorer.pool import ModelPool
 from explorer.scenarios import SCENARIOS
 from explorer.sweep_tab import (
@@ -133,3 +134,4 @@ def wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     ui["export_figure"].click(functools.partial(export_figure, pool), _with_controls(ui, "session", "figure"),
                               ui["files"], api_name="export_figure", preprocess=False)
     _wire_sweep(pool, ui, demo)
+    wire_needs(pool, ui)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Any, Iterator
 
 import gradio as gr
 
 from d3.config import FILLS
 from explorer import views
+from explorer.caps import Caps
 from explorer.controls import Controls, ViewOptions, takes_controls
 from explorer.pool import ModelPool
 from explorer.runs import LiveUpdate, RunSetup, check_run, fill_comparison, measured_speedup, prepare_run, side_by_side
@@ -41,12 +43,13 @@ def _is_due(update: LiveUpdate, every: int) -> bool:
     return update.pane == "d3" and update.d3 is not None and (len(update.d3.steps) - 1) % every == 0
 
 
-def _render(session: Session, setup: RunSetup, update: LiveUpdate, view: ViewOptions, every: int) -> tuple[Any, ...]:
+def _render(session: Session, setup: RunSetup, update: LiveUpdate, view: ViewOptions, every: int,
+            note: str = "") -> tuple[Any, ...]:
     """The outputs of one streamed update: panes and counters always, heavy figures when due."""
     d3, full, p = update.d3, update.full, view.presentation
     measured = measured_speedup(d3, full)
     out: dict[str, Any] = dict(
-        session=session, status=views.status_html(d3, full, update.phase, comparison=update.comparison),
+        session=session, status=views.status_html(d3, full, update.phase, comparison=update.comparison, note=note),
         d3_tokens=token_html(d3, reference=full) if d3 else gr.skip(),
         d3_counters=counters_html(d3, reference=full, measured_speedup=measured) if d3 else gr.skip(),
         full_tokens=token_html(full) if full else gr.skip(),
@@ -75,10 +78,15 @@ def _first_outputs(session: Session, setup: RunSetup, view: ViewOptions) -> tupl
                    errors=views.error_view(None, presentation=p), fills=views.fills_view(None, presentation=p))
 
 
-def _stream(session: Session, run_id: int, setup: RunSetup, view: ViewOptions, every: int) -> Iterator[tuple[Any, ...]]:
+def _time_limit_note(limit_s: int) -> str:
+    return f"This run reached the server's time limit of {limit_s} s: try fewer tokens."
+
+
+def _stream(session: Session, run_id: int, setup: RunSetup, view: ViewOptions, caps: Caps) -> Iterator[tuple[Any, ...]]:
     label = views.pane_title(setup.strategy, "D3")
+    deadline = time.monotonic() + caps.max_run_s
     run = side_by_side(setup.engine, setup.prompt, setup.strategy, setup.gen, setup.trace,
-                       chat_template=setup.chat_template, should_stop=session.stopper(run_id))
+                       chat_template=setup.chat_template, should_stop=session.stopper(run_id, deadline))
     with contextlib.closing(run):
         for update in run:
             if not session.is_current(run_id):
@@ -87,7 +95,9 @@ def _stream(session: Session, run_id: int, setup: RunSetup, view: ViewOptions, e
                 session.finish(update, label)
             else:
                 session.show(update)
-            yield _render(session, setup, update, view, every)
+            late = update.phase == "stopped" and time.monotonic() > deadline
+            yield _render(session, setup, update, view, caps.figure_every,
+                          _time_limit_note(caps.max_run_s) if late else "")
 
 
 @takes_controls
@@ -102,7 +112,7 @@ def generate(pool: ModelPool, session: Session | None, controls: Controls) -> It
         setup = prepare_run(pool, controls)
         session.clear()
         yield _first_outputs(session, setup, controls.view)
-        yield from _stream(session, run_id, setup, controls.view, pool.caps.figure_every)
+        yield from _stream(session, run_id, setup, controls.view, pool.caps)
 
 
 @takes_controls
@@ -115,8 +125,9 @@ def compare_fills(pool: ModelPool, session: Session | None, controls: Controls) 
         setup = prepare_run(pool, controls)
         session.fills = {}
         yield session, views.status_html(None, None, "Comparing fills: running full depth…"), gr.skip()
+        deadline = time.monotonic() + pool.caps.max_run_s
         runs = fill_comparison(setup.engine, setup.prompt, setup.strategy, setup.gen, chat_template=setup.chat_template,
-                               should_stop=session.stopper(run_id))
+                               should_stop=session.stopper(run_id, deadline))
         with contextlib.closing(runs):
             for name, comparison in runs:
                 if not session.is_current(run_id):
@@ -125,4 +136,6 @@ def compare_fills(pool: ModelPool, session: Session | None, controls: Controls) 
                 yield (session, views.status_html(None, None, f"Comparing fills: {', '.join(session.fills)} done…"),
                        views.fills_view(session.fills, presentation=p))
         done = "Fill comparison done: see the Fill strategies tab." if len(session.fills) == len(FILLS) else "Stopped."
-        yield session, views.status_html(None, None, done), views.fills_view(session.fills, presentation=p)
+        late = done == "Stopped." and time.monotonic() > deadline
+        note = _time_limit_note(pool.caps.max_run_s) if late else ""
+        yield session, views.status_html(None, None, done, note=note), views.fills_view(session.fills, presentation=p)

@@ -32,17 +32,21 @@ def run_pair(engine, strategy, tokens: int = 8):
     *_, last = side_by_side(engine, "hello there", strategy, GenerationConfig(max_new_tokens=tokens))
     return last
 
+# Not fixed yet on this branch (issue 11 is landed item by item): each mark goes with its fix.
+TODO = pytest.mark.xfail(strict=True, reason="issue 11: not fixed yet")
+
 
 # ---------------------------------------------------------------- 5: the Sweep tab
 
 
-@pytest.mark.parametrize("tokens", [2, 3, 4, 6, 16, 24])
+@pytest.mark.parametrize("tokens", [pytest.param(2, marks=TODO), 3, 4, 6, 16, 24])
 def test_the_sweep_tabs_67_percent_setting_runs_at_67_percent(tokens) -> None:
     spec = sweep_spec("tiny", "a prompt", ["d3_67"], tokens, False, Caps())
     cfg = d3_for_depth(spec.depths[0], 30, tokens)
     assert planned_mean_layers(cfg, 30, tokens) / 30 == pytest.approx(2 / 3, abs=0.04)
 
 
+@TODO
 def test_the_sweep_tab_times_full_depth_as_1x_after_a_warm_up_and_reports_progress_often(tiny_engine) -> None:
     calls: list[tuple[float, str]] = []
     spec = sweep_spec("tiny", "hello there", ["d3_75"], 6, False, Caps())
@@ -58,11 +62,13 @@ def test_the_sweep_tab_times_full_depth_as_1x_after_a_warm_up_and_reports_progre
 # ---------------------------------------------------------------- 6: small things
 
 
+@TODO
 def test_stop_while_idle_says_nothing_is_running() -> None:
     session = Session()
     assert "Stopping" not in stop(session) and "Nothing is running" in stop(session)
 
 
+@TODO
 def test_a_finished_run_that_never_diverged_says_so_without_so_far(tiny_engine) -> None:
     last = run_pair(tiny_engine, D3Config(alpha=1.0))
     assert last.phase == "done"
@@ -70,18 +76,21 @@ def test_a_finished_run_that_never_diverged_says_so_without_so_far(tiny_engine) 
     assert "so far" not in text and "No divergence" in text
 
 
+@TODO
 def test_exporting_a_figure_that_was_never_computed_says_so() -> None:
     pool = ModelPool(lambda name: None, names=("tiny",))
     with pytest.raises(Exception, match="(?i)nothing to export|not computed|press generate"):
         export_figure(pool, Session(), "errors", Controls(model="tiny"))
 
 
+@TODO
 def test_prefill_time_is_in_the_trace_and_its_json(tiny_engine) -> None:
     trace = tiny_engine.generate("hello", FullConfig(), GenerationConfig(max_new_tokens=3))
     assert trace.prefill_ms > 0 and trace.prefill_ms == pytest.approx(trace.steps[0].wall_ms)
     assert json.loads(trace.to_json())["prefill_ms"] == trace.prefill_ms
 
 
+@TODO
 def test_partial_utf8_tokens_are_decoded_incrementally() -> None:
     """A byte-level BPE splits one emoji into several tokens; joining the per-token texts gives the text back."""
     from transformers import AutoTokenizer
@@ -104,6 +113,7 @@ def test_partial_utf8_tokens_are_decoded_incrementally() -> None:
 # ---------------------------------------------------------------- 9: attention view
 
 
+@TODO
 def test_the_default_attention_layer_is_one_the_default_schedule_skips() -> None:
     layer = default_attention_layer(30)
     cfg = D3Config(alpha=0.99)
@@ -111,6 +121,7 @@ def test_the_default_attention_layer_is_one_the_default_schedule_skips() -> None
     assert skipped_at and skipped_at[0] < 24  # grey rows appear within a short run
 
 
+@TODO
 def test_attention_key_labels_are_thinned_so_they_do_not_overlap(tiny_engine) -> None:
     from d3.config import TraceConfig
 
@@ -124,6 +135,7 @@ def test_attention_key_labels_are_thinned_so_they_do_not_overlap(tiny_engine) ->
 # ---------------------------------------------------------------- 7: the decay curve's labels
 
 
+@TODO
 def test_the_core_floor_label_sits_clear_of_the_d3_line() -> None:
     """The label is drawn where the D3 budget is far above the floor (early tokens), not where they meet."""
     cfg = D3Config(alpha=0.9)
@@ -144,6 +156,7 @@ def test_the_core_floor_label_sits_clear_of_the_d3_line() -> None:
 
 @pytest.mark.integration
 @pytest.mark.slow
+@TODO
 def test_the_core_scenario_shows_what_its_text_claims(smol_engine) -> None:
     """Core 3 + 3 keeps D3 on full depth's text for longer than core 0 + 0 (first divergence and agreement)."""
     from explorer.scenarios import SCENARIOS, scenario_controls

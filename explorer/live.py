@@ -11,6 +11,7 @@ import gradio as gr
 
 from d3.config import FILLS
 from explorer import views
+from explorer.caps import Caps
 from explorer.controls import Controls, ViewOptions, takes_controls
 from explorer.pool import ModelPool
 from explorer.runs import LiveUpdate, RunSetup, check_run, fill_comparison, measured_speedup, prepare_run, side_by_side
@@ -81,12 +82,13 @@ class _Pacer:
         return update.pane == "d3" and update.d3 is not None and len(update.d3.steps) == 1
 
 
-def _render(session: Session, setup: RunSetup, update: LiveUpdate, view: ViewOptions, figures: bool) -> tuple[Any, ...]:
+def _render(session: Session, setup: RunSetup, update: LiveUpdate, view: ViewOptions, figures: bool,
+            note: str = "") -> tuple[Any, ...]:
     """The outputs of one streamed update: panes and counters always, heavy figures when due."""
     d3, full, p = update.d3, update.full, view.presentation
     measured = measured_speedup(d3, full)
     out: dict[str, Any] = dict(
-        session=session, status=views.status_html(d3, full, update.phase, comparison=update.comparison),
+        session=session, status=views.status_html(d3, full, update.phase, comparison=update.comparison, note=note),
         d3_tokens=token_html(d3, reference=full) if d3 else gr.skip(),
         d3_counters=counters_html(d3, reference=full, measured_speedup=measured) if d3 else gr.skip(),
         full_tokens=token_html(full) if full else gr.skip(),
@@ -115,11 +117,16 @@ def _first_outputs(session: Session, setup: RunSetup, view: ViewOptions) -> tupl
                    errors=views.error_view(None, presentation=p), fills=views.fills_view(None, presentation=p))
 
 
-def _stream(session: Session, run_id: int, setup: RunSetup, view: ViewOptions, every: int) -> Iterator[tuple[Any, ...]]:
+def _time_limit_note(limit_s: int) -> str:
+    return f"This run reached the server's time limit of {limit_s} s: try fewer tokens."
+
+
+def _stream(session: Session, run_id: int, setup: RunSetup, view: ViewOptions, caps: Caps) -> Iterator[tuple[Any, ...]]:
     label = views.pane_title(setup.strategy, "D3")
+    deadline = time.monotonic() + caps.max_run_s
     run = side_by_side(setup.engine, setup.prompt, setup.strategy, setup.gen, setup.trace,
-                       chat_template=setup.chat_template, should_stop=session.stopper(run_id))
-    pace = _Pacer(every)
+                       chat_template=setup.chat_template, should_stop=session.stopper(run_id, deadline))
+    pace = _Pacer(caps.figure_every)
     with contextlib.closing(run):
         for update in run:
             if not session.is_current(run_id):
@@ -128,9 +135,10 @@ def _stream(session: Session, run_id: int, setup: RunSetup, view: ViewOptions, e
                 session.finish(update, label)
             else:
                 session.show(update)
+            late = update.phase == "stopped" and time.monotonic() > deadline
             figures = pace.figures(update)
             if pace.panes(update) or figures:
-                yield _render(session, setup, update, view, figures)
+                yield _render(session, setup, update, view, figures, _time_limit_note(caps.max_run_s) if late else "")
 
 
 @takes_controls
@@ -152,7 +160,7 @@ def generate(pool: ModelPool, session: Session | None, controls: Controls) -> It
                 yield from _refuse(GENERATE_OUTPUTS, err)
             session.clear()
             yield _first_outputs(session, setup, controls.view)
-            yield from _stream(session, run_id, setup, controls.view, pool.caps.figure_every)
+            yield from _stream(session, run_id, setup, controls.view, pool.caps)
         finally:
             session.end(run_id)
 
@@ -172,16 +180,17 @@ def compare_fills(pool: ModelPool, session: Session | None, controls: Controls) 
                 setup = prepare_run(pool, controls)
             except ValueError as err:
                 yield from _refuse(FILLS_OUTPUTS, err)
-            yield from _fills(session, run_id, setup, controls.view.presentation)
+            yield from _fills(session, run_id, setup, controls.view.presentation, pool.caps.max_run_s)
         finally:
             session.end(run_id)
 
 
-def _fills(session: Session, run_id: int, setup: RunSetup, p: bool) -> Iterator[tuple[Any, Any, Any]]:
+def _fills(session: Session, run_id: int, setup: RunSetup, p: bool, limit_s: int) -> Iterator[tuple[Any, Any, Any]]:
     session.fills = {}
     yield session, views.status_html(None, None, "Comparing fills: running full depth…"), gr.skip()
+    deadline = time.monotonic() + limit_s
     runs = fill_comparison(setup.engine, setup.prompt, setup.strategy, setup.gen, chat_template=setup.chat_template,
-                           should_stop=session.stopper(run_id))
+                           should_stop=session.stopper(run_id, deadline))
     with contextlib.closing(runs):
         for name, comparison in runs:
             if not session.is_current(run_id):
@@ -190,4 +199,5 @@ def _fills(session: Session, run_id: int, setup: RunSetup, p: bool) -> Iterator[
             yield (session, views.status_html(None, None, f"Comparing fills: {', '.join(session.fills)} done…"),
                    views.fills_view(session.fills, presentation=p))
     done = "Fill comparison done: see the Fill strategies tab." if len(session.fills) == len(FILLS) else "Stopped."
-    yield session, views.status_html(None, None, done), views.fills_view(session.fills, presentation=p)
+    note = _time_limit_note(limit_s) if done == "Stopped." and time.monotonic() > deadline else ""
+    yield session, views.status_html(None, None, done, note=note), views.fills_view(session.fills, presentation=p)

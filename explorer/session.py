@@ -74,10 +74,11 @@ class Session:
     def is_current(self, run_id: int) -> bool:
         return run_id == self.run_id
 
-    def stopper(self, run_id: int) -> Callable[[], bool]:
-        """should_stop for run `run_id`: Stop was pressed after it was asked for, or a newer run has begun."""
+    def stopper(self, run_id: int, deadline: float = math.inf) -> Callable[[], bool]:
+        """should_stop for run `run_id`: Stop was pressed after it was asked for, a newer run has begun, or the
+        run is past its `deadline` (time.monotonic()): a job nobody reads must not hold its slot for ever."""
         since = self._since.get(run_id, math.inf)
-        return lambda: run_id != self.run_id or self.stop_at > since
+        return lambda: run_id != self.run_id or self.stop_at > since or time.monotonic() > deadline
 
     def clear(self) -> None:
         """Forget the previous run's results when a new run starts (the history stays)."""

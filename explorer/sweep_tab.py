@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -141,7 +142,15 @@ def run_sweep(pool: ModelPool, model: str, chat_template: bool, sweep_prompts: s
         spec = sweep_spec(name, sweep_prompts, sweep_settings, sweep_tokens, chat_template, pool.caps)
         progress(0.0, desc="Loading the model…" if not pool.is_loaded(name) else "Starting the sweep…")
         engine = pool.engine(name)
-        df = run_small_sweep(engine, spec, progress=lambda fraction, desc: progress(fraction, desc=desc))
+        deadline = time.monotonic() + pool.caps.max_run_s
+
+        def report(fraction: float, desc: str) -> None:
+            if time.monotonic() > deadline:  # between settings: a sweep nobody waits for must end too
+                raise ValueError(f"the sweep reached the server's time limit of {pool.caps.max_run_s} s: "
+                                 "choose fewer settings or tokens")
+            progress(fraction, desc=desc)
+
+        df = run_small_sweep(engine, spec, progress=report)
     note = (f"Measured {len(df)} rows ({len(df) - 1} settings + the full-depth reference) on {len(spec.prompts)} "
             f"prompt(s), {spec.max_new_tokens} new tokens. Click a point or a row to load its setting into the "
             "controls.")

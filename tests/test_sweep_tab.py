@@ -11,11 +11,11 @@ import pytest
 
 import app
 from explorer import export, sweep_tab
-from d3.models import unknown_name_message
 from explorer.caps import Caps
 from explorer.pool import ModelPool
 from explorer.sweep_tab import SWEEP_MAX_SETTINGS
 from tests.apphelpers import exports_in_tmp  # noqa: F401  (a fixture)
+from tests.test_app import tiny_factory
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -27,11 +27,7 @@ LOAD = {name: i for i, name in enumerate(sweep_tab.SWEEP_LOAD_OUTPUTS)}
 
 @pytest.fixture(scope="module")
 def pool(tiny_engine) -> ModelPool:
-    def build(name: str):
-        if name != "tiny":
-            raise ValueError(unknown_name_message(name))
-        return tiny_engine
-    return ModelPool(build, names=("tiny",), caps=Caps(max_new_tokens=64))
+    return ModelPool(tiny_factory(tiny_engine), names=("tiny",), caps=Caps(max_new_tokens=64))
 
 
 @pytest.fixture(scope="module")

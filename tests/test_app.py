@@ -80,13 +80,6 @@ def schedule_args(**overrides) -> dict:
 # ---------------------------------------------------------------- generation
 
 
-@pytest.fixture()
-def unpaced(monkeypatch) -> None:
-    """Every streamed update goes to the page (the tiny model is faster than the page's pacing)."""
-    monkeypatch.setattr(live, "PANES_EVERY_S", 0.0)
-    monkeypatch.setattr(live, "FIGURES_EVERY_S", 0.0)
-
-
 def test_generate_streams_both_panes_then_fills_every_view(pool, unpaced) -> None:
     session = Session()
     outputs = run(pool, session)

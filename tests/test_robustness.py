@@ -292,7 +292,7 @@ def fresh_tokens(pool: ModelPool, **kw: Any) -> tuple[list[int], list[int]]:
 
 
 @pytest.mark.parametrize("how", ["stop", "close"])
-def test_a_cancelled_run_leaves_nothing_behind_and_the_next_run_is_a_fresh_one(pool, engine, how) -> None:
+def test_a_cancelled_run_leaves_nothing_behind_and_the_next_run_is_a_fresh_one(pool, engine, how, unpaced) -> None:
     """Stop, or a closed tab (the generator is closed): no hooks, no caches, the lock free, the same tokens."""
     kw = {**RUN_BASE, **SAMPLED, "max_new_tokens": 30}
     states = alive(DecodeState)

@@ -10,6 +10,7 @@ FILLS = ("copy", "propagate", "none")
 DROP_ORDERS = ("middle_out", "top_down", "bottom_up", "strided")
 CONFIDENCE_MEASURES = ("softmax_gap", "cosine")
 STRATEGY_NAMES = ("full", "d3", "skipdecode", "unified", "early_exit")
+UNIFIED_SPACINGS = ("even", "integer")
 
 Fill = Literal["copy", "propagate", "none"]
 
@@ -152,14 +153,21 @@ class SkipDecodeConfig(StrategyConfig):
 
 @dataclass(frozen=True)
 class UnifiedConfig(StrategyConfig):
-    """Unified Layer Skipping: keep N = floor(L / ratio) layers, first and last always, the rest evenly spaced."""
+    """Unified Layer Skipping: keep N = floor(L / ratio) layers, first and last always, the rest spread out.
+
+    spacing: "even" (default) spaces the kept layers as evenly as integers allow at every ratio (gaps differ
+    by at most one), the paper's "balanced" skipping; "integer" is the paper's literal interval
+    floor(L / (N - 1)), which for ratios below 2 keeps one contiguous block of low layers and the last.
+    """
 
     name: ClassVar[str] = "unified"
     ratio: float = 1.5
+    spacing: str = "even"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(_is_number(self.ratio) and 1 <= self.ratio <= 64, "ratio", self.ratio, "a number in [1, 64]")
+        _check_choice("spacing", self.spacing, UNIFIED_SPACINGS)
 
     def check_layers(self, num_layers: int) -> None:
         super().check_layers(num_layers)

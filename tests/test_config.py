@@ -29,6 +29,7 @@ from d3.config import (
     (lambda: D3Config(drop_order="random"), "drop_order"),
     (lambda: SkipDecodeConfig(max_layers=5, min_layers=9), "min_layers"),
     (lambda: UnifiedConfig(ratio=0.5), "ratio"),
+    (lambda: UnifiedConfig(spacing="random"), "spacing"),
     (lambda: EarlyExitConfig(measure="entropy"), "measure"),
     (lambda: GenerationConfig(max_new_tokens=0), "max_new_tokens"),
     (lambda: GenerationConfig(max_new_tokens=10**9), "max_new_tokens"),

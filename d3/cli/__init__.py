@@ -8,7 +8,8 @@ import json
 import sys
 from typing import Any, Sequence
 
-from d3.config import FILLS, DROP_ORDERS, STRATEGIES, GenerationConfig, TraceConfig, TRACE_OFF, strategy_from_dict
+from d3.config import (FILLS, DROP_ORDERS, STRATEGIES, UNIFIED_SPACINGS, GenerationConfig, TraceConfig, TRACE_OFF,
+                       strategy_from_dict)
 
 from d3.cli.common import CliError
 from d3.data import fetch
@@ -43,6 +44,8 @@ def add_strategy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-layers", type=int, help="SkipDecode / early exit: lowest budget")
     p.add_argument("--warmup", type=int, help="SkipDecode: bottom layers always run")
     p.add_argument("--ratio", type=float, help="Unified Layer Skipping: target speedup ratio")
+    p.add_argument("--spacing", choices=UNIFIED_SPACINGS, help="Unified Layer Skipping: kept layers evenly spaced "
+                   "(default) or every floor(L / (N - 1))-th (the paper's literal rule)")
     p.add_argument("--threshold", type=float, help="early exit: confidence threshold in (0, 1]")
     p.add_argument("--measure", choices=("softmax_gap", "cosine"), help="early exit: confidence measure")
 
@@ -50,7 +53,7 @@ def add_strategy_args(p: argparse.ArgumentParser) -> None:
 _STRATEGY_FIELDS = {
     "alpha": "alpha", "core_head": "core_head", "core_tail": "core_tail", "start": "start", "drop_order": "drop_order",
     "fill": "fill", "max_layers": "max_layers", "min_layers": "min_layers", "warmup": "warmup", "ratio": "ratio",
-    "threshold": "threshold", "measure": "measure",
+    "spacing": "spacing", "threshold": "threshold", "measure": "measure",
 }
 
 

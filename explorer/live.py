@@ -70,6 +70,8 @@ class _Pacer:
 
     def figures(self, update: LiveUpdate) -> bool:
         now = self.clock()
+        if update.phase == "done" and update.comparison is not None and self.figures_at > -math.inf:
+            return False  # the grid and decay curve went out with "comparing" already: the same tokens
         if update.phase == "streaming" and not self._first(update):
             counted = update.pane == "d3" and update.d3 is not None and (len(update.d3.steps) - 1) % self.every == 0
             if not counted or now - self.figures_at < FIGURES_EVERY_S:
@@ -97,7 +99,9 @@ def _render(session: Session, setup: RunSetup, update: LiveUpdate, view: ViewOpt
         cfg, steps, layers = setup.strategy, setup.gen.max_new_tokens, setup.engine.num_layers
         out.update(usage=views.usage_view(d3, presentation=p),
                    decay=views.decay_view(cfg, layers, steps, trace=d3, others=setup.others, presentation=p))
-    if update.phase != "streaming":
+    if update.phase == "comparing":  # the last tokens are in: the error view says it is being computed
+        out.update(errors=views.error_view(None, phase=update.phase, presentation=p))
+    if update.finished:  # the heavy views once, at the end (each costs the page a plotly render)
         out.update(flow=views.flow_view(d3, full, metric=view.metric, presentation=p),
                    attention=views.attention_view(d3, full, view.layer, view.head, presentation=p),
                    errors=views.error_view(update.comparison, phase=update.phase, log_kl=view.log_kl, presentation=p))

@@ -104,6 +104,13 @@ def redraw_schedule(pool: ModelPool, session: Session | None, controls: Controls
 
 
 @takes_controls
+def redraw_decay(pool: ModelPool, session: Session | None, controls: Controls) -> Any:
+    """The decay curve alone, for every step of a slider drag: the planned grid (about 170 kB of heatmap, in a
+    hidden tab most of the time) is redrawn when the slider is let go (`redraw_schedule`)."""
+    return redraw_schedule(pool, session, **vars(controls))[0]
+
+
+@takes_controls
 def render_flow(session: Session | None, controls: Controls) -> Any:
     view, s = controls.view, session or Session()
     with user_errors():

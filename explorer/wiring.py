@@ -31,6 +31,7 @@ from explorer.view_handlers import (
     load_model,
     model_changed,
     new_session,
+    redraw_decay,
     redraw_schedule,
     render_attention,
     render_errors,
@@ -76,6 +77,12 @@ def _wire_fills(pool: ModelPool, ui: dict[str, Any], event: Any, suffix: str) ->
                       api_name=f"compare_fills{suffix}", trigger_mode="always_last", **_queued(pool, ui))
 
 
+def _redraw_after(pool: ModelPool, ui: dict[str, Any], event: Any) -> None:
+    """Redraw the schedule preview (decay curve and planned grid) once `event` has set the controls."""
+    event.then(functools.partial(redraw_schedule, pool), _with_controls(ui, "session"), [ui["decay"], ui["planned"]],
+               api_name=False, queue=False, preprocess=False, show_progress="hidden")
+
+
 def _wire_scenarios(pool: ModelPool, ui: dict[str, Any]) -> None:
     for key, scenario in SCENARIOS.items():
         event = ui[f"scenario_{key}"].click
@@ -83,6 +90,7 @@ def _wire_scenarios(pool: ModelPool, ui: dict[str, Any]) -> None:
             applied = (event if step == 0 else event.then)(
                 functools.partial(apply_scenario, pool, key, step), [ui["session"], ui["model"]],
                 _pick(ui, SCENARIO_OUTPUTS), queue=False, api_name=f"scenario_{key}_{step}", preprocess=False)
+            _redraw_after(pool, ui, applied)
             event = applied.then(functools.partial(generate, pool), _with_controls(ui, "session"),
                                  _pick(ui, GENERATE_OUTPUTS), api_name=f"generate_scenario_{key}_{step}",
                                  **_queued(pool, ui))
@@ -94,9 +102,14 @@ def _wire_scenarios(pool: ModelPool, ui: dict[str, Any]) -> None:
 
 def _wire_views(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     instant = dict(queue=False, preprocess=False, show_progress="hidden")
-    gr.on([demo.load, *(ui[n].change for n in REDRAW_NAMES)], functools.partial(redraw_schedule, pool),
-          _with_controls(ui, "session"), [ui["decay"], ui["planned"]], api_name="redraw_schedule",
-          trigger_mode="always_last", **instant)
+    # While a slider moves only the decay curve follows it (a few kB a step); the heavy planned grid is redrawn
+    # when it is let go, when any other control changes, and after a scenario or a sweep row set the controls.
+    sliders = [n for n in REDRAW_NAMES if n in RELEASE_TRIGGERS]
+    gr.on([ui[n].change for n in sliders], functools.partial(redraw_decay, pool), _with_controls(ui, "session"),
+          ui["decay"], api_name="redraw_decay", trigger_mode="always_last", **instant)
+    gr.on([demo.load, *(ui[n].release for n in sliders), *(ui[n].change for n in REDRAW_NAMES if n not in sliders)],
+          functools.partial(redraw_schedule, pool), _with_controls(ui, "session"), [ui["decay"], ui["planned"]],
+          api_name="redraw_schedule", trigger_mode="always_last", **instant)
     ui["metric"].change(render_flow, _with_controls(ui, "session"), ui["flow"], api_name="render_flow", **instant)
     gr.on([ui["attention_layer"].change, ui["attention_head"].change], render_attention, _with_controls(ui, "session"),
           ui["attention"], api_name="render_attention", trigger_mode="always_last", **instant)
@@ -109,10 +122,12 @@ def _wire_sweep(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     ui["sweep_run"].click(functools.partial(run_sweep, pool), _pick(ui, SWEEP_INPUTS), _pick(ui, SWEEP_OUTPUTS),
                           api_name="run_sweep", preprocess=False, concurrency_id="model",
                           concurrency_limit=pool.caps.concurrency, trigger_mode="once")
-    ui["sweep_table"].select(load_sweep_setting, ui["sweep_results"], _pick(ui, SWEEP_LOAD_OUTPUTS),
-                             api_name="load_sweep_setting", queue=False)
-    ui["sweep_point"].change(load_sweep_point, _pick(ui, ("sweep_results", "sweep_point")),
-                             _pick(ui, SWEEP_LOAD_OUTPUTS), api_name="load_sweep_point", queue=False)
+    _redraw_after(pool, ui, ui["sweep_table"].select(load_sweep_setting, ui["sweep_results"],
+                                                     _pick(ui, SWEEP_LOAD_OUTPUTS), api_name="load_sweep_setting",
+                                                     queue=False))
+    _redraw_after(pool, ui, ui["sweep_point"].change(load_sweep_point, _pick(ui, ("sweep_results", "sweep_point")),
+                                                     _pick(ui, SWEEP_LOAD_OUTPUTS), api_name="load_sweep_point",
+                                                     queue=False))
     demo.load(None, js=SWEEP_CLICK_JS.read_text(encoding="utf-8"), api_name=False)
     ui["sweep_export"].click(export_sweep, ui["sweep_results"], ui["sweep_file"], api_name="export_sweep")
 

@@ -70,8 +70,6 @@ class _Pacer:
 
     def figures(self, update: LiveUpdate) -> bool:
         now = self.clock()
-        if update.phase == "done" and update.comparison is not None and self.figures_at > -math.inf:
-            return False  # the grid and decay curve went out with "comparing" already: the same tokens
         if update.phase == "streaming" and not self._first(update):
             counted = update.pane == "d3" and update.d3 is not None and (len(update.d3.steps) - 1) % self.every == 0
             if not counted or now - self.figures_at < FIGURES_EVERY_S:

@@ -296,4 +296,4 @@ def test_streaming_does_not_freeze_the_page(page, engine) -> None:
     wait_for_status(page, "Done.")
     longest = max(page.evaluate("() => window.__long") or [0])
     print(f"longest main-thread task while streaming: {longest:.0f} ms")
-    assert longest < 700
+    assert longest < 800  # measured 434-645 ms here; before pacing, 0.5-1.0 s tasks every few tokens

@@ -170,16 +170,20 @@ def load_sweep_point(sweep_results: pd.DataFrame | None, sweep_point: str) -> tu
 
 
 def _load_sweep_row(sweep_results: pd.DataFrame | None, index: Any) -> tuple[Any, ...]:
+    """The row's setting in the live controls; a row that loads nothing says why in the note under the plot
+    (these run out of the queue, where an error would be an HTTP 500 that the page never shows)."""
     if sweep_results is None or len(sweep_results) == 0:
-        raise gr.Error("No sweep results yet: press Run sweep first.", print_exception=False)
+        return ordered(SWEEP_LOAD_OUTPUTS, sweep_note="No sweep results yet: press **Run sweep** first.")
     try:
         if int(index) < 0:
             raise IndexError(index)
         row = sweep_results.reset_index(drop=True).iloc[int(index)]
     except (TypeError, ValueError, IndexError):
-        raise gr.Error("That row is not in the sweep's results.", print_exception=False) from None
-    with user_errors():
+        return ordered(SWEEP_LOAD_OUTPUTS, sweep_note="That row is not in the sweep's results: click another one.")
+    try:
         values = sweep_controls(row)
+    except ValueError as err:  # the full-depth reference row
+        return ordered(SWEEP_LOAD_OUTPUTS, sweep_note=f"**{row['label']}**: {err}.")
     if "alpha" in values:  # a tuned alpha below the slider's range widens it rather than being clipped
         values["alpha"] = gr.update(value=values["alpha"], minimum=min(0.8, values["alpha"]))
     note = f"Loaded **{row['label']}** into the controls: press Generate to run it side by side with full depth."

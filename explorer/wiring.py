@@ -27,6 +27,7 @@ from explorer.view_handlers import (
     SCENARIO_OUTPUTS,
     VIEW_OUTPUTS,
     apply_scenario,
+    bound_core,
     load_model,
     model_changed,
     new_session,
@@ -53,10 +54,12 @@ def _with_controls(ui: dict[str, Any], *leading: str) -> list[Any]:
     return _pick(ui, (*leading, *CONTROL_NAMES))
 
 
-def _queued(pool: ModelPool) -> dict[str, Any]:
-    """Runs that use the model share one queue slot pool of `concurrency` at a time."""
+def _queued(pool: ModelPool, ui: dict[str, Any]) -> dict[str, Any]:
+    """Runs that use the model share one queue slot pool of `concurrency` at a time. Their progress and error
+    badges go on a hidden element: the status line says what a run is doing, or why it was refused, once,
+    instead of a timer or a red "Error" on every pane, counter and plot."""
     return dict(concurrency_id="model", concurrency_limit=pool.caps.concurrency, preprocess=False,
-                show_progress="minimal")
+                show_progress="minimal", show_progress_on=[ui["run_state"]])
 
 
 def _wire_generation(pool: ModelPool, ui: dict[str, Any], triggers: list[Any], suffix: str = "") -> Any:
@@ -64,12 +67,12 @@ def _wire_generation(pool: ModelPool, ui: dict[str, Any], triggers: list[Any], s
     first = gr.on(triggers, interrupt, [ui["session"]], None, queue=False, show_progress="hidden",
                   api_name=f"interrupt{suffix}", trigger_mode="multiple")
     return first.then(functools.partial(generate, pool), _with_controls(ui, "session"), _pick(ui, GENERATE_OUTPUTS),
-                      api_name=f"generate{suffix}", trigger_mode="always_last", **_queued(pool))
+                      api_name=f"generate{suffix}", trigger_mode="always_last", **_queued(pool, ui))
 
 
 def _wire_fills(pool: ModelPool, ui: dict[str, Any], event: Any, suffix: str) -> Any:
     return event.then(functools.partial(compare_fills, pool), _with_controls(ui, "session"), _pick(ui, FILLS_OUTPUTS),
-                      api_name=f"compare_fills{suffix}", trigger_mode="always_last", **_queued(pool))
+                      api_name=f"compare_fills{suffix}", trigger_mode="always_last", **_queued(pool, ui))
 
 
 def _wire_scenarios(pool: ModelPool, ui: dict[str, Any]) -> None:
@@ -81,7 +84,7 @@ def _wire_scenarios(pool: ModelPool, ui: dict[str, Any]) -> None:
                 _pick(ui, SCENARIO_OUTPUTS), queue=False, api_name=f"scenario_{key}_{step}", preprocess=False)
             event = applied.then(functools.partial(generate, pool), _with_controls(ui, "session"),
                                  _pick(ui, GENERATE_OUTPUTS), api_name=f"generate_scenario_{key}_{step}",
-                                 **_queued(pool))
+                                 **_queued(pool, ui))
         if scenario.fills:
             _wire_fills(pool, ui, event, f"_scenario_{key}")
 
@@ -115,13 +118,18 @@ def wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     """Every event of the page, each with an API name."""
     demo.load(new_session, None, ui["session"], api_name="new_session", queue=False)
     demo.load(None, js=PAGE_JS.read_text(encoding="utf-8"), api_name=False)
-    ui["example"].input(use_example, ui["example"], ui["prompt"], api_name="use_example", queue=False,
-                        preprocess=False)
+    # In the queue, where an unknown title is a plain error message rather than an HTTP 500.
+    ui["example"].input(use_example, ui["example"], ui["prompt"], api_name="use_example", preprocess=False,
+                        concurrency_limit=None, show_progress="hidden")
+    gr.on([ui["model"].change, ui["core_head"].change, ui["core_tail"].change], functools.partial(bound_core, pool),
+          _pick(ui, ("model", "core_head", "core_tail")), _pick(ui, ("core_head", "core_tail")), api_name=False,
+          queue=False, preprocess=False, show_progress="hidden", trigger_mode="always_last")
     sized = ui["model"].input(functools.partial(model_changed, pool), ui["model"], _pick(ui, MODEL_OUTPUTS),
                               api_name="model_changed", queue=False, preprocess=False)
     # A model that must be loaded first: in the queue, one load at a time, apart from the generations' slots.
     sized.then(functools.partial(load_model, pool), ui["model"], _pick(ui, MODEL_OUTPUTS), api_name="load_model",
-               preprocess=False, concurrency_id="load", concurrency_limit=1, trigger_mode="always_last")
+               preprocess=False, concurrency_id="load", concurrency_limit=1, trigger_mode="always_last",
+               show_progress_on=[ui["run_state"]])
     _wire_generation(pool, ui, [ui["generate"].click, ui["prompt"].submit])
     _wire_generation(pool, ui, [ui[n].release for n in RELEASE_TRIGGERS], "_on_release")
     ui["stop"].click(stop, ui["session"], ui["status"], api_name="stop", queue=False, show_progress="hidden")

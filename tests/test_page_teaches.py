@@ -38,7 +38,7 @@ IN_VIEW = """(sel) => { const r = document.querySelector(sel).getBoundingClientR
   return r.height > 0 && r.top >= 0 && r.bottom <= window.innerHeight && r.left >= 0 && r.right <= window.innerWidth; }"""
 # Red "Error" pills gradio draws over outputs of a failed event.
 ERROR_PILLS = """() => Array.from(document.querySelectorAll('.error, [class*=error]'))
-  .filter(e => e.offsetParent !== null && e.innerText.trim() === 'Error').length"""
+  .filter(e => e.offsetParent !== null && (e.innerText || '').trim() === 'Error').length"""
 TOASTS = """() => Array.from(document.querySelectorAll('[data-testid=toast-body], .toast-body'))
   .filter(t => t.offsetParent !== null).map(t => t.innerText)"""
 
@@ -176,7 +176,6 @@ def test_each_scenario_states_what_it_showed_with_numbers(page) -> None:
 # ---------------------------------------------------------------- 4: invalid input
 
 
-@TODO
 def test_an_invalid_input_shows_one_plain_message_and_no_error_pills(page) -> None:
     generate(page, 8)
     page.fill("#prompt textarea", "   ")
@@ -189,7 +188,6 @@ def test_an_invalid_input_shows_one_plain_message_and_no_error_pills(page) -> No
     assert page.evaluate("() => document.querySelectorAll('#d3-pane .d3-tok').length") > 0  # the last run stays
 
 
-@TODO
 def test_the_core_sliders_cannot_add_up_to_the_whole_model(page) -> None:
     page.fill("#core-head input[type=number]", "20")
     page.press("#core-head input[type=number]", "Enter")
@@ -197,17 +195,20 @@ def test_the_core_sliders_cannot_add_up_to_the_whole_model(page) -> None:
     assert int(page.get_attribute("#core-tail input[type=range]", "max")) == 9  # 20 + 9 < 30 layers
 
 
-@TODO
 def test_validation_errors_are_not_http_500(url) -> None:
-    for name, data in [("use_example", ["no such example"]), ("model_changed", [""])]:
-        response = requests.post(f"{url}gradio_api/run/{name}", json={"data": data}, timeout=30)
-        assert response.status_code != 500, (name, response.text[:200])
+    """What the page calls out of the queue answers a bad value with a message, not an HTTP 500; what it calls in
+    the queue (the example picker) answers through the queue's stream."""
+    response = requests.post(f"{url}gradio_api/run/model_changed", json={"data": [""]}, timeout=30)
+    assert response.status_code == 200 and "not allowed" in response.text
+    response = requests.post(f"{url}gradio_api/call/use_example", json={"data": ["no such example"]}, timeout=30)
+    assert response.status_code == 200
+    stream = requests.get(f"{url}gradio_api/call/use_example/{response.json()['event_id']}", timeout=30)
+    assert stream.status_code == 200 and "event: error" in stream.text
 
 
 # ---------------------------------------------------------------- 6: small things
 
 
-@TODO
 def test_stop_while_idle_does_not_say_stopping(page) -> None:
     generate(page, 4)
     page.click("#stop")
@@ -215,7 +216,6 @@ def test_stop_while_idle_does_not_say_stopping(page) -> None:
     assert "Stopping" not in page.inner_text("#status")
 
 
-@TODO
 def test_the_full_depth_pane_does_not_compare_itself_with_itself(page) -> None:
     generate(page, 8)
     assert "agreeing with full depth" in page.inner_text("#d3-counters")

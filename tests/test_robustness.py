@@ -292,7 +292,7 @@ def fresh_tokens(pool: ModelPool, **kw: Any) -> tuple[list[int], list[int]]:
 
 
 @pytest.mark.parametrize("how", ["stop", "close"])
-def test_a_cancelled_run_leaves_nothing_behind_and_the_next_run_is_a_fresh_one(pool, engine, how) -> None:
+def test_a_cancelled_run_leaves_nothing_behind_and_the_next_run_is_a_fresh_one(pool, engine, how, unpaced) -> None:
     """Stop, or a closed tab (the generator is closed): no hooks, no caches, the lock free, the same tokens."""
     kw = {**RUN_BASE, **SAMPLED, "max_new_tokens": 30}
     states = alive(DecodeState)
@@ -413,8 +413,7 @@ def test_a_public_deployment_loads_only_its_own_models(engine, monkeypatch, env)
     for model in OUTSIDE_MODELS:
         with pytest.raises(gr.Error, match="not allowed here"):
             list(live.generate(pool, Session(), **{**RUN_BASE, "model": model}))
-        with pytest.raises(gr.Error, match="not allowed here"):
-            view_handlers.model_changed(pool, model)
+        assert "not allowed here" in view_handlers.model_changed(pool, model)[-1]  # the status line says it
         with pytest.raises(gr.Error, match="not allowed here"):
             view_handlers.load_model(pool, model)
     assert asked == []

@@ -118,10 +118,12 @@ class Engine:
         return self.tokenizer(text, add_special_tokens=not chat_template or not self.has_chat_template)["input_ids"]
 
     def token_text(self, ids: list[int], i: int) -> str:
-        """Text that token i adds, decoded with a little left context so multi-byte pieces come out right."""
-        lo = max(0, i - 4)
-        before = self.tokenizer.decode(ids[lo:i], skip_special_tokens=False)
-        after = self.tokenizer.decode(ids[lo:i + 1], skip_special_tokens=False)
+        """Text that token i adds, decoded incrementally with a little left context: a byte-level piece that ends
+        inside a multi-byte character adds nothing (its half decodes to U+FFFD), and the token that completes the
+        character adds all of it."""
+        lo = max(0, i - 8)
+        before = self.tokenizer.decode(ids[lo:i], skip_special_tokens=False).rstrip("\ufffd")
+        after = self.tokenizer.decode(ids[lo:i + 1], skip_special_tokens=False).rstrip("\ufffd")
         return after[len(before):] if after.startswith(before) else self.tokenizer.decode([ids[i]])
 
     # -- the loop --------------------------------------------------------------------------------
@@ -152,7 +154,7 @@ class Engine:
         limit = gen.max_new_tokens if forced is None else min(gen.max_new_tokens, min(len(f) for f in forced))
         state: DecodeState | None = None
         prompt_stats: list[PromptStats] = []
-        finish = ""
+        finish, prefill_ms = "", 0.0
         for step in range(limit):
             if should_stop is not None and should_stop():
                 finish = "stopped"
@@ -171,6 +173,7 @@ class Engine:
                 picked = sample(out.logits, gen, generator) if forced is None else torch.tensor([f[step] for f in forced])
                 picked_list = picked.tolist()
             wall_ms = (time.perf_counter() - t0) * 1000
+            prefill_ms = wall_ms if step == 0 else prefill_ms  # step 0 is the prompt's prefill
             self._record(rows, step, picked_list, out, strategy, trace, wall_ms, stop_at_eos=gen.stop_at_eos and forced is None)
             if gen.stop_at_eos and forced is None and all(r.done for r in rows):
                 finish = "eos"
@@ -178,11 +181,13 @@ class Engine:
                 finish = "length"
             else:
                 finish = ""
-            yield [h.with_steps(r.steps, prompt_stats=ps, finish_reason=finish) for h, r, ps in zip(headers, rows, prompt_stats)]
+            yield [h.with_steps(r.steps, prompt_stats=ps, finish_reason=finish, prefill_ms=prefill_ms)
+                   for h, r, ps in zip(headers, rows, prompt_stats)]
             if finish == "eos":
                 return
         if finish == "stopped" and state is not None:
-            yield [h.with_steps(r.steps, prompt_stats=ps, finish_reason="stopped") for h, r, ps in zip(headers, rows, prompt_stats)]
+            yield [h.with_steps(r.steps, prompt_stats=ps, finish_reason="stopped", prefill_ms=prefill_ms)
+                   for h, r, ps in zip(headers, rows, prompt_stats)]
 
     def _header(self, prompt: str | Sequence[int], strategy: StrategyConfig, ids: torch.Tensor, mask: torch.Tensor) -> Trace:
         core = strategy.core(self.num_layers) if isinstance(strategy, D3Config) else default_core(self.num_layers)

@@ -193,7 +193,7 @@ def alpha_for_mean_depth(target_fraction: float, num_layers: int, steps: int, co
         cfg = D3Config(alpha=alpha, core_head=core_head, core_tail=core_tail, start=start)
         return sum(budgets(cfg, num_layers, steps)) / steps / num_layers
 
-    lo, hi = 0.5, 1.0
+    lo, hi = 0.01, 1.0  # short runs need a steep decay to reach a low mean depth (2 tokens at 2/3: alpha 1/3)
     best = (abs(mean_fraction(hi) - target_fraction), hi)
     for _ in range(50):
         mid = (lo + hi) / 2

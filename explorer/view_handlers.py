@@ -16,13 +16,13 @@ from explorer.controls import CONTROL_NAMES, Controls, default_attention_layer, 
 from explorer.live import interrupt
 from explorer.parse import as_choice, whole
 from explorer.pool import ModelPool
-from explorer.scenarios import scenario_controls, scenario_text
+from explorer.scenarios import SCENARIOS, fill_finding, scenario_controls, scenario_finding, scenario_text
 from explorer.session import Session
 from explorer.ui import ordered, refused, user_errors
 from explorer.wording import EXPLAIN
 
 VIEW_OUTPUTS = ("usage", "flow", "attention", "errors", "fills", "root", *(f"explain_{k}" for k in EXPLAIN))
-SCENARIO_OUTPUTS = (*CONTROL_NAMES, "scenario_text")
+SCENARIO_OUTPUTS = (*CONTROL_NAMES, "scenario_text", "scenario_finding")
 MODEL_OUTPUTS = ("core_head", "core_tail", "attention_layer", "attention_head", "chat_template", "status")
 
 
@@ -145,4 +145,20 @@ def apply_scenario(pool: ModelPool, key: str, step: int, session: Session | None
     interrupt(session)
     with user_errors():
         values = scenario_controls(key, step, pool.facts(model).num_layers)
-    return ordered(SCENARIO_OUTPUTS, scenario_text=scenario_text(key, step), **values)
+    finding = {"scenario_finding": "*Running… the numbers appear here when the scenario's runs are done.*"} if step == 0 else {}
+    return ordered(SCENARIO_OUTPUTS, scenario_text=scenario_text(key, step), **finding, **values)
+
+
+def show_finding(pool: ModelPool, key: str, session: Session | None, model: str) -> str:
+    """What a scenario's runs showed, with their numbers, under its text (after its last run or fill comparison)."""
+    if session is None or not session.history:
+        return ""
+    try:
+        layers = pool.facts(model).num_layers
+    except ValueError:
+        return ""
+    runs = len(SCENARIOS[key].runs)
+    text = scenario_finding(key, [r.summary for r in session.history[-runs:]], layers)
+    if SCENARIOS[key].fills and session.fills:
+        text += "\n\n" + fill_finding(session.fills)
+    return text

@@ -36,6 +36,7 @@ from explorer.view_handlers import (
     render_errors,
     render_flow,
     set_presentation,
+    show_finding,
     use_example,
 )
 
@@ -86,7 +87,9 @@ def _wire_scenarios(pool: ModelPool, ui: dict[str, Any]) -> None:
                                  _pick(ui, GENERATE_OUTPUTS), api_name=f"generate_scenario_{key}_{step}",
                                  **_queued(pool, ui))
         if scenario.fills:
-            _wire_fills(pool, ui, event, f"_scenario_{key}")
+            event = _wire_fills(pool, ui, event, f"_scenario_{key}")
+        event.then(functools.partial(show_finding, pool, key), [ui["session"], ui["model"]], ui["scenario_finding"],
+                   queue=False, api_name=f"scenario_{key}_finding", preprocess=False, show_progress="hidden")
 
 
 def _wire_views(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:

@@ -16,6 +16,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -29,7 +30,8 @@ from d3.sweep.spec import setting_key  # noqa: E402
 from d3.sweep.table import read_results, sidecar, write_json  # noqa: E402
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], engine: Any = None) -> int:
+    """`engine` lets tests inject a tiny model; otherwise the sweep's --model is loaded."""
     ours = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ours.add_argument("--strategy", required=True, help="strategy whose stale rows are measured again")
     split = argv.index("--") if "--" in argv else len(argv)
@@ -41,7 +43,7 @@ def main(argv: list[str]) -> int:
     from d3.models import get_model
     from d3.sweep.run import run_sweep
 
-    engine = Engine.from_loaded(get_model(spec.model))
+    engine = engine if engine is not None else Engine.from_loaded(get_model(spec.model))
     results = Path(args.out)
     old = read_results(results)
     current = {setting_key(spec, engine.name, s): s for s in all_settings(spec, engine)}

@@ -97,7 +97,9 @@ class D3Config(StrategyConfig):
     start: the step the decay counts from: tokens 0..start (start + 1 of them) run at full depth, token
         start + k runs floor(L * alpha ** k); start=5 keeps steps 0-5 at full depth.
     drop_order: order in which flex (middle) layers are dropped as the budget shrinks.
-    fill: see `StrategyConfig`.
+    fill: copy (default) copies the nearest lower layer that ran of the same attention type, so on Gemma 3 a
+        global layer never gets a sliding-window layer's keys (another rope base); no effect with the nested
+        default drop order; the other fills and why: `StrategyConfig`.
     """
 
     name: ClassVar[str] = "d3"

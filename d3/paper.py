@@ -6,6 +6,7 @@ import csv
 import random
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
@@ -42,6 +43,16 @@ class PaperTask(Protocol):
 # ---------------------------------------------------------------- built-in tasks
 
 
+@lru_cache(maxsize=8)
+def _shuffled_task(name: str, seed: int) -> tuple[Any, ...]:
+    """A BIG-bench task's examples in a fixed shuffled order (read once: prompt() needs the shots every call)."""
+    from d3.data import load_task
+
+    examples = load_task(name)
+    random.Random(f"paper:{seed}:{name}").shuffle(examples)
+    return tuple(examples)
+
+
 @dataclass(frozen=True)
 class BigBenchExactMatch:
     """A BIG-bench exact-match task (d3.data), few-shot, its shots and two disjoint splits drawn with a fixed seed."""
@@ -53,11 +64,7 @@ class BigBenchExactMatch:
     seed: int = 0
 
     def _examples(self) -> list[Any]:
-        from d3.data import load_task
-
-        examples = load_task(self.name)
-        random.Random(f"paper:{self.seed}:{self.name}").shuffle(examples)
-        return examples
+        return list(_shuffled_task(self.name, self.seed))
 
     def split(self, name: str) -> list[Any]:
         rest = self._examples()[self.shots:]

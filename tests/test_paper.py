@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from d3.config import D3Config, FullConfig
-from d3.paper import CSV_COLUMNS, Addition, PaperRow, Scored, select, start_steps, write_csv
+from d3.paper import CSV_COLUMNS, Addition, BigBenchExactMatch, PaperRow, Scored, select, start_steps, write_csv
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMING = {"full_s", "d3_s", "measured_speedup"}
@@ -50,6 +50,22 @@ def test_addition_splits_are_disjoint_and_scored_on_the_first_word():
     assert (len(val), len(test)) == (50, 200) and val != test[:50]
     assert task.prompt((20, 5)).endswith("Q: What is 20 plus 5?\nA:")
     assert task.score((20, 5), " 25\n\nQ: What") and not task.score((20, 5), " 24")
+
+
+@pytest.mark.data
+def test_object_counting_shots_validation_and_test_are_disjoint():
+    from d3.data import task_file
+
+    if not task_file("object_counting").is_file():
+        pytest.skip("BIG-bench data not fetched (run `python -m d3 fetch-data`)")
+    task = BigBenchExactMatch()
+    val, test = task.split("validation"), task.split("test")
+    prompt = task.prompt(val[0])
+    shots = prompt.split("\n\n")[:-1]
+    assert len(val) == 50 and len(test) >= 500 and len(shots) == 3
+    inputs = [ex.input for ex in val + test]
+    assert len(set(inputs)) == len(inputs) and not any(ex.input in s for s in shots for ex in val + test)
+    assert task.score(val[0], f" {val[0].target}\n\nQ: next") and not task.score(val[0], " banana")
 
 
 def test_csv_has_the_papers_columns(tmp_path):

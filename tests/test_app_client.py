@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import threading
 import time
 from pathlib import Path
@@ -14,13 +13,14 @@ import gradio as gr
 import pytest
 from gradio_client import Client
 
-import app
+from explorer import live, page
 from d3.engine import Engine
-from d3.live import Caps
+from explorer.caps import Caps
+from explorer.page import free_port
 from tests.tiny import tiny_llama, tiny_tokenizer
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.filterwarnings("ignore::UserWarning")]
-OUT = {name: i for i, name in enumerate(n for n in app.GENERATE_OUTPUTS if n != "session")}  # State is not in the API
+OUT = {name: i for i, name in enumerate(n for n in live.GENERATE_OUTPUTS if n != "session")}  # State is not in the API
 
 
 class CountingEngine(Engine):
@@ -42,17 +42,11 @@ class CountingEngine(Engine):
             self.closed += 1
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @contextlib.contextmanager
 def serve(demo: gr.Blocks) -> Iterator[str]:
     """Serve `demo` on 127.0.0.1 on a free port; always closed afterwards."""
     port = free_port()
-    app.launch(demo, prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
+    page.launch(demo, prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
     try:
         yield f"http://127.0.0.1:{port}/"
     finally:
@@ -74,7 +68,7 @@ def engine() -> CountingEngine:
 
 @pytest.fixture(scope="module")
 def url(engine) -> Iterator[str]:
-    demo = app.build_demo(lambda name: engine, model_names=("tiny",), public=False, caps=Caps(max_new_tokens=64))
+    demo = page.build_demo(lambda name: engine, model_names=("tiny",), public=False, caps=Caps(max_new_tokens=64))
     with serve(demo) as address:
         yield address
 
@@ -152,7 +146,7 @@ def test_a_dropped_connection_ends_the_generation_and_frees_it(engine, url) -> N
 
 def test_a_full_queue_tells_people_to_retry() -> None:
     engine = CountingEngine(tiny_llama(4), tiny_tokenizer(), name="tiny", delay=0.05)
-    demo = app.build_demo(lambda name: engine, model_names=("tiny",), caps=Caps(queue_size=1, concurrency=1))
+    demo = page.build_demo(lambda name: engine, model_names=("tiny",), caps=Caps(queue_size=1, concurrency=1))
     with serve(demo) as address:
         jobs = [client(address).submit(**{**RUN, "core_head": 0, "core_tail": 0, "attention_layer": 1,
                                           "max_new_tokens": 20}, api_name="/generate") for _ in range(4)]
@@ -178,7 +172,7 @@ def test_slider_preview_and_views_via_the_api(url) -> None:
 
 
 def test_public_server_refuses_unknown_models(engine) -> None:
-    demo = app.build_demo(lambda name: engine, model_names=("tiny",), public=True)
+    demo = page.build_demo(lambda name: engine, model_names=("tiny",), public=True)
     with serve(demo) as address:
         with pytest.raises(Exception, match="not allowed here"):
             client(address).predict(**{**RUN, "model": "/etc/passwd"}, api_name="/generate")

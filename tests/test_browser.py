@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-import app
-from d3.live import Caps
+from explorer.caps import Caps
+from explorer.page import build_demo
 from tests.test_app_client import engine, serve, url, wait_until  # noqa: F401  (engine and url are shared fixtures)
-from viz.app_extras import VIEWS
+from explorer.wording import VIEWS
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::UserWarning")]
@@ -150,7 +150,7 @@ def test_closing_the_tab_ends_the_generation(browser, url, engine) -> None:
 @pytest.mark.integration
 def test_the_embedded_model_in_the_page(browser) -> None:
     """The real page on SmolLM2-135M (loaded lazily on the first Generate); screenshot kept for review."""
-    demo = app.build_demo(public=True, caps=Caps(max_new_tokens=64))
+    demo = build_demo(public=True, caps=Caps(max_new_tokens=64))
     with serve(demo) as address:
         page = open_page(browser, address)
         try:

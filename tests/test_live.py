@@ -1,4 +1,5 @@
-"""d3/live.py: caps, parsing of raw controls, the shared model pool, side-by-side streaming, sessions."""
+"""The page's logic without Gradio: caps, parsing of the controls, the shared model pool, side-by-side streaming,
+sessions, scenarios."""
 
 from __future__ import annotations
 
@@ -9,27 +10,15 @@ import numpy as np
 import pytest
 
 from d3.config import D3Config, EarlyExitConfig, FullConfig, GenerationConfig, SkipDecodeConfig, TraceConfig, UnifiedConfig
-from d3.live import (
-    KNOWN_FACTS,
-    SCENARIOS,
-    Caps,
-    LiveUpdate,
-    ModelPool,
-    Session,
-    as_number,
-    check_prompt_tokens,
-    clean_prompt,
-    example_prompts,
-    fill_comparison,
-    is_public,
-    measured_speedup,
-    other_schedules,
-    parse_controls,
-    prepare_run,
-    scenario_controls,
-    side_by_side,
-)
+from d3.data import example_prompts
 from d3.trace import Trace
+from explorer.caps import Caps, is_public
+from explorer.controls import Controls, other_schedules, parse_controls
+from explorer.parse import as_number, check_prompt_tokens, clean_prompt
+from explorer.pool import KNOWN_FACTS, ModelPool
+from explorer.runs import LiveUpdate, fill_comparison, measured_speedup, prepare_run, side_by_side
+from explorer.scenarios import SCENARIOS, scenario_controls
+from explorer.session import Session
 
 CAPS = Caps()
 GEN = GenerationConfig(max_new_tokens=10, stop_at_eos=False)
@@ -85,19 +74,19 @@ def test_as_number_accepts_numeric_text_and_whole_floats() -> None:
 
 
 def test_parse_controls_defaults_to_d3_with_the_default_core() -> None:
-    strategy, gen = parse_controls({}, 30, CAPS)
+    strategy, gen = parse_controls(Controls(), 30, CAPS)
     assert strategy == D3Config(alpha=0.99, core_head=3, core_tail=3)
     assert gen.greedy and gen.max_new_tokens == 64
 
 
 def test_parse_controls_builds_each_baseline() -> None:
-    assert parse_controls({"strategy": "unified", "unified_ratio": "2"}, 30, CAPS)[0] == UnifiedConfig(ratio=2.0)
-    skip = parse_controls({"strategy": "skipdecode", "skipdecode_max": 20, "skipdecode_min": 0,
-                           "max_new_tokens": 32}, 30, CAPS)[0]
+    assert parse_controls(Controls(**{"strategy": "unified", "unified_ratio": "2"}), 30, CAPS)[0] == UnifiedConfig(ratio=2.0)
+    skip = parse_controls(Controls(**{"strategy": "skipdecode", "skipdecode_max": 20, "skipdecode_min": 0,
+                           "max_new_tokens": 32}), 30, CAPS)[0]
     assert skip == SkipDecodeConfig(max_layers=20, min_layers=None, horizon=32)
-    early = parse_controls({"strategy": "early_exit", "threshold": 0.5, "fill": "propagate"}, 30, CAPS)[0]
+    early = parse_controls(Controls(**{"strategy": "early_exit", "threshold": 0.5, "fill": "propagate"}), 30, CAPS)[0]
     assert early == EarlyExitConfig(threshold=0.5, fill="propagate", min_layers=4)
-    _, gen = parse_controls({"decoding": "sample", "temperature": 0.7, "seed": 3}, 30, CAPS)
+    _, gen = parse_controls(Controls(**{"decoding": "sample", "temperature": 0.7, "seed": 3}), 30, CAPS)
     assert (gen.temperature, gen.seed) == (0.7, 3)
 
 
@@ -125,7 +114,7 @@ def test_parse_controls_builds_each_baseline() -> None:
 ])
 def test_parse_controls_rejects_bad_values_with_plain_messages(raw, message) -> None:
     with pytest.raises(ValueError, match=message):
-        parse_controls(raw, 6, CAPS)
+        parse_controls(Controls(**raw), 6, CAPS)
 
 
 def test_clean_prompt_strips_control_characters_and_odd_unicode() -> None:
@@ -191,11 +180,11 @@ def test_prepare_run_validates_before_loading(tiny_engine) -> None:
     calls = []
     pool = ModelPool(lambda name: calls.append(name) or tiny_engine, names=("tiny",), facts={"tiny": KNOWN_FACTS["gemma3-270m"]})
     with pytest.raises(ValueError, match="prompt is empty"):
-        prepare_run(pool, {"prompt": " ", "model": "tiny"})
+        prepare_run(pool, Controls(**{"prompt": " ", "model": "tiny"}))
     with pytest.raises(ValueError, match="alpha"):
-        prepare_run(pool, {"prompt": "hi", "model": "tiny", "alpha": 7})
+        prepare_run(pool, Controls(**{"prompt": "hi", "model": "tiny", "alpha": 7}))
     assert calls == []  # a bad value is reported before a slow model load
-    setup = prepare_run(pool, {"prompt": "hi", "model": "tiny", "core_head": 1, "core_tail": 1, "attention_layer": 2})
+    setup = prepare_run(pool, Controls(prompt="hi", model="tiny", core_head=1, core_tail=1, attention_layer=2))
     assert calls == ["tiny"] and setup.trace.attention_layers == (2,)
 
 
@@ -331,7 +320,7 @@ def test_scenarios_set_what_they_promise() -> None:
     with pytest.raises(ValueError, match="scenario"):
         scenario_controls("nope", 0, 30)
     for key in SCENARIOS:  # every scenario's controls parse
-        parse_controls(scenario_controls(key, 1, 30), 30, CAPS)
+        parse_controls(Controls(**scenario_controls(key, 1, 30)), 30, CAPS)
 
 
 def test_other_schedules_leave_out_the_main_kind_and_what_does_not_fit() -> None:

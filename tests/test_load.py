@@ -1,4 +1,4 @@
-"""scripts/load_test.py: its checks on their own (fast), and a small bounded run against a tiny model (slow)."""
+"""explorer/loadtest: its checks on their own (fast), and a small bounded run against a tiny model (slow)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import json
 import pytest
 
 from d3.config import D3Config, GenerationConfig
-from tests.apphelpers import load_script
+from explorer import loadtest as load_test
+from explorer.loadtest.__main__ import main
 from viz import token_html
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::UserWarning")]
-load_test = load_script("load_test")
 
 
 def test_token_ids_are_read_back_from_the_pane(tiny_engine) -> None:
@@ -27,14 +27,14 @@ def test_a_mixed_up_run_is_counted_as_cross_talk() -> None:
     solo = load_test.Tokens((1, 2, 3), (1, 2, 4))
     report = load_test.Report(model="tiny")
     ok = load_test.Outcome(spec, tokens=solo, streamed=[load_test.Tokens((1,), ()), solo], exported=(1, 2, 3))
-    load_test._check(report, ok, solo, "a")
+    load_test.check(report, ok, solo, "a")
     assert report.crosstalk == 0 and not report.errors
     for wrong in (load_test.Outcome(spec, tokens=load_test.Tokens((1, 2, 3), (9, 2, 4))),
                   load_test.Outcome(spec, tokens=solo, streamed=[load_test.Tokens((7,), ())]),  # someone else's token
                   load_test.Outcome(spec, tokens=solo, exported=(1, 2, 9))):  # someone else's trace
-        load_test._check(report, wrong, solo, "b")
+        load_test.check(report, wrong, solo, "b")
     assert report.crosstalk == 3 and len(report.crosstalk_examples) == 3
-    load_test._check(report, load_test.Outcome(spec, error="queue_full"), solo, "c")
+    load_test.check(report, load_test.Outcome(spec, error="queue_full"), solo, "c")
     assert report.errors == {"queue_full": 1}
 
 
@@ -42,14 +42,14 @@ def test_targets_decide_the_exit_status() -> None:
     report = load_test.Report(model="tiny", planned={"concurrent": 8, "endurance": 30},
                               completed={"references": 12, "concurrent": 8, "endurance": 30},
                               rss_mib={"after_warmup": 600.0, "end": 612.0}, distinct_references=12)
-    load_test._judge(report, max_growth=5.0)
+    load_test.judge(report, max_growth=5.0)
     assert report.failures == []
     grown = load_test.Report(**{**report.__dict__, "failures": [], "rss_mib": {"after_warmup": 600.0, "end": 640.0}})
-    load_test._judge(grown, max_growth=5.0)
+    load_test.judge(grown, max_growth=5.0)
     assert len(grown.failures) == 1 and "RSS grew 6.7%" in grown.failures[0]
     short = load_test.Report(**{**report.__dict__, "failures": [], "completed": {"concurrent": 8, "endurance": 7},
                                 "timed_out": True})
-    load_test._judge(short, max_growth=5.0)
+    load_test.judge(short, max_growth=5.0)
     assert any("7 of 30 completed (time limit reached)" in f for f in short.failures)
 
 
@@ -57,7 +57,7 @@ def test_targets_decide_the_exit_status() -> None:
 def test_bounded_load_run_on_a_tiny_model(tmp_path) -> None:
     """8 clients at once, then 30 generations in a row, against the app served in a subprocess."""
     out = tmp_path / "report.json"
-    status = load_test.main(["--tiny", "--clients", "8", "--tokens", "6", "--runs", "30", "--run-tokens", "4",
+    status = main(["--tiny", "--clients", "8", "--tokens", "6", "--runs", "30", "--run-tokens", "4",
                              "--sessions", "3", "--warmup", "6", "--max-growth", "20", "--time-limit", "420",
                              "--json", str(out)])
     report = json.loads(out.read_text())

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from d3 import models
-from d3.models import KNOWN_MODELS, SUPPORTED_ARCHS, LoadedModel, describe, get_model, load_model
+from d3.models import KNOWN_MODELS, SUPPORTED_ARCHS, LoadedModel, ModelFacts, describe, get_model, load_model
 
 WORDS = ["<pad>", "<eos>", "<unk>", "hello", "world", "the", "cat", "sat", "on", "mat", "a", "dog"]
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
@@ -223,6 +223,7 @@ def test_smollm2_converts_once_then_loads_fast_from_cache(d3_cache_dir: Path):
     with torch.no_grad():
         torch.testing.assert_close(first.model(ids).logits, second.model(ids).logits)
     assert describe(second)["tied_embeddings"] is True
+    assert KNOWN_MODELS["smollm2-135m"].facts == ModelFacts(first.num_layers, first.num_heads, first.has_chat_template)
 
 
 @pytest.mark.integration
@@ -243,5 +244,6 @@ def test_gemma3_loads_with_18_layers(d3_cache_dir: Path):
     loaded = load_model("gemma3-270m", device="cpu")
     assert (loaded.arch, loaded.num_layers, type(loaded.model).__name__) == ("gemma3_text", 18, "Gemma3ForCausalLM")
     assert describe(loaded)["default_core"] == (2, 2)
+    assert KNOWN_MODELS["gemma3-270m"].facts == ModelFacts(loaded.num_layers, loaded.num_heads, loaded.has_chat_template)
     entries = list((d3_cache_dir / "gemma3-270m").iterdir())
     assert len(entries) == 1 and not list(entries[0].glob("*.gguf"))  # the assembled GGUF is not kept

@@ -15,20 +15,23 @@ from gradio_client import Client
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import app
+from explorer import export, live, page, view_handlers
 import d3.models
 from d3.decoder import DecodeState
 from d3.hooks import count_hooks
-from d3.live import Caps, ModelPool, Session, is_public
 from d3.trace import Trace
-from tests.apphelpers import ROOT, alive, load_script, one_torch_thread, rss_mib  # noqa: F401  (a fixture)
+from explorer import loadtest
+from explorer.caps import Caps, is_public
+from explorer.controls import REDRAW_NAMES
+from explorer.pool import ModelPool
+from explorer.session import Session
+from tests.apphelpers import ROOT, alive, one_torch_thread, rss_mib  # noqa: F401  (a fixture)
 from tests.test_app import DEFAULTS, last_value, tiny_factory
 from tests.test_app_client import RUN, CountingEngine, serve, wait_until
 from tests.tiny import tiny_llama, tiny_tokenizer
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.usefixtures("one_torch_thread")]
-load_test = load_script("load_test")  # reads token ids off the panes the API returns
 SAMPLED = dict(decoding="sample", temperature=0.9, seed=11)
 UNHANDLED = "has not enabled verbose error reporting"  # what gradio_client says when a handler raised a non-gr.Error
 
@@ -70,6 +73,7 @@ def assert_clean(message: str) -> None:
 FUZZ = settings(deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
 RUN_BASE = {**DEFAULTS, "max_new_tokens": 2}
+RUN_ONLY = ("prompt", "chat_template", "decoding", "temperature", "seed")  # what export_figure never reads
 
 
 def _pick(values: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
@@ -93,29 +97,29 @@ def pool(engine) -> ModelPool:
 def finished(pool) -> Session:
     """A session with a finished run, so the view handlers draw real traces."""
     session = Session()
-    list(app.generate(pool, session, **{**RUN_BASE, "max_new_tokens": 4}))
+    list(live.generate(pool, session, **{**RUN_BASE, "max_new_tokens": 4}))
     return session
 
 
 def handlers(pool: ModelPool, finished: Session) -> dict[str, tuple[Callable[..., Any], dict[str, Any]]]:
     """Every handler a person can reach, with the values the page would send; junk replaces some of them."""
-    run_args = _pick(RUN_BASE, (*app.RUN_INPUTS, "presentation"))
-    schedule = _pick(RUN_BASE, app.SCHEDULE_INPUTS)
-    figure = {"figure": "usage", **_pick(RUN_BASE, (*app.SCHEDULE_INPUTS[:-1], "attention_layer", *app.VIEW_INPUTS))}
-    view = _pick(RUN_BASE, ("attention_layer", *app.VIEW_INPUTS))
+    run_args = {k: v for k, v in RUN_BASE.items() if k not in ("attention_head", "metric", "log_kl")}
+    schedule = _pick(RUN_BASE, REDRAW_NAMES)
+    figure = {"figure": "usage", **{k: v for k, v in RUN_BASE.items() if k not in RUN_ONLY}}
+    view = _pick(RUN_BASE, ("attention_layer", "attention_head", "metric", "log_kl", "presentation"))
     return {
-        "generate": (lambda **kw: list(app.generate(pool, Session(), **kw)), dict(RUN_BASE)),
-        "compare_fills": (lambda **kw: list(app.compare_fills(pool, Session(), **kw)), run_args),
-        "redraw_schedule": (lambda **kw: app.redraw_schedule(pool, finished, **kw), schedule),
-        "model_changed": (lambda **kw: app.model_changed(pool, **kw), {"model": "tiny"}),
-        "use_example": (lambda **kw: app.use_example(**kw), {"title": "Fact"}),
-        "apply_scenario": (lambda **kw: app.apply_scenario(pool, "core", 1, finished, **kw), {"model": "tiny"}),
-        "render_flow": (lambda **kw: app.render_flow(finished, **kw), _pick(view, ("metric", "presentation"))),
-        "render_attention": (lambda **kw: app.render_attention(finished, **kw),
+        "generate": (lambda **kw: list(live.generate(pool, Session(), **kw)), dict(RUN_BASE)),
+        "compare_fills": (lambda **kw: list(live.compare_fills(pool, Session(), **kw)), run_args),
+        "redraw_schedule": (lambda **kw: view_handlers.redraw_schedule(pool, finished, **kw), schedule),
+        "model_changed": (lambda **kw: view_handlers.model_changed(pool, **kw), {"model": "tiny"}),
+        "use_example": (lambda **kw: view_handlers.use_example(**kw), {"title": "Fact"}),
+        "apply_scenario": (lambda **kw: view_handlers.apply_scenario(pool, "core", 1, finished, **kw), {"model": "tiny"}),
+        "render_flow": (lambda **kw: view_handlers.render_flow(finished, **kw), _pick(view, ("metric", "presentation"))),
+        "render_attention": (lambda **kw: view_handlers.render_attention(finished, **kw),
                              _pick(view, ("attention_layer", "attention_head", "presentation"))),
-        "render_errors": (lambda **kw: app.render_errors(finished, **kw), _pick(view, ("log_kl", "presentation"))),
-        "set_presentation": (lambda **kw: app.set_presentation(finished, **kw), view),
-        "export_figure": (lambda **kw: app.export_figure(pool, finished, **kw), figure),
+        "render_errors": (lambda **kw: view_handlers.render_errors(finished, **kw), _pick(view, ("log_kl", "presentation"))),
+        "set_presentation": (lambda **kw: view_handlers.set_presentation(finished, **kw), view),
+        "export_figure": (lambda **kw: export.export_figure(pool, finished, **kw), figure),
     }
 
 
@@ -136,7 +140,7 @@ def test_every_handler_answers_junk_with_a_clear_message(pool, finished, engine)
 
     fuzz()
     session = Session()
-    assert "Done." in last_value(list(app.generate(pool, session, **RUN_BASE)), "status")
+    assert "Done." in last_value(list(live.generate(pool, session, **RUN_BASE)), "status")
 
 
 EDGE_VALUES = (math.nan, math.inf, 10**400, -1, None, True, "", " \x00\x1b\ud800", "a" * 9000, [1])
@@ -183,7 +187,7 @@ def test_view_settings_out_of_range_are_a_clean_error_or_ignored(pool, finished,
 
 @pytest.fixture(scope="module")
 def served(engine) -> Iterator[str]:
-    demo = app.build_demo(tiny_factory(engine), model_names=("tiny",), public=False, caps=Caps(max_new_tokens=64))
+    demo = page.build_demo(tiny_factory(engine), model_names=("tiny",), public=False, caps=Caps(max_new_tokens=64))
     with serve(demo) as url:
         yield url
 
@@ -199,10 +203,10 @@ API_FUZZED = ("/generate", "/compare_fills", "/redraw_schedule", "/model_changed
               "/render_flow", "/set_presentation", "/export_figure", "/scenario_core_1")
 
 
-def generate_ok(client: Client, **overrides: Any) -> load_test.Tokens:
+def generate_ok(client: Client, **overrides: Any) -> loadtest.Tokens:
     final = client.predict(**{**RUN, "max_new_tokens": 2, **overrides}, api_name="/generate")
     assert "Done." in final[0]
-    return load_test.tokens_of(final)
+    return loadtest.tokens_of(final)
 
 
 def test_the_api_answers_junk_with_a_clear_message_and_keeps_serving(served) -> None:
@@ -261,7 +265,7 @@ def test_non_finite_numbers_over_raw_http_get_a_clear_message(served, endpoint, 
 
 def fresh_tokens(pool: ModelPool, **kw: Any) -> tuple[list[int], list[int]]:
     session = Session()
-    list(app.generate(pool, session, **kw))
+    list(live.generate(pool, session, **kw))
     return session.d3.token_ids, session.full.token_ids
 
 
@@ -271,12 +275,12 @@ def test_a_cancelled_run_leaves_nothing_behind_and_the_next_run_is_a_fresh_one(p
     kw = {**RUN_BASE, **SAMPLED, "max_new_tokens": 30}
     states = alive(DecodeState)
     session = Session()
-    stream = app.generate(pool, session, **kw)
+    stream = live.generate(pool, session, **kw)
     for _ in stream:
         if session.d3 is not None and len(session.d3.steps) >= 3:
             break
     if how == "stop":
-        app.stop(session)
+        live.stop(session)
         rest = list(stream)
         assert "Stopped." in last_value(rest, "status") and len(session.d3.steps) <= 4
     else:
@@ -284,7 +288,7 @@ def test_a_cancelled_run_leaves_nothing_behind_and_the_next_run_is_a_fresh_one(p
     assert count_hooks(engine.model) == 0 and not engine._lock.locked()
     assert alive(DecodeState) == states  # both runs' KV caches are gone
     again = {**kw, "max_new_tokens": 8}
-    list(app.generate(pool, session, **again))
+    list(live.generate(pool, session, **again))
     assert (session.d3.token_ids, session.full.token_ids) == fresh_tokens(pool, **again)
 
 
@@ -318,7 +322,7 @@ CAPS = Caps(max_new_tokens=16, max_prompt_chars=200, max_prompt_tokens=40)
 
 @pytest.fixture(scope="module")
 def capped(engine) -> Iterator[str]:
-    demo = app.build_demo(lambda name: engine, model_names=("tiny",), public=True, caps=CAPS)
+    demo = page.build_demo(lambda name: engine, model_names=("tiny",), public=True, caps=CAPS)
     with serve(demo) as url:
         yield url
 
@@ -380,15 +384,15 @@ def test_a_public_deployment_loads_only_its_own_models(engine, monkeypatch, env)
         monkeypatch.setenv(name, value)
     assert is_public()
     asked: list[str] = []
-    demo = app.build_demo(lambda name: asked.append(name) or engine, model_names=("tiny",))  # public from env
+    demo = page.build_demo(lambda name: asked.append(name) or engine, model_names=("tiny",))  # public from env
     pool = demo.pool
     assert pool.public
     asked.clear()  # building the page sized its controls from the one allowed model
     for model in OUTSIDE_MODELS:
         with pytest.raises(gr.Error, match="not allowed here"):
-            list(app.generate(pool, Session(), **{**RUN_BASE, "model": model}))
+            list(live.generate(pool, Session(), **{**RUN_BASE, "model": model}))
         with pytest.raises(gr.Error, match="not allowed here"):
-            app.model_changed(pool, model)
+            view_handlers.model_changed(pool, model)
     assert asked == []
 
 
@@ -400,7 +404,7 @@ def test_a_refused_value_is_not_echoed_back_in_full(engine, field, value) -> Non
     """A public server: a pasted megabyte must not come back as a megabyte-long message."""
     pool = ModelPool(tiny_factory(engine), names=("tiny",), public=True)
     with pytest.raises(gr.Error) as err:
-        list(app.generate(pool, Session(), **{**RUN_BASE, field: value}))
+        list(live.generate(pool, Session(), **{**RUN_BASE, field: value}))
     assert_clean(str(err.value))
 
 
@@ -411,7 +415,7 @@ def test_the_public_loader_never_touches_a_path_or_the_hub(monkeypatch) -> None:
     pool = ModelPool(public=True)
     for model in OUTSIDE_MODELS:
         with pytest.raises(gr.Error, match="not allowed"):
-            list(app.generate(pool, Session(), **{**RUN_BASE, "model": model, "core_head": 3, "core_tail": 3,
+            list(live.generate(pool, Session(), **{**RUN_BASE, "model": model, "core_head": 3, "core_tail": 3,
                                                    "attention_layer": 15}))
         with pytest.raises(ValueError, match="not allowed here"):
             d3.models.load_model(model, allow_paths=False)
@@ -435,9 +439,10 @@ def _calls(path: Path) -> set[str]:
 def test_nothing_a_person_types_reaches_a_shell_or_remote_code() -> None:
     risky = {"eval", "exec", "compile", "__import__", "os.system", "os.popen", "subprocess.run", "subprocess.Popen",
              "subprocess.call", "subprocess.check_output", "pickle.loads", "torch.load"}
-    for path in (ROOT / "app.py", ROOT / "d3" / "live.py", ROOT / "d3" / "engine.py"):
-        assert not _calls(path) & risky, path.name
-    for path in [ROOT / "app.py", *sorted((ROOT / "d3").glob("*.py"))]:
+    page = [ROOT / "app.py", *sorted((ROOT / "explorer").rglob("*.py"))]
+    for path in (*page, ROOT / "d3" / "engine.py"):
+        assert not _calls(path) & risky - ({"subprocess.Popen"} if "loadtest" in path.parts else set()), path.name
+    for path in [*page, *sorted((ROOT / "d3").glob("*.py"))]:
         assert "trust_remote_code=True" not in path.read_text(), path.name
 
 
@@ -454,9 +459,9 @@ def test_memory_stays_flat_over_a_hundred_generations(engine) -> None:
     def runs(n: int) -> None:
         for i in range(n):
             if i % 5 == 4:
-                list(app.generate(pool, Session(), **{**kw, "seed": i}))  # someone who leaves
+                list(live.generate(pool, Session(), **{**kw, "seed": i}))  # someone who leaves
             else:
-                list(app.generate(pool, session, **{**kw, "seed": i}))
+                list(live.generate(pool, session, **{**kw, "seed": i}))
 
     runs(20)  # warm-up: caches, lazily built figures, the allocator's pools
     traces, states, rss = alive(Trace), alive(DecodeState), rss_mib()

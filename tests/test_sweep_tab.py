@@ -10,15 +10,18 @@ import pandas as pd
 import pytest
 
 import app
-from d3.live import SWEEP_MAX_SETTINGS, Caps, ModelPool
+from explorer import export, sweep_tab
 from d3.models import unknown_name_message
+from explorer.caps import Caps
+from explorer.pool import ModelPool
+from explorer.sweep_tab import SWEEP_MAX_SETTINGS
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
-REQUEST = dict(model="tiny", chat_template=True, sweep_prompts="hello there", sweep_settings=list(app.SWEEP_DEFAULT),
+REQUEST = dict(model="tiny", chat_template=True, sweep_prompts="hello there", sweep_settings=list(sweep_tab.SWEEP_DEFAULT),
                sweep_tokens=6)
-OUT = {name: i for i, name in enumerate(app.SWEEP_OUTPUTS)}
-LOAD = {name: i for i, name in enumerate(app.SWEEP_LOAD_OUTPUTS)}
+OUT = {name: i for i, name in enumerate(sweep_tab.SWEEP_OUTPUTS)}
+LOAD = {name: i for i, name in enumerate(sweep_tab.SWEEP_LOAD_OUTPUTS)}
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +36,7 @@ def pool(tiny_engine) -> ModelPool:
 @pytest.fixture(scope="module")
 def swept(pool) -> tuple:
     reports = []
-    out = app.run_sweep(pool, **REQUEST, progress=lambda fraction, desc=None: reports.append((fraction, desc)))
+    out = sweep_tab.run_sweep(pool, **REQUEST, progress=lambda fraction, desc=None: reports.append((fraction, desc)))
     return out, reports
 
 
@@ -44,8 +47,8 @@ def _select(index: int) -> gr.SelectData:
 def test_sweep_gives_one_row_per_setting_and_a_matching_pareto_view(swept) -> None:
     out, reports = swept
     results, table, figure = out[OUT["sweep_results"]], out[OUT["sweep_table"]], out[OUT["sweep_pareto"]]
-    assert len(results) == len(table) == 1 + len(app.SWEEP_DEFAULT)  # the full-depth reference + each setting
-    assert list(table.columns) == app.SWEEP_TABLE_COLUMNS
+    assert len(results) == len(table) == 1 + len(sweep_tab.SWEEP_DEFAULT)  # the full-depth reference + each setting
+    assert list(table.columns) == sweep_tab.SWEEP_TABLE_COLUMNS
     assert table["strategy"].tolist() == ["full", "d3", "d3", "skipdecode", "unified"]
     assert table["label"].tolist() == results["label"].tolist()
     points = [t for t in figure.data if (t.meta or {}).get("role") == "points"]
@@ -61,7 +64,7 @@ def test_selecting_a_row_loads_its_params_into_the_controls(swept, index) -> Non
     results = swept[0][OUT["sweep_results"]]
     row = results.iloc[index]
     params = json.loads(row["params"])
-    values = app.load_sweep_setting(results, _select(index))
+    values = sweep_tab.load_sweep_setting(results, _select(index))
     assert values[LOAD["strategy"]] == params["strategy"] and values[LOAD["fill"]] == params["fill"]
     assert values[LOAD["max_new_tokens"]] == REQUEST["sweep_tokens"]
     if params["strategy"] == "d3":
@@ -83,9 +86,9 @@ def test_selecting_a_row_loads_its_params_into_the_controls(swept, index) -> Non
 def test_selecting_the_full_depth_row_or_nothing_is_a_clear_error(swept) -> None:
     results = swept[0][OUT["sweep_results"]]
     with pytest.raises(gr.Error, match="full-depth reference"):
-        app.load_sweep_setting(results, _select(0))
+        sweep_tab.load_sweep_setting(results, _select(0))
     with pytest.raises(gr.Error, match="No sweep results"):
-        app.load_sweep_setting(None, _select(0))
+        sweep_tab.load_sweep_setting(None, _select(0))
 
 
 def test_clicking_a_pareto_point_loads_the_row_it_was_drawn_from(swept) -> None:
@@ -98,8 +101,8 @@ def test_clicking_a_pareto_point_loads_the_row_it_was_drawn_from(swept) -> None:
             assert x == results.iloc[int(i)]["measured_speedup"]
             if int(i) == 0:
                 continue  # the full-depth reference loads nothing (tested below)
-            by_point = app.load_sweep_point(results, f"{int(i)}@1732350000000")
-            by_row = app.load_sweep_setting(results, _select(int(i)))
+            by_point = sweep_tab.load_sweep_point(results, f"{int(i)}@1732350000000")
+            by_row = sweep_tab.load_sweep_setting(results, _select(int(i)))
             assert [v for k, v in enumerate(by_point) if k != LOAD["modes"]] == \
                 [v for k, v in enumerate(by_row) if k != LOAD["modes"]]
             assert "Loaded from the sweep" in by_point[LOAD["status"]]
@@ -109,18 +112,18 @@ def test_clicking_a_pareto_point_loads_the_row_it_was_drawn_from(swept) -> None:
 @pytest.mark.parametrize("value", ["", "@5", "x@1", "-1@2", "99@1", "1.5"])
 def test_a_bad_point_value_is_a_clear_error(swept, value) -> None:
     with pytest.raises(gr.Error, match="not in the sweep's results"):
-        app.load_sweep_point(swept[0][OUT["sweep_results"]], value)
+        sweep_tab.load_sweep_point(swept[0][OUT["sweep_results"]], value)
 
 
 def test_export_writes_a_csv_with_the_same_rows(swept) -> None:
     results = swept[0][OUT["sweep_results"]]
-    path = app.export_sweep(results)
-    assert path.endswith(".csv") and str(app.EXPORT_ROOT) in path
+    path = export.export_sweep(results)
+    assert path.endswith(".csv") and str(export.EXPORT_ROOT) in path
     back = pd.read_csv(path)
     assert len(back) == len(results) and back["label"].tolist() == results["label"].tolist()
     assert np.allclose(back["measured_speedup"], results["measured_speedup"])
     with pytest.raises(gr.Error, match="Nothing to export"):
-        app.export_sweep(None)
+        export.export_sweep(None)
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -129,13 +132,13 @@ def test_export_writes_a_csv_with_the_same_rows(swept) -> None:
     ({"sweep_prompts": "a\nb\nc"}, "at most 2"),
     ({"sweep_settings": []}, "no settings chosen"),
     ({"sweep_settings": ["d3_85", "magic"]}, "setting must be one of"),
-    ({"sweep_settings": list(app.SWEEP_MENU)}, f"at most {SWEEP_MAX_SETTINGS}"),
+    ({"sweep_settings": list(sweep_tab.SWEEP_MENU)}, f"at most {SWEEP_MAX_SETTINGS}"),
     ({"sweep_tokens": 500}, r"new_tokens must be an integer in \[2, 24\]"),
     ({"model": "no-such-model"}, "unknown model|not allowed"),
 ])
 def test_bad_sweep_requests_are_clear_gr_errors(pool, overrides, message) -> None:
     with pytest.raises(gr.Error, match=message):
-        app.run_sweep(pool, **{**REQUEST, **overrides}, progress=lambda *a, **k: None)
+        sweep_tab.run_sweep(pool, **{**REQUEST, **overrides}, progress=lambda *a, **k: None)
 
 
 def test_every_sweep_event_is_named() -> None:

@@ -1,41 +1,5 @@
-"""Tiny random models and an offline tokenizer for the fast suite (no hub, no downloads)."""
+"""The tiny random models of d3.testing, under the name the tests import them by."""
 
-from __future__ import annotations
+from d3.testing import CHARS, SPECIALS, tiny_llama, tiny_tokenizer
 
-import string
-
-import torch
-from tokenizers import Tokenizer, models, pre_tokenizers, decoders
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
-CHARS = list(string.ascii_lowercase + string.digits + " .,!?'\n")
-
-
-def tiny_tokenizer() -> PreTrainedTokenizerFast:
-    """A character-level tokenizer with 4 specials + 43 characters (47 ids), built offline."""
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + CHARS)}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-                                   unk_token="<unk>")
-    fast.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-                          "{% if add_generation_prompt %}assistant: {% endif %}")
-    return fast
-
-
-def tiny_llama(num_layers: int = 4, seed: int = 0, vocab_size: int = 99, **overrides) -> LlamaForCausalLM:
-    """hidden 32, 4 heads / 2 KV heads, as in transformers' causal_lm_tester; weights scaled up so layers matter."""
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(hidden_size=32, intermediate_size=37, num_hidden_layers=num_layers, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=vocab_size, max_position_embeddings=512, pad_token_id=0,
-                      bos_token_id=1, eos_token_id=2, attn_implementation="sdpa", **overrides)
-    model = LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.mul_(8.0)  # default init is so small that every layer is near-identity; make skipping visible
-    model.generation_config.eos_token_id = 2
-    model.generation_config.pad_token_id = 0
-    return model
+__all__ = ["CHARS", "SPECIALS", "tiny_llama", "tiny_tokenizer"]

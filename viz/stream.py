@@ -10,7 +10,7 @@ from typing import Sequence
 import numpy as np
 from plotly.colors import sample_colorscale, unlabel_rgb
 
-from d3.trace import TokenStep, Trace
+from d3.trace import TokenStep, Trace, token_agreement
 from viz.layout import FONT_FAMILY, SEQUENTIAL, readable_token
 
 DIFF_COLOR = "#D55E00"
@@ -94,7 +94,7 @@ def token_html(trace: Trace, *, reference: Trace | None = None) -> str:
     a badge at the first divergence. Token text is HTML-escaped."""
     few, many = _depth_scale(trace)
     differ = set(differing_positions(trace, reference))
-    first = min(differ) if differ else None
+    first = token_agreement(trace.token_ids, reference.token_ids).first_divergence if reference is not None else None
     spans = []
     for i, step in enumerate(trace.steps):
         other = reference.steps[i] if reference is not None and i < len(reference.steps) else None
@@ -145,11 +145,10 @@ def counters_html(trace: Trace, *, reference: Trace | None = None, measured_spee
         _counter(measured, "measured speedup", measured_tip),
     ]
     if reference is not None:
-        compared = min(n, len(reference.steps))
-        differ = differing_positions(trace, reference)
-        agree = compared - len(differ)
-        value = f"{agree} / {compared}" if compared else "—"
-        tip = f"first divergence at position {differ[0]}" if differ else "no divergence so far"
+        agreement = token_agreement(trace.token_ids, reference.token_ids)
+        value = f"{agreement.agreeing} / {agreement.compared}" if agreement.compared else "—"
+        first = agreement.first_divergence
+        tip = "no divergence so far" if first is None else f"first divergence at position {first}"
         boxes.append(_counter(value, "tokens agreeing with full depth", tip))
     return (f'<div class="d3-counters" style="display:flex;flex-wrap:wrap;gap:8px;font-family:'
             f'{html.escape(FONT_FAMILY, quote=True)}">' + "".join(boxes) + "</div>")

@@ -1,0 +1,61 @@
+"""Server-side bounds of the page and whether this deployment is public, read from the environment."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+from d3.config import MAX_NEW_TOKENS_CAP, MAX_PROMPT_TOKENS_CAP
+
+log = logging.getLogger(__name__)
+
+
+def _env_int(env: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
+    """An integer from the environment, clamped to [lo, hi]; a malformed value falls back to the default."""
+    raw = env.get(name, "")
+    try:
+        value = int(raw) if raw.strip() else default
+    except ValueError:
+        log.warning("%s=%r is not an integer; using %d", name, raw, default)
+        value = default
+    return max(lo, min(hi, value))
+
+
+@dataclass(frozen=True)
+class Caps:
+    """Server-side bounds, enforced in the handlers whatever the page or an API call sends."""
+
+    max_new_tokens: int = 256
+    max_prompt_chars: int = 8000
+    max_prompt_tokens: int = 1024
+    queue_size: int = 16
+    concurrency: int = 2
+    figure_every: int = 8  # heavy figures are redrawn every this many tokens while streaming
+    session_ttl_s: int = 3600
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> "Caps":
+        """D3_MAX_NEW_TOKENS, D3_MAX_PROMPT_CHARS, D3_MAX_PROMPT_TOKENS, D3_QUEUE_SIZE, D3_CONCURRENCY,
+        D3_FIGURE_EVERY, D3_SESSION_TTL; defaults suit a CPU Space."""
+        d = cls()
+        return cls(
+            max_new_tokens=_env_int(env, "D3_MAX_NEW_TOKENS", d.max_new_tokens, 1, MAX_NEW_TOKENS_CAP),
+            max_prompt_chars=_env_int(env, "D3_MAX_PROMPT_CHARS", d.max_prompt_chars, 16, 200_000),
+            max_prompt_tokens=_env_int(env, "D3_MAX_PROMPT_TOKENS", d.max_prompt_tokens, 8, MAX_PROMPT_TOKENS_CAP),
+            queue_size=_env_int(env, "D3_QUEUE_SIZE", d.queue_size, 1, 1000),
+            concurrency=_env_int(env, "D3_CONCURRENCY", d.concurrency, 1, 64),
+            figure_every=_env_int(env, "D3_FIGURE_EVERY", d.figure_every, 1, 1000),
+            session_ttl_s=_env_int(env, "D3_SESSION_TTL", d.session_ttl_s, 60, 7 * 24 * 3600),
+        )
+
+    def describe(self) -> str:
+        return (f"prompts up to {self.max_prompt_chars:,} characters and {self.max_prompt_tokens:,} tokens; "
+                f"at most {self.max_new_tokens} new tokens per run; {self.concurrency} generations at a time, "
+                f"{self.queue_size} more waiting")
+
+
+def is_public(env: Mapping[str, str] = os.environ) -> bool:
+    """A public deployment: D3_PUBLIC=1, or running on Hugging Face Spaces (SPACE_ID is set)."""
+    return env.get("D3_PUBLIC", "").strip().lower() in ("1", "true", "yes") or bool(env.get("SPACE_ID"))

@@ -1,0 +1,234 @@
+"""The Live tab's controls, written once: one frozen `Controls` of raw page values, the handler signatures and
+API parameter names made from it, and its parsing into validated configs."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Callable
+
+from d3.config import (
+    DROP_ORDERS,
+    FILLS,
+    D3Config,
+    EarlyExitConfig,
+    GenerationConfig,
+    SkipDecodeConfig,
+    StrategyConfig,
+    UnifiedConfig,
+    default_core,
+)
+from d3.models import DEFAULT_MODEL
+from explorer.caps import Caps
+from explorer.parse import as_choice, as_number, whole
+
+# Strategies a person can put against full depth, with the names the page shows.
+STRATEGY_LABELS: dict[str, str] = {
+    "d3": "D3 (depth decay)",
+    "skipdecode": "SkipDecode",
+    "unified": "Unified Layer Skipping",
+    "early_exit": "Confidence early exit (CALM-style)",
+}
+DECODINGS = ("greedy", "sample")
+METRICS = ("both", "cos", "dist")
+
+
+def control(default: Any, *, redraws: bool = False) -> Any:
+    """A field of `Controls`; `redraws`: changing it redraws the schedule preview (decay curve, planned grid)."""
+    return field(default=default, metadata={"redraws": redraws})
+
+
+@dataclass(frozen=True)
+class Controls:
+    """Every control of the Live tab as the page (or an API call) sent it, raw: nothing here is validated until
+    it is parsed (`strategy_config`, `generation`, `parse_schedule`). The field order is the order of the page's inputs and
+    of the API's parameters; the defaults are the page's initial values. None for core_head, core_tail and
+    attention_layer means the model's default (the page sends the model's own numbers)."""
+
+    prompt: Any = ""
+    model: Any = control(DEFAULT_MODEL, redraws=True)
+    chat_template: Any = True
+    strategy: Any = control("d3", redraws=True)
+    alpha: Any = control(D3Config.alpha, redraws=True)  # the engine's default decay: the page's one source of it
+    core_head: Any = control(None, redraws=True)
+    core_tail: Any = control(None, redraws=True)
+    start: Any = control(0, redraws=True)
+    drop_order: Any = control("middle_out", redraws=True)
+    fill: Any = control("copy", redraws=True)
+    max_new_tokens: Any = control(64, redraws=True)
+    decoding: Any = "greedy"
+    temperature: Any = 0.8
+    seed: Any = 0
+    unified_ratio: Any = control(1.5, redraws=True)
+    skipdecode_max: Any = control(0, redraws=True)
+    skipdecode_min: Any = control(0, redraws=True)
+    threshold: Any = control(0.9, redraws=True)
+    attention_layer: Any = None
+    attention_head: Any = 0
+    metric: Any = "both"
+    log_kl: Any = False
+    presentation: Any = control(False, redraws=True)
+
+    def with_(self, **changes: Any) -> "Controls":
+        return replace(self, **changes)
+
+    def strategy_config(self, num_layers: int, caps: Caps) -> StrategyConfig:
+        """The strategy config the controls describe; ValueError with a plain message for anything out of range."""
+        return parse_strategy(self, num_layers, caps)
+
+    def generation(self, caps: Caps) -> GenerationConfig:
+        sampling = as_choice("decoding", self.decoding, DECODINGS) == "sample"
+        return GenerationConfig(
+            max_new_tokens=self.new_tokens(caps),
+            temperature=as_number("temperature", self.temperature, 0, 5, lo_open=True) if sampling else 0.0,
+            seed=int(as_number("seed", self.seed, 0, 2**31 - 1, integer=True)))
+
+    def new_tokens(self, caps: Caps) -> int:
+        return int(as_number("max_new_tokens", self.max_new_tokens, 1, caps.max_new_tokens, integer=True))
+
+    def attention_layer_index(self, num_layers: int) -> int:
+        """The layer whose attention is recorded: validated, since it changes what a run records."""
+        value = default_attention_layer(num_layers) if self.attention_layer is None else self.attention_layer
+        return int(as_number("attention_layer", value, 0, num_layers - 1, integer=True))
+
+    @property
+    def view(self) -> "ViewOptions":
+        """View settings, made safe: they only change how a trace is drawn, so junk falls back to a default."""
+        return ViewOptions(layer=whole(self.attention_layer), head=whole(self.attention_head),
+                           metric=self.metric if self.metric in METRICS else "both", log_kl=self.log_kl is True,
+                           presentation=self.presentation is True)
+
+
+CONTROL_NAMES: tuple[str, ...] = tuple(f.name for f in fields(Controls))
+REDRAW_NAMES: tuple[str, ...] = tuple(f.name for f in fields(Controls) if f.metadata.get("redraws"))
+DEFAULTS = Controls()
+
+
+@dataclass(frozen=True)
+class ViewOptions:
+    """How the views draw a trace (never what runs)."""
+
+    layer: int = 0
+    head: int = 0
+    metric: str = "both"
+    log_kl: bool = False
+    presentation: bool = False
+
+
+def takes_controls(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn(..., controls: Controls)` as `fn(..., prompt, model, ...)`, one parameter per control in page order.
+
+    Gradio passes a handler's inputs positionally and names the API's parameters after its signature, so every
+    handler that reads the controls gets the same list from `Controls`; direct callers may use keywords, and
+    controls they leave out take the page's defaults."""
+    signature = inspect.signature(fn)
+    leading = list(signature.parameters.values())[:-1]
+    own = [inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=f.default)
+           for f in fields(Controls)]
+    combined = signature.replace(parameters=[*leading, *own])
+
+    def split(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], Controls]:
+        bound = combined.bind(*args, **kwargs)
+        bound.apply_defaults()
+        values = bound.arguments
+        return [values[p.name] for p in leading], Controls(**{n: values[n] for n in CONTROL_NAMES})
+
+    if inspect.isgeneratorfunction(fn):  # Gradio streams only from a generator function
+        @functools.wraps(fn)
+        def streaming(*args: Any, **kwargs: Any) -> Any:
+            first, controls = split(args, kwargs)
+            yield from fn(*first, controls)
+        wrapper = streaming
+    else:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            first, controls = split(args, kwargs)
+            return fn(*first, controls)
+    wrapper.__signature__ = combined  # type: ignore[attr-defined]
+    return wrapper
+
+
+# ---------------------------------------------------------------- parsing into configs
+
+
+def default_attention_layer(num_layers: int) -> int:
+    """The first flex layer: the default drop order (middle out) keeps it longest, so D3's attention there
+    can be set against full depth for most tokens."""
+    return min(default_core(num_layers)[0], num_layers - 1)
+
+
+def _optional_layers(name: str, value: Any, num_layers: int) -> int | None:
+    """0 (or empty) means auto for SkipDecode's bounds."""
+    if value in (None, "", 0, 0.0, "0"):
+        return None
+    return int(as_number(name, value, 1, num_layers, integer=True))
+
+
+def _core_layer(name: str, value: Any, default: int, num_layers: int) -> int:
+    return int(as_number(name, default if value is None else value, 0, num_layers, integer=True))
+
+
+def parse_strategy(c: Controls, num_layers: int, caps: Caps) -> StrategyConfig:
+    """The strategy config of the controls; ValueError naming the field and its range."""
+    name = as_choice("strategy", c.strategy, tuple(STRATEGY_LABELS))
+    fill = as_choice("fill", c.fill, FILLS)
+    if name == "d3":
+        head, tail = default_core(num_layers)
+        cfg: StrategyConfig = D3Config(
+            alpha=as_number("alpha", c.alpha, 0, 1, lo_open=True),
+            core_head=_core_layer("core_head", c.core_head, head, num_layers),
+            core_tail=_core_layer("core_tail", c.core_tail, tail, num_layers),
+            start=int(as_number("start", c.start, 0, caps.max_new_tokens, integer=True)),
+            drop_order=as_choice("drop_order", c.drop_order, DROP_ORDERS), fill=fill)
+    elif name == "skipdecode":
+        cfg = SkipDecodeConfig(max_layers=_optional_layers("skipdecode_max", c.skipdecode_max, num_layers),
+                               min_layers=_optional_layers("skipdecode_min", c.skipdecode_min, num_layers),
+                               horizon=c.new_tokens(caps), fill=fill)
+    elif name == "unified":
+        cfg = UnifiedConfig(ratio=as_number("unified_ratio", c.unified_ratio, 1, 64), fill=fill)
+    else:
+        cfg = EarlyExitConfig(threshold=as_number("threshold", c.threshold, 0, 1, lo_open=True),
+                              min_layers=min(4, num_layers), fill=fill)
+    cfg.check_layers(num_layers)
+    return cfg
+
+
+def parse_controls(c: Controls, num_layers: int, caps: Caps) -> tuple[StrategyConfig, GenerationConfig]:
+    """(strategy, generation) configs from the controls; ValueError naming the field and its range."""
+    return parse_strategy(c, num_layers, caps), c.generation(caps)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """What the decay curve and the planned grid draw: no model needed."""
+
+    strategy: StrategyConfig
+    num_layers: int
+    steps: int
+    others: dict[str, StrategyConfig] = field(default_factory=dict)  # other strategies, drawn on the same axes
+
+
+def parse_schedule(c: Controls, num_layers: int, caps: Caps) -> Schedule:
+    """The planned schedule of the controls; ValueError like `parse_controls`."""
+    strategy = parse_strategy(c, num_layers, caps)
+    steps = c.new_tokens(caps)
+    d3 = strategy if isinstance(strategy, D3Config) else parse_strategy(c.with_(strategy="d3"), num_layers, caps)
+    return Schedule(strategy, num_layers, steps, other_schedules(strategy, d3, num_layers, steps))
+
+
+def other_schedules(main: StrategyConfig, d3: D3Config, num_layers: int, steps: int = 128) -> dict[str, StrategyConfig]:
+    """The other strategies' planned schedules to draw next to `main` on the decay curve (SkipDecode's
+    budget falls over the same `steps` tokens as the run)."""
+    candidates: dict[str, StrategyConfig] = {"D3": d3, "SkipDecode (auto)": SkipDecodeConfig(horizon=steps),
+                                             "Unified 1.5×": UnifiedConfig(ratio=1.5)}
+    out = {}
+    for label, cfg in candidates.items():
+        if cfg.name == main.name:
+            continue
+        try:
+            cfg.check_layers(num_layers)
+        except ValueError:
+            continue  # a tiny model may not fit a baseline's defaults; leave it off the chart
+        out[label] = cfg
+    return out

@@ -1,0 +1,55 @@
+"""`python -m explorer.loadtest`: the load test's command line (and, with --serve, the server subprocess)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from explorer.loadtest import __doc__ as DOC
+from explorer.loadtest.phases import run
+from explorer.loadtest.report import render
+from explorer.loadtest.server import TINY, serve
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=DOC, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m", help="a known model name (default smollm2-135m)")
+    p.add_argument("--tiny", action="store_true", help="serve a tiny random model instead (fast, for the test suite)")
+    p.add_argument("--clients", type=int, default=8, help="clients generating at once in phase 1 (default 8)")
+    p.add_argument("--tokens", type=int, default=16, help="new tokens per phase-1 generation (default 16)")
+    p.add_argument("--runs", type=int, default=200, help="generations in a row in phase 2 (default 200)")
+    p.add_argument("--run-tokens", type=int, default=8, help="new tokens per phase-2 generation (default 8)")
+    p.add_argument("--sessions", type=int, default=4, help="sessions phase 2 rotates through (default 4)")
+    p.add_argument("--warmup", type=int, default=10, help="phase-2 runs before the RSS baseline (default 10)")
+    p.add_argument("--max-growth", type=float, default=5.0, help="RSS growth target after warm-up, %% (default 5)")
+    p.add_argument("--time-limit", type=float, default=1200, help="stop after this many seconds (default 1200)")
+    p.add_argument("--json", type=Path, help="also write the report here as JSON")
+    p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the server subprocess
+    p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.clients < 1 or args.runs < 0 or args.sessions < 1 or args.tokens < 1 or args.run_tokens < 1:
+        p.error("--clients, --sessions, --tokens and --run-tokens must be at least 1, --runs at least 0")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.serve:
+        serve(TINY if args.tiny or args.model == TINY else args.model, args.port)
+        return 0
+    try:
+        report = run(args)
+    except (RuntimeError, TimeoutError) as err:  # the server did not start
+        print(f"load test aborted: {err}", file=sys.stderr)
+        return 2
+    print(render(report))
+    if args.json:
+        args.json.write_text(json.dumps(report.to_dict(), indent=2))
+    return 0 if not report.failures else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

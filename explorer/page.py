@@ -1,0 +1,64 @@
+"""The page put together: layout and wiring over one model pool, and how it is served."""
+
+from __future__ import annotations
+
+import gc
+import os
+import socket
+from typing import Any, Callable
+
+import gradio as gr
+
+from d3.data import ASSETS
+from d3.engine import Engine
+from d3.models import KNOWN_MODELS
+from explorer.caps import Caps, is_public
+from explorer.layout import build_layout
+from explorer.pool import ModelPool
+from explorer.wiring import wire
+
+CSS_PATH = ASSETS / "style.css"
+
+
+def build_demo(engine_factory: Callable[[str], Engine] | None = None, *, caps: Caps | None = None,
+               public: bool | None = None, model_names: tuple[str, ...] | None = None) -> gr.Blocks:
+    """The page. The model loads lazily on first use; `engine_factory(name)` replaces the real loader (tests)."""
+    caps = caps or Caps.from_env()
+    public = is_public() if public is None else public
+    names = model_names or tuple(KNOWN_MODELS)
+    pool = ModelPool(engine_factory, caps=caps, public=public, names=names)
+    facts = pool.facts(names[0])
+    with gr.Blocks(title="D3 Explorer", delete_cache=(3600, 3600)) as demo:
+        ui = build_layout(pool, facts)
+        wire(pool, ui, demo)
+    demo.pool = pool  # type: ignore[attr-defined]  (tests and scripts reach the shared engines through it)
+    return demo
+
+
+def tune_process() -> None:
+    """Process settings for serving (`python app.py`, not the tests): D3_TORCH_THREADS sets torch's CPU threads
+    (on a busy or shared CPU, 1 thread can be several times faster than torch's default), and everything alive
+    now (gradio, torch, the page) is moved out of the garbage collector's full passes, which otherwise pause a
+    slider redraw for about half a second now and then (both measured by scripts/measure_app.py)."""
+    threads = os.environ.get("D3_TORCH_THREADS", "").strip()
+    if threads.isdigit() and int(threads) > 0:
+        import torch
+
+        torch.set_num_threads(int(threads))
+    gc.freeze()
+
+
+def launch(demo: gr.Blocks, **kwargs: Any) -> Any:
+    """Queue (bounded, with the concurrency the caps allow) and serve the page with its stylesheet."""
+    caps: Caps = demo.pool.caps  # type: ignore[attr-defined]
+    demo.queue(max_size=caps.queue_size, default_concurrency_limit=caps.concurrency)
+    kwargs.setdefault("css_paths", [CSS_PATH])
+    kwargs.setdefault("state_session_capacity", 1000)
+    return demo.launch(**kwargs)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for tests and scripts that serve the page)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

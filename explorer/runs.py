@@ -1,0 +1,166 @@
+"""One run of the Live tab: its validated setup, the strategy and full depth streamed in turn, the comparison
+after them, and the fill comparison."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterator
+
+from d3.compare import Recorded, compare, record, run_recorded
+from d3.config import FILLS, TRACE_OFF, FullConfig, GenerationConfig, StrategyConfig, TraceConfig
+from d3.engine import Engine
+from d3.trace import Comparison, Trace
+from explorer.controls import Controls, parse_controls, parse_schedule
+from explorer.parse import as_flag, check_prompt_tokens, clean_prompt
+from explorer.pool import ModelPool
+
+
+@dataclass(frozen=True)
+class RunSetup:
+    """Everything one side-by-side run needs, validated."""
+
+    engine: Engine | None  # None until the model is loaded (check_run)
+    prompt: str
+    chat_template: bool
+    strategy: StrategyConfig
+    gen: GenerationConfig
+    trace: TraceConfig
+    prompt_tokens: int
+    others: dict[str, StrategyConfig] = field(default_factory=dict)  # schedules drawn next to this one
+    model: str = ""
+
+
+def check_run(pool: ModelPool, c: Controls) -> RunSetup:
+    """Validate every control without loading a known model (engine None); ValueError with a plain message."""
+    caps = pool.caps
+    prompt = clean_prompt(c.prompt, caps)
+    chat = as_flag("chat_template", c.chat_template)
+    model = pool.check_name(c.model)
+    layers = pool.facts(model).num_layers
+    strategy, gen = parse_controls(c, layers, caps)
+    trace = TraceConfig(attention_layers=(c.attention_layer_index(layers),))
+    return RunSetup(None, prompt, chat, strategy, gen, trace, 0, parse_schedule(c, layers, caps).others, model)
+
+
+def prepare_run(pool: ModelPool, c: Controls) -> RunSetup:
+    """`check_run`, then the engine (loading the model on first use) and the prompt's token count."""
+    setup = check_run(pool, c)
+    engine = pool.engine(setup.model)
+    return replace(setup, engine=engine, prompt_tokens=check_prompt_tokens(engine, setup.prompt, setup.chat_template,
+                                                                            pool.caps))
+
+
+# ---------------------------------------------------------------- streaming two runs side by side
+
+
+@dataclass(frozen=True)
+class LiveUpdate:
+    """Both runs so far. pane: which run just grew ("d3" or "full"; "" for phase changes).
+    phase: streaming, comparing (the error views are being computed), done, or stopped."""
+
+    d3: Trace | None
+    full: Trace | None
+    pane: str = ""
+    phase: str = "streaming"
+    comparison: Comparison | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in ("done", "stopped")
+
+
+class _StopAware:
+    """An engine view whose streams honour `should_stop`. Workaround: `d3.compare.compare` takes no
+    should_stop, so without this its teacher-forced run could not be interrupted."""
+
+    def __init__(self, engine: Engine, should_stop: Callable[[], bool]) -> None:
+        self._engine = engine
+        self._should_stop = should_stop
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def stream(self, *args: Any, **kwargs: Any) -> Iterator[Trace]:
+        kwargs.setdefault("should_stop", self._should_stop)
+        return self._engine.stream(*args, **kwargs)
+
+
+def _round_robin(streams: dict[str, Iterator[Any]]) -> Iterator[tuple[str, Any]]:
+    """One item from each stream in turn until all are exhausted; closes them all on the way out."""
+    live = dict(streams)
+    try:
+        while live:
+            for name in list(live):
+                try:
+                    item = next(live[name])
+                except StopIteration:
+                    del live[name]
+                    continue
+                yield name, item
+    finally:
+        for stream in streams.values():
+            stream.close()  # a closed tab or a new run closes us: free both runs' caches now
+
+
+def _never() -> bool:
+    return False
+
+
+def side_by_side(engine: Engine, prompt: str, strategy: StrategyConfig, gen: GenerationConfig,
+                 trace: TraceConfig = TraceConfig(), *, chat_template: bool = True,
+                 should_stop: Callable[[], bool] = _never, with_comparison: bool = True) -> Iterator[LiveUpdate]:
+    """Stream `strategy` and full depth one token each in turn, then (unless stopped) compare them.
+
+    Each run is recorded (log-probs and cache) so the comparison reuses both instead of running them again;
+    the recordings are dropped once the comparison is built."""
+    kwargs = dict(chat_template=chat_template, should_stop=should_stop)
+    streams = {"d3": record(engine, prompt, strategy, gen, trace, **kwargs),
+               "full": record(engine, prompt, FullConfig(), gen, trace, **kwargs)}
+    latest: dict[str, Trace | None] = {"d3": None, "full": None}
+    recs: dict[str, Recorded] = {}
+    for pane, (current, rec) in _round_robin(streams):
+        latest[pane], recs[pane] = current, rec
+        yield LiveUpdate(latest["d3"], latest["full"], pane)
+    if should_stop() or not with_comparison or len(recs) < 2:
+        yield LiveUpdate(latest["d3"], latest["full"], phase="stopped" if should_stop() else "done")
+        return
+    yield LiveUpdate(latest["d3"], latest["full"], phase="comparing")
+    comparison = compare(_StopAware(engine, should_stop), prompt, strategy, gen, trace, chat_template=chat_template,
+                         full=recs["full"], skip=recs["d3"])  # type: ignore[arg-type]
+    recs.clear()
+    stopped = should_stop()
+    yield LiveUpdate(latest["d3"], latest["full"], phase="stopped" if stopped else "done",
+                     comparison=None if stopped else comparison)
+
+
+def fill_comparison(engine: Engine, prompt: str, strategy: StrategyConfig, gen: GenerationConfig, *,
+                    chat_template: bool = True, should_stop: Callable[[], bool] = _never,
+                    fills: tuple[str, ...] = FILLS) -> Iterator[tuple[str, Comparison]]:
+    """The same prompt and schedule under each fill strategy, each against one shared full-depth run."""
+    stoppable = _StopAware(engine, should_stop)
+    kw = dict(chat_template=chat_template)
+    full = run_recorded(stoppable, prompt, FullConfig(), gen, TRACE_OFF, **kw)  # type: ignore[arg-type]
+    for fill in fills:
+        if should_stop():
+            return
+        comparison = compare(stoppable, prompt, strategy.with_(fill=fill), gen, TRACE_OFF, full=full,  # type: ignore[arg-type]
+                             **kw)
+        if should_stop():
+            return
+        yield fill, comparison
+
+
+def measured_speedup(skip: Trace | None, full: Trace | None) -> float | None:
+    """Median decode-step time at full depth over the skipping run's, on the positions both reached.
+
+    The first step (the prompt's prefill, full depth in both) is left out; the two runs interleave token
+    by token in one process, so they see the same machine load."""
+    if skip is None or full is None:
+        return None
+    n = min(len(skip.steps), len(full.steps))
+    if n < 3:
+        return None
+    skip_ms = statistics.median(s.wall_ms for s in skip.steps[1:n])
+    full_ms = statistics.median(s.wall_ms for s in full.steps[1:n])
+    return full_ms / skip_ms if skip_ms > 0 else None

@@ -1,0 +1,109 @@
+"""One person's session: the traces of the current run, the comparisons, the run history and the stop flag."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pandas as pd
+
+from d3.trace import Comparison, Trace, token_agreement
+from explorer.runs import LiveUpdate, measured_speedup
+
+HISTORY_COLUMNS = ["run", "strategy", "tokens", "mean layers", "theoretical ×", "measured ×", "agreement",
+                   "first divergence", "KL teacher", "KL free"]
+HISTORY_LIMIT = 50  # runs kept per session, like everything a session keeps: bounded
+
+
+@dataclass
+class RunRecord:
+    """A finished run, for the session's history table."""
+
+    label: str
+    summary: dict[str, Any]
+    measured: float | None
+
+
+@dataclass
+class Session:
+    """One person's runs: traces, comparison, fill comparison, history, and the stop flag. Lives in gr.State,
+    so no two people ever share one. Only the newest run of a session may stream: starting a run stops
+    the one before it within one decoding step."""
+
+    d3: Trace | None = None
+    full: Trace | None = None
+    comparison: Comparison | None = None
+    fills: dict[str, Comparison] = field(default_factory=dict)
+    history: list[RunRecord] = field(default_factory=list)
+    run_id: int = 0
+    stop_at: float = -math.inf  # when Stop was last pressed (time.monotonic())
+    triggered_at: float | None = None  # when the page last asked for a run that has not begun yet
+    _since: dict[int, float] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def trigger(self) -> None:
+        """A new run was asked for (before it waits in the queue): stop the running one now. A Stop
+        pressed from here on also stops the new run, even while it still waits in the queue."""
+        with self._lock:
+            self.stop_at = self.triggered_at = time.monotonic()
+
+    def begin(self) -> int:
+        """Start a run; any earlier run of this session stops within one decoding step."""
+        with self._lock:
+            self.run_id += 1
+            self._since = {self.run_id: self.triggered_at if self.triggered_at is not None else time.monotonic()}
+            self.triggered_at = None
+            return self.run_id
+
+    def request_stop(self) -> None:
+        self.stop_at = time.monotonic()
+
+    def is_current(self, run_id: int) -> bool:
+        return run_id == self.run_id
+
+    def stopper(self, run_id: int) -> Callable[[], bool]:
+        """should_stop for run `run_id`: Stop was pressed after it was asked for, or a newer run has begun."""
+        since = self._since.get(run_id, math.inf)
+        return lambda: run_id != self.run_id or self.stop_at > since
+
+    def clear(self) -> None:
+        """Forget the previous run's results when a new run starts (the history stays)."""
+        self.d3 = self.full = self.comparison = None
+        self.fills = {}
+
+    def show(self, update: LiveUpdate) -> None:
+        """Keep the traces of the run in progress: the views redraw from them."""
+        self.d3, self.full, self.comparison = update.d3, update.full, update.comparison
+
+    def finish(self, update: LiveUpdate, label: str) -> None:
+        """Keep the finished run and add it to the history."""
+        self.show(update)
+        if update.d3 is not None and update.full is not None and update.d3.steps:
+            summary = update.comparison.summary() if update.comparison else _stream_summary(update.d3, update.full)
+            self.history.append(RunRecord(label, summary, measured_speedup(update.d3, update.full)))
+            del self.history[:-HISTORY_LIMIT]
+
+    def history_frame(self) -> pd.DataFrame:
+        rows = [{"run": i + 1, "strategy": r.label, "tokens": r.summary["tokens"],
+                 "mean layers": round(r.summary["mean_layers"], 2),
+                 "theoretical ×": round(r.summary["theoretical_speedup"], 2),
+                 "measured ×": None if r.measured is None else round(r.measured, 2),
+                 "agreement": round(r.summary["agreement"], 3), "first divergence": r.summary["first_divergence"],
+                 "KL teacher": _round(r.summary.get("kl_teacher_mean")), "KL free": _round(r.summary.get("kl_free_mean"))}
+                for i, r in enumerate(self.history)]
+        return pd.DataFrame(rows, columns=HISTORY_COLUMNS)
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None or not math.isfinite(value) else round(value, 4)
+
+
+def _stream_summary(skip: Trace, full: Trace) -> dict[str, Any]:
+    """A history row for a run stopped before its comparison: agreement from the tokens alone."""
+    agreement = token_agreement(skip.token_ids, full.token_ids)
+    return {"tokens": len(skip.steps), "mean_layers": skip.mean_layers,
+            "theoretical_speedup": skip.theoretical_speedup(), "agreement": agreement.agreement,
+            "first_divergence": agreement.first_divergence, "kl_teacher_mean": None, "kl_free_mean": None}

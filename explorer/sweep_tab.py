@@ -1,0 +1,178 @@
+"""The Sweep tab: a small sweep bounded on the server, its table and Pareto view, and loading a row into the Live
+tab's controls."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import gradio as gr
+import pandas as pd
+
+from d3.config import D3Config, SkipDecodeConfig, UnifiedConfig, strategy_from_dict
+from d3.engine import Engine
+from d3.sweep import SweepSpec
+from d3.sweep.run import run_sweep as run_sweep_file
+from explorer import views
+from explorer.caps import Caps
+from explorer.controls import CONTROL_NAMES, STRATEGY_LABELS
+from explorer.parse import as_choice, as_flag, as_number, clean_prompt
+from explorer.pool import ModelPool
+from explorer.ui import ordered, user_errors
+from viz import pareto
+
+SWEEP_INPUTS = ("model", "chat_template", "sweep_prompts", "sweep_settings", "sweep_tokens")
+SWEEP_OUTPUTS = ("sweep_results", "sweep_table", "sweep_pareto", "sweep_note")
+SWEEP_LOAD_OUTPUTS = (*CONTROL_NAMES, "sweep_note", "modes", "status")
+
+
+@dataclass(frozen=True)
+class SweepChoice:
+    """One entry of the Sweep tab's fixed menu: a strategy tuned to a target mean depth (fraction of L)."""
+
+    label: str
+    strategy: str  # "d3", "skipdecode" or "unified"
+    depth: float
+
+
+SWEEP_MATCHED_DEPTH = 2 / 3  # the baselines run at this depth, as does the middle D3 setting
+SWEEP_MENU: dict[str, SweepChoice] = {
+    "d3_85": SweepChoice("D3 at 85% mean depth", "d3", 0.85),
+    "d3_75": SweepChoice("D3 at 75% mean depth", "d3", 0.75),
+    "d3_67": SweepChoice("D3 at 67% mean depth", "d3", SWEEP_MATCHED_DEPTH),
+    "skipdecode_67": SweepChoice("SkipDecode at 67% (matched)", "skipdecode", SWEEP_MATCHED_DEPTH),
+    "unified_67": SweepChoice("Unified Layer Skipping at 67% (matched)", "unified", SWEEP_MATCHED_DEPTH),
+}
+SWEEP_DEFAULT = ("d3_75", "d3_67", "skipdecode_67", "unified_67")
+SWEEP_MAX_SETTINGS = 4
+SWEEP_MAX_PROMPTS = 2
+SWEEP_MAX_NEW_TOKENS = 24
+SWEEP_MIN_NEW_TOKENS = 2
+SWEEP_TABLE_COLUMNS = ["label", "strategy", "target_depth", "mean_layers", "theoretical_speedup", "measured_speedup",
+                       "agreement", "first_divergence", "kl_teacher", "kl_free", "params"]
+
+
+def sweep_bounds_text() -> str:
+    return (f"Bounded on the server: at most {SWEEP_MAX_SETTINGS} settings from the menu (plus the full-depth "
+            f"reference row), {SWEEP_MAX_PROMPTS} prompts, {SWEEP_MAX_NEW_TOKENS} new tokens, 1 repeat; "
+            "no perplexity or task accuracy.")
+
+
+def sweep_spec(model: str, prompts: Any, choices: Any, new_tokens: Any, chat_template: Any, caps: Caps) -> SweepSpec:
+    """The SweepSpec of a Sweep-tab request, within the tab's bounds; ValueError with a plain message otherwise.
+
+    prompts: text, one prompt per line (blank lines ignored)."""
+    if isinstance(prompts, str) and len(prompts) > caps.max_prompt_chars:
+        raise ValueError(f"prompts are {len(prompts):,} characters long; the limit is {caps.max_prompt_chars:,}")
+    if not isinstance(prompts, str) or not prompts.strip():
+        raise ValueError("prompt is empty: type one or two prompts, one per line")
+    lines = [clean_prompt(line, caps).strip() for line in prompts.splitlines() if line.strip()]
+    if not lines:
+        raise ValueError("prompt is empty: type one or two prompts, one per line")
+    if len(lines) > SWEEP_MAX_PROMPTS:
+        raise ValueError(f"{len(lines)} prompts given; the sweep takes at most {SWEEP_MAX_PROMPTS} (one per line)")
+    if isinstance(choices, str):
+        choices = [choices]
+    if not isinstance(choices, (list, tuple)) or not choices:
+        raise ValueError("no settings chosen: tick at least one setting to sweep")
+    keys = list(dict.fromkeys(as_choice("setting", c, tuple(SWEEP_MENU)) for c in choices))
+    if len(keys) > SWEEP_MAX_SETTINGS:
+        raise ValueError(f"{len(keys)} settings chosen; the sweep runs at most {SWEEP_MAX_SETTINGS}: untick some")
+    tokens = int(as_number("new_tokens", new_tokens, SWEEP_MIN_NEW_TOKENS, min(SWEEP_MAX_NEW_TOKENS, max(
+        caps.max_new_tokens, SWEEP_MIN_NEW_TOKENS)), integer=True))
+    picked = [SWEEP_MENU[k] for k in keys]
+    d3_depths = tuple(c.depth for c in picked if c.strategy == "d3")
+    baselines = tuple(dict.fromkeys(c.strategy for c in picked if c.strategy != "d3"))
+    return SweepSpec(model=model, prompts=tuple(lines), max_new_tokens=tokens, repeats=1, depths=d3_depths,
+                     baselines=baselines, baseline_depths=(SWEEP_MATCHED_DEPTH,) if baselines else None,
+                     ppl_chunks=0, chat_template=as_flag("chat_template", chat_template))
+
+
+def run_small_sweep(engine: Engine, spec: SweepSpec, progress: Callable[[float, str], None] | None = None) -> pd.DataFrame:
+    """Run `spec` on `engine` into a fresh temporary CSV (never resumed from an earlier sweep); the table."""
+    with tempfile.TemporaryDirectory(prefix="d3-sweep-") as folder:
+        return run_sweep_file(spec, Path(folder) / "sweep.csv", engine=engine, progress=progress)
+
+
+def sweep_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The columns the Sweep tab shows (rounded), one row per setting, in the sweep's order."""
+    table = df.reindex(columns=SWEEP_TABLE_COLUMNS).reset_index(drop=True)
+    numeric = [c for c in SWEEP_TABLE_COLUMNS if c not in ("label", "strategy", "params")]
+    table[numeric] = table[numeric].apply(pd.to_numeric, errors="coerce").round(4)
+    return table
+
+
+def sweep_controls(row: Mapping[str, Any]) -> dict[str, Any]:
+    """Live-control values that reproduce one sweep row (`params` is its strategy config as JSON).
+
+    ValueError for the full-depth reference row (the right pane always runs full depth)."""
+    params = json.loads(row["params"]) if isinstance(row["params"], str) else dict(row["params"])
+    cfg = strategy_from_dict(dict(params))
+    layers = int(row["num_layers"])
+    if cfg.name not in STRATEGY_LABELS:
+        raise ValueError("this row is the full-depth reference, which the right pane always runs: pick another row")
+    out: dict[str, Any] = {"strategy": cfg.name, "fill": cfg.fill, "max_new_tokens": int(row["new_tokens"])}
+    if isinstance(cfg, D3Config):
+        head, tail = cfg.core(layers)
+        out.update(alpha=cfg.alpha, core_head=head, core_tail=tail, start=cfg.start, drop_order=cfg.drop_order)
+    elif isinstance(cfg, SkipDecodeConfig):
+        hi, lo = cfg.bounds(layers)
+        out.update(skipdecode_max=hi, skipdecode_min=lo)
+    elif isinstance(cfg, UnifiedConfig):
+        out.update(unified_ratio=cfg.ratio)
+    return out
+
+
+# ---------------------------------------------------------------- handlers
+
+
+def _sweep_figure(df: pd.DataFrame, presentation: bool = False) -> Any:
+    return pareto(df, y="agreement", title="Greedy agreement vs measured speedup", presentation=presentation)
+
+
+def run_sweep(pool: ModelPool, model: str, chat_template: bool, sweep_prompts: str, sweep_settings: list[str],
+              sweep_tokens: int, progress: gr.Progress = gr.Progress()) -> tuple[Any, ...]:
+    """A small bounded sweep (d3.sweep.run_sweep) on the chosen model: the table, its Pareto view, a note."""
+    with user_errors():
+        name = pool.check_name(model)
+        spec = sweep_spec(name, sweep_prompts, sweep_settings, sweep_tokens, chat_template, pool.caps)
+        progress(0.0, desc="Loading the model…" if not pool.is_loaded(name) else "Starting the sweep…")
+        engine = pool.engine(name)
+        df = run_small_sweep(engine, spec, progress=lambda fraction, desc: progress(fraction, desc=desc))
+    note = (f"Measured {len(df)} rows ({len(df) - 1} settings + the full-depth reference) on {len(spec.prompts)} "
+            f"prompt(s), {spec.max_new_tokens} new tokens. Click a point or a row to load its setting into the "
+            "controls.")
+    return ordered(SWEEP_OUTPUTS, sweep_results=df, sweep_table=sweep_table(df), sweep_pareto=_sweep_figure(df),
+                   sweep_note=note)
+
+
+def load_sweep_setting(sweep_results: pd.DataFrame | None, evt: gr.SelectData) -> tuple[Any, ...]:
+    """A clicked table row sets the live controls to that row's strategy and parameters."""
+    index = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
+    return _load_sweep_row(sweep_results, index)
+
+
+def load_sweep_point(sweep_results: pd.DataFrame | None, sweep_point: str) -> tuple[Any, ...]:
+    """A clicked point of the Pareto view ("ROW@stamp", written by assets/sweep_click.js) loads that row."""
+    return _load_sweep_row(sweep_results, str(sweep_point or "").partition("@")[0].strip())
+
+
+def _load_sweep_row(sweep_results: pd.DataFrame | None, index: Any) -> tuple[Any, ...]:
+    if sweep_results is None or len(sweep_results) == 0:
+        raise gr.Error("No sweep results yet: press Run sweep first.", print_exception=False)
+    try:
+        if int(index) < 0:
+            raise IndexError(index)
+        row = sweep_results.reset_index(drop=True).iloc[int(index)]
+    except (TypeError, ValueError, IndexError):
+        raise gr.Error("That row is not in the sweep's results.", print_exception=False) from None
+    with user_errors():
+        values = sweep_controls(row)
+    if "alpha" in values:  # a tuned alpha below the slider's range widens it rather than being clipped
+        values["alpha"] = gr.update(value=values["alpha"], minimum=min(0.8, values["alpha"]))
+    note = f"Loaded **{row['label']}** into the controls: press Generate to run it side by side with full depth."
+    status = views.status_html(None, None, f"Loaded from the sweep: {row['label']}. Press Generate to run it.")
+    return ordered(SWEEP_LOAD_OUTPUTS, sweep_note=note, modes=gr.Tabs(selected="live"), status=status, **values)

@@ -1,0 +1,31 @@
+"""Gradio glue the handlers share: a person's mistake as a readable gr.Error, and outputs in a fixed order."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, Iterator
+
+import gradio as gr
+
+log = logging.getLogger("d3.app")
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """A person's mistake (ValueError) becomes a clear gr.Error; anything else is logged, never shown as a trace."""
+    try:
+        yield
+    except gr.Error:
+        raise
+    except ValueError as err:
+        raise gr.Error(str(err), print_exception=False) from None
+    except Exception:
+        log.exception("handler failed")
+        raise gr.Error("Something went wrong on the server (the details are in its log). The app is still "
+                       "running: try again, perhaps with a shorter prompt or fewer tokens.", print_exception=False) from None
+
+
+def ordered(names: tuple[str, ...], **values: Any) -> tuple[Any, ...]:
+    """Handler outputs in `names` order; names not given are left as they are (gr.skip())."""
+    return tuple(values[n] if n in values else gr.skip() for n in names)

@@ -1,0 +1,107 @@
+"""Handlers that only redraw or set controls: the schedule preview, the views of a finished run, presentation mode,
+the model and example pickers, and the scenarios' controls. None of them runs the model."""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import gradio as gr
+
+from d3.config import default_core
+from d3.data import example_prompts
+from explorer import views
+from explorer.controls import CONTROL_NAMES, Controls, default_attention_layer, parse_schedule, takes_controls
+from explorer.live import interrupt
+from explorer.parse import as_choice
+from explorer.pool import ModelPool
+from explorer.scenarios import scenario_controls, scenario_text
+from explorer.session import Session
+from explorer.ui import ordered, user_errors
+from explorer.wording import EXPLAIN
+
+VIEW_OUTPUTS = ("usage", "flow", "attention", "errors", "fills", "root", *(f"explain_{k}" for k in EXPLAIN))
+SCENARIO_OUTPUTS = (*CONTROL_NAMES, "scenario_text")
+MODEL_OUTPUTS = ("core_head", "core_tail", "attention_layer", "attention_head", "chat_template")
+
+
+def new_session() -> Session:
+    return Session()
+
+
+def use_example(title: str) -> str:
+    prompts = {p.title: p.prompt for p in example_prompts()}
+    with user_errors():
+        return prompts[as_choice("example", title, tuple(prompts))]
+
+
+def model_changed(pool: ModelPool, model: str) -> tuple[Any, ...]:
+    """Size the layer and head controls to the chosen model (known models: without loading them)."""
+    with user_errors():
+        facts = pool.facts(model)
+    layers = facts.num_layers
+    head, tail = default_core(layers)
+    return (gr.update(maximum=layers, value=head), gr.update(maximum=layers, value=tail),
+            gr.update(maximum=layers - 1, value=default_attention_layer(layers)),
+            gr.update(maximum=max(facts.num_heads - 1, 0), value=0), gr.update(value=facts.chat_template))
+
+
+@takes_controls
+def redraw_schedule(pool: ModelPool, session: Session | None, controls: Controls) -> tuple[Any, Any]:
+    """Decay curve and planned grid from the controls alone: no model runs (called on every slider move)."""
+    p = controls.view.presentation
+    try:
+        with user_errors():
+            facts = pool.facts(controls.model)  # an unknown model is a gr.Error
+        s = parse_schedule(controls, facts.num_layers, pool.caps)
+    except ValueError as err:  # shown in the preview while a slider moves; Generate raises it as gr.Error
+        message = views.waiting(f"Cannot draw this schedule:<br>{html.escape(str(err))}", presentation=p)
+        return message, message
+    trace = session.d3 if session is not None else None
+    return (views.decay_view(s.strategy, s.num_layers, s.steps, trace=trace, others=s.others, presentation=p),
+            views.planned_view(s.strategy, s.num_layers, s.steps, presentation=p))
+
+
+@takes_controls
+def render_flow(session: Session | None, controls: Controls) -> Any:
+    view, s = controls.view, session or Session()
+    with user_errors():
+        return views.flow_view(s.d3, s.full, metric=view.metric, presentation=view.presentation)
+
+
+@takes_controls
+def render_attention(session: Session | None, controls: Controls) -> Any:
+    view, s = controls.view, session or Session()
+    with user_errors():
+        return views.attention_view(s.d3, s.full, view.layer, view.head, presentation=view.presentation)
+
+
+@takes_controls
+def render_errors(session: Session | None, controls: Controls) -> Any:
+    view, s = controls.view, session or Session()
+    with user_errors():
+        return views.error_view(s.comparison, log_kl=view.log_kl, presentation=view.presentation)
+
+
+@takes_controls
+def set_presentation(session: Session | None, controls: Controls) -> tuple[Any, ...]:
+    """Presentation mode: bigger fonts everywhere, explanations hidden so each view takes the full width."""
+    view, s = controls.view, session or Session()
+    p = view.presentation
+    classes = ["d3-root", "d3-present"] if p else ["d3-root"]
+    explain = {f"explain_{k}": gr.update(visible=not p) for k in EXPLAIN}
+    with user_errors():
+        return ordered(VIEW_OUTPUTS, usage=views.usage_view(s.d3, presentation=p),
+                       flow=views.flow_view(s.d3, s.full, metric=view.metric, presentation=p),
+                       attention=views.attention_view(s.d3, s.full, view.layer, view.head, presentation=p),
+                       errors=views.error_view(s.comparison, log_kl=view.log_kl, presentation=p),
+                       fills=views.fills_view(s.fills, presentation=p), root=gr.update(elem_classes=classes),
+                       **explain)
+
+
+def apply_scenario(pool: ModelPool, key: str, step: int, session: Session | None, model: str) -> tuple[Any, ...]:
+    """Set the controls of run `step` of a preset scenario (and stop whatever this session is running)."""
+    interrupt(session)
+    with user_errors():
+        values = scenario_controls(key, step, pool.facts(model).num_layers)
+    return ordered(SCENARIO_OUTPUTS, scenario_text=scenario_text(key, step), **values)

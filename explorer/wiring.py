@@ -1,0 +1,129 @@
+"""Wiring: which event calls which handler with which inputs and outputs, under which API name and queue."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import gradio as gr
+
+from d3.data import ASSETS
+from explorer.controls import CONTROL_NAMES, REDRAW_NAMES
+from explorer.export import export_figure, export_sweep, export_trace
+from explorer.live import FILLS_OUTPUTS, GENERATE_OUTPUTS, compare_fills, generate, interrupt, stop
+from explorer.pool import ModelPool
+from explorer.scenarios import SCENARIOS
+from explorer.sweep_tab import (
+    SWEEP_INPUTS,
+    SWEEP_LOAD_OUTPUTS,
+    SWEEP_OUTPUTS,
+    load_sweep_point,
+    load_sweep_setting,
+    run_sweep,
+)
+from explorer.view_handlers import (
+    MODEL_OUTPUTS,
+    SCENARIO_OUTPUTS,
+    VIEW_OUTPUTS,
+    apply_scenario,
+    model_changed,
+    new_session,
+    redraw_schedule,
+    render_attention,
+    render_errors,
+    render_flow,
+    set_presentation,
+    use_example,
+)
+
+SWEEP_CLICK_JS = ASSETS / "sweep_click.js"
+# Letting go of one of these sliders regenerates.
+RELEASE_TRIGGERS = ("alpha", "core_head", "core_tail", "start")
+
+
+def _pick(ui: dict[str, Any], names: tuple[str, ...]) -> list[Any]:
+    return [ui[n] for n in names]
+
+
+def _with_controls(ui: dict[str, Any], *leading: str) -> list[Any]:
+    """Inputs of a handler made by `takes_controls`: its leading inputs, then every control in page order."""
+    return _pick(ui, (*leading, *CONTROL_NAMES))
+
+
+def _queued(pool: ModelPool) -> dict[str, Any]:
+    """Runs that use the model share one queue slot pool of `concurrency` at a time."""
+    return dict(concurrency_id="model", concurrency_limit=pool.caps.concurrency, preprocess=False,
+                show_progress="minimal")
+
+
+def _wire_generation(pool: ModelPool, ui: dict[str, Any], triggers: list[Any], suffix: str = "") -> Any:
+    """Stop this session's running generation out of the queue, then generate in the queue."""
+    first = gr.on(triggers, interrupt, [ui["session"]], None, queue=False, show_progress="hidden",
+                  api_name=f"interrupt{suffix}", trigger_mode="multiple")
+    return first.then(functools.partial(generate, pool), _with_controls(ui, "session"), _pick(ui, GENERATE_OUTPUTS),
+                      api_name=f"generate{suffix}", trigger_mode="always_last", **_queued(pool))
+
+
+def _wire_fills(pool: ModelPool, ui: dict[str, Any], event: Any, suffix: str) -> Any:
+    return event.then(functools.partial(compare_fills, pool), _with_controls(ui, "session"), _pick(ui, FILLS_OUTPUTS),
+                      api_name=f"compare_fills{suffix}", trigger_mode="always_last", **_queued(pool))
+
+
+def _wire_scenarios(pool: ModelPool, ui: dict[str, Any]) -> None:
+    for key, scenario in SCENARIOS.items():
+        event = ui[f"scenario_{key}"].click
+        for step in range(len(scenario.runs)):
+            applied = (event if step == 0 else event.then)(
+                functools.partial(apply_scenario, pool, key, step), [ui["session"], ui["model"]],
+                _pick(ui, SCENARIO_OUTPUTS), queue=False, api_name=f"scenario_{key}_{step}", preprocess=False)
+            event = applied.then(functools.partial(generate, pool), _with_controls(ui, "session"),
+                                 _pick(ui, GENERATE_OUTPUTS), api_name=f"generate_scenario_{key}_{step}",
+                                 **_queued(pool))
+        if scenario.fills:
+            _wire_fills(pool, ui, event, f"_scenario_{key}")
+
+
+def _wire_views(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
+    instant = dict(queue=False, preprocess=False, show_progress="hidden")
+    gr.on([demo.load, *(ui[n].change for n in REDRAW_NAMES)], functools.partial(redraw_schedule, pool),
+          _with_controls(ui, "session"), [ui["decay"], ui["planned"]], api_name="redraw_schedule",
+          trigger_mode="always_last", **instant)
+    ui["metric"].change(render_flow, _with_controls(ui, "session"), ui["flow"], api_name="render_flow", **instant)
+    gr.on([ui["attention_layer"].change, ui["attention_head"].change], render_attention, _with_controls(ui, "session"),
+          ui["attention"], api_name="render_attention", trigger_mode="always_last", **instant)
+    ui["log_kl"].change(render_errors, _with_controls(ui, "session"), ui["errors"], api_name="render_errors", **instant)
+    ui["presentation"].change(set_presentation, _with_controls(ui, "session"), _pick(ui, VIEW_OUTPUTS),
+                              api_name="set_presentation", **instant)
+
+
+def _wire_sweep(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
+    ui["sweep_run"].click(functools.partial(run_sweep, pool), _pick(ui, SWEEP_INPUTS), _pick(ui, SWEEP_OUTPUTS),
+                          api_name="run_sweep", preprocess=False, concurrency_id="model",
+                          concurrency_limit=pool.caps.concurrency, trigger_mode="once")
+    ui["sweep_table"].select(load_sweep_setting, ui["sweep_results"], _pick(ui, SWEEP_LOAD_OUTPUTS),
+                             api_name="load_sweep_setting", queue=False)
+    ui["sweep_point"].change(load_sweep_point, _pick(ui, ("sweep_results", "sweep_point")),
+                             _pick(ui, SWEEP_LOAD_OUTPUTS), api_name="load_sweep_point", queue=False)
+    demo.load(None, js=SWEEP_CLICK_JS.read_text(encoding="utf-8"), api_name=False)
+    ui["sweep_export"].click(export_sweep, ui["sweep_results"], ui["sweep_file"], api_name="export_sweep")
+
+
+def wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
+    """Every event of the page, each with an API name."""
+    demo.load(new_session, None, ui["session"], api_name="new_session", queue=False)
+    ui["example"].input(use_example, ui["example"], ui["prompt"], api_name="use_example", queue=False,
+                        preprocess=False)
+    ui["model"].input(functools.partial(model_changed, pool), ui["model"], _pick(ui, MODEL_OUTPUTS),
+                      api_name="model_changed", queue=False, preprocess=False)
+    _wire_generation(pool, ui, [ui["generate"].click, ui["prompt"].submit])
+    _wire_generation(pool, ui, [ui[n].release for n in RELEASE_TRIGGERS], "_on_release")
+    ui["stop"].click(stop, ui["session"], ui["status"], api_name="stop", queue=False, show_progress="hidden")
+    fills = gr.on([ui["fills_button"].click], interrupt, [ui["session"]], None, queue=False,
+                  api_name="interrupt_fills", show_progress="hidden")
+    _wire_fills(pool, ui, fills, "")
+    _wire_scenarios(pool, ui)
+    _wire_views(pool, ui, demo)
+    ui["export_trace"].click(export_trace, ui["session"], ui["files"], api_name="export_trace")
+    ui["export_figure"].click(functools.partial(export_figure, pool), _with_controls(ui, "session", "figure"),
+                              ui["files"], api_name="export_figure", preprocess=False)
+    _wire_sweep(pool, ui, demo)

@@ -1,0 +1,88 @@
+"""The page's words: view titles, the explanation beside each view, the introduction, the Sweep tab's text and the
+status phases. Kept apart so the wording can be read and edited in one place."""
+
+from __future__ import annotations
+
+VIEWS: dict[str, str] = {
+    "usage": "Per-token layer usage",
+    "decay": "Decay curve",
+    "planned": "Planned layer grid",
+    "flow": "Information flow: core vs flex",
+    "attention": "Attention: full depth vs D3",
+    "errors": "Error propagation",
+    "fills": "Fill strategies",
+}
+
+EXPLAIN: dict[str, str] = {
+    "usage": """**One row per generated token, one column per decoder layer.**
+Blue cells ran. Grey cells were skipped. Orange, green and red cells were skipped, and their key/value
+entry was filled by *copy*, by *propagate*, or left as a masked *hole*.
+The purple bands are the **core** layers, which always run.
+
+**What to look for:** the rows get shorter as the response goes on. That is the depth decay.
+Hover over a cell to see what happened to it.""",
+    "decay": """**How many layers token *i* gets:** `floor(L · α^i)`, never below the core floor (head + tail).
+The dashed line is the formula alone. The thick line is the planned budget, and the dots are what each token
+actually ran. Other strategies' schedules are drawn on the same axes.
+
+**What to look for:** α close to 1 decays slowly. Moving the α or core sliders redraws this at once,
+without running the model. Letting go of a slider runs the model again.""",
+    "planned": """**The schedule before any model runs:** which layers each future token *will* run
+under the current controls. The middle (flex) layers are dropped first, in the chosen drop order.
+
+**What to look for:** with *middle-out*, *top-down* or *bottom-up* each token's layers are a subset of the
+previous token's layers (nested). With *strided* they are not, so a later token can read a layer that an
+earlier token skipped.""",
+    "flow": """**How much each sublayer changes the hidden state,** per layer, measured live on this prompt.
+The change is 1 − cosine between the input and output of the sublayer, or the relative distance between them.
+Dotted lines: averaged over the prompt. Solid lines: averaged over generated tokens (D3). Dashed lines: full depth.
+Purple bands: core layers.
+
+**What to look for:** the change is largest at the first and last layers. That is why D3 always runs
+them (the *core*) and only skips the middle.""",
+    "attention": """**Where one attention head looks** while each token is generated (rows), over the prompt and
+the earlier tokens (columns): full depth on the left, D3 on the right. Choose the layer *before* generating,
+because only that layer is recorded, to keep traces small. The head can be changed afterwards. The default
+layer is the first flex layer, which D3 keeps the longest.
+
+**What to look for:** grey rows are tokens for which D3 skipped this layer. Similar patterns mean
+that skipping left this head's behaviour intact.""",
+    "errors": """**How far D3 drifts from full depth,** per position.
+*Teacher-forced* KL: both models see the same full-depth text, so this is the local error of one step.
+*Free-running* KL: D3 continues on its own text, so errors compound.
+The bottom panel shows how wrong the key/value cache is at each layer, compared with full depth. The outlined
+cells were filled instead of computed.
+
+**What to look for:** a spike at the first divergence. Filled entries with a large error.""",
+    "fills": """**The same prompt and schedule with each fill strategy:**
+*copy* takes the key/value entry of the nearest lower layer that ran. *propagate* passes the hidden state
+through the skipped layer unchanged and projects its own key/value from it. *none* leaves a hole and masks it.
+This costs extra runs, so press **Compare fills** to compute it.
+
+**What to look for:** with a nested drop order, all three fills give the same result, because no later token
+reads a hole. With *strided*, the fills give different results.""",
+}
+
+INTRO = """**D3 (Position-Aware Depth Decay Decoding)** makes a language model use fewer of its layers the
+further it gets into its answer. Later tokens are easier to predict, so they need less depth.
+The *i*-th new token runs `floor(L · α^i)` of the model's *L* layers. The first and last (*core*) layers
+always run, and only the middle (*flex*) layers are skipped. When a later token needs the key/value state
+of a layer that an earlier token skipped, that state is *filled*.
+Below, D3 and the full model write side by side so that you can see what changes."""
+
+PHASES = {
+    "loading": "Loading the model (first use only)…",
+    "streaming": "Generating…",
+    "comparing": "Both streams are done. Now measuring the error against full depth…",
+    "done": "Done.",
+    "stopped": "Stopped.",
+}
+
+SWEEP_EXPLAIN = (
+    "**Sweep**: measure a few settings against full depth on your prompts (timing and greedy agreement / KL per "
+    "setting) with the model chosen in the Live tab, and see them on the speed–quality plane with the Pareto front. "
+    "**Click a point of the plot or a row of the table** to load that setting into the Live tab's controls, then "
+    "press Generate there to watch it side by side with full depth. The full-depth row is the reference and loads "
+    "nothing. With the defaults (1 prompt, 16 tokens, 4 settings) it takes about 20 s for SmolLM2-135M on a 2-core "
+    "CPU (the largest request, 2 prompts × 24 tokens, about twice that); timings are noisy with one repeat, above "
+    "all on a busy machine.")

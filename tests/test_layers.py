@@ -1,0 +1,60 @@
+"""The layers stay apart: viz/ (the figures) needs neither torch, transformers nor gradio, and the page lives in
+explorer/ with app.py only launching it (d3/'s own guard is tests/test_d3_imports.py)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def modules(package: str) -> list[str]:
+    """Every module of `package`, dotted."""
+    return sorted(".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+                  for p in (ROOT / package).rglob("*.py"))
+
+
+def imported_top_level(module: str) -> set[str]:
+    """Top-level packages in sys.modules after importing `module` in a fresh interpreter."""
+    code = f"import sys, json, {module}; print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}})))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return set(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def imports_anywhere(module: str) -> set[str]:
+    """Top-level packages a module's source imports, at the top or inside a function."""
+    path = ROOT / Path(*module.split("."))
+    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+@pytest.mark.parametrize("module", modules("viz"))
+def test_viz_needs_neither_torch_transformers_nor_gradio(module: str) -> None:
+    assert not imports_anywhere(module) & {"torch", "transformers", "gradio", "explorer", "app"}
+
+
+def test_importing_all_of_viz_loads_neither_torch_transformers_nor_gradio() -> None:
+    loaded = imported_top_level(", ".join(modules("viz")))
+    assert not loaded & {"torch", "transformers", "gradio"}
+
+
+def test_the_page_is_one_package_and_app_py_only_launches_it() -> None:
+    assert not (ROOT / "d3" / "live.py").exists() and not (ROOT / "viz" / "app_extras.py").exists()
+    assert len((ROOT / "app.py").read_text().splitlines()) < 120
+    for path in [*(ROOT / "explorer").rglob("*.py"), *(ROOT / "viz").glob("*.py")]:
+        assert len(path.read_text().splitlines()) <= 400, path.relative_to(ROOT)
+    for module in modules("explorer"):  # the load test too: it serves a tiny model from d3.testing
+        assert "tests" not in imports_anywhere(module), module

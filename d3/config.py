@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 FILLS = ("copy", "propagate", "none")
 DROP_ORDERS = ("middle_out", "top_down", "bottom_up", "strided")
 CONFIDENCE_MEASURES = ("softmax_gap", "cosine")
-STRATEGY_NAMES = ("full", "d3", "skipdecode", "unified", "early_exit")
-
-Fill = Literal["copy", "propagate", "none"]
 
 
 def _check(ok: bool, name: str, value: Any, allowed: str) -> None:
@@ -269,14 +266,3 @@ class TraceConfig:
 
 
 TRACE_OFF = TraceConfig(enabled=False, sublayer_stats=False)
-
-PRESETS: dict[str, StrategyConfig] = {
-    "full": FullConfig(),
-    "d3": D3Config(),
-    "d3-two-thirds": D3Config(alpha=0.99),
-    "d3-aggressive": D3Config(alpha=0.95),
-    "d3-no-core": D3Config(alpha=0.99, core_head=0, core_tail=0),
-    "skipdecode": SkipDecodeConfig(),
-    "unified-1.5x": UnifiedConfig(ratio=1.5),
-    "early-exit": EarlyExitConfig(),
-}

@@ -78,10 +78,15 @@ def _d3_layers(num_layers: int, head: int, tail: int, order: str, budget: int) -
     return tuple(layers)
 
 
-def d3_plan(cfg: D3Config, num_layers: int, step: int) -> LayerPlan:
+def d3_layers(cfg: D3Config, num_layers: int, budget: int) -> tuple[int, ...]:
+    """The layers D3 runs, ascending, for a budget of `budget` layers (what `d3_plan` runs for a step's budget)."""
     head, tail = cfg.core(num_layers)
+    return _d3_layers(num_layers, head, tail, cfg.drop_order, budget)
+
+
+def d3_plan(cfg: D3Config, num_layers: int, step: int) -> LayerPlan:
     budget = d3_budget(cfg, num_layers, step)
-    return LayerPlan(_d3_layers(num_layers, head, tail, cfg.drop_order, budget), budget)
+    return LayerPlan(d3_layers(cfg, num_layers, budget), budget)
 
 
 def skipdecode_budget(cfg: SkipDecodeConfig, num_layers: int, step: int) -> int:

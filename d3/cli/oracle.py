@@ -1,0 +1,119 @@
+"""`python -m d3 oracle`: the depth each token of a full-depth answer needs, the decay fitted to it, D3 judged."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from d3.cli.common import CliError, check_input_file, check_output_file, set_threads
+from d3.config import DROP_ORDERS, GenerationConfig, D3Config
+from d3.data import example_prompts
+from d3.oracle_fit import PAPER_ALPHAS
+
+# The sweep's D3 settings (results/smollm2_sweep.csv) besides the paper-like alphas: "alpha" or "alpha@start".
+SWEEP_ALPHAS = "0.999999,0.9982,0.9954,0.9892,0.9792,0.9199@16"
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("oracle", help="the depth each generated token needs, and the D3 decay that fits it",
+                              description=__doc__)
+    p.add_argument("--prompt", help="one prompt")
+    p.add_argument("--prompts-file", help="a JSON list of {title, prompt} (e.g. assets/prompts.json)")
+    p.add_argument("--count", type=int, default=8, help="how many prompts of --prompts-file")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--drop-order", choices=DROP_ORDERS, default="middle_out")
+    p.add_argument("--core-head", type=int, help="core layers at the bottom (default L // 8)")
+    p.add_argument("--core-tail", type=int, help="core layers at the top (default L // 8)")
+    p.add_argument("--alpha", type=float, help="the D3 alpha judged (under-served, KL); default: the least-squares fit")
+    p.add_argument("--start", type=int, default=0, help="D3 start used with --alpha")
+    p.add_argument("--k", type=float, default=10.0, help="coverage fit: at most this %% of tokens under-served")
+    p.add_argument("--underserved-at", default=",".join(map(str, PAPER_ALPHAS)) + "," + SWEEP_ALPHAS,
+                   help="D3 settings whose under-served fraction is listed: alpha or alpha@start, comma-separated")
+    p.add_argument("--no-chat-template", action="store_true", help="feed prompts as raw text (base models)")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave torch's default)")
+    p.add_argument("--out", help="also write the JSON here")
+    p.add_argument("--json", action="store_true", help="print the whole result as JSON")
+    p.set_defaults(func=main)
+    return p
+
+
+def _settings(text: str) -> tuple[D3Config, ...]:
+    out = []
+    for part in (x.strip() for x in text.split(",") if x.strip()):
+        alpha, _, start = part.partition("@")
+        try:
+            out.append(D3Config(alpha=float(alpha), start=int(start or 0)))
+        except ValueError as err:
+            raise CliError(f"--underserved-at {part!r}: {err}") from err
+    return tuple(out)
+
+
+def _prompts(args: argparse.Namespace) -> list[tuple[str, str]]:
+    if (args.prompt is None) == (args.prompts_file is None):
+        raise CliError("give exactly one of --prompt and --prompts-file")
+    if args.prompt is not None:
+        return [("", args.prompt)]
+    check_input_file(args.prompts_file, "--prompts-file")
+    if args.count < 1:
+        raise CliError(f"--count {args.count} must be at least 1")
+    try:
+        rows = example_prompts(Path(args.prompts_file))
+    except (ValueError, KeyError, TypeError) as err:
+        raise CliError(f"--prompts-file {args.prompts_file}: not a JSON list of {{title, prompt}} ({err})") from err
+    return [(r.title, r.prompt) for r in rows[: args.count]]
+
+
+def _check(args: argparse.Namespace) -> tuple[list[tuple[str, str]], D3Config, tuple[D3Config, ...]]:
+    """Every flag checked before the model loads, so a mistake costs milliseconds."""
+    from d3.engine import check_prompt
+
+    prompts = _prompts(args)
+    for _, text in prompts:
+        check_prompt(text)
+    GenerationConfig(max_new_tokens=args.max_new_tokens)
+    cfg = D3Config(core_head=args.core_head, core_tail=args.core_tail, drop_order=args.drop_order,
+                   start=args.start, **({"alpha": args.alpha} if args.alpha is not None else {}))
+    if not 0 <= args.k <= 100:
+        raise CliError(f"--k {args.k} must be a percentage in [0, 100]")
+    if args.out:
+        check_output_file(args.out, "--out")
+    return prompts, cfg, _settings(args.underserved_at)
+
+
+def _lines(result: dict[str, Any]) -> list[str]:
+    fits = result["alpha_fit"]
+    summary = result["summary"]["oracle_depth"]
+    return [
+        f"{result['model']}: {summary['tokens']} tokens, mean need {summary['mean_need']:.1f}/{result['num_layers']} "
+        f"layers, Spearman(need, position) {summary['spearman_need_vs_position']:.3f}",
+        f"least-squares fit: alpha {fits['least_squares']['alpha']} start {fits['least_squares']['start']} "
+        f"(rmse {fits['least_squares']['rmse']:.2f} layers)",
+        f"coverage fit (<= {result['k']:.0%} under-served): alpha {fits['coverage']['alpha']} "
+        f"({fits['coverage']['theoretical_speedup']:.2f}x theoretical)",
+        f"at alpha {result['alpha']} start {result['start']}: {result['underserved_fraction']:.1%} of tokens under-served",
+        f"{result['seconds']:.1f} s",
+    ]
+
+
+def main(args: argparse.Namespace, engine: Any = None) -> int:
+    """Run the oracle; `engine` lets tests inject a tiny model."""
+    prompts, cfg, report_at = _check(args)
+    set_threads(args.threads)
+    from d3.cli import load_engine
+    from d3.oracle import study
+
+    engine = engine or load_engine(argparse.Namespace(model=args.model, device="auto", dtype="float32"))
+    cfg.check_layers(engine.num_layers)
+    log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.out else None
+    result = study(engine, prompts, cfg, args.max_new_tokens, chat_template=not args.no_chat_template,
+                   alpha=args.alpha, k=args.k / 100, report_at=report_at, log=log)
+    text = json.dumps(result)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text + "\n", encoding="utf-8")
+    print(text if args.json else "\n".join(_lines(result)))
+    return 0

@@ -1,0 +1,70 @@
+"""The summary figure of committed oracle results: mean need by position with its spread, the fits, D3's schedule.
+
+Reads results files written by `python -m d3 oracle --prompts-file ... --out ...` and writes one panel per
+model. A .png needs kaleido (pip install kaleido; it drives Chromium: BROWSER_PATH=/usr/bin/chromium on
+Debian); anything else is written as HTML that loads plotly.js from its CDN, which keeps the file small.
+
+Usage: python scripts/oracle_figure.py results/oracle_smollm2.json [results/oracle_gemma3.json ...]
+                                       --out results/oracle_needs.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import plotly.graph_objects as go  # noqa: E402
+from plotly.subplots import make_subplots  # noqa: E402
+
+from d3.config import D3Config  # noqa: E402
+from viz.oracle import needs_summary  # noqa: E402
+
+
+def model_figure(result: dict) -> go.Figure:
+    """needs_summary of one results file, judged at its own alpha, with both fits."""
+    cfg = D3Config(alpha=result["alpha"], start=result["start"], core_head=result["core"][0],
+                   core_tail=result["core"][1], drop_order=result["drop_order"])
+    fits = {name: cfg.with_(alpha=f["alpha"], start=f["start"]) for name, f in result["alpha_fit"].items()}
+    needs = result["oracle_depth"] if isinstance(result["oracle_depth"][0], list) else [result["oracle_depth"]]
+    return needs_summary(needs, result["num_layers"], cfg, fits=fits, model=result["model"])
+
+
+def combined(results: list[dict]) -> go.Figure:
+    """The per-model figures side by side, one legend entry per series (the first panel's)."""
+    panels = [model_figure(r) for r in results]
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[p.layout.title.text for p in panels],
+                        horizontal_spacing=0.07)
+    for col, panel in enumerate(panels, start=1):
+        for trace in panel.data:
+            trace.showlegend = col == 1
+            fig.add_trace(trace, row=1, col=col)
+        fig.update_xaxes(title_text="generated token (position i)", row=1, col=col)
+        fig.update_yaxes(title_text="decoder layers", range=[0, panel.layout.yaxis.range[1]], row=1, col=col)
+    first = panels[0].layout
+    fig.update_layout(template=first.template, font=first.font, height=560, width=700 * len(panels),
+                      legend=dict(orientation="h", y=-0.18, x=0), margin=dict(l=70, r=30, t=80, b=140),
+                      title=dict(text="What each token needs: oracle depth by position (mean, 25th-75th percentile)"))
+    return fig
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("results", nargs="+")
+    parser.add_argument("--out", default="results/oracle_needs.png")
+    args = parser.parse_args(argv)
+    fig = combined([json.loads(Path(p).read_text(encoding="utf-8")) for p in args.results])
+    out = Path(args.out)
+    if out.suffix == ".png":
+        fig.write_image(out, scale=1)
+    else:
+        fig.write_html(out, include_plotlyjs="cdn")
+    print(f"wrote {out} ({out.stat().st_size / 1e3:.0f} kB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

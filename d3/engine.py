@@ -90,6 +90,12 @@ class Engine:
         self.eos_ids = set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
         self.fixed_cost_layers = self._fixed_cost_in_layers()
 
+    @property
+    def lock(self) -> threading.Lock:
+        """Held for every forward pass; code that runs the model's layers itself (the oracle) takes it too, so its
+        passes never interleave with a traced step whose hooks are registered."""
+        return self._lock
+
     @classmethod
     def from_loaded(cls, loaded: Any) -> "Engine":
         return cls(loaded.model, loaded.tokenizer, name=loaded.name)

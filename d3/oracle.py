@@ -12,9 +12,10 @@ step starts from the recorded residual at that layer, not from the embedding. Th
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ContextManager, Sequence
 
 import numpy as np
 import torch
@@ -157,15 +158,26 @@ class BudgetScan:
         pairs = [need_and_stable(row, self.floor) for row in self.keeps]
         return [a for a, _ in pairs], [b for _, b in pairs]
 
-    def kl_at(self, cfg: D3Config, num_layers: int) -> list[float]:
-        """Per token, KL at D3's own budget for that step under `cfg` (same core and drop order as the scan)."""
+    def _columns(self, cfg: D3Config, num_layers: int) -> list[int]:
+        """Per token, the column of D3's own budget for that step under `cfg` (same core and drop order)."""
         if cfg.core(num_layers) != self.cfg.core(num_layers) or cfg.drop_order != self.cfg.drop_order:
-            raise ValueError("kl_at needs the scan's core and drop order; scan again for another layer set")
-        return [float(self.kl[i, plan(cfg, num_layers, i).budget - self.floor]) for i in range(len(self.kl))]
+            raise ValueError("the scan holds one core and drop order's layer sets; scan again for another")
+        return [plan(cfg, num_layers, i).budget - self.floor for i in range(len(self.kl))]
+
+    def kl_at(self, cfg: D3Config, num_layers: int) -> list[float]:
+        """Per token, KL(full depth || D3 under `cfg`) of the next-token distribution, teacher-forced."""
+        return [float(self.kl[i, j]) for i, j in enumerate(self._columns(cfg, num_layers))]
+
+    def kept_at(self, cfg: D3Config, num_layers: int) -> list[bool]:
+        """Per token, whether D3 under `cfg` keeps full depth's top-1 (teacher-forced). A token with need <= its
+        budget can still lose it, where a budget between need and stable depth misses."""
+        return [bool(self.keeps[i, j]) for i, j in enumerate(self._columns(cfg, num_layers))]
 
 
-def scan_budgets(adapter: Adapter, fp: FullPass, cfg: D3Config) -> BudgetScan:
-    """Run every answer token at every D3 budget below L (one batch per token) against full depth."""
+def scan_budgets(adapter: Adapter, fp: FullPass, cfg: D3Config, lock: ContextManager[Any] | None = None) -> BudgetScan:
+    """Run every answer token at every D3 budget below L (one batch per token) against full depth.
+
+    lock: held for each token's batch (the engine's lock, so a shared model interleaves with other users)."""
     L = adapter.num_layers
     floor = max(1, sum(cfg.core(L)))
     sets = [d3_layers(cfg, L, n) for n in range(floor, L)]
@@ -174,7 +186,8 @@ def scan_budgets(adapter: Adapter, fp: FullPass, cfg: D3Config) -> BudgetScan:
     top1 = fp.top1
     with torch.inference_mode():
         for i in range(fp.steps):
-            logp = budget_logprobs(adapter, fp, i, sets) if sets else fp.logprobs[i][None, :0]
+            with lock or contextlib.nullcontext():
+                logp = budget_logprobs(adapter, fp, i, sets) if sets else fp.logprobs[i][None, :0]
             full = fp.logprobs[i]
             keeps[i, :-1] = (logp.argmax(-1) == top1[i]).cpu().numpy()
             kl[i, :-1] = (full.exp() * (full - logp)).sum(-1).clamp_min(0).cpu().numpy()
@@ -223,6 +236,7 @@ class Answer:
                 "full_top1_matches_answer": float(np.mean(np.array(self.fp.top1) == np.array(self.fp.answer))),
                 "oracle_depth": self.oracle_depth, "stable_depth": self.stable_depth, "prediction_depth": self.prediction_depth,
                 "budgets": list(range(self.scan.floor, self.scan.floor + self.scan.keeps.shape[1])),
+                "kept_by_token": ["".join("1" if k else "0" for k in row) for row in self.scan.keeps],
                 "kept_by_budget": [round(float(x), 4) for x in self.scan.keeps.mean(0)],
                 "mean_kl_by_budget": [round(float(x), 4) for x in self.scan.kl.mean(0)],
                 "seconds": {k: round(v, 3) for k, v in self.seconds.items()}}
@@ -236,16 +250,23 @@ def measure(engine: Engine, prompt: str, cfg: D3Config, max_new_tokens: int = 64
     trace = engine.generate(prompt, FullConfig(), gen, TRACE_OFF, chat_template=chat_template)
     prompt_ids = engine.encode([prompt], chat_template)[0][0].tolist()
     t1 = time.perf_counter()
-    with torch.inference_mode():
+    with engine.lock, torch.inference_mode():
         fp = full_pass(engine.adapter, prompt_ids, trace.token_ids)
     t2 = time.perf_counter()
-    answer = Answer(prompt, prompt_ids, fp, [s.text for s in trace.steps], scan_budgets(engine.adapter, fp, cfg))
+    answer = Answer(prompt, prompt_ids, fp, [s.text for s in trace.steps], scan_budgets(engine.adapter, fp, cfg, engine.lock))
     answer.oracle_depth, answer.stable_depth = answer.scan.depths()
     t3 = time.perf_counter()
-    answer.prediction_depth = lens_depth(engine.adapter, fp)
+    with engine.lock:
+        answer.prediction_depth = lens_depth(engine.adapter, fp)
     t4 = time.perf_counter()
     answer.seconds = {"generate": t1 - t0, "full_pass": t2 - t1, "oracle": t3 - t2, "lens": t4 - t3, "total": t4 - t0}
     return answer
+
+
+def _lost(answers: Sequence[Answer], cfg: D3Config, num_layers: int) -> float:
+    """The share of all answers' tokens whose top-1 D3 under `cfg` loses (teacher-forced)."""
+    kept = [k for a in answers for k in a.scan.kept_at(cfg, num_layers)]
+    return 1 - sum(kept) / len(kept)
 
 
 def _per_prompt(values: list[list[Any]]) -> list[Any]:
@@ -272,6 +293,7 @@ def study(engine: Engine, prompts: Sequence[tuple[str, str]], cfg: D3Config, max
     needs = [a.oracle_depth for a in answers]
     fits = fit_alpha(needs, L, core=cfg.core(L), k=k)
     judged = cfg.with_(alpha=alpha) if alpha is not None else fits["least_squares"].config(cfg)
+    settings = [cfg.with_(alpha=c.alpha, start=c.start) for c in report_at]  # the scan's core and drop order
     kl = [a.scan.kl_at(judged, L) for a in answers]
     return {
         "model": engine.name, "num_layers": L, "core": list(cfg.core(L)), "drop_order": cfg.drop_order,
@@ -283,7 +305,8 @@ def study(engine: Engine, prompts: Sequence[tuple[str, str]], cfg: D3Config, max
         "alpha_source": "--alpha" if alpha is not None else "least_squares fit",
         "underserved_fraction": underserved_fraction(needs, judged, L),
         "kl_at_budget": _per_prompt([[round(x, 5) for x in row] for row in kl]),
-        "underserved_at": [judge(needs, c, L) for c in report_at],
+        "top1_lost_fraction": _lost(answers, judged, L),
+        "underserved_at": [{**judge(needs, c, L), "top1_lost_fraction": _lost(answers, c, L)} for c in settings],
         "summary": {"oracle_depth": position_summary(needs, L),
                     "stable_depth": position_summary([a.stable_depth for a in answers], L),
                     "fits_stable_depth": {n: f.to_dict() for n, f in fit_alpha([a.stable_depth for a in answers], L,

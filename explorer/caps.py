@@ -34,11 +34,12 @@ class Caps:
     concurrency: int = 2
     figure_every: int = 8  # heavy figures are redrawn every this many tokens while streaming
     session_ttl_s: int = 3600
+    max_models: int = 2  # models kept loaded at once; beyond it the least recently used is dropped
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "Caps":
         """D3_MAX_NEW_TOKENS, D3_MAX_PROMPT_CHARS, D3_MAX_PROMPT_TOKENS, D3_QUEUE_SIZE, D3_CONCURRENCY,
-        D3_FIGURE_EVERY, D3_SESSION_TTL; defaults suit a CPU Space."""
+        D3_FIGURE_EVERY, D3_SESSION_TTL, D3_MAX_MODELS; defaults suit a CPU Space."""
         d = cls()
         return cls(
             max_new_tokens=_env_int(env, "D3_MAX_NEW_TOKENS", d.max_new_tokens, 1, MAX_NEW_TOKENS_CAP),
@@ -48,6 +49,7 @@ class Caps:
             concurrency=_env_int(env, "D3_CONCURRENCY", d.concurrency, 1, 64),
             figure_every=_env_int(env, "D3_FIGURE_EVERY", d.figure_every, 1, 1000),
             session_ttl_s=_env_int(env, "D3_SESSION_TTL", d.session_ttl_s, 60, 7 * 24 * 3600),
+            max_models=_env_int(env, "D3_MAX_MODELS", d.max_models, 1, 16),
         )
 
     def describe(self) -> str:

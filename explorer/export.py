@@ -1,9 +1,11 @@
-"""Downloads: the traces as JSON and CSV, any view as a standalone HTML page, the sweep's table as CSV, each
-written into a fresh server-named folder."""
+"""Downloads: the traces as JSON and CSV, any view as an HTML page, the sweep's table as CSV, each written into a
+fresh server-named folder. Bounded: a session needs to exist and may download so often, all exports together
+stay under a size cap (the oldest go first), and plotly.js is written once and referenced by every page."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import gradio as gr
 import pandas as pd
+from plotly.offline import get_plotlyjs
 
 from explorer import views
 from explorer.controls import Controls, takes_controls
@@ -21,28 +24,69 @@ from explorer.ui import user_errors
 from explorer.view_handlers import redraw_schedule
 from viz import to_html
 
-EXPORT_ROOT = Path(tempfile.gettempdir()) / "d3-explorer-exports"
+EXPORT_ROOT = Path(os.environ.get("D3_EXPORT_DIR") or Path(tempfile.gettempdir()) / "d3-explorer-exports")
 EXPORT_TTL_S = 3600
+EXPORT_MAX_BYTES = 256 * 2**20  # every export folder together; beyond it the oldest folders are deleted
+EXPORTS_PER_MINUTE = 10  # per session
+PLOTLY_JS = "plotly.min.js"  # one copy in EXPORT_ROOT, downloaded beside each figure page
 FIGURES = ("usage", "decay", "planned", "flow", "attention", "errors", "fills")
 
 
-def export_dir() -> Path:
-    """A fresh server-named folder for one export; folders older than an hour are removed."""
+def _size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
+
+
+def _prune(root: Path, room: int) -> None:
+    """Delete export folders older than the TTL, then the oldest ones until `room` more bytes fit under the cap."""
+    folders = sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
+    now, total = time.time(), sum(_size(p) for p in root.iterdir())
+    for folder in folders:
+        if now - folder.stat().st_mtime <= EXPORT_TTL_S and total + room <= EXPORT_MAX_BYTES:
+            break
+        total -= _size(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _count_export(session: Session) -> None:
+    """One more export of `session`, within its rate; gr.Error beyond it."""
+    now = time.monotonic()
+    while session.exports and now - session.exports[0] > 60:
+        session.exports.popleft()
+    if len(session.exports) >= EXPORTS_PER_MINUTE:
+        raise gr.Error(f"Too many downloads: at most {EXPORTS_PER_MINUTE} a minute. Wait a little and try again.",
+                       print_exception=False)
+    session.exports.append(now)
+
+
+def export_dir(session: Session | None, room: int = 0) -> Path:
+    """A fresh server-named folder for one export, with room for about `room` bytes; counted against the
+    session's rate (the sweep's CSV has no session: it exists only after a sweep, which the queue bounds)."""
+    if session is not None:
+        _count_export(session)
     EXPORT_ROOT.mkdir(parents=True, exist_ok=True)
-    for old in EXPORT_ROOT.iterdir():
-        if old.is_dir() and time.time() - old.stat().st_mtime > EXPORT_TTL_S:
-            shutil.rmtree(old, ignore_errors=True)
+    _prune(EXPORT_ROOT, room)
     return Path(tempfile.mkdtemp(prefix="export-", dir=EXPORT_ROOT))
+
+
+def plotly_js() -> Path:
+    """plotly.js, written once into the export root (atomically, so a concurrent export never reads half of it)."""
+    path = EXPORT_ROOT / PLOTLY_JS
+    if not path.is_file():
+        fd, staging = tempfile.mkstemp(dir=EXPORT_ROOT, prefix=".plotly-")
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(get_plotlyjs())
+        os.replace(staging, path)
+    return path
 
 
 def export_trace(session: Session | None) -> list[str]:
     """The traces as JSON (D3, full depth, comparison) and one CSV table, written under server-chosen names."""
     if session is None or session.d3 is None or session.full is None:
         raise gr.Error("Nothing to export yet: press Generate first.")
-    folder = export_dir()
     files = {"d3_trace.json": session.d3.to_json(), "full_trace.json": session.full.to_json()}
     if session.comparison is not None:
         files["comparison.json"] = json.dumps(session.comparison.to_dict())
+    folder = export_dir(session, room=2 * sum(len(text) for text in files.values()))
     for name, text in files.items():
         (folder / name).write_text(text, encoding="utf-8")
     table = pd.concat([session.d3.to_frame().assign(run="d3"), session.full.to_frame().assign(run="full")])
@@ -51,9 +95,12 @@ def export_trace(session: Session | None) -> list[str]:
 
 
 @takes_controls
-def export_figure(pool: ModelPool, session: Session | None, figure: str, controls: Controls) -> str:
-    """One view as a standalone HTML page (plotly.js inlined, works offline)."""
-    s, view = session or Session(), controls.view
+def export_figure(pool: ModelPool, session: Session | None, figure: str, controls: Controls) -> list[str]:
+    """One view as an HTML page that loads plotly.js from the file beside it: both are returned, so the
+    page works offline once both are downloaded into one folder."""
+    s, view = session, controls.view
+    if s is None:  # the page makes one on load; an API caller gets one by generating
+        raise gr.Error("Nothing to export yet: press Generate first.", print_exception=False)
     with user_errors():
         key = as_choice("figure", figure, FIGURES)
         p = view.presentation
@@ -66,15 +113,16 @@ def export_figure(pool: ModelPool, session: Session | None, figure: str, control
                    "attention": lambda: views.attention_view(s.d3, s.full, view.layer, view.head, presentation=p),
                    "errors": lambda: views.error_view(s.comparison, log_kl=view.log_kl, presentation=p),
                    "fills": lambda: views.fills_view(s.fills, presentation=p)}[key]()
-    path = export_dir() / f"{key}.html"
-    path.write_text(to_html(fig), encoding="utf-8")
-    return str(path)
+    page = to_html(fig, plotlyjs=PLOTLY_JS)
+    path = export_dir(s, room=len(page)) / f"{key}.html"
+    path.write_text(page, encoding="utf-8")
+    return [str(path), str(plotly_js())]
 
 
 def export_sweep(sweep_results: pd.DataFrame | None) -> str:
     """The sweep's whole table (every column) as CSV, under a server-chosen name."""
     if sweep_results is None or len(sweep_results) == 0:
         raise gr.Error("Nothing to export yet: run a sweep first.", print_exception=False)
-    path = export_dir() / "sweep.csv"
+    path = export_dir(None, room=len(sweep_results) * 2048) / "sweep.csv"
     sweep_results.to_csv(path, index=False)
     return str(path)

@@ -14,6 +14,7 @@ from d3.models import ModelFacts
 from d3.sweep import BUILTIN_PROMPTS
 from explorer.controls import DECODINGS, DEFAULTS, STRATEGY_LABELS, default_attention_layer
 from explorer.export import FIGURES
+from explorer.needs import needs_controls
 from explorer.pool import ModelPool
 from explorer.scenarios import SCENARIOS
 from explorer.session import HISTORY_COLUMNS
@@ -29,46 +30,57 @@ from explorer.views import caps_html, status_html
 from explorer.wording import EXPLAIN, INTRO, SWEEP_EXPLAIN, VIEWS
 
 
-def _controls(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> None:
-    """The run controls: strategy, schedule, decoding, and the baselines' own settings."""
-    caps, layers = pool.caps, facts.num_layers
+def _key_controls(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> None:
+    """The controls a lesson turns most: α, the core split and the length, beside the prompt."""
+    layers = facts.num_layers
     head, tail = default_core(layers)
+    ui["alpha"] = gr.Slider(0.8, 1.0, value=DEFAULTS.alpha, step=0.001, label="α: token i runs floor(L·α^i) layers",
+                            elem_id="alpha")
     with gr.Row():
-        ui["strategy"] = gr.Dropdown([(label, key) for key, label in STRATEGY_LABELS.items()], value=DEFAULTS.strategy,
-                                     label="Strategy (against full depth)")
-        ui["fill"] = gr.Dropdown(list(FILLS), value=DEFAULTS.fill, label="Fill for skipped layers' KV",
-                                 info="copy · propagate · none (masked hole)")
+        # head + tail stays below L: each slider's maximum follows the other (wiring.bound_core)
+        ui["core_head"] = gr.Slider(0, layers - 1 - tail, value=head, step=1, label="Core head (first layers)",
+                                    elem_id="core-head", min_width=120)
+        ui["core_tail"] = gr.Slider(0, layers - 1 - head, value=tail, step=1, label="Core tail (last layers)",
+                                    elem_id="core-tail", min_width=120)
+    ui["max_new_tokens"] = gr.Number(min(DEFAULTS.max_new_tokens, pool.caps.max_new_tokens), precision=0,
+                                     label=f"Max new tokens (1–{pool.caps.max_new_tokens})", elem_id="max-new-tokens")
+
+
+def _more_controls(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> None:
+    """Everything else: strategy, fill, order, decoding, the baselines' own settings and the server's limits."""
+    caps, layers = pool.caps, facts.num_layers
+    ui["strategy"] = gr.Dropdown([(label, key) for key, label in STRATEGY_LABELS.items()], value=DEFAULTS.strategy,
+                                 label="Strategy (against full depth)")
+    with gr.Row():
         ui["drop_order"] = gr.Dropdown(list(DROP_ORDERS), value=DEFAULTS.drop_order, label="Drop order of flex layers",
-                                       info="strided is not nested: filling matters")
-        ui["decoding"] = gr.Radio(list(DECODINGS), value=DEFAULTS.decoding, label="Decoding")
+                                       info="strided is not nested: filling matters", min_width=140)
+        ui["fill"] = gr.Dropdown(list(FILLS), value=DEFAULTS.fill, label="Fill for skipped layers' KV",
+                                 info="copy · propagate · none (masked hole)", min_width=140)
+    ui["start"] = gr.Slider(0, caps.max_new_tokens, value=DEFAULTS.start, step=1, label="Start (tokens at full depth)")
+    ui["attention_layer"] = gr.Slider(0, layers - 1, value=default_attention_layer(layers), step=1,
+                                      label="Attention layer to record (before generating)")
     with gr.Row():
-        ui["alpha"] = gr.Slider(0.8, 1.0, value=DEFAULTS.alpha, step=0.001, label="α (decay per token)",
-                                info="token i runs floor(L·α^i) layers", elem_id="alpha")
-        ui["core_head"] = gr.Slider(0, layers, value=head, step=1, label="Core head (first layers, always run)")
-        ui["core_tail"] = gr.Slider(0, layers, value=tail, step=1, label="Core tail (last layers, always run)")
-        ui["start"] = gr.Slider(0, caps.max_new_tokens, value=DEFAULTS.start, step=1, label="Start (tokens at full depth)")
+        ui["decoding"] = gr.Radio(list(DECODINGS), value=DEFAULTS.decoding, label="Decoding", min_width=140)
+        ui["chat_template"] = gr.Checkbox(facts.chat_template, label="Chat template (instruct models)", min_width=140)
     with gr.Row():
-        ui["max_new_tokens"] = gr.Number(min(DEFAULTS.max_new_tokens, caps.max_new_tokens), label=f"Max new tokens (1–{caps.max_new_tokens})",
-                                         elem_id="max-new-tokens")
-        ui["temperature"] = gr.Slider(0.05, 2.0, value=DEFAULTS.temperature, step=0.05, label="Temperature (sampling only)")
-        ui["seed"] = gr.Number(DEFAULTS.seed, label="Seed (sampling only)")
-        ui["attention_layer"] = gr.Slider(0, layers - 1, value=default_attention_layer(layers), step=1,
-                                          label="Attention layer to record (before generating)")
-    with gr.Accordion("Baselines' settings", open=False):
-        with gr.Row():
-            ui["unified_ratio"] = gr.Number(DEFAULTS.unified_ratio, label="Unified skipping: target speedup r (keeps floor(L/r) layers)")
-            ui["skipdecode_max"] = gr.Number(DEFAULTS.skipdecode_max, label="SkipDecode: max layers (0 = auto)")
-            ui["skipdecode_min"] = gr.Number(DEFAULTS.skipdecode_min, label="SkipDecode: min layers (0 = auto)")
-            ui["threshold"] = gr.Number(DEFAULTS.threshold, label="Early exit: confidence threshold (0, 1]")
+        ui["temperature"] = gr.Slider(0.05, 2.0, value=DEFAULTS.temperature, step=0.05,
+                                      label="Temperature (sampling only)", min_width=140)
+        ui["seed"] = gr.Number(DEFAULTS.seed, label="Seed (sampling only)", min_width=100)
+    ui["unified_ratio"] = gr.Number(DEFAULTS.unified_ratio, label="Unified skipping: target speedup r (keeps floor(L/r) layers)")
+    with gr.Row():
+        ui["skipdecode_max"] = gr.Number(DEFAULTS.skipdecode_max, label="SkipDecode: max layers (0 = auto)", min_width=120)
+        ui["skipdecode_min"] = gr.Number(DEFAULTS.skipdecode_min, label="SkipDecode: min layers (0 = auto)", min_width=120)
+    ui["threshold"] = gr.Number(DEFAULTS.threshold, label="Early exit: confidence threshold (0, 1]")
+    gr.HTML(caps_html(pool.caps.describe(), pool.public))
 
 
 def _panes(ui: dict[str, Any]) -> None:
-    with gr.Row(equal_height=False):
-        with gr.Column(elem_classes=["d3-pane"]):
+    with gr.Row(equal_height=False, elem_classes=["d3-panes"]):
+        with gr.Column(elem_classes=["d3-pane"], min_width=260):
             ui["d3_title"] = gr.Markdown("### D3", elem_id="d3-title")
             ui["d3_tokens"] = gr.HTML(elem_classes=["d3-pane-tokens"], elem_id="d3-pane")
             ui["d3_counters"] = gr.HTML(elem_id="d3-counters")
-        with gr.Column(elem_classes=["d3-pane"]):
+        with gr.Column(elem_classes=["d3-pane"], min_width=260):
             gr.Markdown("### Full depth (every layer, the reference)")
             ui["full_tokens"] = gr.HTML(elem_classes=["d3-pane-tokens"], elem_id="full-pane")
             ui["full_counters"] = gr.HTML(elem_id="full-counters")
@@ -100,14 +112,14 @@ def _tabs(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> None:
     def fills_extra() -> None:
         ui["fills_button"] = gr.Button("Compare fills (copy · propagate · none)", elem_id="fills-button")
 
-    with gr.Tabs():
+    with gr.Tabs(elem_id="views"):
         _view_tab("usage", ui)
-        _view_tab("decay", ui)
         _view_tab("planned", ui)
         _view_tab("flow", ui, flow_extra)
         _view_tab("attention", ui, attention_extra)
         _view_tab("errors", ui, errors_extra)
         _view_tab("fills", ui, fills_extra)
+        _view_tab("needs", ui, lambda: needs_controls(ui))
         with gr.Tab("Run history", id="history"):
             gr.Markdown("Every run of this session: compare scenarios here (only you see your runs).")
             ui["history"] = gr.Dataframe(pd.DataFrame(columns=HISTORY_COLUMNS), interactive=False)
@@ -145,28 +157,45 @@ def _sweep_tab(pool: ModelPool, ui: dict[str, Any]) -> None:
         ui["sweep_file"] = gr.File(label="Sweep CSV", interactive=False)
 
 
-def _header(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> None:
+def _prompt_and_run(pool: ModelPool, ui: dict[str, Any]) -> None:
+    """Prompt, example and model pickers, Generate and Stop, then the one-click scenarios."""
     prompts = example_prompts()
+    ui["prompt"] = gr.Textbox(prompts[0].prompt, label="Prompt", lines=2, max_lines=10, elem_id="prompt")
     with gr.Row():
-        with gr.Column(scale=3):
-            ui["prompt"] = gr.Textbox(prompts[0].prompt, label="Prompt", lines=3, max_lines=12,
-                                      elem_id="prompt")
-            with gr.Row():
-                ui["example"] = gr.Dropdown([p.title for p in prompts], value=prompts[0].title,
-                                            label="Example prompts")
-                ui["model"] = gr.Dropdown(list(pool.names), value=pool.names[0], label="Model",
-                                          allow_custom_value=not pool.public)
-                ui["chat_template"] = gr.Checkbox(facts.chat_template, label="Chat template (instruct models)")
-        with gr.Column(scale=1, min_width=220):
-            ui["generate"] = gr.Button("Generate", variant="primary", elem_id="generate")
-            ui["stop"] = gr.Button("Stop", variant="stop", elem_id="stop")
-            ui["presentation"] = gr.Checkbox(DEFAULTS.presentation, label="Presentation mode (big fonts, one view per tab)")
-            gr.HTML(caps_html(pool.caps.describe(), pool.public))
-    gr.Markdown("**Scenarios**: one click sets the controls and runs.")
+        ui["example"] = gr.Dropdown([p.title for p in prompts], value=prompts[0].title, label="Example prompt",
+                                    min_width=120)
+        ui["model"] = gr.Dropdown(list(pool.names), value=pool.names[0], label="Model", min_width=120,
+                                  allow_custom_value=not pool.public)
     with gr.Row():
-        for key, scenario in SCENARIOS.items():
-            ui[f"scenario_{key}"] = gr.Button(scenario.title, size="sm", elem_id=f"scenario-{key}")
-    ui["scenario_text"] = gr.Markdown()
+        ui["generate"] = gr.Button("Generate", variant="primary", elem_id="generate", min_width=100)
+        ui["stop"] = gr.Button("Stop", variant="stop", elem_id="stop", min_width=80)
+    with gr.Group(elem_classes=["d3-scenarios"]):
+        gr.Markdown("**Scenarios**: one click sets the controls and runs.")
+        with gr.Row():
+            for key, scenario in SCENARIOS.items():
+                ui[f"scenario_{key}"] = gr.Button(scenario.title, size="sm", elem_id=f"scenario-{key}", min_width=120)
+    ui["scenario_text"] = gr.Markdown(elem_id="scenario-text", elem_classes=["d3-scenario-text"])
+    ui["scenario_finding"] = gr.Markdown(elem_id="scenario-finding", elem_classes=["d3-finding"])
+
+
+def _live_tab(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> None:
+    """Controls on the left; on the right, what a run shows first: the status, both panes and the decay curve
+    (on one 1280x800 screen), then the other views."""
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=1, min_width=300, elem_classes=["d3-side"]):
+            with gr.Accordion("What is D3? (read me first)", open=False, elem_id="intro"):
+                gr.Markdown(INTRO)
+            _prompt_and_run(pool, ui)
+            _key_controls(pool, facts, ui)
+            with gr.Accordion("More controls", open=False, elem_id="more-controls"):
+                _more_controls(pool, facts, ui)
+        with gr.Column(scale=3, min_width=320, elem_classes=["d3-main"]):
+            ui["status"] = gr.HTML(status_html(None, None, "Ready: press Generate."), elem_id="status")
+            _panes(ui)
+            ui["decay"] = gr.Plot(show_label=False, elem_id="plot-decay")
+            with gr.Accordion("How to read the decay curve", open=False) as ui["explain_decay"]:
+                gr.Markdown(EXPLAIN["decay"])
+            _tabs(pool, facts, ui)
 
 
 def build_layout(pool: ModelPool, facts: ModelFacts) -> dict[str, Any]:
@@ -174,15 +203,12 @@ def build_layout(pool: ModelPool, facts: ModelFacts) -> dict[str, Any]:
                           "sweep_results": gr.State(None, time_to_live=pool.caps.session_ttl_s)}
     with gr.Column(elem_classes=["d3-root"]) as root:
         ui["root"] = root
-        gr.Markdown("# D3 Explorer: depth decay decoding, live")
-        gr.Markdown(INTRO)
+        with gr.Row(elem_classes=["d3-title"], equal_height=True):
+            gr.Markdown("# D3 Explorer: depth decay decoding, live")
+            ui["presentation"] = gr.Checkbox(DEFAULTS.presentation, label="Presentation mode (big fonts)",
+                                             elem_id="presentation", scale=0, min_width=200, container=False)
         with gr.Tabs(elem_id="modes") as ui["modes"]:
             with gr.Tab("Live: D3 vs full depth", id="live"):
-                _header(pool, facts, ui)
-                with gr.Accordion("Controls", open=True):
-                    _controls(pool, facts, ui)
-                ui["status"] = gr.HTML(status_html(None, None, "Ready: press Generate."), elem_id="status")
-                _panes(ui)
-                _tabs(pool, facts, ui)
+                _live_tab(pool, facts, ui)
             _sweep_tab(pool, ui)
     return ui

@@ -1,9 +1,16 @@
-"""The models shared by every session: each engine built once, on first use, and kept for the process."""
+"""The models shared by every session: each engine built once, on first use, kept while it is recently used.
+
+One slow or failing load never stalls anyone else: each model has its own lock (only callers that need that
+model wait for it), a failed load is remembered for a while so retries answer at once, and beyond
+`caps.max_models` the least recently used engine is dropped."""
 
 from __future__ import annotations
 
 import gc
+import logging
 import threading
+import time
+from collections import OrderedDict
 from typing import Any, Callable, Mapping
 
 from d3.engine import Engine
@@ -11,17 +18,19 @@ from d3.models import KNOWN_MODELS, ModelFacts
 from explorer.caps import Caps
 from explorer.parse import shown
 
+log = logging.getLogger(__name__)
 KNOWN_FACTS: dict[str, ModelFacts] = {name: known.facts for name, known in KNOWN_MODELS.items()}
+FAILED_LOAD_TTL_S = 60.0  # a failed load is answered from memory this long, then tried again
 
 
 def _default_factory(caps: Caps, public: bool) -> Callable[[str], Engine]:
     def build(name: str) -> Engine:
-        from d3.models import get_model
+        # load_model, not get_model: get_model's process-wide cache would keep evicted models alive, and its
+        # one lock would make every load wait for any other.
+        from d3.models import load_model
 
-        loaded = get_model(name, allow_paths=not public)
-        engine = Engine(loaded.model, loaded.tokenizer, name=loaded.name, max_prompt_tokens=caps.max_prompt_tokens)
-        gc.freeze()  # the model lives as long as the process: keep its objects out of every full GC pass
-        return engine
+        loaded = load_model(name, allow_paths=not public)
+        return Engine(loaded.model, loaded.tokenizer, name=loaded.name, max_prompt_tokens=caps.max_prompt_tokens)
 
     return build
 
@@ -29,7 +38,8 @@ def _default_factory(caps: Caps, public: bool) -> Callable[[str], Engine]:
 class ModelPool:
     """Engines by model name: each built once, on first use, and shared read-only by every session.
 
-    The engine's own lock serialises forward steps, so concurrent streams interleave safely.
+    The engine's own lock serialises forward steps, so concurrent streams interleave safely. A stream holds
+    its engine, so evicting it from the pool only lets it go once nobody streams from it any more.
     """
 
     def __init__(self, factory: Callable[[str], Engine] | None = None, *, caps: Caps | None = None,
@@ -39,10 +49,13 @@ class ModelPool:
         self.public = public
         self.names = names
         self._factory = factory or _default_factory(self.caps, public)
+        self._real_loader = factory is None
         # Injected factories (tests) get no table: their facts come from the engine itself.
         self._facts = dict(KNOWN_FACTS if factory is None and facts is None else facts or {})
-        self._engines: dict[str, Engine] = {}
-        self._lock = threading.Lock()
+        self._engines: OrderedDict[str, Engine] = OrderedDict()  # least recently used first
+        self._failed: dict[str, tuple[float, str]] = {}  # name -> (when, the message shown)
+        self._loading: dict[str, threading.Lock] = {}
+        self._lock = threading.Lock()  # guards the dicts above; never held while a model loads
 
     def check_name(self, name: Any) -> str:
         """A model name this deployment may load; ValueError otherwise (public: known models only)."""
@@ -58,20 +71,97 @@ class ModelPool:
         return name
 
     def engine(self, name: str) -> Engine:
-        """The engine for `name`, loading the model the first time (thread-safe, once per name)."""
+        """The engine for `name`, loading the model the first time; only callers of the same name wait."""
         name = self.check_name(name)
         with self._lock:
-            if name not in self._engines:
-                self._engines[name] = self._factory(name)
-            return self._engines[name]
+            lock = self._loading.setdefault(name, threading.Lock())
+        with lock:
+            with self._lock:
+                if name in self._engines:
+                    self._engines.move_to_end(name)
+                    return self._engines[name]
+                self._raise_if_failed_recently(name)
+            engine = self._load(name)
+            with self._lock:
+                self._engines[name] = engine
+                evicted = self._evict()
+        if evicted:
+            self._release(evicted)
+        return engine
+
+    def _raise_if_failed_recently(self, name: str) -> None:
+        failed = self._failed.get(name)
+        if failed is not None and time.monotonic() - failed[0] < FAILED_LOAD_TTL_S:
+            raise ValueError(failed[1])
+        self._failed.pop(name, None)
+
+    def _load(self, name: str) -> Engine:
+        """Build the engine; a name that is not one of ours fails with one message whatever the reason, so an
+        error never tells whether some directory exists on the server, and never shows a traceback."""
+        try:
+            engine = self._factory(name)
+        except Exception as err:
+            if name in self.names and not isinstance(err, (ValueError, OSError)):
+                raise  # one of our own models failed for a reason nobody typed: a server fault, logged in full
+            log.warning("could not load model %r: %s: %s", name, type(err).__name__, str(err)[:300])
+            message = self._load_failure(name, err)
+            with self._lock:
+                now = time.monotonic()
+                self._failed = {n: f for n, f in self._failed.items() if now - f[0] < FAILED_LOAD_TTL_S}
+                self._failed[name] = (now, message)
+            raise ValueError(message) from None
+        if self._real_loader:
+            gc.freeze()  # the model may live as long as the process: keep its objects out of every full GC pass
+        return engine
+
+    def _load_failure(self, name: str, err: Exception) -> str:
+        """What a person is told when `name` does not load (the details go to the log)."""
+        if name not in self.names:
+            return (f"unknown model {shown(name)}, or not one this server can load: use one of the known models "
+                    f"({', '.join(self.names)}) or a local directory with a config.json and its weights")
+        if isinstance(err, ValueError):
+            return str(err)
+        return f"model {name!r} could not be loaded on this server (the details are in its log): try again later"
+
+    def _evict(self) -> list[Engine]:
+        """Drop least recently used engines beyond the cap (called with the lock held)."""
+        out = []
+        while len(self._engines) > self.caps.max_models:
+            name, engine = self._engines.popitem(last=False)
+            self._loading.pop(name, None)
+            log.info("evicted model %r (more than %d loaded)", name, self.caps.max_models)
+            out.append(engine)
+        return out
+
+    def _release(self, engines: list[Engine]) -> None:
+        del engines[:]
+        if self._real_loader:  # frozen objects are never collected: let the evicted model's cycles go
+            gc.unfreeze()
+            gc.collect()
+            gc.freeze()
 
     def is_loaded(self, name: str) -> bool:
         return name in self._engines
 
+    def loaded(self) -> tuple[str, ...]:
+        """Names of the loaded models, least recently used first."""
+        with self._lock:
+            return tuple(self._engines)
+
+    def known_facts(self, name: str) -> ModelFacts | None:
+        """Layer and head counts of `name` if they are known without loading it (table or loaded engine), else
+        None. For handlers that must answer at once (the slider preview)."""
+        name = self.check_name(name)
+        with self._lock:
+            engine = self._engines.get(name)
+        if engine is not None:
+            return ModelFacts(engine.num_layers, engine.adapter.num_heads, engine.has_chat_template)
+        return self._facts.get(name)
+
     def facts(self, name: str) -> ModelFacts:
         """Layer and head counts of `name`: from the loaded engine, else the known table, else by loading it."""
-        name = self.check_name(name)
-        if name not in self._engines and name in self._facts:
-            return self._facts[name]
+        return self.known_facts(name) or self._facts_by_loading(name)
+
+    def _facts_by_loading(self, name: str) -> ModelFacts:
         engine = self.engine(name)
         return ModelFacts(engine.num_layers, engine.adapter.num_heads, engine.has_chat_template)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -41,6 +42,7 @@ class Session:
     run_id: int = 0
     stop_at: float = -math.inf  # when Stop was last pressed (time.monotonic())
     triggered_at: float | None = None  # when the page last asked for a run that has not begun yet
+    exports: deque[float] = field(default_factory=deque, repr=False)  # when this session last downloaded
     _since: dict[int, float] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 

@@ -10,6 +10,7 @@ import gradio as gr
 
 from d3.config import default_core
 from d3.data import example_prompts
+from d3.models import ModelFacts
 from explorer import views
 from explorer.controls import CONTROL_NAMES, Controls, default_attention_layer, parse_schedule, takes_controls
 from explorer.live import interrupt
@@ -22,7 +23,7 @@ from explorer.wording import EXPLAIN
 
 VIEW_OUTPUTS = ("usage", "flow", "attention", "errors", "fills", "root", *(f"explain_{k}" for k in EXPLAIN))
 SCENARIO_OUTPUTS = (*CONTROL_NAMES, "scenario_text")
-MODEL_OUTPUTS = ("core_head", "core_tail", "attention_layer", "attention_head", "chat_template")
+MODEL_OUTPUTS = ("core_head", "core_tail", "attention_layer", "attention_head", "chat_template", "status")
 
 
 def new_session() -> Session:
@@ -35,15 +36,34 @@ def use_example(title: str) -> str:
         return prompts[as_choice("example", title, tuple(prompts))]
 
 
-def model_changed(pool: ModelPool, model: str) -> tuple[Any, ...]:
-    """Size the layer and head controls to the chosen model (known models: without loading them)."""
-    with user_errors():
-        facts = pool.facts(model)
+def _sized(facts: ModelFacts, status: str) -> tuple[Any, ...]:
+    """The layer and head controls sized to a model, with its default core and attention layer."""
     layers = facts.num_layers
     head, tail = default_core(layers)
     return (gr.update(maximum=layers, value=head), gr.update(maximum=layers, value=tail),
             gr.update(maximum=layers - 1, value=default_attention_layer(layers)),
-            gr.update(maximum=max(facts.num_heads - 1, 0), value=0), gr.update(value=facts.chat_template))
+            gr.update(maximum=max(facts.num_heads - 1, 0), value=0), gr.update(value=facts.chat_template), status)
+
+
+def model_changed(pool: ModelPool, model: str) -> tuple[Any, ...]:
+    """Size the layer and head controls to the chosen model when that needs no load (a known or loaded model);
+    otherwise say it is loading and leave the load to `load_model`, in the queue. Answers at once."""
+    with user_errors():
+        facts = pool.known_facts(model)
+        name = pool.check_name(model)
+    if facts is None:
+        return ordered(MODEL_OUTPUTS, status=views.status_html(None, None, "loading", note=f"Model: {name}"))
+    return _sized(facts, gr.skip())
+
+
+def load_model(pool: ModelPool, model: str) -> tuple[Any, ...]:
+    """Load a model that is neither known nor loaded (in the queue, one load at a time), then size the controls."""
+    with user_errors():
+        name = pool.check_name(model)
+        if name in pool.names and pool.known_facts(name) is not None:
+            return ordered(MODEL_OUTPUTS)  # one of the page's models, known or loaded: `model_changed` sized them
+        facts = pool.facts(name)
+    return _sized(facts, views.status_html(None, None, f"Model {name} is loaded: press Generate."))
 
 
 @takes_controls
@@ -52,7 +72,9 @@ def redraw_schedule(pool: ModelPool, session: Session | None, controls: Controls
     p = controls.view.presentation
     try:
         with user_errors():
-            facts = pool.facts(controls.model)  # an unknown model is a gr.Error
+            facts = pool.known_facts(controls.model)  # a name this server refuses is a gr.Error
+        if facts is None:  # never load a model here: this runs on every slider move, out of the queue
+            raise ValueError("the schedule is drawn once this model is loaded (press Generate)")
         s = parse_schedule(controls, facts.num_layers, pool.caps)
     except ValueError as err:  # shown in the preview while a slider moves; Generate raises it as gr.Error
         message = views.waiting(f"Cannot draw this schedule:<br>{html.escape(str(err))}", presentation=p)

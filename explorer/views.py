@@ -20,6 +20,9 @@ from viz.grid import layer_grid, planned_grid_figure
 from viz.layout import empty_figure, readable_token, strategy_label
 
 
+DECAY_HEIGHT = {False: 280, True: 420}  # px; the decay curve shares the first screen with the panes
+
+
 def waiting(message: str, *, presentation: bool = False) -> go.Figure:
     """A placeholder figure that says what to do to fill it."""
     return empty_figure(message, presentation=presentation, height=360)
@@ -33,9 +36,11 @@ def usage_view(d3: Trace | None, *, presentation: bool = False) -> go.Figure:
 
 def decay_view(cfg: StrategyConfig, num_layers: int, steps: int, *, trace: Trace | None = None,
                others: Mapping[str, StrategyConfig] | None = None, presentation: bool = False) -> go.Figure:
-    """The decay curve; `trace` is drawn only if it ran exactly this schedule (else it would mislead)."""
+    """The decay curve beside the panes; `trace` is drawn only if it ran exactly this schedule (else it would
+    mislead). Compact (no title: the D3 pane's title names the schedule) so that it fits on the first screen."""
     shown = trace if trace is not None and trace.strategy == cfg.to_dict() else None
-    return decay_curve(cfg, num_layers, steps, trace=shown, others=dict(others or {}), presentation=presentation)
+    return decay_curve(cfg, num_layers, steps, trace=shown, others=dict(others or {}), presentation=presentation,
+                       title="", height=DECAY_HEIGHT[presentation])
 
 
 def planned_view(cfg: StrategyConfig, num_layers: int, steps: int, *, presentation: bool = False) -> go.Figure:

@@ -11,6 +11,7 @@ from d3.data import ASSETS
 from explorer.controls import CONTROL_NAMES, REDRAW_NAMES
 from explorer.export import export_figure, export_sweep, export_trace
 from explorer.live import FILLS_OUTPUTS, GENERATE_OUTPUTS, compare_fills, generate, interrupt, stop
+from explorer.needs import wire_needs
 from explorer.pool import ModelPool
 from explorer.scenarios import SCENARIOS
 from explorer.sweep_tab import (
@@ -26,6 +27,7 @@ from explorer.view_handlers import (
     SCENARIO_OUTPUTS,
     VIEW_OUTPUTS,
     apply_scenario,
+    load_model,
     model_changed,
     new_session,
     redraw_schedule,
@@ -37,6 +39,7 @@ from explorer.view_handlers import (
 )
 
 SWEEP_CLICK_JS = ASSETS / "sweep_click.js"
+PAGE_JS = ASSETS / "page.js"  # fits plots to their boxes after tab switches
 # Letting go of one of these sliders regenerates.
 RELEASE_TRIGGERS = ("alpha", "core_head", "core_tail", "start")
 
@@ -111,10 +114,14 @@ def _wire_sweep(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
 def wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     """Every event of the page, each with an API name."""
     demo.load(new_session, None, ui["session"], api_name="new_session", queue=False)
+    demo.load(None, js=PAGE_JS.read_text(encoding="utf-8"), api_name=False)
     ui["example"].input(use_example, ui["example"], ui["prompt"], api_name="use_example", queue=False,
                         preprocess=False)
-    ui["model"].input(functools.partial(model_changed, pool), ui["model"], _pick(ui, MODEL_OUTPUTS),
-                      api_name="model_changed", queue=False, preprocess=False)
+    sized = ui["model"].input(functools.partial(model_changed, pool), ui["model"], _pick(ui, MODEL_OUTPUTS),
+                              api_name="model_changed", queue=False, preprocess=False)
+    # A model that must be loaded first: in the queue, one load at a time, apart from the generations' slots.
+    sized.then(functools.partial(load_model, pool), ui["model"], _pick(ui, MODEL_OUTPUTS), api_name="load_model",
+               preprocess=False, concurrency_id="load", concurrency_limit=1, trigger_mode="always_last")
     _wire_generation(pool, ui, [ui["generate"].click, ui["prompt"].submit])
     _wire_generation(pool, ui, [ui[n].release for n in RELEASE_TRIGGERS], "_on_release")
     ui["stop"].click(stop, ui["session"], ui["status"], api_name="stop", queue=False, show_progress="hidden")
@@ -127,3 +134,4 @@ def wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     ui["export_figure"].click(functools.partial(export_figure, pool), _with_controls(ui, "session", "figure"),
                               ui["files"], api_name="export_figure", preprocess=False)
     _wire_sweep(pool, ui, demo)
+    wire_needs(pool, ui)

@@ -11,6 +11,7 @@ VIEWS: dict[str, str] = {
     "attention": "Attention: full depth vs D3",
     "errors": "Error propagation",
     "fills": "Fill strategies",
+    "needs": "What each token needs",
 }
 
 EXPLAIN: dict[str, str] = {
@@ -61,6 +62,14 @@ This costs extra runs, so press **Compare fills** to compute it.
 
 **What to look for:** with a nested drop order, all three fills give the same result, because no later token
 reads a hole. With *strided*, the fills give different results.""",
+    "needs": """**The depth each token of the full-depth answer really needs** (the *oracle*): the smallest D3
+budget, with the same core and drop order, whose top-1 token is still full depth's, with every earlier token at
+full depth. Dots are tokens; red crosses need more layers than D3 gives them at the current α. Hollow dots: the
+*logit lens*, after how many layers the final token is already on top and stays there.
+**Fit α to this prompt** sets α to the fastest decay that under-serves at most 10% of these tokens.
+
+**What to look for:** D3 assumes that later tokens need fewer layers. If the dots do not fall to the right, the
+decay cuts layers that these tokens need. Measuring runs every budget for every token: about a minute.""",
 }
 
 INTRO = """**D3 (Position-Aware Depth Decay Decoding)** makes a language model use fewer of its layers the

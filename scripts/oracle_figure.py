@@ -24,20 +24,22 @@ from d3.config import D3Config  # noqa: E402
 from viz.oracle import needs_summary  # noqa: E402
 
 
-def model_figure(result: dict) -> go.Figure:
-    """needs_summary of one results file, judged at its own alpha, with both fits."""
-    cfg = D3Config(alpha=result["alpha"], start=result["start"], core_head=result["core"][0],
-                   core_tail=result["core"][1], drop_order=result["drop_order"])
+def model_figure(result: dict, alpha: float) -> go.Figure:
+    """needs_summary of one results file: D3's schedule at `alpha` (its core and drop order), both fits."""
+    cfg = D3Config(alpha=alpha, core_head=result["core"][0], core_tail=result["core"][1],
+                   drop_order=result["drop_order"])
     fits = {name: cfg.with_(alpha=f["alpha"], start=f["start"]) for name, f in result["alpha_fit"].items()}
     needs = result["oracle_depth"] if isinstance(result["oracle_depth"][0], list) else [result["oracle_depth"]]
     return needs_summary(needs, result["num_layers"], cfg, fits=fits, model=result["model"])
 
 
-def combined(results: list[dict]) -> go.Figure:
+def combined(results: list[dict], alpha: float) -> go.Figure:
     """The per-model figures side by side, one legend entry per series (the first panel's)."""
-    panels = [model_figure(r) for r in results]
-    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[p.layout.title.text for p in panels],
-                        horizontal_spacing=0.07)
+    panels = [model_figure(r, alpha) for r in results]
+    titles = [f"{r['model']} (L = {r['num_layers']}): {len(r['prompts'])} answers, {s['tokens']} tokens, "
+              f"Spearman(need, position) = {s['spearman_need_vs_position']:.2f}"
+              for r, s in ((r, r["summary"]["oracle_depth"]) for r in results)]
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=titles, horizontal_spacing=0.07)
     for col, panel in enumerate(panels, start=1):
         for trace in panel.data:
             trace.showlegend = col == 1
@@ -45,9 +47,12 @@ def combined(results: list[dict]) -> go.Figure:
         fig.update_xaxes(title_text="generated token (position i)", row=1, col=col)
         fig.update_yaxes(title_text="decoder layers", range=[0, panel.layout.yaxis.range[1]], row=1, col=col)
     first = panels[0].layout
-    fig.update_layout(template=first.template, font=first.font, height=560, width=700 * len(panels),
-                      legend=dict(orientation="h", y=-0.18, x=0), margin=dict(l=70, r=30, t=80, b=140),
-                      title=dict(text="What each token needs: oracle depth by position (mean, 25th-75th percentile)"))
+    fig.update_layout(template=first.template, font=first.font, height=520, width=620 * len(panels) + 300,
+                      legend=dict(orientation="v", y=1, x=1.02, yanchor="top", xanchor="left"),
+                      margin=dict(l=70, r=20, t=90, b=60),
+                      title=dict(text="What each token needs: the smallest D3 budget that keeps full depth's token"))
+    for note in fig.layout.annotations:  # the panel titles: smaller than the figure's
+        note.font = dict(size=14)
     return fig
 
 
@@ -55,8 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", nargs="+")
     parser.add_argument("--out", default="results/oracle_needs.png")
+    parser.add_argument("--alpha", type=float, default=D3Config().alpha, help="D3's schedule drawn (default 0.99)")
     args = parser.parse_args(argv)
-    fig = combined([json.loads(Path(p).read_text(encoding="utf-8")) for p in args.results])
+    fig = combined([json.loads(Path(p).read_text(encoding="utf-8")) for p in args.results], args.alpha)
     out = Path(args.out)
     if out.suffix == ".png":
         fig.write_image(out, scale=1)

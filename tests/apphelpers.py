@@ -1,8 +1,10 @@
-"""Helpers shared by the robustness tests: live-object counts, RSS, one torch thread."""
+"""Helpers shared by the page's tests: exports and Gradio's cache kept in pytest's tmp dirs, live-object counts,
+RSS, one torch thread."""
 
 from __future__ import annotations
 
 import gc
+import os
 from pathlib import Path
 from typing import Iterator
 
@@ -33,3 +35,23 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def exports_in_tmp(tmp_path_factory) -> Iterator[Path]:
+    """Every export, Gradio's file cache and gradio_client's downloads go into this module's tmp dir, never into
+    the shared temporary folder (a module that imports this fixture gets it automatically)."""
+    from explorer import export
+
+    root = tmp_path_factory.mktemp("page-files")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(export, "EXPORT_ROOT", root / "exports")
+        patch.setenv("GRADIO_TEMP_DIR", str(root / "gradio"))
+        yield root
+
+
+def new_client(url: str):
+    """A gradio_client Client that downloads files into GRADIO_TEMP_DIR (this module's tmp dir, see above)."""
+    from gradio_client import Client
+
+    return Client(url, verbose=False, download_files=os.environ.get("GRADIO_TEMP_DIR") or "/tmp/gradio")

@@ -21,6 +21,7 @@ from explorer.caps import Caps
 from explorer.controls import REDRAW_NAMES
 from explorer.pool import ModelPool
 from explorer.session import Session
+from tests.apphelpers import exports_in_tmp  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -280,7 +281,7 @@ def test_scenarios_set_the_controls(pool) -> None:
 
 
 def test_model_change_resizes_the_layer_controls(pool) -> None:
-    head, tail, layer, attention_head, chat = view_handlers.model_changed(pool, "tiny")
+    head, tail, layer, attention_head, chat, _ = view_handlers.model_changed(pool, "tiny")
     assert head["maximum"] == 6 and layer["maximum"] == 5 and attention_head["maximum"] == 3 and chat["value"]
     with pytest.raises(gr.Error):
         view_handlers.model_changed(ModelPool(public=True), "../../etc")
@@ -314,9 +315,10 @@ def test_export_trace_writes_json_and_csv_under_server_chosen_names(finished) ->
 def test_export_figure_is_a_standalone_html_page(pool, finished, figure) -> None:
     session = finished
     args = {k: v for k, v in DEFAULTS.items() if k != "prompt"}
-    path = Path(export.export_figure(pool, session, figure, **args))
+    path, script = map(Path, export.export_figure(pool, session, figure, **args))
     text = path.read_text()
     assert path.name == f"{figure}.html" and "<html>" in text and "Plotly" in text
+    assert script == export.EXPORT_ROOT / "plotly.min.js" and 'src="plotly.min.js"' in text
 
 
 def test_export_figure_refuses_unknown_names(pool) -> None:

@@ -17,6 +17,7 @@ from explorer import live, page
 from d3.engine import Engine
 from explorer.caps import Caps
 from explorer.page import free_port
+from tests.apphelpers import exports_in_tmp, new_client  # noqa: F401  (a fixture)
 from tests.tiny import tiny_llama, tiny_tokenizer
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.filterwarnings("ignore::UserWarning")]
@@ -74,7 +75,7 @@ def url(engine) -> Iterator[str]:
 
 
 def client(url: str) -> Client:
-    return Client(url, verbose=False)
+    return new_client(url)
 
 
 RUN = dict(prompt="hello there", alpha=0.9, core_head=1, core_tail=1, attention_layer=3, max_new_tokens=8)
@@ -191,12 +192,12 @@ def test_scenario_chain_and_fill_comparison_via_the_api(url) -> None:
 def test_export_figure_via_the_api(url) -> None:
     c = client(url)
     c.predict(**RUN, api_name="/generate")
-    path = c.predict(figure="usage", model="tiny", strategy="d3", alpha=0.9, core_head=1, core_tail=1, start=0,
-                     drop_order="middle_out", fill="copy", max_new_tokens=8, unified_ratio=1.5, skipdecode_max=0,
-                     skipdecode_min=0, threshold=0.9, attention_layer=3, attention_head=0, metric="both",
-                     log_kl=False, presentation=False, api_name="/export_figure")
-    text = Path(path).read_text()
-    assert Path(path).name == "usage.html" and "Plotly" in text
+    page, script = c.predict(figure="usage", model="tiny", strategy="d3", alpha=0.9, core_head=1, core_tail=1,
+                             start=0, drop_order="middle_out", fill="copy", max_new_tokens=8, unified_ratio=1.5,
+                             skipdecode_max=0, skipdecode_min=0, threshold=0.9, attention_layer=3, attention_head=0,
+                             metric="both", log_kl=False, presentation=False, api_name="/export_figure")
+    text = Path(page).read_text()
+    assert Path(page).name == "usage.html" and "Plotly" in text and Path(script).name == "plotly.min.js"
 
 
 def test_concurrent_requests_all_finish(url) -> None:

@@ -101,6 +101,22 @@ def test_kl_at_budget_matches_the_decoder_and_is_zero_at_full_depth(tiny_engine,
         answer.scan.kl_at(cfg.with_(core_head=2), L)
 
 
+def test_kept_at_budget_is_the_scan_at_d3s_own_budget(tiny_engine, measured):
+    cfg, answer = measured
+    L = tiny_engine.num_layers
+    assert answer.scan.kept_at(cfg.with_(alpha=1.0), L) == [True] * 10
+    decayed = cfg.with_(alpha=0.7)
+    kept = answer.scan.kept_at(decayed, L)
+    for i in range(10):
+        top = int(brute_logits(tiny_engine, answer, i, plan(decayed, L, i).run).argmax())
+        assert kept[i] == (top == answer.fp.top1[i])
+        # Under-served (budget below need) always loses the top-1; served may still lose it (need < stable).
+        if plan(decayed, L, i).budget < answer.oracle_depth[i]:
+            assert not kept[i]
+    bits = answer.to_dict()["kept_by_token"]
+    assert len(bits) == 10 and all(len(b) == L - 1 and b[-1] == "1" for b in bits)
+
+
 def test_sliding_window_limit_is_a_clear_error():
     adapter = SimpleNamespace(config=SimpleNamespace(sliding_window=16), layer_types=["sliding_attention"])
     _check_window(adapter, 10)
@@ -142,6 +158,7 @@ def test_cli_prompts_file_writes_one_entry_per_prompt(tiny_cli, capsys, tmp_path
     assert len(data["oracle_depth"]) == 2 and all(len(row) == 4 for row in data["oracle_depth"])
     assert data["alpha_source"] == "least_squares fit" and data["alpha"] == data["alpha_fit"]["least_squares"]["alpha"]
     assert [(r["alpha"], r["start"]) for r in data["underserved_at"]] == [(0.9, 0), (0.5, 2)]
+    assert all(r["underserved_fraction"] <= r["top1_lost_fraction"] <= 1 for r in data["underserved_at"])
     assert "least-squares fit" in capsys.readouterr().out
 
 

@@ -25,7 +25,7 @@ from explorer.caps import Caps, is_public
 from explorer.controls import REDRAW_NAMES
 from explorer.pool import ModelPool
 from explorer.session import Session
-from tests.apphelpers import ROOT, alive, one_torch_thread, rss_mib  # noqa: F401  (a fixture)
+from tests.apphelpers import ROOT, alive, exports_in_tmp, new_client, one_torch_thread, rss_mib  # noqa: F401  (fixtures)
 from tests.test_app import DEFAULTS, last_value, tiny_factory
 from tests.test_app_client import RUN, CountingEngine, serve, wait_until
 from tests.tiny import tiny_llama, tiny_tokenizer
@@ -112,6 +112,7 @@ def handlers(pool: ModelPool, finished: Session) -> dict[str, tuple[Callable[...
         "compare_fills": (lambda **kw: list(live.compare_fills(pool, Session(), **kw)), run_args),
         "redraw_schedule": (lambda **kw: view_handlers.redraw_schedule(pool, finished, **kw), schedule),
         "model_changed": (lambda **kw: view_handlers.model_changed(pool, **kw), {"model": "tiny"}),
+        "load_model": (lambda **kw: view_handlers.load_model(pool, **kw), {"model": "tiny"}),
         "use_example": (lambda **kw: view_handlers.use_example(**kw), {"title": "Fact"}),
         "apply_scenario": (lambda **kw: view_handlers.apply_scenario(pool, "core", 1, finished, **kw), {"model": "tiny"}),
         "render_flow": (lambda **kw: view_handlers.render_flow(finished, **kw), _pick(view, ("metric", "presentation"))),
@@ -199,7 +200,7 @@ def api_defaults(client: Client) -> dict[str, dict[str, Any]]:
             for name, ep in endpoints.items()}
 
 
-API_FUZZED = ("/generate", "/compare_fills", "/redraw_schedule", "/model_changed", "/use_example", "/render_attention",
+API_FUZZED = ("/generate", "/compare_fills", "/redraw_schedule", "/model_changed", "/load_model", "/use_example", "/render_attention",
               "/render_flow", "/set_presentation", "/export_figure", "/scenario_core_1")
 
 
@@ -210,7 +211,7 @@ def generate_ok(client: Client, **overrides: Any) -> loadtest.Tokens:
 
 
 def test_the_api_answers_junk_with_a_clear_message_and_keeps_serving(served) -> None:
-    client = Client(served, verbose=False)
+    client = new_client(served)
     defaults = api_defaults(client)
     run_like = {**RUN, "max_new_tokens": 2}
 
@@ -251,13 +252,13 @@ def raw_call(url: str, endpoint: str, values: dict[str, Any], raw: dict[str, str
     ("/render_attention", {"attention_head": "Infinity"}),
 ])
 def test_non_finite_numbers_over_raw_http_get_a_clear_message(served, endpoint, raw) -> None:
-    defaults = api_defaults(Client(served, verbose=False))[endpoint]
+    defaults = api_defaults(new_client(served))[endpoint]
     values = {k: {**RUN, "max_new_tokens": 2}.get(k, v) for k, v in defaults.items()}
     answer = raw_call(served, endpoint, values, raw)
     if answer["event"] == "error":
         assert answer["data"]["error"] is not None, "an unhandled exception (the person sees no message)"
         assert_clean(answer["data"]["error"])
-    generate_ok(Client(served, verbose=False))
+    generate_ok(new_client(served))
 
 
 # ---------------------------------------------------------------- (c) cancellation
@@ -294,7 +295,7 @@ def test_a_cancelled_run_leaves_nothing_behind_and_the_next_run_is_a_fresh_one(p
 
 @pytest.mark.parametrize("how", ["cancel", "stop"])
 def test_a_cancelled_api_job_frees_the_model_and_the_next_run_is_a_fresh_one(served, engine, how) -> None:
-    client = Client(served, verbose=False)
+    client = new_client(served)
     states = alive(DecodeState)
     engine.delay = 0.05
     try:
@@ -311,7 +312,7 @@ def test_a_cancelled_api_job_frees_the_model_and_the_next_run_is_a_fresh_one(ser
     wait_until(lambda: alive(DecodeState) == states, timeout=30, every=0.5)
     assert count_hooks(engine.model) == 0
     again = {**SAMPLED, "max_new_tokens": 8}
-    assert generate_ok(client, **again) == generate_ok(Client(served, verbose=False), **again)
+    assert generate_ok(client, **again) == generate_ok(new_client(served), **again)
 
 
 # ---------------------------------------------------------------- (d) caps, enforced on the server
@@ -337,7 +338,7 @@ def capped(engine) -> Iterator[str]:
     ({"prompt": "ab " * 30}, "the limit is 40 tokens"),
 ])
 def test_caps_hold_for_a_direct_api_call(capped, endpoint, bad, message) -> None:
-    client = Client(capped, verbose=False)
+    client = new_client(capped)
     values = {k: {**RUN, "max_new_tokens": 4}.get(k, v) for k, v in api_defaults(client)[endpoint].items()}
     with pytest.raises(Exception) as err:
         client.predict(**{**values, **bad}, api_name=endpoint)
@@ -352,7 +353,7 @@ def test_the_page_shows_the_caps_it_enforces(capped) -> None:
 
 def test_the_page_defaults_fit_within_the_caps(capped) -> None:
     """With a cap below the page's default token count, pressing Generate on the untouched page must work."""
-    client = Client(capped, verbose=False)
+    client = new_client(capped)
     defaults = api_defaults(client)["/generate"]
     assert defaults["max_new_tokens"] <= CAPS.max_new_tokens
     values = {k: RUN.get(k, v) for k, v in defaults.items() if k != "max_new_tokens"}  # the page's own count
@@ -393,6 +394,8 @@ def test_a_public_deployment_loads_only_its_own_models(engine, monkeypatch, env)
             list(live.generate(pool, Session(), **{**RUN_BASE, "model": model}))
         with pytest.raises(gr.Error, match="not allowed here"):
             view_handlers.model_changed(pool, model)
+        with pytest.raises(gr.Error, match="not allowed here"):
+            view_handlers.load_model(pool, model)
     assert asked == []
 
 

@@ -15,6 +15,7 @@ from d3.models import unknown_name_message
 from explorer.caps import Caps
 from explorer.pool import ModelPool
 from explorer.sweep_tab import SWEEP_MAX_SETTINGS
+from tests.apphelpers import exports_in_tmp  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

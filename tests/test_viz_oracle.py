@@ -76,3 +76,21 @@ def test_viz_oracle_imports_neither_torch_nor_gradio():
     code = "import sys, viz.oracle; print(any(m in sys.modules for m in ('torch', 'gradio', 'transformers')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_summary_figure_script_writes_html_from_a_results_file(tmp_path):
+    import json
+    from pathlib import Path
+
+    needs = [[12, 10, 8, 6], [12, 8, 6]]
+    result = {"model": "tiny", "num_layers": L, "core": [2, 2], "drop_order": "middle_out", "oracle_depth": needs,
+              "alpha_fit": {"least_squares": {"alpha": 0.93, "start": 0}, "coverage": {"alpha": 0.97, "start": 0}},
+              "prompts": [{}, {}], "summary": {"oracle_depth": {"tokens": 7, "spearman_need_vs_position": -0.9}}}
+    path = tmp_path / "oracle_tiny.json"
+    path.write_text(json.dumps(result))
+    out = tmp_path / "fig.html"
+    script = Path(__file__).resolve().parent.parent / "scripts" / "oracle_figure.py"
+    subprocess.run([sys.executable, str(script), str(path), "--out", str(out)], check=True, capture_output=True)
+    page = out.read_text()
+    assert "cdn.plot.ly" in page and "mean need" in page and "coverage fit: α=0.97" in page
+    assert "Spearman(need, position) = -0.90" in page

@@ -118,9 +118,10 @@ def empty_figure(message: str, *, title: str | None = None, presentation: bool =
     return make_figure([], layout, title=title, presentation=presentation, height=height or 320, legend=False)
 
 
-def to_html(fig: go.Figure) -> str:
-    """A standalone HTML page with plotly.js inlined, for export (works offline)."""
-    return fig.to_html(include_plotlyjs=True, full_html=True)
+def to_html(fig: go.Figure, *, plotlyjs: str | bool = True) -> str:
+    """A whole HTML page of the figure: plotly.js inlined (True, works offline, about 4.6 MB), or loaded from
+    `plotlyjs`, a script path or URL (e.g. "plotly.min.js" beside the page, written once by the caller)."""
+    return fig.to_html(include_plotlyjs=plotlyjs, full_html=True)
 
 
 # -- colours for series ------------------------------------------------------------------------

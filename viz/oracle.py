@@ -57,7 +57,7 @@ def token_needs(oracle_depth: Sequence[int], num_layers: int, cfg: D3Config, *, 
     hover = [f"token {i} {quoted(t)}: needs {n} of {num_layers} layers, D3 gives {b}" for i, (t, n, b)
              in enumerate(zip(texts, need, budget))]
     x = np.arange(steps)
-    data = [_schedule_line(cfg, num_layers, steps, name=f"D3 {strategy_label(cfg)}", color=STRATEGY_COLORS["d3"])]
+    data = [_schedule_line(cfg, num_layers, steps, name=strategy_label(cfg), color=STRATEGY_COLORS["d3"])]
     if fitted is not None:
         data.append(_schedule_line(fitted, num_layers, steps, name=f"fitted: α={fitted.alpha:g}, start {fitted.start}",
                                    color=FIT_COLORS["least_squares"], dash="dash", role="fitted"))
@@ -101,7 +101,7 @@ def needs_summary(needs: Sequence[Sequence[int]], num_layers: int, cfg: D3Config
         go.Scatter(x=x, y=bands["mean"], mode="lines+markers", name="mean need", customdata=bands["count"],
                    line=dict(color=SERVED_COLOR, width=2), marker=dict(size=5), meta={"role": "mean"},
                    hovertemplate="token %{x}: mean need %{y:.1f} layers over %{customdata} answers<extra></extra>"),
-        _schedule_line(cfg, num_layers, steps, name=f"D3 {strategy_label(cfg)}", color=STRATEGY_COLORS["d3"]),
+        _schedule_line(cfg, num_layers, steps, name=strategy_label(cfg), color=STRATEGY_COLORS["d3"]),
     ]
     for key, fit in (fits or {}).items():
         data.append(_schedule_line(fit, num_layers, steps, name=f"{FIT_NAMES.get(key, key)}: α={fit.alpha:g}, "

@@ -1,0 +1,74 @@
+"""Downloads are bounded: a session is needed, each session has a rate, all exports stay under a size cap with the
+oldest deleted first, plotly.js is written once, and tests keep every file in pytest's tmp dirs."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import gradio as gr
+import pytest
+
+from explorer import export
+from explorer.session import Session
+from tests.apphelpers import exports_in_tmp  # noqa: F401  (a fixture)
+from tests.test_app import DEFAULTS, finished, pool  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+FIGURE_ARGS = {k: v for k, v in DEFAULTS.items() if k != "prompt"}
+
+
+def figure(pool, session, key: str = "usage") -> list[str]:
+    return export.export_figure(pool, session, key, **FIGURE_ARGS)
+
+
+@pytest.fixture
+def fresh(finished) -> Session:
+    """The finished run, in a session of its own with no downloads yet."""
+    return Session(d3=finished.d3, full=finished.full, comparison=finished.comparison)
+
+
+def test_exports_are_kept_in_the_tests_tmp_dir(exports_in_tmp, pool, fresh) -> None:
+    shared = Path(tempfile.gettempdir()) / "d3-explorer-exports"
+    assert exports_in_tmp in export.EXPORT_ROOT.parents and export.EXPORT_ROOT != shared
+    page, script = map(Path, figure(pool, fresh))
+    assert exports_in_tmp in page.parents and exports_in_tmp in script.parents
+
+
+def test_a_figure_export_needs_a_session(pool) -> None:
+    with pytest.raises(gr.Error, match="press Generate first"):
+        figure(pool, None, "decay")  # the schedule figures need no run, but a session still
+
+
+def test_plotly_js_is_written_once_and_each_page_is_small(pool, fresh) -> None:
+    pages = [Path(figure(pool, fresh, key)[0]) for key in ("usage", "decay", "flow")]
+    scripts = list(export.EXPORT_ROOT.rglob("plotly*.js"))
+    assert scripts == [export.EXPORT_ROOT / "plotly.min.js"] and scripts[0].stat().st_size > 1_000_000
+    assert all(p.stat().st_size < 300_000 for p in pages), [p.stat().st_size for p in pages]
+
+
+def test_each_session_has_a_rate(pool, fresh) -> None:
+    for _ in range(export.EXPORTS_PER_MINUTE):
+        figure(pool, fresh)
+    with pytest.raises(gr.Error, match=f"at most {export.EXPORTS_PER_MINUTE} a minute"):
+        figure(pool, fresh)
+    with pytest.raises(gr.Error, match="a minute"):
+        export.export_trace(fresh)
+    export.export_trace(Session(d3=fresh.d3, full=fresh.full))  # someone else is not held up
+    fresh.exports[0] -= 61  # a minute later, one more fits
+    figure(pool, fresh)
+
+
+def test_the_total_stays_under_the_cap_oldest_first(pool, finished, monkeypatch) -> None:
+    one = Path(figure(pool, Session(d3=finished.d3, full=finished.full), "usage")[0]).stat().st_size
+    js = (export.EXPORT_ROOT / "plotly.min.js").stat().st_size
+    monkeypatch.setattr(export, "EXPORT_MAX_BYTES", js + 3 * one + one // 2)  # room for three pages
+    folders = []
+    for i in range(6):
+        folders.append(Path(figure(pool, Session(d3=finished.d3, full=finished.full), "usage")[0]).parent)
+        time.sleep(0.02)  # distinct modification times
+    left = [f for f in folders if f.exists()]
+    assert left == folders[-3:]  # the newest three, the oldest deleted first
+    total = sum(f.stat().st_size for f in export.EXPORT_ROOT.rglob("*") if f.is_file())
+    assert total <= export.EXPORT_MAX_BYTES

@@ -1,0 +1,293 @@
+"""Issue 11, "The page teaches": the page in headless Chromium as a new user, a presenter and a phone see it.
+
+One server per module on a tiny random Llama with SmolLM2's 30 layers (so slider ranges, the default core and
+the layer grid have the real model's shape); the tests drive it by URL, element ids and visible text."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from explorer.caps import Caps
+from explorer.page import build_demo
+from tests.test_app_client import CountingEngine, serve
+from tests.tiny import tiny_llama, tiny_tokenizer
+
+pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+              pytest.mark.filterwarnings("ignore::UserWarning")]
+playwright_api = pytest.importorskip("playwright.sync_api")
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
+TIMEOUT_MS = 120_000
+DESKTOP = {"width": 1280, "height": 800}
+PHONE = {"width": 390, "height": 844}
+PRESENTATION = "Presentation mode"
+
+# Each visible plot: the width plotly drew (its svg) and the width of the box it sits in.
+PLOT_WIDTHS = """() => Array.from(document.querySelectorAll('[id^=plot-]')).filter(c => c.offsetParent !== null)
+  .map(c => { const svg = c.querySelector('.js-plotly-plot .main-svg');
+    return {id: c.id, box: c.getBoundingClientRect().width, drawn: svg ? svg.getBoundingClientRect().width : null}; })
+  .filter(w => w.drawn !== null)"""
+PLOTS_FIT = f"() => ({PLOT_WIDTHS})().every(w => Math.abs(w.box - w.drawn) <= 4)"
+IN_VIEW = """(sel) => { const r = document.querySelector(sel).getBoundingClientRect();
+  return r.height > 0 && r.top >= 0 && r.bottom <= window.innerHeight && r.left >= 0 && r.right <= window.innerWidth; }"""
+# Red "Error" pills gradio draws over outputs of a failed event.
+ERROR_PILLS = """() => Array.from(document.querySelectorAll('.error, [class*=error]'))
+  .filter(e => e.offsetParent !== null && e.innerText.trim() === 'Error').length"""
+TOASTS = """() => Array.from(document.querySelectorAll('[data-testid=toast-body], .toast-body'))
+  .filter(t => t.offsetParent !== null).map(t => t.innerText)"""
+
+
+@pytest.fixture(scope="module")
+def engine() -> CountingEngine:
+    return CountingEngine(tiny_llama(30), tiny_tokenizer(), name="tiny")
+
+
+@pytest.fixture(scope="module")
+def url(engine):
+    demo = build_demo(lambda name: engine, model_names=("tiny",), public=False, caps=Caps(max_new_tokens=64))
+    with serve(demo) as address:
+        yield address
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM}")
+    with playwright_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu",
+                                                              "--disable-background-networking"])
+        yield b
+        b.close()
+
+
+@pytest.fixture()
+def page(browser, url, request):
+    viewport = getattr(request, "param", DESKTOP)
+    pg = browser.new_page(viewport=viewport)
+    pg.set_default_timeout(TIMEOUT_MS)
+    pg.goto(url)
+    pg.wait_for_selector("#generate")
+    yield pg
+    pg.close()
+
+
+def wait_for_status(page, text: str) -> None:
+    page.wait_for_function("(t) => document.querySelector('#status')?.innerText.includes(t)", arg=text)
+
+
+def generate(page, tokens: int = 16) -> None:
+    page.fill("#max-new-tokens input", str(tokens))
+    page.click("#generate")
+    page.wait_for_function("() => !document.querySelector('#status').innerText.includes('Ready')")
+    wait_for_status(page, "Done.")
+
+
+# gradio keeps every tab's button in a visually hidden list (for measuring) and shows each one either in the tab
+# bar or in its overflow list; these are the ones a person sees.
+SHOWN_TABS = "#views .tab-wrapper > .tab-container:not(.visually-hidden) button, #views .overflow-dropdown button"
+ALL_VIEWS = "() => Array.from(document.querySelectorAll('#views .visually-hidden button')).map(b => b.innerText.trim())"
+UNREACHABLE_VIEWS = f"""() => ({ALL_VIEWS})().filter(name => !Array.from(document.querySelectorAll('{SHOWN_TABS}'))
+  .some(b => b.innerText.trim() === name && b.getBoundingClientRect().height >= 16))"""
+
+
+def view_names(page) -> list[str]:
+    return [n for n in page.evaluate(ALL_VIEWS) if n not in ("Run history", "Export")]
+
+
+def open_view(page, name: str) -> None:
+    """Show a view by its name, as a person would: click its visible tab."""
+    page.locator(SHOWN_TABS).filter(has_text=re.compile(f"^{re.escape(name)}$")).first.click()
+    page.wait_for_function("(n) => Array.from(document.querySelectorAll('#views button.selected'))"
+                           ".some(b => b.innerText.trim() === n)", arg=name)
+
+
+def assert_plots_fit(page, where: str) -> None:
+    try:
+        page.wait_for_function(PLOTS_FIT, timeout=3000)
+    except playwright_api.TimeoutError:
+        pytest.fail(f"{where}: plots drawn narrower or wider than their box: {page.evaluate(PLOT_WIDTHS)}")
+
+# Not fixed yet on this branch (issue 11 is landed item by item): each mark goes with its fix.
+TODO = pytest.mark.xfail(run=False, reason="issue 11: not fixed yet (each waits out a timeout on today's page)")
+
+
+# ---------------------------------------------------------------- 1: results above the fold
+
+
+def test_after_generate_the_panes_and_the_decay_curve_are_on_the_first_screen(page) -> None:
+    generate(page)
+    page.evaluate("() => window.scrollTo(0, 0)")
+    for sel in ("#d3-pane", "#full-pane", "#plot-decay"):
+        assert page.evaluate(IN_VIEW, sel), f"{sel} is not on the first 1280x800 screen"
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "teaches_desktop.png"))
+
+
+def test_a_scenario_click_streams_where_it_can_be_seen(page) -> None:
+    page.click("#scenario-aggressive")
+    wait_for_status(page, "Done.")
+    for sel in ("#d3-pane", "#full-pane", "#status"):
+        assert page.evaluate(IN_VIEW, sel), f"{sel} is off screen after a scenario click"
+
+
+# ---------------------------------------------------------------- 2: figures fill their box
+
+
+def test_every_figure_fills_its_box_after_tab_switches_and_a_scenario(page) -> None:
+    views = view_names(page)
+    assert len(views) >= 5
+    generate(page)
+    for name in views[:3]:
+        open_view(page, name)
+    open_view(page, views[0])
+    page.click("#scenario-aggressive")
+    wait_for_status(page, "Done.")
+    for name in views:
+        open_view(page, name)
+        assert_plots_fit(page, name)
+    page.get_by_label(PRESENTATION).check()
+    page.wait_for_selector(".d3-present")
+    for name in views:
+        open_view(page, name)
+        assert_plots_fit(page, f"presentation, {name}")
+
+
+# ---------------------------------------------------------------- 3: scenarios state their finding with numbers
+
+
+@TODO
+def test_each_scenario_states_what_it_showed_with_numbers(page) -> None:
+    for key in ("full_vs_d3", "core", "aggressive"):
+        page.click(f"#scenario-{key}")
+        page.wait_for_function("() => document.querySelector('#scenario-finding')?.innerText.includes('This run')"
+                               " || document.querySelector('#scenario-finding')?.innerText.includes('These runs')")
+        finding = page.inner_text("#scenario-finding")
+        assert any(ch.isdigit() for ch in finding) and "agree" in finding, finding
+    core = page.inner_text("#scenario-finding")
+    assert "core 3 + 3" in core and "core 0 + 0" in core, core  # both settings of the contrast, side by side
+
+
+# ---------------------------------------------------------------- 4: invalid input
+
+
+@TODO
+def test_an_invalid_input_shows_one_plain_message_and_no_error_pills(page) -> None:
+    generate(page, 8)
+    page.fill("#prompt textarea", "   ")
+    page.click("#generate")
+    page.wait_for_function("() => document.querySelector('#status').innerText.includes('prompt is empty')")
+    time.sleep(1.0)
+    assert page.evaluate(ERROR_PILLS) == 0
+    messages = page.evaluate(TOASTS) + [page.inner_text("#status")]
+    assert sum("prompt is empty" in m for m in messages) == 1, messages
+    assert page.evaluate("() => document.querySelectorAll('#d3-pane .d3-tok').length") > 0  # the last run stays
+
+
+@TODO
+def test_the_core_sliders_cannot_add_up_to_the_whole_model(page) -> None:
+    page.fill("#core-head input[type=number]", "20")
+    page.press("#core-head input[type=number]", "Enter")
+    page.wait_for_function("() => Number(document.querySelector('#core-tail input[type=range]').max) <= 9")
+    assert int(page.get_attribute("#core-tail input[type=range]", "max")) == 9  # 20 + 9 < 30 layers
+
+
+@TODO
+def test_validation_errors_are_not_http_500(url) -> None:
+    for name, data in [("use_example", ["no such example"]), ("model_changed", [""])]:
+        response = requests.post(f"{url}gradio_api/run/{name}", json={"data": data}, timeout=30)
+        assert response.status_code != 500, (name, response.text[:200])
+
+
+# ---------------------------------------------------------------- 6: small things
+
+
+@TODO
+def test_stop_while_idle_does_not_say_stopping(page) -> None:
+    generate(page, 4)
+    page.click("#stop")
+    time.sleep(1.0)
+    assert "Stopping" not in page.inner_text("#status")
+
+
+@TODO
+def test_the_full_depth_pane_does_not_compare_itself_with_itself(page) -> None:
+    generate(page, 8)
+    assert "agreeing with full depth" in page.inner_text("#d3-counters")
+    assert "agreeing with full depth" not in page.inner_text("#full-counters")
+    assert "so far" not in page.inner_text("#status")  # the run is over: no "No divergence so far"
+
+
+# ---------------------------------------------------------------- 7: presentation mode
+
+
+def test_presentation_mode_scales_inputs_and_cuts_no_tab_label(page) -> None:
+    size = "(sel) => parseFloat(getComputedStyle(document.querySelector(sel)).fontSize)"
+    before = {s: page.evaluate(size, s) for s in ("#prompt textarea", "#alpha input[type=number]")}
+    page.get_by_label(PRESENTATION).check()
+    page.wait_for_selector(".d3-present")
+    for sel, px in before.items():
+        assert page.evaluate(size, sel) >= 1.2 * px, sel
+    cut = page.evaluate("""() => Array.from(document.querySelectorAll('button[role=tab]'))
+        .filter(t => t.offsetParent !== null && t.scrollWidth > t.clientWidth + 1).map(t => t.innerText)""")
+    assert cut == []
+
+
+# ---------------------------------------------------------------- 8: phone
+
+
+@pytest.mark.parametrize("page", [PHONE], indirect=True)
+def test_on_a_phone_every_view_is_reachable_and_the_grid_is_readable(page) -> None:
+    generate(page, 16)
+    assert page.evaluate(UNREACHABLE_VIEWS) == []  # no view behind an overflow menu
+    open_view(page, view_names(page)[0])
+    cell = page.evaluate("() => document.querySelector('#plot-usage .js-plotly-plot')._fullLayout.xaxis._length / 30")
+    assert cell >= 12, f"layer-grid cells are {cell:.1f} px wide on a phone"
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "teaches_phone.png"), full_page=True)
+
+
+# ---------------------------------------------------------------- 10: timings in the browser
+
+DECAY_NAME = """() => (document.querySelector('#plot-decay .js-plotly-plot')?.data || [])
+  .filter(t => t.meta && t.meta.role === 'planned').map(t => t.name).join()"""
+
+
+def drag_alpha(page, to: float) -> float:
+    """Drag the α slider to `to` of its width; ms from releasing the pointer to the redrawn decay curve."""
+    box = page.locator("#alpha input[type=range]").bounding_box()
+    y = box["y"] + box["height"] / 2
+    before = page.evaluate(DECAY_NAME)
+    page.mouse.move(box["x"] + box["width"] * 0.97, y)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * to, y, steps=12)
+    page.evaluate("() => { window.__up = performance.now(); }")
+    page.mouse.up()
+    page.wait_for_function("(b) => { const n = (" + DECAY_NAME + ")(); if (n && n !== b && !window.__seen) "
+                           "window.__seen = performance.now(); return window.__seen; }", arg=before, polling="raf")
+    took = page.evaluate("() => window.__seen - window.__up")
+    page.evaluate("() => { window.__seen = 0; }")
+    return took
+
+
+@TODO
+def test_a_slider_drag_redraws_the_decay_curve_within_300_ms_of_release(page) -> None:
+    times = [drag_alpha(page, to) for to in (0.3, 0.6, 0.45)]
+    print(f"slider release -> decay curve redrawn: {[round(t) for t in times]} ms")
+    assert min(times) <= 300, times
+
+
+@TODO
+def test_streaming_does_not_freeze_the_page(page, engine) -> None:
+    page.evaluate("""() => { window.__long = [];
+        new PerformanceObserver(l => l.getEntries().forEach(e => window.__long.push(e.duration)))
+          .observe({type: 'longtask', buffered: false}); }""")
+    generate(page, 48)
+    longest = max(page.evaluate("() => window.__long") or [0])
+    print(f"longest main-thread task while streaming: {longest:.0f} ms")
+    assert longest < 500

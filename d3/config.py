@@ -6,9 +6,13 @@ import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, ClassVar
 
-FILLS = ("copy", "propagate", "none")
+FILLS = ("copy", "propagate", "none")  # the fills the page offers and compares
+# copy_any_type: the nearest lower layer that ran whatever its attention type (this project's copy until Gemma 3's
+# mixed sliding / global layers showed the problem); only from the CLI and the API, it equals copy on one-type models.
+FILL_VARIANTS = (*FILLS, "copy_any_type")
 DROP_ORDERS = ("middle_out", "top_down", "bottom_up", "strided")
 CONFIDENCE_MEASURES = ("softmax_gap", "cosine")
+UNIFIED_SPACINGS = ("even", "integer")
 
 
 def _check(ok: bool, name: str, value: Any, allowed: str) -> None:
@@ -44,13 +48,23 @@ def default_core(num_layers: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class StrategyConfig:
-    """Base of every strategy: how the key/value states of skipped layers are filled."""
+    """Base of every strategy: how the key/value states of skipped layers are filled.
+
+    fill: copy (default) puts the KV entry of the nearest lower layer that ran, of the same attention type, into
+    the skipped layer's cache (on models with one attention type, like Llama, that is simply the nearest lower
+    layer, the official Unified Layer Skipping rule; on Gemma 3 a skipped global layer copies a global one, not
+    a sliding-window layer whose keys carry a different rope base); copy_any_type ignores the type;
+    propagate computes the layer's own K/V from the hidden state that skipped it; none leaves a masked-out
+    hole. With a nested drop order and a budget that never grows (D3's default middle_out, SkipDecode,
+    Unified) a skipped layer never runs again, so no later token reads a filled entry and the choice has no
+    effect; it matters for strided, early exit, and any schedule whose layer sets are not nested.
+    """
 
     name: ClassVar[str] = "base"
     fill: str = "copy"
 
     def __post_init__(self) -> None:
-        _check_choice("fill", self.fill, FILLS)
+        _check_choice("fill", self.fill, FILL_VARIANTS)
 
     def to_dict(self) -> dict[str, Any]:
         return {"strategy": self.name, **asdict(self)}
@@ -72,12 +86,17 @@ class FullConfig(StrategyConfig):
 
 @dataclass(frozen=True)
 class D3Config(StrategyConfig):
-    """Position-aware depth decay: token i runs floor(L * alpha ** max(0, i - start)) layers.
+    """Position-aware depth decay: generated token i (0 = the first) runs floor(L * alpha ** max(0, i - start))
+    layers, never fewer than core_head + core_tail (and at least one).
 
+    alpha: decay rate in (0, 1].
     core_head / core_tail: layers always run at the bottom / top (None: `default_core`).
-    start: number of generated tokens kept at full depth before the decay starts.
+    start: the step the decay counts from: tokens 0..start (start + 1 of them) run at full depth, token
+        start + k runs floor(L * alpha ** k); start=5 keeps steps 0-5 at full depth.
     drop_order: order in which flex (middle) layers are dropped as the budget shrinks.
-    min_layers: floor of the budget besides the core (at least one layer always runs).
+    fill: copy (default) copies the nearest lower layer that ran of the same attention type, so on Gemma 3 a
+        global layer never gets a sliding-window layer's keys (another rope base); no effect with the nested
+        default drop order; the other fills and why: `StrategyConfig`.
     """
 
     name: ClassVar[str] = "d3"
@@ -149,14 +168,21 @@ class SkipDecodeConfig(StrategyConfig):
 
 @dataclass(frozen=True)
 class UnifiedConfig(StrategyConfig):
-    """Unified Layer Skipping: keep N = floor(L / ratio) layers, first and last always, the rest evenly spaced."""
+    """Unified Layer Skipping: keep N = floor(L / ratio) layers, first and last always, the rest spread out.
+
+    spacing: "even" (default) spaces the kept layers as evenly as integers allow at every ratio (gaps differ
+    by at most one), the paper's "balanced" skipping; "integer" is the paper's literal interval
+    floor(L / (N - 1)), which for ratios below 2 keeps one contiguous block of low layers and the last.
+    """
 
     name: ClassVar[str] = "unified"
     ratio: float = 1.5
+    spacing: str = "even"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(_is_number(self.ratio) and 1 <= self.ratio <= 64, "ratio", self.ratio, "a number in [1, 64]")
+        _check_choice("spacing", self.spacing, UNIFIED_SPACINGS)
 
     def check_layers(self, num_layers: int) -> None:
         super().check_layers(num_layers)

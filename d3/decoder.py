@@ -95,29 +95,42 @@ def _layer_mask(state: DecodeState, idx: int, base: Any) -> Any:
     return base.masked_fill(~allowed, torch.finfo(base.dtype).min)
 
 
-def _nearest_ran(ran: list[int], idx: int) -> int:
-    """The nearest lower layer that ran (the official ULS rule), else the nearest higher one."""
-    lower = [r for r in ran if r < idx]
-    return lower[-1] if lower else min(ran, key=lambda r: abs(r - idx))
+def copy_source(ran: list[int], idx: int, layer_types: list[str], same_type: bool = True) -> int | None:
+    """The layer whose KV a skipped layer `idx` copies: the nearest lower layer that ran (the official ULS rule),
+    else the nearest higher one; with `same_type`, only among layers of idx's attention type (Gemma 3's
+    sliding-window layers use rope base 10k, its global layers 1M, so a sliding layer's keys are rotated
+    wrongly for a global layer). None when no candidate ran."""
+    candidates = [r for r in ran if layer_types[r] == layer_types[idx]] if same_type else ran
+    if not candidates:
+        return None
+    lower = [r for r in candidates if r < idx]
+    return lower[-1] if lower else min(candidates, key=lambda r: abs(r - idx))
 
 
 def _fill(adapter: Adapter, state: DecodeState, pending: list[tuple[int, torch.Tensor]], ran: list[int],
           fill: str, ropes: dict[str, Any]) -> tuple[tuple[int, str], ...]:
-    """Give every skipped layer a KV entry at the newest position; returns (layer, how) per filled layer."""
+    """Give every skipped layer a KV entry at the newest position; returns (layer, how it was filled) per layer.
+
+    copy / copy_any_type fall back to propagation where nothing fit to copy from (then recorded as propagate)."""
     cache = state.cache
+    filled = []
     for idx, hidden in pending:
-        if fill == "copy" and ran:
-            src = cache.layers[_nearest_ran(ran, idx)]
-            keys, values = src.keys[..., -1:, :], src.values[..., -1:, :]
-        elif fill == "propagate" or (fill == "copy" and not ran):
+        src = copy_source(ran, idx, adapter.layer_types, fill == "copy") if fill in ("copy", "copy_any_type") else None
+        if src is not None:
+            keys, values = cache.layers[src].keys[..., -1:, :], cache.layers[src].values[..., -1:, :]
+            how = "copy"
+        elif fill != "none":
             keys, values = adapter.project_kv(idx, hidden, ropes[adapter.layer_types[idx]])
+            how = "propagate"
         else:  # none: a zero placeholder that the mask hides from every later query
             b = hidden.shape[0]
             keys = hidden.new_zeros(b, adapter.num_kv_heads, 1, adapter.head_dim)
             values = torch.zeros_like(keys)
             state.mark_hole(idx)
+            how = "none"
         cache.update(keys, values, idx)
-    return tuple((idx, fill) for idx, _ in pending)
+        filled.append((idx, how))
+    return tuple(filled)
 
 
 def _confidence(adapter: Adapter, cfg: EarlyExitConfig, hidden: torch.Tensor,

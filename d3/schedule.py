@@ -107,20 +107,30 @@ def skipdecode_plan(cfg: SkipDecodeConfig, num_layers: int, step: int) -> LayerP
 
 
 @lru_cache(maxsize=1024)
-def unified_layers(num_layers: int, ratio: float) -> tuple[int, ...]:
-    """N = floor(L / r) layers: the first, then every floor(L / (N - 1))-th, and the last."""
+def unified_layers(num_layers: int, ratio: float, spacing: str = "even") -> tuple[int, ...]:
+    """N = floor(L / r) layers, always the first and the last, the rest spread over the stack.
+
+    even: layer round(k * (L - 1) / (N - 1)) for k = 0 .. N-1, so the gaps between kept layers differ by at
+    most one (the paper's "balanced" skipping at every ratio). integer: the literal rule, every
+    floor(L / (N - 1))-th layer, then the last; when that interval is 1 (r < 2 on 30 layers) it keeps
+    layers 0 .. N-2 and L-1, one contiguous skipped block at the top.
+    """
     keep = max(1, min(num_layers, math.floor(num_layers / ratio)))
     if keep >= num_layers:
         return tuple(range(num_layers))
     if keep == 1:
         return (num_layers - 1,)
+    if spacing == "even":
+        span, gaps = num_layers - 1, keep - 1
+        # floor(k * span / gaps + 1/2) in integers: exact, and rounds halves the same way every time.
+        return tuple((2 * k * span + gaps) // (2 * gaps) for k in range(keep))
     interval = max(1, num_layers // (keep - 1))
     layers = [k * interval for k in range(keep - 1) if k * interval < num_layers - 1]
     return tuple(sorted(set(layers) | {num_layers - 1}))
 
 
 def unified_plan(cfg: UnifiedConfig, num_layers: int, step: int) -> LayerPlan:
-    layers = unified_layers(num_layers, cfg.ratio)
+    layers = unified_layers(num_layers, cfg.ratio, cfg.spacing)
     return LayerPlan(layers, len(layers))
 
 
@@ -191,7 +201,7 @@ def alpha_for_mean_depth(target_fraction: float, num_layers: int, steps: int, co
         cfg = D3Config(alpha=alpha, core_head=core_head, core_tail=core_tail, start=start)
         return planned_mean_layers(cfg, num_layers, steps) / num_layers
 
-    lo, hi = 0.5, 1.0
+    lo, hi = 0.01, 1.0  # short runs need a steep decay to reach a low mean depth (2 tokens at 2/3: alpha 1/3)
     best = (abs(mean_fraction(hi) - target_fraction), hi)
     for _ in range(50):
         mid = (lo + hi) / 2

@@ -17,10 +17,12 @@ PROMPT_ATTENTION_MAX = 256  # prompt x prompt attention is kept only for prompts
 
 
 def token_text(tokenizer: Any, ids: list[int], i: int) -> str:
-    """Text that token i adds, decoded with a little left context so multi-byte pieces come out right."""
-    lo = max(0, i - 4)
-    before = tokenizer.decode(ids[lo:i], skip_special_tokens=False)
-    after = tokenizer.decode(ids[lo:i + 1], skip_special_tokens=False)
+    """Text that token i adds, decoded incrementally with a little left context: a byte-level piece that ends
+    inside a multi-byte character adds nothing (its half decodes to U+FFFD), and the token that completes the
+    character adds all of it."""
+    lo = max(0, i - 8)
+    before = tokenizer.decode(ids[lo:i], skip_special_tokens=False).rstrip("\ufffd")
+    after = tokenizer.decode(ids[lo:i + 1], skip_special_tokens=False).rstrip("\ufffd")
     return after[len(before):] if after.startswith(before) else tokenizer.decode([ids[i]])
 
 
@@ -48,6 +50,7 @@ class TraceBuilder:
         self.tokenizer, self.eos_ids, self.stop_at_eos = tokenizer, eos_ids, stop_at_eos
         self.rows = [_Row(pad=int((mask[b] == 0).sum())) for b in range(len(headers))]
         self.prompt_stats: list[PromptStats] = [PromptStats() for _ in headers]
+        self.prefill_ms = 0.0
         self.num_layers = headers[0].num_layers
 
     def last_tokens(self) -> list[int]:
@@ -56,8 +59,8 @@ class TraceBuilder:
 
     def add(self, step: int, layer_plan: LayerPlan, picked: list[int], out: StepOutput, wall_ms: float) -> None:
         """Record step `step` (0 = the prefill's token): the plan it ran under, the picked tokens, the pass's output."""
-        if step == 0:
-            self.prompt_stats = self._prompt_stats(out)
+        if step == 0:  # the prompt's prefill
+            self.prompt_stats, self.prefill_ms = self._prompt_stats(out), wall_ms
         logprobs = torch.log_softmax(out.logits, dim=-1)  # [batch, vocab]
         for b, row in enumerate(self.rows):
             if row.done:
@@ -73,7 +76,7 @@ class TraceBuilder:
         return "length" if step == limit - 1 else ""
 
     def traces(self, finish: str) -> list[Trace]:
-        return [h.with_steps(r.steps, prompt_stats=ps, finish_reason=finish)
+        return [h.with_steps(r.steps, prompt_stats=ps, finish_reason=finish, prefill_ms=self.prefill_ms)
                 for h, r, ps in zip(self.headers, self.rows, self.prompt_stats)]
 
     def _prompt_stats(self, out: StepOutput) -> list[PromptStats]:

@@ -35,11 +35,12 @@ class Caps:
     figure_every: int = 8  # heavy figures are redrawn every this many tokens while streaming
     session_ttl_s: int = 3600
     max_models: int = 2  # models kept loaded at once; beyond it the least recently used is dropped
+    max_run_s: int = 180  # a run (generate, fills, sweep) stops after this long, whether or not anyone reads it
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "Caps":
         """D3_MAX_NEW_TOKENS, D3_MAX_PROMPT_CHARS, D3_MAX_PROMPT_TOKENS, D3_QUEUE_SIZE, D3_CONCURRENCY,
-        D3_FIGURE_EVERY, D3_SESSION_TTL, D3_MAX_MODELS; defaults suit a CPU Space."""
+        D3_FIGURE_EVERY, D3_SESSION_TTL, D3_MAX_MODELS, D3_MAX_RUN_S; defaults suit a CPU Space."""
         d = cls()
         return cls(
             max_new_tokens=_env_int(env, "D3_MAX_NEW_TOKENS", d.max_new_tokens, 1, MAX_NEW_TOKENS_CAP),
@@ -50,12 +51,13 @@ class Caps:
             figure_every=_env_int(env, "D3_FIGURE_EVERY", d.figure_every, 1, 1000),
             session_ttl_s=_env_int(env, "D3_SESSION_TTL", d.session_ttl_s, 60, 7 * 24 * 3600),
             max_models=_env_int(env, "D3_MAX_MODELS", d.max_models, 1, 16),
+            max_run_s=_env_int(env, "D3_MAX_RUN_S", d.max_run_s, 5, 24 * 3600),
         )
 
     def describe(self) -> str:
         return (f"prompts up to {self.max_prompt_chars:,} characters and {self.max_prompt_tokens:,} tokens; "
-                f"at most {self.max_new_tokens} new tokens per run; {self.concurrency} generations at a time, "
-                f"{self.queue_size} more waiting")
+                f"at most {self.max_new_tokens} new tokens and {self.max_run_s} s per run; {self.concurrency} "
+                f"generations at a time, {self.queue_size} more waiting")
 
 
 def is_public(env: Mapping[str, str] = os.environ) -> bool:

@@ -20,6 +20,7 @@ from d3.config import (
     default_core,
 )
 from d3.models import DEFAULT_MODEL
+from d3.schedule import flex_drop_order
 from explorer.caps import Caps
 from explorer.parse import as_choice, as_number, whole
 
@@ -153,9 +154,11 @@ def takes_controls(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def default_attention_layer(num_layers: int) -> int:
-    """The first flex layer: the default drop order (middle out) keeps it longest, so D3's attention there
-    can be set against full depth for most tokens."""
-    return min(default_core(num_layers)[0], num_layers - 1)
+    """The flex layer the default schedule (middle out) drops first: D3 skips it from the first tokens whose
+    budget falls below L, so the attention view shows grey rows (skipped) beside rows where it still ran."""
+    head, tail = default_core(num_layers)
+    order = flex_drop_order(num_layers, head, tail, DEFAULTS.drop_order)
+    return order[0] if order else min(head, num_layers - 1)
 
 
 def _optional_layers(name: str, value: Any, num_layers: int) -> int | None:

@@ -10,6 +10,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import gradio as gr
 import pandas as pd
@@ -94,6 +95,17 @@ def export_trace(session: Session | None) -> list[str]:
     return [str(folder / n) for n in (*files, "traces.csv")]
 
 
+# Figures drawn from a run: what each needs, and what to do first when it is missing (else the export would be
+# the placeholder that asks for it).
+NOT_COMPUTED: dict[str, tuple[Callable[[Session], Any], str]] = {
+    "usage": (lambda s: s.d3, "press Generate first."),
+    "flow": (lambda s: s.d3, "press Generate first."),
+    "attention": (lambda s: s.d3, "press Generate first."),
+    "errors": (lambda s: s.comparison, "let a run finish (the error views come after both streams)."),
+    "fills": (lambda s: s.fills, "press “Compare fills” in the Fill strategies tab first."),
+}
+
+
 @takes_controls
 def export_figure(pool: ModelPool, session: Session | None, figure: str, controls: Controls) -> list[str]:
     """One view as an HTML page that loads plotly.js from the file beside it: both are returned, so the
@@ -103,6 +115,8 @@ def export_figure(pool: ModelPool, session: Session | None, figure: str, control
         raise gr.Error("Nothing to export yet: press Generate first.", print_exception=False)
     with user_errors():
         key = as_choice("figure", figure, FIGURES)
+        if key in NOT_COMPUTED and not NOT_COMPUTED[key][0](s):
+            raise gr.Error(f"Nothing to export yet: {NOT_COMPUTED[key][1]}", print_exception=False)
         p = view.presentation
         if key in ("decay", "planned"):
             decay, planned = redraw_schedule(pool, s, **vars(controls))

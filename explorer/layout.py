@@ -191,6 +191,7 @@ def _live_tab(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> None:
                 _more_controls(pool, facts, ui)
         with gr.Column(scale=3, min_width=320, elem_classes=["d3-main"]):
             ui["status"] = gr.HTML(status_html(None, None, "Ready: press Generate."), elem_id="status")
+            ui["run_state"] = gr.HTML(visible="hidden", elem_id="run-state")  # holds runs' progress and error badges
             _panes(ui)
             ui["decay"] = gr.Plot(show_label=False, elem_id="plot-decay")
             with gr.Accordion("How to read the decay curve", open=False) as ui["explain_decay"]:

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+import math
+import time
+from typing import Any, Callable, Iterator
 
 import gradio as gr
 
 from d3.config import FILLS
 from explorer import views
+from explorer.caps import Caps
 from explorer.controls import Controls, ViewOptions, takes_controls
 from explorer.pool import ModelPool
 from explorer.runs import LiveUpdate, RunSetup, check_run, fill_comparison, measured_speedup, prepare_run, side_by_side
 from explorer.session import Session
-from explorer.ui import ordered, user_errors
+from explorer.ui import ordered, refused, user_errors
 from viz import counters_html, token_html
 
 GENERATE_OUTPUTS = ("session", "status", "d3_title", "d3_tokens", "d3_counters", "full_tokens", "full_counters",
@@ -28,34 +31,75 @@ def interrupt(session: Session | None) -> None:
 
 
 def stop(session: Session | None) -> str:
-    if session is None:
-        return views.status_html(None, None, "Nothing is running.")
+    if session is None or session.running is None:  # idle: say so, with the last run's numbers
+        s = session or Session()
+        return views.status_html(s.d3, s.full, "Nothing is running.", comparison=s.comparison)
     session.request_stop()
     return views.status_html(session.d3, session.full, "Stopping… (within one token)")
 
 
-def _is_due(update: LiveUpdate, every: int) -> bool:
-    """Heavy figures redraw on the first token, every `every` D3 tokens, and at each phase change."""
-    if update.phase != "streaming":
+def _refuse(outputs: tuple[str, ...], err: ValueError) -> Iterator[tuple[Any, ...]]:
+    """Say once, in the status line, why a run cannot start, and leave the last run's panes and figures as they
+    are; the error still ends the event (for API callers) but shows no toast and no error badge on the outputs
+    (the page puts the event's progress and error state on a hidden element, see wiring)."""
+    yield ordered(outputs, status=views.problem_html(str(err)))
+    raise refused(err)
+
+
+PANES_EVERY_S = 0.15  # while streaming, panes and counters go to the page at most this often
+FIGURES_EVERY_S = 1.5  # and the layer grid and decay curve at most this often (a redraw costs the page ~0.3 s)
+
+
+class _Pacer:
+    """Which streamed updates go to the page. A browser redrawing every token of a fast model freezes (plotly
+    redraws and HTML swaps pile up on its main thread), so while streaming the panes are sent at most every
+    PANES_EVERY_S and the heavy figures on the first D3 token, then every `every` D3 tokens but at most every
+    FIGURES_EVERY_S. Phase changes are always sent. Each update carries the whole run so far, so one that is
+    skipped loses nothing."""
+
+    def __init__(self, every: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every, self.clock = every, clock
+        self.panes_at = self.figures_at = -math.inf
+
+    def panes(self, update: LiveUpdate) -> bool:
+        now = self.clock()
+        if update.phase == "streaming" and now - self.panes_at < PANES_EVERY_S and not self._first(update):
+            return False
+        self.panes_at = now
         return True
-    return update.pane == "d3" and update.d3 is not None and (len(update.d3.steps) - 1) % every == 0
+
+    def figures(self, update: LiveUpdate) -> bool:
+        now = self.clock()
+        if update.phase == "streaming" and not self._first(update):
+            counted = update.pane == "d3" and update.d3 is not None and (len(update.d3.steps) - 1) % self.every == 0
+            if not counted or now - self.figures_at < FIGURES_EVERY_S:
+                return False
+        self.figures_at = now
+        return True
+
+    @staticmethod
+    def _first(update: LiveUpdate) -> bool:
+        return update.pane == "d3" and update.d3 is not None and len(update.d3.steps) == 1
 
 
-def _render(session: Session, setup: RunSetup, update: LiveUpdate, view: ViewOptions, every: int) -> tuple[Any, ...]:
+def _render(session: Session, setup: RunSetup, update: LiveUpdate, view: ViewOptions, figures: bool,
+            note: str = "") -> tuple[Any, ...]:
     """The outputs of one streamed update: panes and counters always, heavy figures when due."""
     d3, full, p = update.d3, update.full, view.presentation
     measured = measured_speedup(d3, full)
     out: dict[str, Any] = dict(
-        session=session, status=views.status_html(d3, full, update.phase, comparison=update.comparison),
+        session=session, status=views.status_html(d3, full, update.phase, comparison=update.comparison, note=note),
         d3_tokens=token_html(d3, reference=full) if d3 else gr.skip(),
         d3_counters=counters_html(d3, reference=full, measured_speedup=measured) if d3 else gr.skip(),
         full_tokens=token_html(full) if full else gr.skip(),
-        full_counters=counters_html(full, reference=d3, measured_speedup=1.0 if measured else None) if full else gr.skip())
-    if _is_due(update, every):
+        full_counters=counters_html(full, measured_speedup=1.0 if measured else None) if full else gr.skip())
+    if figures:
         cfg, steps, layers = setup.strategy, setup.gen.max_new_tokens, setup.engine.num_layers
         out.update(usage=views.usage_view(d3, presentation=p),
                    decay=views.decay_view(cfg, layers, steps, trace=d3, others=setup.others, presentation=p))
-    if update.phase != "streaming":
+    if update.phase == "comparing":  # the last tokens are in: the error view says it is being computed
+        out.update(errors=views.error_view(None, phase=update.phase, presentation=p))
+    if update.finished:  # the heavy views once, at the end (each costs the page a plotly render)
         out.update(flow=views.flow_view(d3, full, metric=view.metric, presentation=p),
                    attention=views.attention_view(d3, full, view.layer, view.head, presentation=p),
                    errors=views.error_view(update.comparison, phase=update.phase, log_kl=view.log_kl, presentation=p))
@@ -75,10 +119,16 @@ def _first_outputs(session: Session, setup: RunSetup, view: ViewOptions) -> tupl
                    errors=views.error_view(None, presentation=p), fills=views.fills_view(None, presentation=p))
 
 
-def _stream(session: Session, run_id: int, setup: RunSetup, view: ViewOptions, every: int) -> Iterator[tuple[Any, ...]]:
+def _time_limit_note(limit_s: int) -> str:
+    return f"This run reached the server's time limit of {limit_s} s: try fewer tokens."
+
+
+def _stream(session: Session, run_id: int, setup: RunSetup, view: ViewOptions, caps: Caps) -> Iterator[tuple[Any, ...]]:
     label = views.pane_title(setup.strategy, "D3")
+    deadline = time.monotonic() + caps.max_run_s
     run = side_by_side(setup.engine, setup.prompt, setup.strategy, setup.gen, setup.trace,
-                       chat_template=setup.chat_template, should_stop=session.stopper(run_id))
+                       chat_template=setup.chat_template, should_stop=session.stopper(run_id, deadline))
+    pace = _Pacer(caps.figure_every)
     with contextlib.closing(run):
         for update in run:
             if not session.is_current(run_id):
@@ -87,7 +137,10 @@ def _stream(session: Session, run_id: int, setup: RunSetup, view: ViewOptions, e
                 session.finish(update, label)
             else:
                 session.show(update)
-            yield _render(session, setup, update, view, every)
+            late = update.phase == "stopped" and time.monotonic() > deadline
+            figures = pace.figures(update)
+            if pace.panes(update) or figures:
+                yield _render(session, setup, update, view, figures, _time_limit_note(caps.max_run_s) if late else "")
 
 
 @takes_controls
@@ -95,34 +148,58 @@ def generate(pool: ModelPool, session: Session | None, controls: Controls) -> It
     """Stream D3 (or the chosen strategy) and full depth side by side, then compare them."""
     session = session or Session()
     with user_errors():
-        checked = check_run(pool, controls)  # a mistake is reported before a slow model load
+        try:
+            checked = check_run(pool, controls)  # a mistake is reported before a slow model load
+        except ValueError as err:
+            yield from _refuse(GENERATE_OUTPUTS, err)
         run_id = session.begin()  # any earlier run of this session stops within one token
-        if not pool.is_loaded(checked.model):
-            yield ordered(GENERATE_OUTPUTS, session=session, status=views.status_html(None, None, "loading"))
-        setup = prepare_run(pool, controls)
-        session.clear()
-        yield _first_outputs(session, setup, controls.view)
-        yield from _stream(session, run_id, setup, controls.view, pool.caps.figure_every)
+        try:
+            if not pool.is_loaded(checked.model):
+                yield ordered(GENERATE_OUTPUTS, session=session, status=views.status_html(None, None, "loading"))
+            try:
+                setup = prepare_run(pool, controls)
+            except ValueError as err:  # a prompt over the token limit is only known once the tokenizer is there
+                yield from _refuse(GENERATE_OUTPUTS, err)
+            session.clear()
+            yield _first_outputs(session, setup, controls.view)
+            yield from _stream(session, run_id, setup, controls.view, pool.caps)
+        finally:
+            session.end(run_id)
 
 
 @takes_controls
 def compare_fills(pool: ModelPool, session: Session | None, controls: Controls) -> Iterator[tuple[Any, Any, Any]]:
     """Run the same prompt and schedule with each fill (copy, propagate, none) against full depth."""
-    session, p = session or Session(), controls.view.presentation
+    session = session or Session()
     with user_errors():
-        check_run(pool, controls)
-        run_id = session.begin()
-        setup = prepare_run(pool, controls)
-        session.fills = {}
-        yield session, views.status_html(None, None, "Comparing fills: running full depth…"), gr.skip()
-        runs = fill_comparison(setup.engine, setup.prompt, setup.strategy, setup.gen, chat_template=setup.chat_template,
-                               should_stop=session.stopper(run_id))
-        with contextlib.closing(runs):
-            for name, comparison in runs:
-                if not session.is_current(run_id):
-                    return
-                session.fills = {**session.fills, name: comparison}
-                yield (session, views.status_html(None, None, f"Comparing fills: {', '.join(session.fills)} done…"),
-                       views.fills_view(session.fills, presentation=p))
-        done = "Fill comparison done: see the Fill strategies tab." if len(session.fills) == len(FILLS) else "Stopped."
-        yield session, views.status_html(None, None, done), views.fills_view(session.fills, presentation=p)
+        try:
+            check_run(pool, controls)
+            run_id = session.begin()
+        except ValueError as err:
+            yield from _refuse(FILLS_OUTPUTS, err)
+        try:
+            try:
+                setup = prepare_run(pool, controls)
+            except ValueError as err:
+                yield from _refuse(FILLS_OUTPUTS, err)
+            yield from _fills(session, run_id, setup, controls.view.presentation, pool.caps.max_run_s)
+        finally:
+            session.end(run_id)
+
+
+def _fills(session: Session, run_id: int, setup: RunSetup, p: bool, limit_s: int) -> Iterator[tuple[Any, Any, Any]]:
+    session.fills = {}
+    yield session, views.status_html(None, None, "Comparing fills: running full depth…"), gr.skip()
+    deadline = time.monotonic() + limit_s
+    runs = fill_comparison(setup.engine, setup.prompt, setup.strategy, setup.gen, chat_template=setup.chat_template,
+                           should_stop=session.stopper(run_id, deadline))
+    with contextlib.closing(runs):
+        for name, comparison in runs:
+            if not session.is_current(run_id):
+                return
+            session.fills = {**session.fills, name: comparison}
+            yield (session, views.status_html(None, None, f"Comparing fills: {', '.join(session.fills)} done…"),
+                   views.fills_view(session.fills, presentation=p))
+    done = "Fill comparison done: see the Fill strategies tab." if len(session.fills) == len(FILLS) else "Stopped."
+    note = _time_limit_note(limit_s) if done == "Stopped." and time.monotonic() > deadline else ""
+    yield session, views.status_html(None, None, done, note=note), views.fills_view(session.fills, presentation=p)

@@ -109,6 +109,7 @@ class ModelPool:
                 now = time.monotonic()
                 self._failed = {n: f for n, f in self._failed.items() if now - f[0] < FAILED_LOAD_TTL_S}
                 self._failed[name] = (now, message)
+                self._loading.pop(name, None)  # bounded by the names that load, not by every name ever tried
             raise ValueError(message) from None
         if self._real_loader:
             gc.freeze()  # the model may live as long as the process: keep its objects out of every full GC pass

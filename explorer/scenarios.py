@@ -28,11 +28,12 @@ SCENARIOS: dict[str, Scenario] = {
         ({},)),
     "core": Scenario(
         "Why the core layers matter",
-        "Two runs with the same α = 0.97: first with the default core, then with core depth 0, so D3 may also "
-        "skip the first and last layers. Compare the two rows of the run history: without a core, agreement "
-        "with full depth drops sooner, because the first and last layers change the hidden state the most "
-        "(see Information flow).",
-        ({"alpha": 0.97}, {"alpha": 0.97, "core_head": 0, "core_tail": 0})),
+        "Two runs with α = 0.99 and drop order *bottom-up*, so the lowest flex layers are dropped first: first with "
+        "the default core, then with core 0 + 0, so that layer 0 is the first to go. The first layers turn token "
+        "embeddings into what every later layer reads (they change the hidden state the most, see Information "
+        "flow): without them the text leaves full depth's at once; with a core D3 follows it for longer.",
+        ({"alpha": 0.99, "drop_order": "bottom_up"},
+         {"alpha": 0.99, "drop_order": "bottom_up", "core_head": 0, "core_tail": 0})),
     "fill": Scenario(
         "What filling does",
         "Drop order 'strided' keeps evenly spaced flex layers, so a layer skipped by one token can run again "
@@ -66,3 +67,47 @@ def scenario_text(key: str, step: int) -> str:
     if len(scenario.runs) > 1:
         text += f"\n\n*Run {step + 1} of {len(scenario.runs)}.*"
     return text
+
+
+def _one_run(summary: dict[str, Any], num_layers: int) -> str:
+    first = summary["first_divergence"]
+    where = "never diverged" if first is None else f"first divergence at token {first}"
+    return (f"{summary['mean_layers']:.1f} of {num_layers} layers per token ({summary['theoretical_speedup']:.2f}× "
+            f"fewer layer runs), agreement with full depth {summary['agreement']:.2f} "
+            f"({round(summary['agreement'] * summary['tokens'])} of {summary['tokens']} tokens agree), {where}")
+
+
+def scenario_finding(key: str, summaries: list[dict[str, Any]], num_layers: int) -> str:
+    """What the scenario's runs showed, in numbers (Markdown): `summaries` are its runs' history summaries, in order."""
+    scenario = SCENARIOS[key]
+    if len(summaries) < len(scenario.runs):
+        return "*The scenario was interrupted before all its runs finished: click it again to see its numbers.*"
+    if len(scenario.runs) == 1:
+        return f"**This run:** {_one_run(summaries[-1], num_layers)}."
+    rows = []
+    for step, summary in enumerate(summaries[-len(scenario.runs):]):
+        c = scenario_controls(key, step, num_layers)
+        rows.append(f"- core {c['core_head']} + {c['core_tail']}: {_one_run(summary, num_layers)}")
+    (with_core, without) = summaries[-2:]
+    lead = _lead(with_core, without)
+    return "**These runs:**\n" + "\n".join(rows) + f"\n\n{lead}"
+
+
+def _lead(with_core: dict[str, Any], without: dict[str, Any]) -> str:
+    """The contrast of the core scenario's two runs in one sentence."""
+    far = lambda s: s["tokens"] if s["first_divergence"] is None else s["first_divergence"]  # noqa: E731
+    gain = far(with_core) - far(without)
+    if gain > 0:
+        return f"With the core, D3 stayed on full depth's text **{gain} tokens longer**."
+    return ("Here both runs left full depth's text equally soon: try another prompt, or more tokens, to see the "
+            "core keep D3 on track for longer.")
+
+
+def fill_finding(fills: dict[str, Any]) -> str:
+    """The fill scenario's numbers: agreement and first divergence under each fill (Markdown)."""
+    parts = []
+    for name, comparison in fills.items():
+        s = comparison.summary()
+        first = "never diverged" if s["first_divergence"] is None else f"first divergence at token {s['first_divergence']}"
+        parts.append(f"- fill *{name}*: agreement {s['agreement']:.2f}, {first}")
+    return "**These runs** (same schedule, each fill):\n" + "\n".join(parts)

@@ -42,6 +42,7 @@ class Session:
     run_id: int = 0
     stop_at: float = -math.inf  # when Stop was last pressed (time.monotonic())
     triggered_at: float | None = None  # when the page last asked for a run that has not begun yet
+    running: int | None = None  # the run streaming now, if any (what Stop would stop)
     exports: deque[float] = field(default_factory=deque, repr=False)  # when this session last downloaded
     _since: dict[int, float] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -58,7 +59,14 @@ class Session:
             self.run_id += 1
             self._since = {self.run_id: self.triggered_at if self.triggered_at is not None else time.monotonic()}
             self.triggered_at = None
+            self.running = self.run_id
             return self.run_id
+
+    def end(self, run_id: int) -> None:
+        """Run `run_id` is over (finished, stopped, refused or closed): Stop has nothing left to stop."""
+        with self._lock:
+            if self.running == run_id:
+                self.running = None
 
     def request_stop(self) -> None:
         self.stop_at = time.monotonic()
@@ -66,10 +74,11 @@ class Session:
     def is_current(self, run_id: int) -> bool:
         return run_id == self.run_id
 
-    def stopper(self, run_id: int) -> Callable[[], bool]:
-        """should_stop for run `run_id`: Stop was pressed after it was asked for, or a newer run has begun."""
+    def stopper(self, run_id: int, deadline: float = math.inf) -> Callable[[], bool]:
+        """should_stop for run `run_id`: Stop was pressed after it was asked for, a newer run has begun, or the
+        run is past its `deadline` (time.monotonic()): a job nobody reads must not hold its slot for ever."""
         since = self._since.get(run_id, math.inf)
-        return lambda: run_id != self.run_id or self.stop_at > since
+        return lambda: run_id != self.run_id or self.stop_at > since or time.monotonic() > deadline
 
     def clear(self) -> None:
         """Forget the previous run's results when a new run starts (the history stays)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -25,7 +26,7 @@ from explorer.ui import ordered, user_errors
 from viz import pareto
 
 SWEEP_INPUTS = ("model", "chat_template", "sweep_prompts", "sweep_settings", "sweep_tokens")
-SWEEP_OUTPUTS = ("sweep_results", "sweep_table", "sweep_pareto", "sweep_note")
+SWEEP_OUTPUTS = ("sweep_results", "sweep_table", "sweep_pareto", "sweep_note", "sweep_file")
 SWEEP_LOAD_OUTPUTS = (*CONTROL_NAMES, "sweep_note", "modes", "status")
 
 
@@ -51,6 +52,7 @@ SWEEP_MAX_SETTINGS = 4
 SWEEP_MAX_PROMPTS = 2
 SWEEP_MAX_NEW_TOKENS = 24
 SWEEP_MIN_NEW_TOKENS = 2
+SWEEP_REPEATS = 3  # timing pairs per prompt: one pair made full depth against itself read 3.6x
 SWEEP_TABLE_COLUMNS = ["label", "strategy", "target_depth", "mean_layers", "theoretical_speedup", "measured_speedup",
                        "agreement", "first_divergence", "kl_teacher", "kl_free", "params"]
 
@@ -86,15 +88,60 @@ def sweep_spec(model: str, prompts: Any, choices: Any, new_tokens: Any, chat_tem
     picked = [SWEEP_MENU[k] for k in keys]
     d3_depths = tuple(c.depth for c in picked if c.strategy == "d3")
     baselines = tuple(dict.fromkeys(c.strategy for c in picked if c.strategy != "d3"))
-    return SweepSpec(model=model, prompts=tuple(lines), max_new_tokens=tokens, repeats=1, depths=d3_depths,
+    return SweepSpec(model=model, prompts=tuple(lines), max_new_tokens=tokens, repeats=SWEEP_REPEATS, depths=d3_depths,
                      baselines=baselines, baseline_depths=(SWEEP_MATCHED_DEPTH,) if baselines else None,
                      ppl_chunks=0, chat_template=as_flag("chat_template", chat_template))
 
 
+class _Counting:
+    """An engine view that counts the runs the sweep starts: the sweep reports progress once per setting (tens
+    of seconds apart), the page wants a bar that moves every second or two."""
+
+    def __init__(self, engine: Engine, tick: Callable[[], None]) -> None:
+        self._engine, self._tick = engine, tick
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def stream(self, *args: Any, **kwargs: Any) -> Any:
+        self._tick()
+        return self._engine.stream(*args, **kwargs)
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        self._tick()
+        return self._engine.generate(*args, **kwargs)
+
+    def generate_batch(self, *args: Any, **kwargs: Any) -> Any:
+        self._tick()
+        return self._engine.generate_batch(*args, **kwargs)
+
+
+def expected_runs(spec: SweepSpec) -> int:
+    """About how many runs a Sweep-tab spec starts: per setting (and the reference) a full-depth and a timed
+    run per timing pair and a teacher-forced one per prompt; the references' warm-up and recordings."""
+    settings = len(spec.depths) + len(spec.baselines) + 1
+    return settings * len(spec.prompts) * (2 * spec.repeats + 1) + 1 + len(spec.prompts)
+
+
 def run_small_sweep(engine: Engine, spec: SweepSpec, progress: Callable[[float, str], None] | None = None) -> pd.DataFrame:
-    """Run `spec` on `engine` into a fresh temporary CSV (never resumed from an earlier sweep); the table."""
+    """Run `spec` on `engine` into a fresh temporary CSV (never resumed from an earlier sweep); the table.
+    `progress(fraction, desc)` moves with every run started, never backwards."""
+    report = progress or (lambda fraction, desc: None)
+    state = {"runs": 0, "shown": 0.0, "desc": "Starting the sweep…"}
+    total = expected_runs(spec)
+
+    def show(fraction: float, desc: str | None = None) -> None:
+        state["desc"] = desc or state["desc"]
+        state["shown"] = max(state["shown"], min(fraction, 1.0))
+        report(state["shown"], state["desc"])
+
+    def tick() -> None:
+        state["runs"] += 1
+        show(min(0.98, state["runs"] / total))
+
     with tempfile.TemporaryDirectory(prefix="d3-sweep-") as folder:
-        return run_sweep_file(spec, Path(folder) / "sweep.csv", engine=engine, progress=progress)
+        return run_sweep_file(spec, Path(folder) / "sweep.csv", engine=_Counting(engine, tick),  # type: ignore[arg-type]
+                              progress=lambda fraction, desc: show(fraction, desc))
 
 
 def sweep_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -141,12 +188,33 @@ def run_sweep(pool: ModelPool, model: str, chat_template: bool, sweep_prompts: s
         spec = sweep_spec(name, sweep_prompts, sweep_settings, sweep_tokens, chat_template, pool.caps)
         progress(0.0, desc="Loading the model…" if not pool.is_loaded(name) else "Starting the sweep…")
         engine = pool.engine(name)
-        df = run_small_sweep(engine, spec, progress=lambda fraction, desc: progress(fraction, desc=desc))
+        deadline = time.monotonic() + pool.caps.max_run_s
+
+        def report(fraction: float, desc: str) -> None:
+            if time.monotonic() > deadline:  # between settings: a sweep nobody waits for must end too
+                raise ValueError(f"the sweep reached the server's time limit of {pool.caps.max_run_s} s: "
+                                 "choose fewer settings or tokens")
+            progress(fraction, desc=desc)
+
+        df = run_small_sweep(engine, spec, progress=report)
+    df, noise = reference_as_one(df)
     note = (f"Measured {len(df)} rows ({len(df) - 1} settings + the full-depth reference) on {len(spec.prompts)} "
-            f"prompt(s), {spec.max_new_tokens} new tokens. Click a point or a row to load its setting into the "
-            "controls.")
+            f"prompt(s), {spec.max_new_tokens} new tokens, {spec.repeats} timing pairs each (median). Full depth "
+            f"timed against itself read {noise:.2f}×: differences that small are timing noise. Click a point or a "
+            "row to load its setting into the controls.")
     return ordered(SWEEP_OUTPUTS, sweep_results=df, sweep_table=sweep_table(df), sweep_pareto=_sweep_figure(df),
-                   sweep_note=note)
+                   sweep_note=note, sweep_file=None)  # the previous sweep's CSV is no longer offered
+
+
+def reference_as_one(df: pd.DataFrame) -> tuple[pd.DataFrame, float]:
+    """The table with the full-depth reference at 1× measured speedup (it is the unit every other row is
+    measured in), and what its own timing pairs read (the noise floor, shown in the note): a reference that
+    read 1.3× would otherwise sit right of every setting on the Pareto view for a timing artefact alone."""
+    full = df["strategy"] == "full"
+    noise = float(pd.to_numeric(df.loc[full, "measured_speedup"], errors="coerce").median()) if full.any() else 1.0
+    out = df.copy()
+    out.loc[full, "measured_speedup"] = 1.0
+    return out, noise
 
 
 def load_sweep_setting(sweep_results: pd.DataFrame | None, evt: gr.SelectData) -> tuple[Any, ...]:
@@ -161,16 +229,20 @@ def load_sweep_point(sweep_results: pd.DataFrame | None, sweep_point: str) -> tu
 
 
 def _load_sweep_row(sweep_results: pd.DataFrame | None, index: Any) -> tuple[Any, ...]:
+    """The row's setting in the live controls; a row that loads nothing says why in the note under the plot
+    (these run out of the queue, where an error would be an HTTP 500 that the page never shows)."""
     if sweep_results is None or len(sweep_results) == 0:
-        raise gr.Error("No sweep results yet: press Run sweep first.", print_exception=False)
+        return ordered(SWEEP_LOAD_OUTPUTS, sweep_note="No sweep results yet: press **Run sweep** first.")
     try:
         if int(index) < 0:
             raise IndexError(index)
         row = sweep_results.reset_index(drop=True).iloc[int(index)]
     except (TypeError, ValueError, IndexError):
-        raise gr.Error("That row is not in the sweep's results.", print_exception=False) from None
-    with user_errors():
+        return ordered(SWEEP_LOAD_OUTPUTS, sweep_note="That row is not in the sweep's results: click another one.")
+    try:
         values = sweep_controls(row)
+    except ValueError as err:  # the full-depth reference row
+        return ordered(SWEEP_LOAD_OUTPUTS, sweep_note=f"**{row['label']}**: {err}.")
     if "alpha" in values:  # a tuned alpha below the slider's range widens it rather than being clipped
         values["alpha"] = gr.update(value=values["alpha"], minimum=min(0.8, values["alpha"]))
     note = f"Loaded **{row['label']}** into the controls: press Generate to run it side by side with full depth."

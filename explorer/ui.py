@@ -26,6 +26,12 @@ def user_errors() -> Iterator[None]:
                        "running: try again, perhaps with a shorter prompt or fewer tokens.", print_exception=False) from None
 
 
+def refused(err: Exception) -> gr.Error:
+    """A run refused for a person's mistake: the page already shows why in its status line, so the toast is
+    hidden; an API caller still gets the error and its message."""
+    return gr.Error(str(err), visible=False, print_exception=False)
+
+
 def ordered(names: tuple[str, ...], **values: Any) -> tuple[Any, ...]:
     """Handler outputs in `names` order; names not given are left as they are (gr.skip())."""
     return tuple(values[n] if n in values else gr.skip() for n in names)

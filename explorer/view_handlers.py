@@ -14,15 +14,15 @@ from d3.models import ModelFacts
 from explorer import views
 from explorer.controls import CONTROL_NAMES, Controls, default_attention_layer, parse_schedule, takes_controls
 from explorer.live import interrupt
-from explorer.parse import as_choice
+from explorer.parse import as_choice, whole
 from explorer.pool import ModelPool
-from explorer.scenarios import scenario_controls, scenario_text
+from explorer.scenarios import SCENARIOS, fill_finding, scenario_controls, scenario_finding, scenario_text
 from explorer.session import Session
-from explorer.ui import ordered, user_errors
+from explorer.ui import ordered, refused, user_errors
 from explorer.wording import EXPLAIN
 
 VIEW_OUTPUTS = ("usage", "flow", "attention", "errors", "fills", "root", *(f"explain_{k}" for k in EXPLAIN))
-SCENARIO_OUTPUTS = (*CONTROL_NAMES, "scenario_text")
+SCENARIO_OUTPUTS = (*CONTROL_NAMES, "scenario_text", "scenario_finding")
 MODEL_OUTPUTS = ("core_head", "core_tail", "attention_layer", "attention_head", "chat_template", "status")
 
 
@@ -40,17 +40,20 @@ def _sized(facts: ModelFacts, status: str) -> tuple[Any, ...]:
     """The layer and head controls sized to a model, with its default core and attention layer."""
     layers = facts.num_layers
     head, tail = default_core(layers)
-    return (gr.update(maximum=layers, value=head), gr.update(maximum=layers, value=tail),
+    return (gr.update(maximum=layers - 1 - tail, value=head), gr.update(maximum=layers - 1 - head, value=tail),
             gr.update(maximum=layers - 1, value=default_attention_layer(layers)),
             gr.update(maximum=max(facts.num_heads - 1, 0), value=0), gr.update(value=facts.chat_template), status)
 
 
 def model_changed(pool: ModelPool, model: str) -> tuple[Any, ...]:
     """Size the layer and head controls to the chosen model when that needs no load (a known or loaded model);
-    otherwise say it is loading and leave the load to `load_model`, in the queue. Answers at once."""
-    with user_errors():
+    otherwise say it is loading and leave the load to `load_model`, in the queue. Answers at once; a name this
+    server refuses is said in the status line (out of the queue an error would be an HTTP 500)."""
+    try:
         facts = pool.known_facts(model)
         name = pool.check_name(model)
+    except ValueError as err:
+        return ordered(MODEL_OUTPUTS, status=views.problem_html(str(err)))
     if facts is None:
         return ordered(MODEL_OUTPUTS, status=views.status_html(None, None, "loading", note=f"Model: {name}"))
     return _sized(facts, gr.skip())
@@ -58,12 +61,29 @@ def model_changed(pool: ModelPool, model: str) -> tuple[Any, ...]:
 
 def load_model(pool: ModelPool, model: str) -> tuple[Any, ...]:
     """Load a model that is neither known nor loaded (in the queue, one load at a time), then size the controls."""
-    with user_errors():
+    try:
         name = pool.check_name(model)
+    except ValueError as err:  # `model_changed` has said so in the status line already
+        raise refused(err) from None
+    with user_errors():
         if name in pool.names and pool.known_facts(name) is not None:
             return ordered(MODEL_OUTPUTS)  # one of the page's models, known or loaded: `model_changed` sized them
         facts = pool.facts(name)
     return _sized(facts, views.status_html(None, None, f"Model {name} is loaded: press Generate."))
+
+
+def bound_core(pool: ModelPool, model: str, core_head: Any, core_tail: Any) -> tuple[Any, Any]:
+    """Each core slider's maximum follows the other, so that head + tail stays below the model's L layers (at
+    least one flex layer): the sliders cannot ask for a schedule the server would refuse."""
+    try:
+        facts = pool.known_facts(model)
+    except ValueError:
+        facts = None
+    if facts is None:
+        return gr.skip(), gr.skip()
+    head, tail = whole(core_head), whole(core_tail)
+    top = facts.num_layers - 1
+    return gr.update(maximum=max(top - tail, 0)), gr.update(maximum=max(top - head, 0))
 
 
 @takes_controls
@@ -71,8 +91,7 @@ def redraw_schedule(pool: ModelPool, session: Session | None, controls: Controls
     """Decay curve and planned grid from the controls alone: no model runs (called on every slider move)."""
     p = controls.view.presentation
     try:
-        with user_errors():
-            facts = pool.known_facts(controls.model)  # a name this server refuses is a gr.Error
+        facts = pool.known_facts(controls.model)  # a name this server refuses: said in the preview, like the rest
         if facts is None:  # never load a model here: this runs on every slider move, out of the queue
             raise ValueError("the schedule is drawn once this model is loaded (press Generate)")
         s = parse_schedule(controls, facts.num_layers, pool.caps)
@@ -82,6 +101,13 @@ def redraw_schedule(pool: ModelPool, session: Session | None, controls: Controls
     trace = session.d3 if session is not None else None
     return (views.decay_view(s.strategy, s.num_layers, s.steps, trace=trace, others=s.others, presentation=p),
             views.planned_view(s.strategy, s.num_layers, s.steps, presentation=p))
+
+
+@takes_controls
+def redraw_decay(pool: ModelPool, session: Session | None, controls: Controls) -> Any:
+    """The decay curve alone, for every step of a slider drag: the planned grid (about 170 kB of heatmap, in a
+    hidden tab most of the time) is redrawn when the slider is let go (`redraw_schedule`)."""
+    return redraw_schedule(pool, session, **vars(controls))[0]
 
 
 @takes_controls
@@ -126,4 +152,20 @@ def apply_scenario(pool: ModelPool, key: str, step: int, session: Session | None
     interrupt(session)
     with user_errors():
         values = scenario_controls(key, step, pool.facts(model).num_layers)
-    return ordered(SCENARIO_OUTPUTS, scenario_text=scenario_text(key, step), **values)
+    finding = {"scenario_finding": "*Running… the numbers appear here when the scenario's runs are done.*"} if step == 0 else {}
+    return ordered(SCENARIO_OUTPUTS, scenario_text=scenario_text(key, step), **finding, **values)
+
+
+def show_finding(pool: ModelPool, key: str, session: Session | None, model: str) -> str:
+    """What a scenario's runs showed, with their numbers, under its text (after its last run or fill comparison)."""
+    if session is None or not session.history:
+        return ""
+    try:
+        layers = pool.facts(model).num_layers
+    except ValueError:
+        return ""
+    runs = len(SCENARIOS[key].runs)
+    text = scenario_finding(key, [r.summary for r in session.history[-runs:]], layers)
+    if SCENARIOS[key].fills and session.fills:
+        text += "\n\n" + fill_finding(session.fills)
+    return text

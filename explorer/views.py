@@ -113,7 +113,8 @@ def status_html(d3: Trace | None, full: Trace | None, phase: str, *, comparison:
             parts.append(f'<span class="d3-callout">First divergence at token {first}: D3 wrote '
                          f'<code>{html.escape(a)}</code> where full depth wrote <code>{html.escape(b)}</code>.</span>')
         elif n:
-            parts.append('<span class="d3-agree">No divergence so far: D3 wrote exactly what full depth wrote.</span>')
+            so_far = "" if phase in ("done", "stopped", "comparing") else " so far"
+            parts.append(f'<span class="d3-agree">No divergence{so_far}: D3 wrote exactly what full depth wrote.</span>')
     if comparison is not None:
         s = comparison.summary()
         parts.append(f"Mean KL against full depth: {_fmt(s['kl_teacher_mean'])} nats teacher-forced, "
@@ -121,6 +122,12 @@ def status_html(d3: Trace | None, full: Trace | None, phase: str, *, comparison:
     if note:
         parts.append(html.escape(note))
     return f'<div class="d3-status">{" ".join(parts)}</div>'
+
+
+def problem_html(message: str) -> str:
+    """The status line of a run that was refused: what to change, once, in plain words."""
+    return (f'<div class="d3-status d3-problem"><span class="d3-phase">Cannot run this:</span> '
+            f'<span class="d3-error">{html.escape(message)}</span></div>')
 
 
 def _fmt(value: float | None) -> str:

@@ -27,14 +27,17 @@ from explorer.view_handlers import (
     SCENARIO_OUTPUTS,
     VIEW_OUTPUTS,
     apply_scenario,
+    bound_core,
     load_model,
     model_changed,
     new_session,
+    redraw_decay,
     redraw_schedule,
     render_attention,
     render_errors,
     render_flow,
     set_presentation,
+    show_finding,
     use_example,
 )
 
@@ -53,10 +56,12 @@ def _with_controls(ui: dict[str, Any], *leading: str) -> list[Any]:
     return _pick(ui, (*leading, *CONTROL_NAMES))
 
 
-def _queued(pool: ModelPool) -> dict[str, Any]:
-    """Runs that use the model share one queue slot pool of `concurrency` at a time."""
+def _queued(pool: ModelPool, ui: dict[str, Any]) -> dict[str, Any]:
+    """Runs that use the model share one queue slot pool of `concurrency` at a time. Their progress and error
+    badges go on a hidden element: the status line says what a run is doing, or why it was refused, once,
+    instead of a timer or a red "Error" on every pane, counter and plot."""
     return dict(concurrency_id="model", concurrency_limit=pool.caps.concurrency, preprocess=False,
-                show_progress="minimal")
+                show_progress="minimal", show_progress_on=[ui["run_state"]])
 
 
 def _wire_generation(pool: ModelPool, ui: dict[str, Any], triggers: list[Any], suffix: str = "") -> Any:
@@ -64,12 +69,18 @@ def _wire_generation(pool: ModelPool, ui: dict[str, Any], triggers: list[Any], s
     first = gr.on(triggers, interrupt, [ui["session"]], None, queue=False, show_progress="hidden",
                   api_name=f"interrupt{suffix}", trigger_mode="multiple")
     return first.then(functools.partial(generate, pool), _with_controls(ui, "session"), _pick(ui, GENERATE_OUTPUTS),
-                      api_name=f"generate{suffix}", trigger_mode="always_last", **_queued(pool))
+                      api_name=f"generate{suffix}", trigger_mode="always_last", **_queued(pool, ui))
 
 
 def _wire_fills(pool: ModelPool, ui: dict[str, Any], event: Any, suffix: str) -> Any:
     return event.then(functools.partial(compare_fills, pool), _with_controls(ui, "session"), _pick(ui, FILLS_OUTPUTS),
-                      api_name=f"compare_fills{suffix}", trigger_mode="always_last", **_queued(pool))
+                      api_name=f"compare_fills{suffix}", trigger_mode="always_last", **_queued(pool, ui))
+
+
+def _redraw_after(pool: ModelPool, ui: dict[str, Any], event: Any) -> None:
+    """Redraw the schedule preview (decay curve and planned grid) once `event` has set the controls."""
+    event.then(functools.partial(redraw_schedule, pool), _with_controls(ui, "session"), [ui["decay"], ui["planned"]],
+               api_name=False, queue=False, preprocess=False, show_progress="hidden")
 
 
 def _wire_scenarios(pool: ModelPool, ui: dict[str, Any]) -> None:
@@ -79,18 +90,26 @@ def _wire_scenarios(pool: ModelPool, ui: dict[str, Any]) -> None:
             applied = (event if step == 0 else event.then)(
                 functools.partial(apply_scenario, pool, key, step), [ui["session"], ui["model"]],
                 _pick(ui, SCENARIO_OUTPUTS), queue=False, api_name=f"scenario_{key}_{step}", preprocess=False)
+            _redraw_after(pool, ui, applied)
             event = applied.then(functools.partial(generate, pool), _with_controls(ui, "session"),
                                  _pick(ui, GENERATE_OUTPUTS), api_name=f"generate_scenario_{key}_{step}",
-                                 **_queued(pool))
+                                 **_queued(pool, ui))
         if scenario.fills:
-            _wire_fills(pool, ui, event, f"_scenario_{key}")
+            event = _wire_fills(pool, ui, event, f"_scenario_{key}")
+        event.then(functools.partial(show_finding, pool, key), [ui["session"], ui["model"]], ui["scenario_finding"],
+                   queue=False, api_name=f"scenario_{key}_finding", preprocess=False, show_progress="hidden")
 
 
 def _wire_views(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     instant = dict(queue=False, preprocess=False, show_progress="hidden")
-    gr.on([demo.load, *(ui[n].change for n in REDRAW_NAMES)], functools.partial(redraw_schedule, pool),
-          _with_controls(ui, "session"), [ui["decay"], ui["planned"]], api_name="redraw_schedule",
-          trigger_mode="always_last", **instant)
+    # While a slider moves only the decay curve follows it (a few kB a step); the heavy planned grid is redrawn
+    # when it is let go, when any other control changes, and after a scenario or a sweep row set the controls.
+    sliders = [n for n in REDRAW_NAMES if n in RELEASE_TRIGGERS]
+    gr.on([ui[n].change for n in sliders], functools.partial(redraw_decay, pool), _with_controls(ui, "session"),
+          ui["decay"], api_name="redraw_decay", trigger_mode="always_last", **instant)
+    gr.on([demo.load, *(ui[n].release for n in sliders), *(ui[n].change for n in REDRAW_NAMES if n not in sliders)],
+          functools.partial(redraw_schedule, pool), _with_controls(ui, "session"), [ui["decay"], ui["planned"]],
+          api_name="redraw_schedule", trigger_mode="always_last", **instant)
     ui["metric"].change(render_flow, _with_controls(ui, "session"), ui["flow"], api_name="render_flow", **instant)
     gr.on([ui["attention_layer"].change, ui["attention_head"].change], render_attention, _with_controls(ui, "session"),
           ui["attention"], api_name="render_attention", trigger_mode="always_last", **instant)
@@ -103,10 +122,12 @@ def _wire_sweep(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     ui["sweep_run"].click(functools.partial(run_sweep, pool), _pick(ui, SWEEP_INPUTS), _pick(ui, SWEEP_OUTPUTS),
                           api_name="run_sweep", preprocess=False, concurrency_id="model",
                           concurrency_limit=pool.caps.concurrency, trigger_mode="once")
-    ui["sweep_table"].select(load_sweep_setting, ui["sweep_results"], _pick(ui, SWEEP_LOAD_OUTPUTS),
-                             api_name="load_sweep_setting", queue=False)
-    ui["sweep_point"].change(load_sweep_point, _pick(ui, ("sweep_results", "sweep_point")),
-                             _pick(ui, SWEEP_LOAD_OUTPUTS), api_name="load_sweep_point", queue=False)
+    _redraw_after(pool, ui, ui["sweep_table"].select(load_sweep_setting, ui["sweep_results"],
+                                                     _pick(ui, SWEEP_LOAD_OUTPUTS), api_name="load_sweep_setting",
+                                                     queue=False))
+    _redraw_after(pool, ui, ui["sweep_point"].change(load_sweep_point, _pick(ui, ("sweep_results", "sweep_point")),
+                                                     _pick(ui, SWEEP_LOAD_OUTPUTS), api_name="load_sweep_point",
+                                                     queue=False))
     demo.load(None, js=SWEEP_CLICK_JS.read_text(encoding="utf-8"), api_name=False)
     ui["sweep_export"].click(export_sweep, ui["sweep_results"], ui["sweep_file"], api_name="export_sweep")
 
@@ -115,13 +136,18 @@ def wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     """Every event of the page, each with an API name."""
     demo.load(new_session, None, ui["session"], api_name="new_session", queue=False)
     demo.load(None, js=PAGE_JS.read_text(encoding="utf-8"), api_name=False)
-    ui["example"].input(use_example, ui["example"], ui["prompt"], api_name="use_example", queue=False,
-                        preprocess=False)
+    # In the queue, where an unknown title is a plain error message rather than an HTTP 500.
+    ui["example"].input(use_example, ui["example"], ui["prompt"], api_name="use_example", preprocess=False,
+                        concurrency_limit=None, show_progress="hidden")
+    gr.on([ui["model"].change, ui["core_head"].change, ui["core_tail"].change], functools.partial(bound_core, pool),
+          _pick(ui, ("model", "core_head", "core_tail")), _pick(ui, ("core_head", "core_tail")), api_name=False,
+          queue=False, preprocess=False, show_progress="hidden", trigger_mode="always_last")
     sized = ui["model"].input(functools.partial(model_changed, pool), ui["model"], _pick(ui, MODEL_OUTPUTS),
                               api_name="model_changed", queue=False, preprocess=False)
     # A model that must be loaded first: in the queue, one load at a time, apart from the generations' slots.
     sized.then(functools.partial(load_model, pool), ui["model"], _pick(ui, MODEL_OUTPUTS), api_name="load_model",
-               preprocess=False, concurrency_id="load", concurrency_limit=1, trigger_mode="always_last")
+               preprocess=False, concurrency_id="load", concurrency_limit=1, trigger_mode="always_last",
+               show_progress_on=[ui["run_state"]])
     _wire_generation(pool, ui, [ui["generate"].click, ui["prompt"].submit])
     _wire_generation(pool, ui, [ui[n].release for n in RELEASE_TRIGGERS], "_on_release")
     ui["stop"].click(stop, ui["session"], ui["status"], api_name="stop", queue=False, show_progress="hidden")

@@ -44,7 +44,7 @@ them (the *core*) and only skips the middle.""",
     "attention": """**Where one attention head looks** while each token is generated (rows), over the prompt and
 the earlier tokens (columns): full depth on the left, D3 on the right. Choose the layer *before* generating,
 because only that layer is recorded, to keep traces small. The head can be changed afterwards. The default
-layer is the first flex layer, which D3 keeps the longest.
+layer is the middle flex layer, the one the default schedule (middle out) drops first.
 
 **What to look for:** grey rows are tokens for which D3 skipped this layer. Similar patterns mean
 that skipping left this head's behaviour intact.""",

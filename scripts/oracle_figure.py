@@ -40,9 +40,13 @@ def combined(results: list[dict], alpha: float) -> go.Figure:
               f"Spearman(need, position) = {s['spearman_need_vs_position']:.2f}"
               for r, s in ((r, r["summary"]["oracle_depth"]) for r in results)]
     fig = make_subplots(rows=1, cols=len(panels), subplot_titles=titles, horizontal_spacing=0.07)
-    for col, panel in enumerate(panels, start=1):
+    for col, (panel, result) in enumerate(zip(panels, results), start=1):
         for trace in panel.data:
-            trace.showlegend = col == 1
+            # The band and the mean mean the same in every panel; schedules and fits differ by model.
+            shared = trace.meta["role"] in ("band", "mean")
+            trace.showlegend = col == 1 or not shared
+            if not shared:
+                trace.name = f"{result['model']}: {trace.name}"
             fig.add_trace(trace, row=1, col=col)
         fig.update_xaxes(title_text="generated token (position i)", row=1, col=col)
         fig.update_yaxes(title_text="decoder layers", range=[0, panel.layout.yaxis.range[1]], row=1, col=col)

@@ -55,3 +55,23 @@ def new_client(url: str):
     from gradio_client import Client
 
     return Client(url, verbose=False, download_files=os.environ.get("GRADIO_TEMP_DIR") or "/tmp/gradio")
+
+
+def api_figure(output) -> dict:
+    """A gr.Plot output as an API client receives it ({"type": "plotly", "plot": JSON}), as a dict."""
+    import json
+
+    return json.loads(output["plot"])
+
+
+def array(value) -> "np.ndarray":
+    """A plotly data array from a figure's JSON: a plain list, or plotly's base64 typed array {dtype, bdata, shape}."""
+    import base64
+
+    import numpy as np
+
+    if isinstance(value, dict) and "bdata" in value:
+        flat = np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
+        shape = [int(n) for n in str(value.get("shape", flat.size)).split(",")]
+        return flat.reshape(shape)
+    return np.asarray(value, dtype=float)

@@ -43,3 +43,13 @@ def smol_engine():
     from d3.models import get_model
 
     return Engine.from_loaded(get_model("smollm2-135m"))
+
+
+@pytest.fixture()
+def unpaced(monkeypatch):
+    """Every streamed update of a run goes to the page, as tests that act on token k need (the page paces a fast
+    model's updates for the browser: explorer.live.PANES_EVERY_S and FIGURES_EVERY_S)."""
+    from explorer import live
+
+    monkeypatch.setattr(live, "PANES_EVERY_S", 0.0)
+    monkeypatch.setattr(live, "FIGURES_EVERY_S", 0.0)

@@ -10,14 +10,17 @@ from pathlib import Path
 from typing import Iterator
 
 import gradio as gr
+import numpy as np
 import pytest
 from gradio_client import Client
 
 from explorer import live, page
+from d3.config import D3Config
 from d3.engine import Engine
+from d3.schedule import budgets, planned_grid
 from explorer.caps import Caps
 from explorer.page import free_port
-from tests.apphelpers import exports_in_tmp, new_client  # noqa: F401  (a fixture)
+from tests.apphelpers import api_figure, array, exports_in_tmp, new_client  # noqa: F401  (a fixture)
 from tests.tiny import tiny_llama, tiny_tokenizer
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.filterwarnings("ignore::UserWarning")]
@@ -88,7 +91,11 @@ def test_generate_streams_token_by_token(url) -> None:
     panes = [str(out[OUT["d3_tokens"]]) for out in seen if "d3-tok" in str(out[OUT["d3_tokens"]])]
     assert len(panes) >= 4
     assert "Done." in final[OUT["status"]]
-    assert final[OUT["usage"]] is not None and final[OUT["errors"]] is not None
+    tokens = str(final[OUT["d3_tokens"]]).count('data-step="')
+    usage, errors = api_figure(final[OUT["usage"]]), api_figure(final[OUT["errors"]])
+    assert array(usage["data"][0]["z"]).shape == (tokens, 6)  # one row per D3 token, one column per layer
+    kl = [t for t in errors["data"] if "KL teacher" in (t.get("name") or "")]
+    assert len(kl) == 1 and len(array(kl[0]["y"])) == tokens and (array(kl[0]["y"]) >= 0).all()
 
 
 def test_bad_input_is_a_clear_error_and_the_server_keeps_serving(url) -> None:
@@ -167,9 +174,10 @@ def test_slider_preview_and_views_via_the_api(url) -> None:
                                drop_order="middle_out", fill="copy", max_new_tokens=16, unified_ratio=1.5,
                                skipdecode_max=0, skipdecode_min=0, threshold=0.9, presentation=False,
                                api_name="/redraw_schedule")
-    for plot in (decay, planned):
-        figure = json.loads(plot["plot"]) if isinstance(plot, dict) else plot
-        assert figure and "data" in str(figure)
+    cfg = D3Config(alpha=0.8, core_head=1, core_tail=1)
+    line = [t for t in api_figure(decay)["data"] if (t.get("meta") or {}).get("role") == "planned"]
+    assert list(array(line[0]["y"])) == budgets(cfg, 6, 16)  # the controls' schedule, then the others beside it
+    assert np.array_equal(array(api_figure(planned)["data"][0]["z"]) == 1, np.array(planned_grid(cfg, 6, 16)))
 
 
 def test_public_server_refuses_unknown_models(engine) -> None:
@@ -186,7 +194,9 @@ def test_scenario_chain_and_fill_comparison_via_the_api(url) -> None:
     job = c.submit(**{**RUN, "drop_order": "strided", "max_new_tokens": 4}, presentation=False,
                    api_name="/compare_fills")
     status, fills = job.result(timeout=120)
-    assert "Fill comparison done" in status and fills is not None
+    assert "Fill comparison done" in status
+    agreement = [t for t in api_figure(fills)["data"] if (t.get("meta") or {}).get("role") == "agreement"]
+    assert [t["x"][0] for t in agreement] == ["copy", "propagate", "none"]
 
 
 def test_export_figure_via_the_api(url) -> None:

@@ -86,6 +86,26 @@ def test_report_on_missing_results_exits_2_with_one_line(missing, tmp_path, caps
     assert f"--results {path}" in err and "\n" not in err and not (tmp_path / "r.html").exists()
 
 
+@pytest.mark.parametrize("spacing,layers", [("integer", [0, 2, 4, 5]), ("even", [0, 2, 3, 5])])
+def test_unified_spacing_flag(tiny_cli, capsys, spacing, layers):
+    assert cli.main(["generate", "--prompt", "hello", "--strategy", "unified", "--ratio", "1.5", "--spacing", spacing,
+                     "--max-new-tokens", "3", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["strategy"]["spacing"] == spacing and data["steps"][1]["layers_run"] == layers  # 4 of 6 layers
+    assert cli.main(["generate", "--prompt", "hi", "--spacing", spacing]) == 2
+    assert "--spacing does not apply to --strategy d3" in capsys.readouterr().err
+
+
+def test_info_on_a_directory_without_weights_exits_2_with_one_line(tmp_path, capsys):
+    from tests.tiny import tiny_llama
+
+    tiny_llama().config.save_pretrained(str(tmp_path))  # config.json, no weights
+    assert cli.main(["info", "--model", str(tmp_path), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: could not read the weights of") and "model.safetensors" in err
+    assert "\n" not in err and "Traceback" not in err
+
+
 @pytest.mark.integration
 def test_cli_on_the_embedded_model():
     run = lambda *a: subprocess.run([sys.executable, "-m", "d3", *a], capture_output=True, text=True, timeout=300)

@@ -7,10 +7,12 @@ import dataclasses
 import pytest
 
 from d3.config import (
+    CONFIDENCE_MEASURES,
     D3Config,
     EarlyExitConfig,
     GenerationConfig,
     SkipDecodeConfig,
+    StrategyConfig,
     TraceConfig,
     UnifiedConfig,
     default_core,
@@ -29,6 +31,7 @@ from d3.config import (
     (lambda: D3Config(drop_order="random"), "drop_order"),
     (lambda: SkipDecodeConfig(max_layers=5, min_layers=9), "min_layers"),
     (lambda: UnifiedConfig(ratio=0.5), "ratio"),
+    (lambda: UnifiedConfig(spacing="random"), "spacing"),
     (lambda: EarlyExitConfig(measure="entropy"), "measure"),
     (lambda: GenerationConfig(max_new_tokens=0), "max_new_tokens"),
     (lambda: GenerationConfig(max_new_tokens=10**9), "max_new_tokens"),
@@ -67,3 +70,25 @@ def test_strategy_from_dict_round_trip_and_errors():
         strategy_from_dict({"strategy": "magic"})
     with pytest.raises(ValueError, match="unknown field"):
         strategy_from_dict({"strategy": "d3", "beta": 1})
+
+
+@pytest.mark.parametrize("cls", [StrategyConfig, D3Config, SkipDecodeConfig, UnifiedConfig, EarlyExitConfig])
+def test_docstrings_name_only_real_fields(cls):
+    """Every `name:` (or `a / b:`) entry of a config's docstring is one of its fields (or a measure's value)."""
+    import re
+
+    named = set()
+    for line in cls.__doc__.splitlines()[1:]:
+        entry = re.match(r"\s+([a-z_]+(?: / [a-z_]+)*):", line)
+        if entry:
+            named |= set(entry.group(1).split(" / "))
+    if cls is D3Config:  # the parse finds the entries it checks
+        assert {"alpha", "core_head", "core_tail", "start", "drop_order", "fill"} <= named
+    assert named <= {f.name for f in dataclasses.fields(cls)} | set(CONFIDENCE_MEASURES)
+
+
+def test_d3_start_docstring_matches_the_schedule():
+    from d3.schedule import budgets
+
+    assert "start=5 keeps steps 0-5 at full depth" in D3Config.__doc__.replace("\n", " ")
+    assert budgets(D3Config(alpha=0.5, start=5, core_head=0, core_tail=0), 30, 8) == [30] * 6 + [15, 7]

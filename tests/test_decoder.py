@@ -114,6 +114,89 @@ def test_copy_fill_writes_the_lower_layers_kv(tiny_engine):
         assert torch.equal(state.cache.layers[layer].keys[..., -1, :], state.cache.layers[src].keys[..., -1, :])
 
 
+def test_copy_any_type_equals_copy_on_one_attention_type(tiny_engine):
+    """Llama has only full attention: the same-type rule picks the very layer the any-type rule picks."""
+    logits = {}
+    for fill in ("copy", "copy_any_type"):
+        rows = []
+        cfg = D3Config(alpha=0.9, core_head=1, core_tail=1, drop_order="strided", fill=fill)
+        trace = tiny_engine.generate(PROMPT, cfg, GREEDY, TraceConfig(), forced=[list(range(5, 29))],
+                                     observer=lambda i, o, s: rows.append(o.logits))
+        logits[fill] = torch.cat(rows)
+        assert (trace.grid() == FILLED_COPY).any()
+    assert torch.equal(logits["copy"], logits["copy_any_type"])
+
+
+GEMMA_TYPES = ("sliding_attention", "full_attention", "sliding_attention", "sliding_attention", "full_attention",
+               "sliding_attention")
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma(tiny_tok):
+    """A random 6-layer Gemma 3 with sliding layers (rope base 10k) and global layers 1 and 4 (rope base 1M)."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    cfg = Gemma3TextConfig(vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=6,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=8, layer_types=list(GEMMA_TYPES),
+                           sliding_window=4, max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    return Engine(Gemma3ForCausalLM(cfg).eval(), tiny_tok, name="tiny-gemma")
+
+
+def _one_step(engine: Engine, run: tuple[int, ...], fill: str):
+    from d3.decoder import decode_one_token, prefill
+    from d3.schedule import LayerPlan
+
+    ids, mask = engine.encode([PROMPT])
+    state, first = prefill(engine.adapter, ids, mask)
+    out = decode_one_token(engine.adapter, state, first.logits.argmax(-1), LayerPlan(run, len(run)), fill)
+    return out, state.cache
+
+
+def _newest_keys(cache, layer: int) -> torch.Tensor:
+    return cache.layers[layer].keys[..., -1, :]
+
+
+@pytest.mark.parametrize("run,skipped,source_copy,source_any", [
+    ((0, 1, 2, 3, 5), 4, 1, 3),  # global layer 4: the global layer 1 below, not the sliding layer 3 next to it
+    ((0, 2, 3, 4, 5), 1, 4, 0),  # global layer 1 with no global layer below: the nearest global layer above
+    ((0, 1, 3, 4, 5), 2, 0, 1),  # sliding layer 2: the sliding layer 0, not the global layer 1
+])
+def test_gemma3_copy_fills_from_a_layer_of_the_same_attention_type(tiny_gemma, run, skipped, source_copy, source_any):
+    types = tiny_gemma.adapter.layer_types
+    assert tuple(types) == GEMMA_TYPES
+    out, cache = _one_step(tiny_gemma, run, "copy")
+    assert out.filled == ((skipped, "copy"),) and types[source_copy] == types[skipped]
+    assert torch.equal(_newest_keys(cache, skipped), _newest_keys(cache, source_copy))
+    assert not torch.equal(_newest_keys(cache, skipped), _newest_keys(cache, source_any)) or source_any == source_copy
+    out, cache = _one_step(tiny_gemma, run, "copy_any_type")  # the old rule stays selectable
+    assert torch.equal(_newest_keys(cache, skipped), _newest_keys(cache, source_any))
+
+
+def test_gemma3_copy_propagates_when_no_layer_of_the_type_ran(tiny_gemma):
+    out, cache = _one_step(tiny_gemma, (0, 2, 3, 5), "copy")  # both global layers skipped
+    assert out.filled == ((1, "propagate"), (4, "propagate"))
+    out_any, _ = _one_step(tiny_gemma, (0, 2, 3, 5), "copy_any_type")
+    assert out_any.filled == ((1, "copy"), (4, "copy"))
+
+
+def test_gemma3_d3_generation_copies_within_type(tiny_gemma):
+    """A whole strided D3 generation: every copied entry equals the newest entry of a same-type layer that ran."""
+    cfg = D3Config(alpha=0.8, core_head=1, core_tail=1, drop_order="strided")
+    steps = []
+    tiny_gemma.generate(PROMPT, cfg, GenerationConfig(max_new_tokens=6, stop_at_eos=False), TRACE_OFF,
+                        observer=lambda i, o, s: steps.append((o, [_newest_keys(s.cache, k).clone() for k in range(6)])))
+    types = tiny_gemma.adapter.layer_types
+    copied = 0
+    for out, keys in steps:
+        for layer, how in out.filled:
+            if how == "copy":
+                same = [r for r in out.layers_run if types[r] == types[layer]]
+                assert any(torch.equal(keys[layer], keys[r]) for r in same)
+                copied += 1
+    assert copied > 0
+
+
 def test_none_fill_masks_holes(tiny_engine):
     states = []
     cfg = D3Config(alpha=0.7, core_head=1, core_tail=1, fill="none")

@@ -90,6 +90,30 @@ def test_unsupported_architecture_lists_supported(tmp_path: Path):
         assert arch in str(info.value)
 
 
+def test_directory_without_weights_is_a_plain_error(tmp_path: Path):
+    tiny_llama().config.save_pretrained(str(tmp_path))
+    with pytest.raises(ValueError, match="could not read the weights of .*model.safetensors") as info:
+        load_model(str(tmp_path), device="cpu")
+    assert "\n" not in str(info.value)
+
+
+def test_truncated_local_weights_are_a_plain_error(tmp_path: Path, tiny_dir: Path):
+    import shutil
+
+    broken = Path(shutil.copytree(tiny_dir, tmp_path / "broken"))
+    data = (broken / "model.safetensors").read_bytes()
+    (broken / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=r"could not read the weights .*\(SafetensorError\)"):
+        load_model(str(broken), device="cpu")
+
+
+def test_directory_without_tokenizer_is_a_plain_error(tmp_path: Path):
+    tiny_llama().save_pretrained(str(tmp_path))
+    with pytest.raises(ValueError, match="could not read the tokenizer of") as info:
+        load_model(str(tmp_path), device="cpu")
+    assert "\n" not in str(info.value)
+
+
 def test_multimodal_gemma3_is_rejected():
     with pytest.raises(ValueError, match="text-only"):
         models.check_arch({"model_type": "gemma3", "vision_config": {}})

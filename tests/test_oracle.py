@@ -140,7 +140,7 @@ def test_cli_json_has_every_key(tiny_cli, capsys):
         assert len(out[key]) == 6 and all(isinstance(x, (int, float)) for x in out[key])
     assert all(2 <= n <= 6 for n in out["oracle_depth"])
     assert set(out["alpha_fit"]) == {"least_squares", "coverage"}
-    assert out["alpha"] == 0.8 and out["alpha_source"] == "--alpha"
+    assert out["alpha"] == 0.8 and out["alpha_source"] == "given"
     budgets = [plan(D3Config(alpha=0.8, core_head=1, core_tail=1), 6, i).budget for i in range(6)]
     assert out["underserved_fraction"] == pytest.approx(np.mean(np.array(budgets) < np.array(out["oracle_depth"])))
     assert {"generate", "oracle", "total"} <= set(out["prompts"][0]["seconds"]) and out["seconds"] > 0

@@ -25,8 +25,9 @@ from tests.tiny import tiny_llama
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::UserWarning")]
 BAD = "someone/no-such-model"
-LOAD_S = 4.0  # how long the bad load takes before it fails (the issue measured ~20 s for a hub id offline)
+LOAD_S = 6.0  # how long the bad load takes before it fails (the issue measured ~20 s for a hub id offline)
 RUN = {**DEFAULTS, "max_new_tokens": 2}
+# "Normal latency" on a shared 2-core machine: within 2 s of the run alone; a stalled run waits the whole load.
 
 
 def slow_factory(engine, calls: list[str], delay: float = LOAD_S):
@@ -73,7 +74,7 @@ def test_a_slow_failing_load_stalls_nobody_else(tiny_engine) -> None:
     took = timed(lambda: generate_tiny(pool))
     redraw = timed(lambda: view_handlers.redraw_schedule(pool, None, **RUN))
     a.join(timeout=30)
-    assert calls.count(BAD) == 1 and took < normal + 1.0 and took < LOAD_S / 2, (took, normal)
+    assert calls.count(BAD) == 1 and took < normal + 2.0 and took < LOAD_S / 2, (took, normal)
     assert redraw < 0.5, redraw
     assert errors and "unknown model" in errors[0] and "Traceback" not in errors[0]
 
@@ -154,6 +155,6 @@ def test_the_issue_repro_through_the_api(tiny_engine) -> None:
         sized = timed(lambda: b.predict(model="tiny", api_name="/model_changed"))
         thread.join(timeout=60)
         retry = timed(lambda: pytest.raises(Exception, b.predict, model=BAD, api_name="/load_model"))
-    assert took < normal + 1.0 and took < LOAD_S / 2, (took, normal)
+    assert took < normal + 2.0 and took < LOAD_S / 2, (took, normal)
     assert sized < 1.0 and retry < 1.0 and calls.count(BAD) == 1
     assert a_errors and "unknown model" in a_errors[0]

@@ -205,3 +205,10 @@ def test_committed_results_are_modest_complete_and_summarised() -> None:
     assert full["accuracy"] > full["chance"]  # the model is above chance on the task set as a whole
     summary = (root / "SUMMARY.md").read_text(encoding="utf-8")
     assert report.headline(df)["text"] in summary  # the committed summary is the one these results give
+
+
+def test_committed_unified_rows_were_measured_with_even_spacing() -> None:
+    """The committed Unified rows ran the default schedule (kept layers evenly spaced), not the old integer rule."""
+    df = table.read_results(Path(__file__).resolve().parent.parent / "results" / "smollm2_sweep.csv")
+    unified = [json.loads(p) for p in df.loc[df["strategy"] == "unified", "params"]]
+    assert len(unified) == 3 and all(p.get("spacing") == "even" for p in unified)

@@ -104,11 +104,45 @@ def test_skipdecode_paper_setting_for_32_layers():
     (30, 1.5, (*range(19), 29)),
     (30, 3.0, (0, 3, 6, 9, 12, 15, 18, 21, 24, 29)),
 ])
-def test_unified_layer_skipping_rule(num_layers, ratio, expected):
-    layers = unified_layers(num_layers, ratio)
+def test_unified_integer_spacing_is_the_papers_literal_rule(num_layers, ratio, expected):
+    layers = unified_layers(num_layers, ratio, "integer")
     assert layers == expected
     assert len(layers) == math.floor(num_layers / ratio)
-    assert plan(UnifiedConfig(ratio=ratio), num_layers, 7).run == expected
+    assert plan(UnifiedConfig(ratio=ratio, spacing="integer"), num_layers, 7).run == expected
+
+
+@pytest.mark.parametrize("num_layers,ratio,expected", [
+    (30, 1.5, (0, 2, 3, 5, 6, 8, 9, 11, 12, 14, 15, 17, 18, 20, 21, 23, 24, 26, 27, 29)),
+    (30, 3.0, (0, 3, 6, 10, 13, 16, 19, 23, 26, 29)),
+    (18, 1.5, (0, 2, 3, 5, 6, 8, 9, 11, 12, 14, 15, 17)),
+])
+def test_unified_even_spacing_skips_in_a_balanced_manner(num_layers, ratio, expected):
+    """The default: at r=1.5 every third layer is skipped, instead of the block 19..28 the integer rule drops."""
+    assert UnifiedConfig(ratio=ratio).spacing == "even"
+    assert plan(UnifiedConfig(ratio=ratio), num_layers, 7).run == expected == unified_layers(num_layers, ratio)
+
+
+@settings(max_examples=400, deadline=None)
+@given(num_layers=st.integers(2, 128), keep=st.integers(2, 128))
+def test_unified_even_spacing_properties(num_layers, keep):
+    keep = min(keep, num_layers)
+    ratio = num_layers / keep
+    layers = unified_layers(num_layers, ratio)
+    n = math.floor(num_layers / ratio)  # keep, up to float rounding of num_layers / (num_layers / keep)
+    assert len(layers) == len(set(layers)) == n
+    assert layers[0] == 0 and layers[-1] == num_layers - 1 and list(layers) == sorted(layers)
+    gaps = [b - a for a, b in zip(layers, layers[1:])]
+    assert max(gaps) - min(gaps) <= 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(num_layers=st.integers(2, 128), ratio=st.floats(1.0, 64.0))
+def test_unified_even_spacing_keeps_floor_l_over_r_for_any_ratio(num_layers, ratio):
+    n = max(1, math.floor(num_layers / ratio))
+    layers = unified_layers(num_layers, ratio)
+    assert len(set(layers)) == n and layers[-1] == num_layers - 1
+    if n >= 2:
+        assert layers[0] == 0
 
 
 def test_full_and_early_exit_plans():

@@ -11,11 +11,11 @@ import pytest
 
 import app
 from explorer import export, sweep_tab
-from d3.models import unknown_name_message
 from explorer.caps import Caps
 from explorer.pool import ModelPool
 from explorer.sweep_tab import SWEEP_MAX_SETTINGS
 from tests.apphelpers import exports_in_tmp  # noqa: F401  (a fixture)
+from tests.test_app import tiny_factory
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -27,11 +27,7 @@ LOAD = {name: i for i, name in enumerate(sweep_tab.SWEEP_LOAD_OUTPUTS)}
 
 @pytest.fixture(scope="module")
 def pool(tiny_engine) -> ModelPool:
-    def build(name: str):
-        if name != "tiny":
-            raise ValueError(unknown_name_message(name))
-        return tiny_engine
-    return ModelPool(build, names=("tiny",), caps=Caps(max_new_tokens=64))
+    return ModelPool(tiny_factory(tiny_engine), names=("tiny",), caps=Caps(max_new_tokens=64))
 
 
 @pytest.fixture(scope="module")
@@ -84,12 +80,13 @@ def test_selecting_a_row_loads_its_params_into_the_controls(swept, index) -> Non
     assert row["label"] in values[LOAD["sweep_note"]]
 
 
-def test_selecting_the_full_depth_row_or_nothing_is_a_clear_error(swept) -> None:
+def test_selecting_the_full_depth_row_or_nothing_says_why_in_the_note(swept) -> None:
+    """Out of the queue an error would be an HTTP 500 the page never shows: the note under the plot says it."""
     results = swept[0][OUT["sweep_results"]]
-    with pytest.raises(gr.Error, match="full-depth reference"):
-        sweep_tab.load_sweep_setting(results, _select(0))
-    with pytest.raises(gr.Error, match="No sweep results"):
-        sweep_tab.load_sweep_setting(None, _select(0))
+    full = sweep_tab.load_sweep_setting(results, _select(0))
+    assert "full-depth reference" in full[LOAD["sweep_note"]]
+    assert all(v is gr.skip() or type(v) is type(gr.skip()) for k, v in enumerate(full) if k != LOAD["sweep_note"])
+    assert "No sweep results" in sweep_tab.load_sweep_setting(None, _select(0))[LOAD["sweep_note"]]
 
 
 def test_clicking_a_pareto_point_loads_the_row_it_was_drawn_from(swept) -> None:
@@ -111,9 +108,9 @@ def test_clicking_a_pareto_point_loads_the_row_it_was_drawn_from(swept) -> None:
 
 
 @pytest.mark.parametrize("value", ["", "@5", "x@1", "-1@2", "99@1", "1.5"])
-def test_a_bad_point_value_is_a_clear_error(swept, value) -> None:
-    with pytest.raises(gr.Error, match="not in the sweep's results"):
-        sweep_tab.load_sweep_point(swept[0][OUT["sweep_results"]], value)
+def test_a_bad_point_value_is_a_clear_message(swept, value) -> None:
+    note = sweep_tab.load_sweep_point(swept[0][OUT["sweep_results"]], value)[LOAD["sweep_note"]]
+    assert "not in the sweep's results" in note
 
 
 def test_export_writes_a_csv_with_the_same_rows(swept) -> None:

@@ -21,6 +21,8 @@ from viz.layout import (
 
 SKIPPED_TEXT = "#9CA3AF"
 
+KEY_TICKS = 14  # key-position labels per panel at most (more overlap: tokens are a few characters wide)
+
 
 def prompt_length(trace: Trace, layer: int) -> int:
     """Number of prompt positions among the keys: `prompt_stats.tokens` if recorded, else inferred from
@@ -95,7 +97,7 @@ def _panel(trace: Trace, layer: int, head: int, index: int, name: str) -> tuple[
     heat = go.Heatmap(z=weights, x=cols, y=rows, coloraxis="coloraxis", xaxis=xref, yaxis=yref, hoverongaps=False,
                       hovertemplate=f"%{{y}} · head {head} of layer {layer} · %{{x}} · weight %{{z:.3g}}<extra></extra>",
                       name=name, meta={"role": "attention", "name": name})
-    picks = tick_subset(len(cols), 40)
+    picks = tick_subset(len(cols), KEY_TICKS)  # each panel is a few hundred px wide: labels need ~30 px each
     xaxis = dict(type="category", tickmode="array", tickvals=[cols[k] for k in picks], showgrid=False,
                  ticktext=[labels[k] for k in picks], title=dict(text="key position (prompt | generated)"))
     row_picks = tick_subset(len(rows), 40)

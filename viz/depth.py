@@ -76,7 +76,8 @@ def decay_curve(cfg: StrategyConfig, num_layers: int, steps: int, *, trace: Trac
         floor = head + tail
         if floor > 0:
             shapes.append(guide_line(y=floor, color=CORE_LINE, dash="dot"))
-            notes.append(dict(x=1, xref="paper", xanchor="right", y=floor, yanchor="bottom", showarrow=False,
+            # Under the floor line: D3's budget never goes below it, so its line never runs through the label.
+            notes.append(dict(x=1, xref="paper", xanchor="right", y=floor, yanchor="top", showarrow=False,
                               text=f"core floor: {head} + {tail} = {floor} layers", font=dict(color=CORE_LINE)))
         if cfg.start > 0:
             shapes.append(guide_line(x=cfg.start - 0.5))

@@ -8,7 +8,8 @@ import json
 import sys
 from typing import Any, Sequence
 
-from d3.config import FILLS, DROP_ORDERS, STRATEGIES, GenerationConfig, TraceConfig, TRACE_OFF, strategy_from_dict
+from d3.config import (FILL_VARIANTS, DROP_ORDERS, STRATEGIES, UNIFIED_SPACINGS, GenerationConfig, TraceConfig, TRACE_OFF,
+                       strategy_from_dict)
 
 from d3.cli.common import CliError
 from d3.data import fetch
@@ -36,13 +37,16 @@ def add_strategy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alpha", type=float, help="D3 decay rate in (0, 1] (default 0.99)")
     p.add_argument("--core-head", type=int, help="D3 core layers at the bottom (default L // 8)")
     p.add_argument("--core-tail", type=int, help="D3 core layers at the top (default L // 8)")
-    p.add_argument("--start", type=int, help="D3: generated tokens kept at full depth before the decay")
+    p.add_argument("--start", type=int, help="D3: the step the decay counts from (steps 0..start run at full depth)")
     p.add_argument("--drop-order", choices=DROP_ORDERS, help="D3: order in which flex layers are dropped")
-    p.add_argument("--fill", choices=FILLS, help="how skipped layers' KV entries are filled")
+    p.add_argument("--fill", choices=FILL_VARIANTS, help="how skipped layers' KV entries are filled (default copy: the "
+                   "nearest lower layer that ran, of the same attention type)")
     p.add_argument("--max-layers", type=int, help="SkipDecode: budget at the first token")
     p.add_argument("--min-layers", type=int, help="SkipDecode / early exit: lowest budget")
     p.add_argument("--warmup", type=int, help="SkipDecode: bottom layers always run")
     p.add_argument("--ratio", type=float, help="Unified Layer Skipping: target speedup ratio")
+    p.add_argument("--spacing", choices=UNIFIED_SPACINGS, help="Unified Layer Skipping: kept layers evenly spaced "
+                   "(default) or every floor(L / (N - 1))-th (the paper's literal rule)")
     p.add_argument("--threshold", type=float, help="early exit: confidence threshold in (0, 1]")
     p.add_argument("--measure", choices=("softmax_gap", "cosine"), help="early exit: confidence measure")
 
@@ -50,7 +54,7 @@ def add_strategy_args(p: argparse.ArgumentParser) -> None:
 _STRATEGY_FIELDS = {
     "alpha": "alpha", "core_head": "core_head", "core_tail": "core_tail", "start": "start", "drop_order": "drop_order",
     "fill": "fill", "max_layers": "max_layers", "min_layers": "min_layers", "warmup": "warmup", "ratio": "ratio",
-    "threshold": "threshold", "measure": "measure",
+    "spacing": "spacing", "threshold": "threshold", "measure": "measure",
 }
 
 

@@ -1,0 +1,183 @@
+"""The conversion cache: each embedded model converted once into <root>/<name>/<key>, checked before every load."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+CACHE_ENV = "D3_CACHE_DIR"
+CACHE_VERSION = 1  # bump to invalidate every converted model when the conversion changes
+MARKER = "d3-source.json"  # written last: a folder without it was never finished
+TEMP_PREFIX = ".tmp-"
+# A conversion takes one to two minutes here; a temp folder untouched for this long belongs to a crashed one.
+STALE_AFTER_S = 30 * 60
+ENDS_BYTES = 1 << 20  # hashing the first and last MiB takes ~2 ms; a full sha256 of the 514 MB file takes ~0.4 s
+
+Convert = Callable[[Path, Path, str], None]  # (gguf file, output folder, model name): writes a save_pretrained folder
+
+
+def cache_root() -> Path:
+    """Where converted models live: $D3_CACHE_DIR, else ~/.cache/d3-explorer."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "d3-explorer").expanduser()
+
+
+def cached_conversion(name: str, key: str, make_gguf: Callable[[Path], Path], convert: Convert) -> Path:
+    """<cache_root>/<name>/<key>, converting first when it is missing or damaged (written to a temp dir, renamed)."""
+    final = cache_root() / name / key
+    final.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(final.parent)
+    if (final / MARKER).is_file():
+        problem = check_folder(final)
+        if problem is None:
+            return final
+        log.warning("the cached %s is damaged (%s): converting it again", name, problem)
+        _discard(final, key)
+    work = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{key}-{os.getpid()}-", dir=final.parent))
+    try:
+        gguf = make_gguf(work)
+        convert(gguf, work / "model", name)
+        _write_marker(work / "model", {"name": name, "gguf": gguf.name, "cache_version": CACHE_VERSION})
+        _publish(work / "model", final)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return final
+
+
+# ---------------------------------------------------------------- checking a finished folder
+
+
+def weight_record(path: Path) -> dict[str, Any]:
+    """Size and sha256 of the first and last MiB: enough to catch a truncated or partly overwritten weight file."""
+    size = path.stat().st_size
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        digest.update(handle.read(ENDS_BYTES))
+        handle.seek(max(0, size - ENDS_BYTES))
+        digest.update(handle.read(ENDS_BYTES))
+    return {"size": size, "sha256_ends": digest.hexdigest()}
+
+
+def check_folder(folder: Path) -> str | None:
+    """None if the weights match the marker's record; otherwise what is wrong, in a few words."""
+    try:
+        meta = json.loads((folder / MARKER).read_text())
+        files = meta.get("files")
+    except (OSError, ValueError, AttributeError):
+        return f"{MARKER} is unreadable"
+    if files is None:  # a marker from before records were kept: check the structure, then record what is there
+        problem = _check_structure(folder)
+        if problem is None:
+            _upgrade_marker(folder, meta)
+        return problem
+    if not files:
+        return "no weight files recorded"
+    for filename, expected in files.items():
+        path = folder / filename
+        if not path.is_file():
+            return f"{filename} is missing"
+        if weight_record(path) != expected:
+            actual = path.stat().st_size
+            return f"{filename} is {actual:,} bytes, {expected['size']:,} expected" if actual != expected["size"] \
+                else f"{filename} differs from the recorded hash"
+    return None
+
+
+def _check_structure(folder: Path) -> str | None:
+    """The safetensors headers parse and cover each file exactly (a truncated file fails to open)."""
+    from safetensors import SafetensorError, safe_open
+
+    weights = sorted(folder.glob("*.safetensors"))
+    if not weights:
+        return "no weight files"
+    for path in weights:
+        try:
+            with safe_open(str(path), framework="pt"):
+                pass
+        except (SafetensorError, OSError) as err:
+            return f"{path.name} does not open ({err})"
+    return None
+
+
+def _upgrade_marker(folder: Path, meta: dict[str, Any]) -> None:
+    try:
+        _write_marker(folder, meta)
+    except OSError as err:  # a read-only cache still loads; it is only checked less closely
+        log.info("could not record the weight files in %s (%s)", folder / MARKER, err)
+
+
+def _write_marker(folder: Path, meta: dict[str, Any]) -> None:
+    """The marker with a record of every weight file, replaced atomically (another process may be reading it)."""
+    files = {p.name: weight_record(p) for p in sorted(folder.glob("*.safetensors"))}
+    staged = folder / f"{MARKER}.{os.getpid()}.tmp"
+    staged.write_text(json.dumps({**meta, "files": files}))
+    os.replace(staged, folder / MARKER)
+
+
+# ---------------------------------------------------------------- temp folders and races
+
+_TEMP_PID = re.compile(re.escape(TEMP_PREFIX) + r"[0-9a-f]+-(\d+)-")
+
+
+def remove_stale_temps(folder: Path, *, now: float | None = None) -> list[Path]:
+    """Delete temp folders left by crashed conversions: their process is gone, or nothing changed for a long time."""
+    now = time.time() if now is None else now
+    removed = []
+    for entry in folder.glob(TEMP_PREFIX + "*"):
+        match = _TEMP_PID.match(entry.name)
+        dead = match is not None and not _process_alive(int(match.group(1)))
+        if entry.is_dir() and (dead or now - _newest_mtime(entry) > STALE_AFTER_S):
+            shutil.rmtree(entry, ignore_errors=True)
+            log.info("removed %s, left by an unfinished conversion", entry)
+            removed.append(entry)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    """Whether a process with this id runs on this machine (the cache is per machine, like the pids)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, under another user
+        return True
+    return True
+
+
+def _newest_mtime(folder: Path) -> float:
+    newest = folder.stat().st_mtime
+    for root, dirs, files in os.walk(folder):
+        for item in (*dirs, *files):
+            try:
+                newest = max(newest, os.stat(os.path.join(root, item)).st_mtime)
+            except FileNotFoundError:  # deleted while we looked
+                continue
+    return newest
+
+
+def _discard(final: Path, key: str) -> None:
+    """Move a damaged folder out of the way first (atomic), so no other process picks it up, then delete it."""
+    doomed = final.parent / f"{TEMP_PREFIX}{key}-{os.getpid()}-damaged-{time.time_ns()}"
+    try:
+        final.rename(doomed)
+    except FileNotFoundError:  # another process got there first
+        return
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _publish(staged: Path, final: Path) -> None:
+    """Rename into place; if another process won the race, keep theirs (rename fails on a non-empty dir)."""
+    try:
+        staged.rename(final)
+    except OSError:
+        if not (final / MARKER).is_file():
+            raise

@@ -32,8 +32,6 @@ def run_pair(engine, strategy, tokens: int = 8, prompt: str = "hello there"):
     *_, last = side_by_side(engine, prompt, strategy, GenerationConfig(max_new_tokens=tokens))
     return last
 
-# Not fixed yet on this branch (issue 11 is landed item by item): each mark goes with its fix.
-TODO = pytest.mark.xfail(strict=True, reason="issue 11: not fixed yet")
 
 
 # ---------------------------------------------------------------- 5: the Sweep tab

@@ -10,8 +10,7 @@ import torch
 from torch import nn
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "gemma3")
-
+from d3.models import check_arch
 
 class Adapter:
     """Public pieces of a decoder-only transformers model, called one layer at a time.
@@ -112,6 +111,4 @@ class Adapter:
 
 def check_supported(model: nn.Module) -> None:
     """Raise ValueError if the model's architecture is not one the skip-aware loop handles."""
-    arch = getattr(model.config, "model_type", "?")
-    if arch not in SUPPORTED_ARCHS:
-        raise ValueError(f"architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHS)}")
+    check_arch(model.config.to_dict())

@@ -15,8 +15,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from d3.config import TRACE_OFF, D3Config, FullConfig, GenerationConfig, StrategyConfig, TraceConfig
-from d3.schedule import alpha_for_mean_depth, theoretical_speedup
-from d3.sweep.grid import planned_mean_layers
+from d3.schedule import alpha_for_mean_depth, planned_mean_layers, theoretical_speedup
 
 TARGETS = {"full_vs_hf": 1.05, "d3_efficiency": 0.85, "trace_overhead": 1.2, "load_s": 5.0}
 VARIANTS = ("hf", "full", "d3", "traced")

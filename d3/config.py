@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 FILLS = ("copy", "propagate", "none")  # the fills the page offers and compares
 # copy_any_type: the nearest lower layer that ran whatever its attention type (this project's copy until Gemma 3's
@@ -12,10 +12,7 @@ FILLS = ("copy", "propagate", "none")  # the fills the page offers and compares
 FILL_VARIANTS = (*FILLS, "copy_any_type")
 DROP_ORDERS = ("middle_out", "top_down", "bottom_up", "strided")
 CONFIDENCE_MEASURES = ("softmax_gap", "cosine")
-STRATEGY_NAMES = ("full", "d3", "skipdecode", "unified", "early_exit")
 UNIFIED_SPACINGS = ("even", "integer")
-
-Fill = Literal["copy", "propagate", "none", "copy_any_type"]
 
 
 def _check(ok: bool, name: str, value: Any, allowed: str) -> None:
@@ -295,14 +292,3 @@ class TraceConfig:
 
 
 TRACE_OFF = TraceConfig(enabled=False, sublayer_stats=False)
-
-PRESETS: dict[str, StrategyConfig] = {
-    "full": FullConfig(),
-    "d3": D3Config(),
-    "d3-two-thirds": D3Config(alpha=0.99),
-    "d3-aggressive": D3Config(alpha=0.95),
-    "d3-no-core": D3Config(alpha=0.99, core_head=0, core_tail=0),
-    "skipdecode": SkipDecodeConfig(),
-    "unified-1.5x": UnifiedConfig(ratio=1.5),
-    "early-exit": EarlyExitConfig(),
-}

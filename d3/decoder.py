@@ -60,14 +60,15 @@ class DecodeState:
 class StepOutput:
     """One forward pass (prefill or one decode step) for the whole batch.
 
-    logits: float32 [batch, vocab] for the next token.  stats: float32 CPU [N_STATS, batch, L] or None.
+    logits: float32 [batch, vocab] for the next token.
+    stats: LAYER_STATS name -> float32 CPU [batch, L] (empty when not recorded).
     attention: layer -> float32 CPU [batch, heads, q, kv].  confidence: per exit check (early exit only).
     """
 
     logits: torch.Tensor
     layers_run: tuple[int, ...]
     filled: tuple[tuple[int, str], ...]
-    stats: torch.Tensor | None = None
+    stats: dict[str, torch.Tensor] = field(default_factory=dict)
     attention: dict[int, torch.Tensor] = field(default_factory=dict)
     confidence: tuple[float, ...] = ()
     exit_layer: int | None = None
@@ -143,6 +144,26 @@ def _confidence(adapter: Adapter, cfg: EarlyExitConfig, hidden: torch.Tensor,
     return float((top2[:, 0] - top2[:, 1]).min()), logits
 
 
+class _EarlyExit:
+    """Confidence early exit within one forward pass: after each layer from the plan's `min_exit` on (never
+    after the last layer), measure the confidence; the first time it reaches the threshold the batch exits."""
+
+    def __init__(self, adapter: Adapter, cfg: EarlyExitConfig, min_exit: int) -> None:
+        self.adapter, self.cfg, self.min_exit = adapter, cfg, min_exit
+        self.confidence: list[float] = []
+        self.layer: int | None = None  # the layer the batch exited after
+        self.logits: torch.Tensor | None = None  # [batch, vocab] computed by the check, reused as the output
+
+    def check(self, idx: int, n_ran: int, hidden: torch.Tensor, before: torch.Tensor) -> None:
+        """Layer `idx` (the `n_ran`-th to run) turned `before` into `hidden`."""
+        if n_ran < self.min_exit or idx >= self.adapter.num_layers - 1:
+            return
+        value, logits = _confidence(self.adapter, self.cfg, hidden, before)
+        self.confidence.append(value)
+        if value >= self.cfg.threshold:
+            self.layer, self.logits = idx, logits
+
+
 def _capture_attention(adapter: Adapter, state: DecodeState, recorder: StatsRecorder, masks: dict[str, Any],
                        ropes: dict[str, Any]) -> dict[int, torch.Tensor]:
     out = {}
@@ -170,13 +191,11 @@ def forward(adapter: Adapter, state: DecodeState, hidden: torch.Tensor, position
     ropes = adapter.rope(hidden, positions)
     run = set(layer_plan.run)
     ran: list[int] = []
-    pending: list[tuple[int, torch.Tensor]] = []
-    conf: list[float] = []
-    outputs: dict[int, torch.Tensor] = {}
-    exit_layer = None
-    exit_logits = None
+    pending: list[tuple[int, torch.Tensor]] = []  # skipped layers and the hidden state they would have read
+    exit_check = _EarlyExit(adapter, early_exit, layer_plan.min_exit) if early_exit is not None else None
+    lens_in: dict[int, torch.Tensor] = {}  # layer -> its output, read out by the logit lens after the loop
     for idx in range(adapter.num_layers):
-        if exit_layer is not None or idx not in run:
+        if idx not in run or (exit_check is not None and exit_check.layer is not None):
             pending.append((idx, hidden))
             continue
         kind = adapter.layer_types[idx]
@@ -184,23 +203,21 @@ def forward(adapter: Adapter, state: DecodeState, hidden: torch.Tensor, position
         hidden = adapter.run_layer(idx, hidden, _layer_mask(state, idx, masks[kind]), ropes[kind], state.cache, positions)
         ran.append(idx)
         if logit_lens:
-            outputs[idx] = hidden
-        if early_exit is not None and len(ran) >= layer_plan.min_exit and idx < adapter.num_layers - 1:
-            value, logits = _confidence(adapter, early_exit, hidden, before)
-            conf.append(value)
-            if value >= early_exit.threshold:
-                exit_layer, exit_logits = idx, logits
+            lens_in[idx] = hidden
+        if exit_check is not None:
+            exit_check.check(idx, len(ran), hidden, before)
     filled = _fill(adapter, state, pending, ran, fill, ropes) if pending else ()
     attention = _capture_attention(adapter, state, recorder, masks, ropes) if recorder and recorder.inputs else {}
+    exit_logits = exit_check.logits if exit_check is not None else None
     return StepOutput(
         logits=exit_logits if exit_logits is not None else adapter.logits(hidden[:, -1]),
         layers_run=tuple(ran),
         filled=filled,
-        stats=recorder.collect() if recorder is not None else None,
+        stats=recorder.collect() if recorder is not None else {},
         attention=attention,
-        confidence=tuple(conf),
-        exit_layer=exit_layer,
-        lens=_logit_lens(adapter, outputs) if logit_lens and outputs else None,
+        confidence=tuple(exit_check.confidence) if exit_check is not None else (),
+        exit_layer=exit_check.layer if exit_check is not None else None,
+        lens=_logit_lens(adapter, lens_in) if lens_in else None,
     )
 
 
@@ -208,8 +225,7 @@ def _recorded(adapter: Adapter, recorder: StatsRecorder | None, batch: int, vali
     """Call `run()` with the recorder's hooks registered for exactly this forward pass (or none)."""
     if recorder is None:
         return run()
-    recorder.begin(batch, adapter.model.device, valid)
-    with recording(adapter, recorder):
+    with recording(adapter, recorder, batch, valid):
         return run()
 
 

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
-import numpy as np
 import torch
 
 from d3.adapter import Adapter, check_supported
@@ -25,11 +23,9 @@ from d3.config import (
 )
 from d3.decoder import DecodeState, StepOutput, decode_one_token, prefill, sample
 from d3.hooks import StatsRecorder
-from d3.schedule import plan
-from d3.trace import LAYER_STATS, PromptStats, TokenStep, Trace
-
-PROMPT_ATTENTION_MAX = 256  # prompt x prompt attention is kept only for prompts up to this many tokens
-
+from d3.schedule import LayerPlan, plan
+from d3.trace import Trace
+from d3.tracing import TraceBuilder, token_text
 
 def check_prompt(prompt: Any) -> str:
     """A prompt must be non-empty text without control characters (newlines and tabs are fine)."""
@@ -42,13 +38,38 @@ def check_prompt(prompt: Any) -> str:
 
 
 @dataclass
-class _Row:
-    """Per-sequence bookkeeping while a batch decodes."""
+class _Decoding:
+    """The decoder side of one `Engine.run`: the prompt's prefill at the first step, then one token at a time."""
 
-    ids: list[int]
-    steps: list[TokenStep]
-    pad: int = 0  # left-padding positions, cut from this row's attention weights
-    done: bool = False
+    adapter: Adapter
+    ids: torch.Tensor  # [batch, prompt_len], left padded
+    mask: torch.Tensor  # [batch, prompt_len]
+    strategy: StrategyConfig
+    trace: TraceConfig
+    state: DecodeState | None = None
+
+    def __post_init__(self) -> None:
+        traced = self.trace.enabled and self.trace.sublayer_stats
+        self.recorder = StatsRecorder(self.adapter.num_layers, self.trace.attention_layers) if traced else None
+        self.early_exit = self.strategy if isinstance(self.strategy, EarlyExitConfig) else None
+
+    def step(self, layer_plan: LayerPlan, last: list[int]) -> StepOutput:
+        """One forward pass: the prefill (full depth, whatever the plan) or the `last` tokens through the plan."""
+        if self.state is None:
+            self.state, out = prefill(self.adapter, self.ids, self.mask, recorder=self.recorder,
+                                      logit_lens=self.trace.logit_lens)
+            return out
+        tokens = torch.tensor(last, device=self.ids.device)  # [batch]
+        return decode_one_token(self.adapter, self.state, tokens, layer_plan, self.strategy.fill,
+                                early_exit=self.early_exit, recorder=self.recorder, logit_lens=self.trace.logit_lens)
+
+
+def _picker(gen: GenerationConfig, forced: Sequence[Sequence[int]] | None) -> Callable[[int, torch.Tensor], torch.Tensor]:
+    """pick(step, logits) -> the next token of each sequence ([batch]): sampled, or the forced ones."""
+    if forced is not None:
+        return lambda step, logits: torch.tensor([f[step] for f in forced])
+    generator = torch.Generator().manual_seed(gen.seed) if not gen.greedy else None
+    return lambda step, logits: sample(logits, gen, generator)
 
 
 class Engine:
@@ -118,13 +139,8 @@ class Engine:
         return self.tokenizer(text, add_special_tokens=not chat_template or not self.has_chat_template)["input_ids"]
 
     def token_text(self, ids: list[int], i: int) -> str:
-        """Text that token i adds, decoded incrementally with a little left context: a byte-level piece that ends
-        inside a multi-byte character adds nothing (its half decodes to U+FFFD), and the token that completes the
-        character adds all of it."""
-        lo = max(0, i - 8)
-        before = self.tokenizer.decode(ids[lo:i], skip_special_tokens=False).rstrip("\ufffd")
-        after = self.tokenizer.decode(ids[lo:i + 1], skip_special_tokens=False).rstrip("\ufffd")
-        return after[len(before):] if after.startswith(before) else self.tokenizer.decode([ids[i]])
+        """Text that token i adds (see `d3.tracing.token_text`)."""
+        return token_text(self.tokenizer, ids, i)
 
     # -- the loop --------------------------------------------------------------------------------
     def check(self, strategy: StrategyConfig, trace: TraceConfig) -> None:
@@ -146,113 +162,35 @@ class Engine:
         """
         self.check(strategy, trace)
         ids, mask = self.encode(prompts, chat_template)
-        headers = [self._header(p, strategy, ids[b], mask[b]) for b, p in enumerate(prompts)]
-        rows = [_Row([], [], pad=int((mask[b] == 0).sum())) for b in range(len(prompts))]
-        generator = torch.Generator().manual_seed(gen.seed) if not gen.greedy else None
-        recorder = StatsRecorder(self.num_layers, trace.attention_layers) if trace.enabled and trace.sublayer_stats else None
-        early = strategy if isinstance(strategy, EarlyExitConfig) else None
         limit = gen.max_new_tokens if forced is None else min(gen.max_new_tokens, min(len(f) for f in forced))
-        state: DecodeState | None = None
-        prompt_stats: list[PromptStats] = []
-        finish, prefill_ms = "", 0.0
+        decoding = _Decoding(self.adapter, ids, mask, strategy, trace)
+        builder = TraceBuilder([self._header(p, strategy) for p in prompts], ids, mask, trace, self.tokenizer,
+                               self.eos_ids, stop_at_eos=gen.stop_at_eos and forced is None)
+        pick = _picker(gen, forced)
         for step in range(limit):
             if should_stop is not None and should_stop():
-                finish = "stopped"
-                break
+                if step:
+                    yield builder.traces("stopped")
+                return
+            layer_plan = plan(strategy, self.num_layers, step)
             t0 = time.perf_counter()
             with self._lock, torch.inference_mode():
-                if state is None:
-                    state, out = prefill(self.adapter, ids, mask, recorder=recorder, logit_lens=trace.logit_lens)
-                    prompt_stats = self._prompt_stats(out, ids, mask)
-                else:
-                    last = torch.tensor([r.ids[-1] for r in rows], device=self.device)
-                    out = decode_one_token(self.adapter, state, last, plan(strategy, self.num_layers, step),
-                                           strategy.fill, early_exit=early, recorder=recorder, logit_lens=trace.logit_lens)
+                out = decoding.step(layer_plan, builder.last_tokens() if step else [])
                 if observer is not None:
-                    observer(step, out, state)
-                picked = sample(out.logits, gen, generator) if forced is None else torch.tensor([f[step] for f in forced])
-                picked_list = picked.tolist()
-            wall_ms = (time.perf_counter() - t0) * 1000
-            prefill_ms = wall_ms if step == 0 else prefill_ms  # step 0 is the prompt's prefill
-            self._record(rows, step, picked_list, out, strategy, trace, wall_ms, stop_at_eos=gen.stop_at_eos and forced is None)
-            if gen.stop_at_eos and forced is None and all(r.done for r in rows):
-                finish = "eos"
-            elif step == limit - 1:
-                finish = "length"
-            else:
-                finish = ""
-            yield [h.with_steps(r.steps, prompt_stats=ps, finish_reason=finish, prefill_ms=prefill_ms)
-                   for h, r, ps in zip(headers, rows, prompt_stats)]
+                    observer(step, out, decoding.state)
+                picked = pick(step, out.logits).tolist()
+            builder.add(step, layer_plan, picked, out, wall_ms=(time.perf_counter() - t0) * 1000)
+            finish = builder.finish_reason(step, limit)
+            yield builder.traces(finish)
             if finish == "eos":
                 return
-        if finish == "stopped" and state is not None:
-            yield [h.with_steps(r.steps, prompt_stats=ps, finish_reason="stopped", prefill_ms=prefill_ms)
-                   for h, r, ps in zip(headers, rows, prompt_stats)]
 
-    def _header(self, prompt: str | Sequence[int], strategy: StrategyConfig, ids: torch.Tensor, mask: torch.Tensor) -> Trace:
+    def _header(self, prompt: str | Sequence[int], strategy: StrategyConfig) -> Trace:
+        """The Trace of one prompt before its first step: model, strategy, prompt text, the core shown."""
         core = strategy.core(self.num_layers) if isinstance(strategy, D3Config) else default_core(self.num_layers)
         text = prompt if isinstance(prompt, str) else self.tokenizer.decode(list(prompt))
         return Trace(model=self.name, num_layers=self.num_layers, strategy=strategy.to_dict(), prompt=text, core=core,
                      num_heads=self.adapter.num_heads, fixed_cost_layers=self.fixed_cost_layers)
-
-    def _prompt_stats(self, out: StepOutput, ids: torch.Tensor, mask: torch.Tensor) -> list[PromptStats]:
-        stats = []
-        for b in range(ids.shape[0]):
-            real = ids[b][mask[b].bool()].tolist()
-            tokens = tuple(self.tokenizer.convert_ids_to_tokens(real))
-            per_layer = {name: out.stats[k, b].numpy().copy() for k, name in enumerate(LAYER_STATS)} if out.stats is not None else {}
-            attention = {}
-            if len(real) <= PROMPT_ATTENTION_MAX:
-                n = len(real)
-                attention = {layer: a[b, :, -n:, -n:].to(torch.float16).numpy() for layer, a in out.attention.items()}
-            stats.append(PromptStats(tokens=tokens, stats=per_layer, attention=attention))
-        return stats
-
-    def _record(self, rows: list[_Row], step: int, picked: list[int], out: StepOutput, strategy: StrategyConfig,
-                trace: TraceConfig, wall_ms: float, stop_at_eos: bool = True) -> None:
-        planned = plan(strategy, self.num_layers, step).budget
-        logprobs = torch.log_softmax(out.logits, dim=-1)
-        for b, row in enumerate(rows):
-            if row.done:
-                continue
-            row.ids.append(picked[b])
-            row.steps.append(self._token_step(row, b, step, out, planned, logprobs, trace, wall_ms))
-            row.done = stop_at_eos and picked[b] in self.eos_ids
-
-    def _token_step(self, row: _Row, b: int, step: int, out: StepOutput, planned: int, logprobs: torch.Tensor,
-                    trace: TraceConfig, wall_ms: float) -> TokenStep:
-        token = row.ids[-1]
-        extra: dict[str, Any] = {}
-        lp = logprobs[b]
-        extra["logprob"] = float(lp[token])
-        if trace.enabled:
-            extra["entropy"] = float(-(lp.exp() * lp).nan_to_num(0.0).sum())
-            if trace.top_k:
-                top = lp.topk(trace.top_k)
-                extra["topk"] = tuple((int(i), self.tokenizer.decode([int(i)]), float(math.exp(v)))
-                                      for v, i in zip(top.values.tolist(), top.indices.tolist()))
-        if out.stats is not None and step > 0:
-            extra["stats"] = {name: out.stats[k, b].numpy().copy() for k, name in enumerate(LAYER_STATS)}
-        if out.attention and step > 0:
-            extra["attention"] = {layer: a[b, :, -1, row.pad:].to(torch.float16).numpy() for layer, a in out.attention.items()}
-        if out.lens is not None:
-            extra.update(self._lens(out.layers_run, out.lens[:, b], token))
-        return TokenStep(step=step, token_id=token, text=self.token_text(row.ids, len(row.ids) - 1),
-                         layers_run=out.layers_run, filled=out.filled, planned=planned,
-                         entropy=extra.pop("entropy", float("nan")), wall_ms=wall_ms, seq=b,
-                         confidence=out.confidence, exit_layer=out.exit_layer, **extra)
-
-    def _lens(self, layers_run: tuple[int, ...], logits: torch.Tensor, token: int) -> dict[str, tuple]:
-        """Per layer ([n_ran, vocab] logits in): the lens's top-1 text, and the picked token's probability and
-        rank ("", NaN and -1 where the layer did not run)."""
-        logprobs = torch.log_softmax(logits, dim=-1)
-        picked = logprobs[:, token]  # [n_ran]
-        by_layer = dict(zip(layers_run, zip(logprobs.argmax(-1).tolist(), picked.exp().tolist(),
-                                            (logprobs > picked[:, None]).sum(-1).tolist())))
-        rows = [by_layer.get(layer) for layer in range(self.num_layers)]
-        return {"logit_lens": tuple(self.tokenizer.decode([r[0]]) if r else "" for r in rows),
-                "lens_prob": tuple(float(r[1]) if r else float("nan") for r in rows),
-                "lens_rank": tuple(int(r[2]) if r else -1 for r in rows)}
 
     # -- conveniences ----------------------------------------------------------------------------
     def stream(self, prompt: str, strategy: StrategyConfig, gen: GenerationConfig = GenerationConfig(),

@@ -1,23 +1,22 @@
-"""Forward hooks on the real decoder layers that record what each sublayer does to the residual stream.
+"""Named hook points on the real decoder layers, recording what each sublayer does to the residual stream.
 
-Hooks are global state on a shared model, so they only exist inside `recording(...)`, which removes
-them in `finally`. Values stay on the device until one transfer at the end of the step.
+Three points per layer, named as TransformerLens names them: `resid_pre` (the layer's input), `resid_mid`
+(the residual stream after attention, read as the input of the post-attention norm) and `resid_post` (the
+layer's output). Hooks are global state on a shared model, so they only exist inside `recording(...)`, which
+removes them in `finally`. Values stay on the device until one transfer at the end of the step.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
 from functools import partial
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 
 from d3.adapter import Adapter
 from d3.trace import LAYER_STATS
-
-N_STATS = len(LAYER_STATS)  # attn_cos, attn_dist, mlp_cos, mlp_dist, hidden_norm
-
 
 def _change(before: torch.Tensor, after: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean over positions of cosine(before, after) and ||after - before|| / ||before||: two [batch] tensors."""
@@ -34,83 +33,109 @@ def _mean(values: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
     return (values * w).sum(1) / w.sum(1).clamp_min(1)
 
 
+HOOK_POINTS = ("resid_pre", "resid_mid", "resid_post")
+
+
+def hook_points(adapter: Adapter, idx: int) -> dict[str, tuple[torch.nn.Module, bool]]:
+    """Where layer `idx`'s named points are read: point -> (module, True if from its output else its input)."""
+    layer = adapter.layers[idx]
+    return {"resid_pre": (layer, False), "resid_mid": (adapter.mid_norm(idx), False), "resid_post": (layer, True)}
+
+
 class StatsRecorder:
-    """Collects per-layer sublayer change for one forward pass (a prefill or one decode step).
+    """Collects per-layer sublayer change (LAYER_STATS, by name) for one forward pass: a prefill or one decode step.
 
-    For a one-token decode step the hooks only keep references to each layer's input, middle and
-    output states; `collect` stacks them and computes every layer's statistics in a few vectorised
-    kernels, so tracing adds almost nothing per layer. A prefill (many positions) is reduced layer by
-    layer instead, so it never holds [layers, prompt, d_model] at once.
+    For a one-token decode step it only keeps references to each layer's resid_pre / resid_mid / resid_post;
+    `collect` stacks them and computes every layer's statistics in a few vectorised kernels, so tracing adds
+    almost nothing per layer. A prefill (many positions) is reduced layer by layer instead, so it never holds
+    [layers, prompt, d_model] at once.
 
-    stats: float32 [N_STATS, batch, num_layers], NaN where a layer did not run.
-    inputs: layer -> its input hidden state, kept only for layers in `keep_inputs` (attention capture).
+    stats: LAYER_STATS name -> float32 [batch, num_layers], NaN where a layer did not run.
+    inputs: layer -> its resid_pre, kept only for layers in `keep_inputs` (attention capture).
     """
 
     def __init__(self, num_layers: int, keep_inputs: tuple[int, ...] = ()) -> None:
         self.num_layers = num_layers
         self.keep_inputs = set(keep_inputs)
         self.valid: torch.Tensor | None = None  # [batch, pos] 1 for real tokens (prefill padding excluded)
-        self.stats: torch.Tensor | None = None
+        self.stats: dict[str, torch.Tensor] = {}
         self.inputs: dict[int, torch.Tensor] = {}
         self._deferred: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]] = []
-        self._h_in: torch.Tensor | None = None
-        self._h_mid: torch.Tensor | None = None
+        self._seen: dict[str, torch.Tensor] = {}  # resid_pre / resid_mid of the layer running now
 
     def begin(self, batch: int, device: torch.device, valid: torch.Tensor | None = None) -> None:
-        self.stats = torch.full((N_STATS, batch, self.num_layers), float("nan"), device=device)
+        self.stats = {name: torch.full((batch, self.num_layers), float("nan"), device=device) for name in LAYER_STATS}
         self.valid = valid
         self.inputs = {}
         self._deferred = []
+        self._seen = {}
 
-    def on_layer_in(self, idx: int, module: torch.nn.Module, args: tuple) -> None:
-        self._h_in = args[0]
-        if idx in self.keep_inputs:
-            self.inputs[idx] = args[0]
-
-    def on_mid(self, idx: int, module: torch.nn.Module, args: tuple) -> None:
-        self._h_mid = args[0]
-
-    def on_layer_out(self, idx: int, module: torch.nn.Module, args: tuple, output: torch.Tensor) -> None:
-        if self.stats is None or self._h_in is None or self._h_mid is None:
+    def on(self, point: str, idx: int, hidden: torch.Tensor) -> None:
+        """Hook point `point` of layer `idx` saw the residual stream `hidden` ([batch, pos, d_model])."""
+        if point != "resid_post":
+            self._seen[point] = hidden
+            if point == "resid_pre" and idx in self.keep_inputs:
+                self.inputs[idx] = hidden
             return
-        h_out = output[0] if isinstance(output, tuple) else output
-        if h_out.shape[1] == 1:
-            self._deferred.append((idx, self._h_in, self._h_mid, h_out))
+        h_in, h_mid = self._seen.pop("resid_pre", None), self._seen.pop("resid_mid", None)
+        if not self.stats or h_in is None or h_mid is None:
+            return
+        if hidden.shape[1] == 1:
+            self._deferred.append((idx, h_in, h_mid, hidden))
         else:
-            s = self.stats
-            s[0, :, idx], s[1, :, idx] = _change(self._h_in, self._h_mid, self.valid)
-            s[2, :, idx], s[3, :, idx] = _change(self._h_mid, h_out, self.valid)
-            s[4, :, idx] = _mean(h_out.float().norm(dim=-1), self.valid)
-        self._h_in = self._h_mid = None
+            self._reduce_layer(idx, h_in, h_mid, hidden)
+
+    def _reduce_layer(self, idx: int, h_in: torch.Tensor, h_mid: torch.Tensor, h_out: torch.Tensor) -> None:
+        """One layer of a prefill: means over the real (unpadded) positions."""
+        s = self.stats
+        s["attn_cos"][:, idx], s["attn_dist"][:, idx] = _change(h_in, h_mid, self.valid)
+        s["mlp_cos"][:, idx], s["mlp_dist"][:, idx] = _change(h_mid, h_out, self.valid)
+        s["hidden_norm"][:, idx] = _mean(h_out.float().norm(dim=-1), self.valid)
 
     def _reduce_deferred(self) -> None:
         """All one-token layers at once: [layers, batch, d_model] stacks, a handful of kernels."""
         idxs = [d[0] for d in self._deferred]
         h_in, h_mid, h_out = (torch.stack([d[k][:, -1] for d in self._deferred]).float() for k in (1, 2, 3))
         s = self.stats
-        for k, (before, after) in enumerate(((h_in, h_mid), (h_mid, h_out))):
-            s[2 * k][:, idxs] = F.cosine_similarity(before, after, dim=-1).T  # [batch, layers]
-            s[2 * k + 1][:, idxs] = ((after - before).norm(dim=-1) / before.norm(dim=-1).clamp_min(1e-6)).T
-        s[4][:, idxs] = h_out.norm(dim=-1).T
+        for sublayer, before, after in (("attn", h_in, h_mid), ("mlp", h_mid, h_out)):
+            s[f"{sublayer}_cos"][:, idxs] = F.cosine_similarity(before, after, dim=-1).T  # [batch, layers]
+            s[f"{sublayer}_dist"][:, idxs] = ((after - before).norm(dim=-1) / before.norm(dim=-1).clamp_min(1e-6)).T
+        s["hidden_norm"][:, idxs] = h_out.norm(dim=-1).T
         self._deferred = []
 
-    def collect(self) -> torch.Tensor:
-        """float32 CPU [N_STATS, batch, num_layers]; one device transfer per step."""
-        assert self.stats is not None
+    def collect(self) -> dict[str, torch.Tensor]:
+        """LAYER_STATS name -> float32 CPU [batch, num_layers]; one device transfer per step."""
+        assert self.stats, "collect() before begin()"
         if self._deferred:
             self._reduce_deferred()
-        return self.stats.detach().cpu()
+        values = torch.stack([self.stats[name] for name in LAYER_STATS]).detach().cpu()  # [N_STATS, batch, L]
+        return dict(zip(LAYER_STATS, values.unbind(0)))
+
+
+def _read_input(on: Callable[[str, int, torch.Tensor], None], point: str, idx: int, module: torch.nn.Module,
+                args: tuple) -> None:
+    on(point, idx, args[0])
+
+
+def _read_output(on: Callable[[str, int, torch.Tensor], None], point: str, idx: int, module: torch.nn.Module,
+                 args: tuple, output: Any) -> None:
+    on(point, idx, output[0] if isinstance(output, tuple) else output)
 
 
 @contextmanager
-def recording(adapter: Adapter, recorder: StatsRecorder) -> Iterator[StatsRecorder]:
-    """Register the recorder's hooks on every decoder layer; always remove them on exit."""
+def recording(adapter: Adapter, recorder: StatsRecorder, batch: int,
+              valid: torch.Tensor | None = None) -> Iterator[StatsRecorder]:
+    """Start `recorder` on a forward pass of `batch` sequences and register it on every layer's hook points;
+    the hooks are always removed on exit. valid: [batch, pos] 1 for real tokens (a padded prefill)."""
+    recorder.begin(batch, adapter.model.device, valid)
     handles = []
     try:
-        for idx, layer in enumerate(adapter.layers):
-            handles.append(layer.register_forward_pre_hook(partial(recorder.on_layer_in, idx)))
-            handles.append(adapter.mid_norm(idx).register_forward_pre_hook(partial(recorder.on_mid, idx)))
-            handles.append(layer.register_forward_hook(partial(recorder.on_layer_out, idx)))
+        for idx in range(adapter.num_layers):
+            for point, (module, from_output) in hook_points(adapter, idx).items():
+                if from_output:
+                    handles.append(module.register_forward_hook(partial(_read_output, recorder.on, point, idx)))
+                else:
+                    handles.append(module.register_forward_pre_hook(partial(_read_input, recorder.on, point, idx)))
         yield recorder
     finally:
         for handle in handles:

@@ -228,11 +228,12 @@ def _check_local_dir(path: Path) -> None:
     config = path / "config.json"
     if not config.is_file():
         raise ValueError(f"{path} has no config.json: a local model must be a directory saved with save_pretrained")
-    _check_arch(json.loads(config.read_text()))
+    check_arch(json.loads(config.read_text()))
 
 
-def _check_arch(config: dict[str, Any]) -> None:
-    """Refuse architectures the skip-aware decoder does not handle, before any weights are read."""
+def check_arch(config: dict[str, Any]) -> None:
+    """Refuse architectures the skip-aware decoder does not handle (a model config as a dict), before any
+    weights are read."""
     arch = config.get("model_type")
     if arch not in SUPPORTED_ARCHS:
         raise ValueError(f"architecture {arch!r} is not supported: supported architectures are {', '.join(SUPPORTED_ARCHS)}")
@@ -288,7 +289,7 @@ def _convert(gguf: Path, out: Path, name: str) -> None:
     kwargs = {"gguf_file": gguf.name, "trust_remote_code": False}
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), **kwargs)
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), dtype=torch.float32, **kwargs)
-    _check_arch(model.config.to_dict())
+    check_arch(model.config.to_dict())
     # The weights are already dequantized; without this, save_pretrained refuses a "gguf-quantized" model.
     if getattr(model, "hf_quantizer", None) is not None:
         model.hf_quantizer.remove_quantization_config(model)
@@ -319,7 +320,7 @@ def _from_pretrained(directory: str, dtype: torch.dtype, device_map: str | None)
             f"could not load {directory!r}: it is not a local directory, and the hub is unreachable or has no such model "
             f"({type(err).__name__}). Known models: {', '.join(KNOWN_MODELS)}; a local directory path is also accepted"
         ) from err
-    _check_arch(config.to_dict())
+    check_arch(config.to_dict())
     kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": "sdpa", "trust_remote_code": False}
     if device_map is not None:
         kwargs["device_map"] = device_map
@@ -341,7 +342,7 @@ def _from_pretrained(directory: str, dtype: torch.dtype, device_map: str | None)
 def _finish(name: str, model: Any, tokenizer: Any) -> LoadedModel:
     """Check the model is a text-only causal LM of a supported architecture, put it in eval mode, wrap it."""
     arch = model.config.model_type
-    _check_arch(model.config.to_dict())
+    check_arch(model.config.to_dict())
     if not type(model).__name__.endswith("ForCausalLM"):
         supported = ", ".join(SUPPORTED_ARCHS)
         raise ValueError(f"{type(model).__name__} is not a text-only causal LM: supported architectures are {supported}")

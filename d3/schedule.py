@@ -169,6 +169,14 @@ def budgets(cfg: StrategyConfig, num_layers: int, steps: int) -> list[int]:
     return [len(plan(cfg, num_layers, i).run) for i in range(steps)]
 
 
+def planned_mean_layers(cfg: StrategyConfig, num_layers: int, steps: int) -> float:
+    """Mean of `budgets` over generated tokens 0..steps-1 (token 0 at full depth: the prefill). NaN for a dynamic
+    plan (early exit), whose depth is only known after running."""
+    if plan(cfg, num_layers, 1).dynamic:
+        return float("nan")
+    return sum(budgets(cfg, num_layers, steps)) / steps
+
+
 def planned_grid(cfg: StrategyConfig, num_layers: int, steps: int) -> list[list[bool]]:
     """[steps][num_layers] True where the layer is planned to run."""
     rows = []
@@ -191,7 +199,7 @@ def alpha_for_mean_depth(target_fraction: float, num_layers: int, steps: int, co
     """The alpha at which D3's mean layer count over `steps` tokens is closest to `target_fraction * L` (bisection)."""
     def mean_fraction(alpha: float) -> float:
         cfg = D3Config(alpha=alpha, core_head=core_head, core_tail=core_tail, start=start)
-        return sum(budgets(cfg, num_layers, steps)) / steps / num_layers
+        return planned_mean_layers(cfg, num_layers, steps) / num_layers
 
     lo, hi = 0.01, 1.0  # short runs need a steep decay to reach a low mean depth (2 tokens at 2/3: alpha 1/3)
     best = (abs(mean_fraction(hi) - target_fraction), hi)

@@ -263,7 +263,7 @@ class Trace:
 
     def to_frame(self):  # -> pandas.DataFrame, one row per (token, layer)
         """Tidy table: one row per generated token and layer, with the cell state and per-layer stats."""
-        import pandas as pd
+        import pandas as pd  # only for this export: `import d3` (configs, schedules, traces) stays light
 
         grid = self.grid()
         rows = []

@@ -1,24 +1,31 @@
-"""Shared fixtures: tiny random Llama engines for the fast suite, the embedded model for integration tests."""
+"""Shared fixtures: tiny random Llama engines for the fast suite, the embedded model for integration tests.
+
+torch is imported inside the fixtures, never here: pure tests (configs, schedules, traces, figures) then
+run without paying for it.
+"""
 
 from __future__ import annotations
 
+import os
 
 import pytest
-import torch
 
-from tests.tiny import tiny_llama, tiny_tokenizer
-
-# One thread: these models are tiny, and on a shared 2-core machine OpenMP threads fight each other.
-torch.set_num_threads(1)
+# One thread: these models are tiny, and on a shared 2-core machine OpenMP threads fight each other. Set in the
+# environment, before any test module imports torch, which reads it once at import (subprocesses inherit it).
+os.environ["OMP_NUM_THREADS"] = "1"
 
 
 @pytest.fixture(scope="session")
 def tiny_tok():
+    from tests.tiny import tiny_tokenizer
+
     return tiny_tokenizer()
 
 
 @pytest.fixture(scope="session")
 def tiny_model():
+    from tests.tiny import tiny_llama
+
     return tiny_llama(num_layers=6)
 
 

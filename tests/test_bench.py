@@ -11,7 +11,7 @@ import pytest
 from d3 import bench
 from d3.cli import bench as bench_cli
 from d3.engine import Engine
-from d3.sweep.grid import planned_mean_layers
+from d3.schedule import planned_mean_layers
 from tests.tiny import tiny_llama, tiny_tokenizer
 
 

@@ -16,9 +16,10 @@ from d3.config import (
     UnifiedConfig,
 )
 from d3.engine import Engine
-from d3.hooks import count_hooks
+from d3.hooks import HOOK_POINTS, StatsRecorder, count_hooks, recording
 from d3.schedule import plan
-from d3.trace import FILLED_COPY, HOLE, RAN, Trace
+from d3.trace import FILLED_COPY, HOLE, LAYER_STATS, RAN, Trace
+from tests.tiny import tiny_llama
 
 GREEDY = GenerationConfig(max_new_tokens=24, stop_at_eos=False)
 PROMPT = "hello world"
@@ -45,8 +46,6 @@ def test_full_depth_matches_model_generate(tiny_engine, strategy):
 
 @pytest.mark.parametrize("num_layers,seed", [(2, 1), (5, 2), (8, 3)])
 def test_parity_on_other_tiny_configs(tiny_tok, num_layers, seed):
-    from tests.tiny import tiny_llama
-
     engine = Engine(tiny_llama(num_layers, seed=seed), tiny_tok, "tiny")
     trace = engine.generate("abc", FullConfig(), GREEDY, TraceConfig())
     assert trace.token_ids == reference(engine, "abc", GREEDY.max_new_tokens)
@@ -300,6 +299,35 @@ def test_hooks_removed_even_when_generation_fails(tiny_engine, monkeypatch):
     assert count_hooks(tiny_engine.model) == 0
 
 
+def test_recording_reads_each_named_point_once_per_layer_then_removes_its_hooks(tiny_tok):
+    # A model of its own: output_hidden_states makes transformers install its own (idle) hooks on the layers.
+    engine = Engine(tiny_llama(6), tiny_tok, name="tiny")
+    ids, mask = engine.encode([PROMPT])
+    with torch.inference_mode():
+        reference = engine.model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
+    theirs = count_hooks(engine.model)
+    seen = []
+
+    class Spy(StatsRecorder):
+        def on(self, point, idx, hidden):
+            seen.append((point, idx))
+            super().on(point, idx, hidden)
+
+    recorder = Spy(6)
+    with torch.inference_mode():
+        with recording(engine.adapter, recorder, batch=1, valid=mask):
+            assert count_hooks(engine.model) == theirs + len(HOOK_POINTS) * 6
+            engine.model(input_ids=ids, attention_mask=mask)
+    assert count_hooks(engine.model) == theirs
+    assert seen == [(point, layer) for layer in range(6) for point in HOOK_POINTS]
+    stats = recorder.collect()
+    assert list(stats) == list(LAYER_STATS) and all(v.shape == (1, 6) for v in stats.values())
+    # resid_post of layer i is hidden_states[i + 1] (the last entry has the final norm applied, so it is left out)
+    for layer in range(5):
+        expected = reference[layer + 1][0].float().norm(dim=-1).mean()
+        assert float(stats["hidden_norm"][0, layer]) == pytest.approx(float(expected), rel=1e-5)
+
+
 def test_trace_json_round_trip(tiny_engine):
     trace = tiny_engine.generate(PROMPT, D3Config(alpha=0.8, core_head=1, core_tail=1, fill="none"), GREEDY,
                                  TraceConfig(attention_layers=(2,)))
@@ -339,8 +367,6 @@ def test_batched_attention_drops_left_padding(tiny_engine):
 
 
 def test_bfloat16_model_runs_every_fill(tiny_tok):
-    from tests.tiny import tiny_llama
-
     engine = Engine(tiny_llama(6).to(torch.bfloat16), tiny_tok, "tiny-bf16")
     full = engine.generate(PROMPT, FullConfig(), GenerationConfig(max_new_tokens=8, stop_at_eos=False), TraceConfig())
     assert full.token_ids == reference(engine, PROMPT, 8)

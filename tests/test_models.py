@@ -116,7 +116,7 @@ def test_directory_without_tokenizer_is_a_plain_error(tmp_path: Path):
 
 def test_multimodal_gemma3_is_rejected():
     with pytest.raises(ValueError, match="text-only"):
-        models._check_arch({"model_type": "gemma3", "vision_config": {}})
+        models.check_arch({"model_type": "gemma3", "vision_config": {}})
 
 
 def test_allow_paths_false_rejects_paths(tiny_dir: Path):

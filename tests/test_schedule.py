@@ -16,6 +16,7 @@ from d3.schedule import (
     flex_drop_order,
     plan,
     planned_grid,
+    planned_mean_layers,
     theoretical_speedup,
     unified_layers,
 )
@@ -177,3 +178,11 @@ def test_alpha_for_a_depth_just_below_full_keeps_skipping():
     assert alpha < 1.0
     assert budgets(D3Config(alpha=alpha), 30, 40) == [30] + [29] * 39
     assert alpha_for_mean_depth(0.999, 30, 40) == 1.0  # nearer to full depth than to any skipping schedule
+
+
+def test_planned_mean_counts_the_prefill_token_at_full_depth() -> None:
+    assert planned_mean_layers(UnifiedConfig(ratio=2.0), 10, 4) == (10 + 3 * 5) / 4
+    assert planned_mean_layers(FullConfig(), 10, 4) == 10
+    assert math.isnan(planned_mean_layers(EarlyExitConfig(), 10, 4))
+    d3 = D3Config(alpha=0.9, core_head=1, core_tail=1)
+    assert planned_mean_layers(d3, 10, 6) == sum(budgets(d3, 10, 6)) / 6

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
@@ -11,8 +10,9 @@ import pandas as pd
 import pytest
 
 from d3.cli import sweep as sweep_cli
-from d3.config import D3Config, EarlyExitConfig, FullConfig, SkipDecodeConfig, UnifiedConfig
+from d3.config import D3Config, FullConfig, UnifiedConfig
 from d3.engine import Engine
+from d3.schedule import planned_mean_layers
 from d3.sweep import COLUMNS, Setting, SweepSpec, grid, measure, run, setting_key, table, tasks
 from tests.tiny import tiny_llama, tiny_tokenizer
 
@@ -145,13 +145,7 @@ def test_keys_are_stable_and_depend_on_the_prompt_set() -> None:
 def test_baselines_are_matched_to_the_target_depth(depth: float) -> None:
     L, T = 30, 48
     for cfg in (grid.d3_for_depth(depth, L, T), grid.skipdecode_for_depth(depth, L, T), grid.unified_for_depth(depth, L, T)):
-        assert abs(grid.planned_mean_layers(cfg, L, T) / L - depth) < 0.06, cfg
-
-
-def test_planned_mean_counts_the_prefill_token_at_full_depth() -> None:
-    assert grid.planned_mean_layers(UnifiedConfig(ratio=2.0), 10, 4) == (10 + 3 * 5) / 4
-    assert grid.planned_mean_layers(FullConfig(), 10, 4) == 10
-    assert math.isnan(grid.planned_mean_layers(EarlyExitConfig(), 10, 4))
+        assert abs(planned_mean_layers(cfg, L, T) / L - depth) < 0.06, cfg
 
 
 def test_exit_layers_and_threshold_calibration() -> None:

@@ -27,12 +27,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from d3.sweep.grid import all_settings, planned_mean_layers
+from d3.sweep.grid import all_settings
 from d3.sweep.spec import BASELINES, BUILTIN_PROMPTS, TASK_SCORINGS, Setting, SweepSpec, load_prompts, setting_key
 from d3.sweep.table import COLUMNS, read_results, sidecar
 
 __all__ = ["BASELINES", "BUILTIN_PROMPTS", "TASK_SCORINGS", "COLUMNS", "Setting", "SweepSpec", "all_settings",
-           "load_prompts", "planned_mean_layers", "read_results", "run_sweep", "setting_key", "sidecar"]
+           "load_prompts", "read_results", "run_sweep", "setting_key", "sidecar"]
 
 
 def __getattr__(name: str) -> Any:

@@ -8,20 +8,10 @@ from typing import Any, Iterable, Sequence
 
 from d3.config import TRACE_OFF, D3Config, EarlyExitConfig, FullConfig, GenerationConfig, SkipDecodeConfig, \
     StrategyConfig, UnifiedConfig
-from d3.schedule import alpha_for_mean_depth, plan, unified_layers
+from d3.schedule import alpha_for_mean_depth, planned_mean_layers, unified_layers
 from d3.sweep.spec import Setting, SweepSpec
 
 # ---------------------------------------------------------------- matching depths (pure)
-
-
-def planned_mean_layers(cfg: StrategyConfig, num_layers: int, steps: int) -> float:
-    """Mean planned layers over generated tokens 0..steps-1; token 0 comes from the full-depth prefill.
-
-    NaN for early exit, whose depth is only known after running."""
-    if isinstance(cfg, EarlyExitConfig):
-        return float("nan")
-    counts = [num_layers] + [len(plan(cfg, num_layers, i).run) for i in range(1, steps)]
-    return sum(counts) / steps
 
 
 def d3_for_depth(depth: float, num_layers: int, steps: int, *, core: tuple[int, int] | None = None, start: int = 0,

@@ -14,8 +14,7 @@ import numpy as np
 from d3.compare import Recorded, compare, perplexity, run_recorded
 from d3.config import TRACE_OFF, FullConfig, StrategyConfig, TraceConfig
 from d3.data import chance_level, ppl_text
-from d3.schedule import theoretical_speedup
-from d3.sweep.grid import planned_mean_layers
+from d3.schedule import planned_mean_layers, theoretical_speedup
 from d3.sweep.spec import Progress, Setting, SweepSpec
 from d3.sweep.tasks import load_examples, scoring_note, task_accuracy
 

@@ -1,0 +1,127 @@
+"""Trace building: every decode step's output becomes one `TokenStep` per sequence of a growing `Trace`."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from d3.config import TraceConfig
+from d3.decoder import StepOutput
+from d3.schedule import LayerPlan
+from d3.trace import PromptStats, TokenStep, Trace
+
+PROMPT_ATTENTION_MAX = 256  # prompt x prompt attention is kept only for prompts up to this many tokens
+
+
+def token_text(tokenizer: Any, ids: list[int], i: int) -> str:
+    """Text that token i adds, decoded incrementally with a little left context: a byte-level piece that ends
+    inside a multi-byte character adds nothing (its half decodes to U+FFFD), and the token that completes the
+    character adds all of it."""
+    lo = max(0, i - 8)
+    before = tokenizer.decode(ids[lo:i], skip_special_tokens=False).rstrip("\ufffd")
+    after = tokenizer.decode(ids[lo:i + 1], skip_special_tokens=False).rstrip("\ufffd")
+    return after[len(before):] if after.startswith(before) else tokenizer.decode([ids[i]])
+
+
+@dataclass
+class _Row:
+    """One sequence of the batch while it decodes."""
+
+    pad: int  # left-padding positions, cut from this row's attention weights
+    ids: list[int] = field(default_factory=list)
+    steps: list[TokenStep] = field(default_factory=list)
+    done: bool = False
+
+
+class TraceBuilder:
+    """Collects one `Trace` per prompt of a batch, a step at a time.
+
+    headers: the empty Trace of each prompt (model, strategy, prompt text, core).
+    ids, mask: the batch's left-padded prompt, [batch, prompt_len].
+    stop_at_eos: a sequence stops recording steps at its first EOS (the batch keeps computing until all stop).
+    """
+
+    def __init__(self, headers: list[Trace], ids: torch.Tensor, mask: torch.Tensor, trace: TraceConfig,
+                 tokenizer: Any, eos_ids: set[int], *, stop_at_eos: bool) -> None:
+        self.headers, self.ids, self.mask, self.trace = headers, ids, mask, trace
+        self.tokenizer, self.eos_ids, self.stop_at_eos = tokenizer, eos_ids, stop_at_eos
+        self.rows = [_Row(pad=int((mask[b] == 0).sum())) for b in range(len(headers))]
+        self.prompt_stats: list[PromptStats] = [PromptStats() for _ in headers]
+        self.prefill_ms = 0.0
+        self.num_layers = headers[0].num_layers
+
+    def last_tokens(self) -> list[int]:
+        """The token each sequence picked last (the input of the next decode step)."""
+        return [r.ids[-1] for r in self.rows]
+
+    def add(self, step: int, layer_plan: LayerPlan, picked: list[int], out: StepOutput, wall_ms: float) -> None:
+        """Record step `step` (0 = the prefill's token): the plan it ran under, the picked tokens, the pass's output."""
+        if step == 0:  # the prompt's prefill
+            self.prompt_stats, self.prefill_ms = self._prompt_stats(out), wall_ms
+        logprobs = torch.log_softmax(out.logits, dim=-1)  # [batch, vocab]
+        for b, row in enumerate(self.rows):
+            if row.done:
+                continue
+            row.ids.append(picked[b])
+            row.steps.append(self._token_step(row, b, step, out, layer_plan.budget, logprobs[b], wall_ms))
+            row.done = self.stop_at_eos and picked[b] in self.eos_ids
+
+    def finish_reason(self, step: int, limit: int) -> str:
+        """"eos" when every sequence has stopped, "length" at the last step, else ""."""
+        if self.stop_at_eos and all(r.done for r in self.rows):
+            return "eos"
+        return "length" if step == limit - 1 else ""
+
+    def traces(self, finish: str) -> list[Trace]:
+        return [h.with_steps(r.steps, prompt_stats=ps, finish_reason=finish, prefill_ms=self.prefill_ms)
+                for h, r, ps in zip(self.headers, self.rows, self.prompt_stats)]
+
+    def _prompt_stats(self, out: StepOutput) -> list[PromptStats]:
+        """Full-depth statistics of each prompt, from the prefill's output."""
+        stats = []
+        for b in range(self.ids.shape[0]):
+            real = self.ids[b][self.mask[b].bool()].tolist()
+            tokens = tuple(self.tokenizer.convert_ids_to_tokens(real))
+            per_layer = {name: values[b].numpy().copy() for name, values in out.stats.items()}
+            attention = {}
+            if len(real) <= PROMPT_ATTENTION_MAX:
+                n = len(real)
+                attention = {layer: a[b, :, -n:, -n:].to(torch.float16).numpy() for layer, a in out.attention.items()}
+            stats.append(PromptStats(tokens=tokens, stats=per_layer, attention=attention))
+        return stats
+
+    def _token_step(self, row: _Row, b: int, step: int, out: StepOutput, planned: int, lp: torch.Tensor,
+                    wall_ms: float) -> TokenStep:
+        token = row.ids[-1]
+        extra: dict[str, Any] = {"logprob": float(lp[token])}
+        if self.trace.enabled:
+            extra["entropy"] = float(-(lp.exp() * lp).nan_to_num(0.0).sum())
+            if self.trace.top_k:
+                top = lp.topk(self.trace.top_k)
+                extra["topk"] = tuple((int(i), self.tokenizer.decode([int(i)]), float(math.exp(v)))
+                                      for v, i in zip(top.values.tolist(), top.indices.tolist()))
+        if out.stats and step > 0:  # step 0's statistics are the prompt's (prompt_stats)
+            extra["stats"] = {name: values[b].numpy().copy() for name, values in out.stats.items()}
+        if out.attention and step > 0:
+            extra["attention"] = {layer: a[b, :, -1, row.pad:].to(torch.float16).numpy() for layer, a in out.attention.items()}
+        if out.lens is not None:
+            extra.update(self._lens(out.layers_run, out.lens[:, b], token))
+        return TokenStep(step=step, token_id=token, text=token_text(self.tokenizer, row.ids, len(row.ids) - 1),
+                         layers_run=out.layers_run, filled=out.filled, planned=planned,
+                         entropy=extra.pop("entropy", float("nan")), wall_ms=wall_ms, seq=b,
+                         confidence=out.confidence, exit_layer=out.exit_layer, **extra)
+
+    def _lens(self, layers_run: tuple[int, ...], logits: torch.Tensor, token: int) -> dict[str, tuple]:
+        """Per layer ([n_ran, vocab] logits in): the lens's top-1 text, and the picked token's probability and
+        rank ("", NaN and -1 where the layer did not run)."""
+        logprobs = torch.log_softmax(logits, dim=-1)
+        picked = logprobs[:, token]  # [n_ran]
+        by_layer = dict(zip(layers_run, zip(logprobs.argmax(-1).tolist(), picked.exp().tolist(),
+                                            (logprobs > picked[:, None]).sum(-1).tolist())))
+        rows = [by_layer.get(layer) for layer in range(self.num_layers)]
+        return {"logit_lens": tuple(self.tokenizer.decode([r[0]]) if r else "" for r in rows),
+                "lens_prob": tuple(float(r[1]) if r else float("nan") for r in rows),
+                "lens_rank": tuple(int(r[2]) if r else -1 for r in rows)}

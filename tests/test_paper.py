@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -77,10 +78,18 @@ def test_csv_has_the_papers_columns(tmp_path):
     assert rows[0]["mean_layers"] == "19.17" and rows[0]["measured_speedup"] == "2"
 
 
+def _free_port() -> int:
+    """A port nobody listens on, so that a concurrent torchrun elsewhere on the machine cannot collide."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def _run(args: list[str], launch: int = 0) -> subprocess.CompletedProcess:
     env = {**os.environ, "D3_TORCH_THREADS": "1", "OMP_NUM_THREADS": "1"}
     head = ([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(launch),
-             "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m"]
+             "--num_machines", "1", "--main_process_port", str(_free_port()), "--mixed_precision", "no",
+             "--dynamo_backend", "no", "-m"]
             if launch else [sys.executable, "-m"])
     return subprocess.run(head + ["d3", "paper", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -33,19 +34,34 @@ PLOTLY_JS = "plotly.min.js"  # one copy in EXPORT_ROOT, downloaded beside each f
 FIGURES = ("usage", "decay", "planned", "flow", "attention", "errors", "fills")
 
 
+_PRUNING = threading.Lock()  # one pruner at a time in this process: two would delete and stat the same folders
+
+
+def _stat(path: Path) -> os.stat_result | None:
+    """The path's stat, or None when it is gone (another server process sharing the folder may delete it)."""
+    try:
+        return path.stat()
+    except FileNotFoundError:
+        return None
+
+
 def _size(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
+    if not path.is_dir():
+        st = _stat(path)
+        return st.st_size if st else 0
+    return sum(st.st_size for f in path.rglob("*") if (st := _stat(f)) is not None and f.is_file())
 
 
 def _prune(root: Path, room: int) -> None:
     """Delete export folders older than the TTL, then the oldest ones until `room` more bytes fit under the cap."""
-    folders = sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
-    now, total = time.time(), sum(_size(p) for p in root.iterdir())
-    for folder in folders:
-        if now - folder.stat().st_mtime <= EXPORT_TTL_S and total + room <= EXPORT_MAX_BYTES:
-            break
-        total -= _size(folder)
-        shutil.rmtree(folder, ignore_errors=True)
+    with _PRUNING:
+        stamped = [(st.st_mtime, p) for p in root.iterdir() if p.is_dir() and (st := _stat(p)) is not None]
+        now, total = time.time(), sum(_size(p) for p in root.iterdir())
+        for mtime, folder in sorted(stamped):
+            if now - mtime <= EXPORT_TTL_S and total + room <= EXPORT_MAX_BYTES:
+                break
+            total -= _size(folder)
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _count_export(session: Session) -> None:

@@ -6,13 +6,32 @@ run without paying for it.
 
 from __future__ import annotations
 
+import getpass
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
 # One thread: these models are tiny, and on a shared 2-core machine OpenMP threads fight each other. Set in the
 # environment, before any test module imports torch, which reads it once at import (subprocesses inherit it).
 os.environ["OMP_NUM_THREADS"] = "1"
+
+# Whatever the code under test writes to "the temporary folder" (exports, Gradio's file cache, torch's and
+# accelerate's scratch, the same in every subprocess, which inherit the environment) lands in one folder inside
+# pytest's own temporary area, removed when the run ends: nothing is left behind in the shared /tmp. Set here, at
+# import, because gradio reads its cache folder when test modules import it, before any fixture runs. Modules
+# that use tests.apphelpers.exports_in_tmp narrow this to a folder of their own.
+SCRATCH = Path(tempfile.gettempdir()) / f"pytest-of-{getpass.getuser()}"
+SCRATCH.mkdir(mode=0o700, exist_ok=True)
+SCRATCH = Path(tempfile.mkdtemp(prefix="d3-scratch-", dir=SCRATCH))
+os.environ.update(TMPDIR=str(SCRATCH), GRADIO_TEMP_DIR=str(SCRATCH / "gradio"), D3_EXPORT_DIR=str(SCRATCH / "exports"))
+tempfile.tempdir = str(SCRATCH)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(SCRATCH, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -68,6 +68,19 @@ TASKS: dict[str, TaskInfo] = dict([
           "Is a sentence about a sports player plausible?", 0.500, 60),
     _task("object_counting", "object_counting", "exact_match", 0.0940,
           "Count the objects of one kind in a list.", 0.0, 40),
+    # Exact match, for answers generated after worked tokens (d3.gentasks; no `smollm2` here: its accuracy
+    # depends on the few-shot format, which d3.gentasks owns).
+    _task("arithmetic_1_digit_addition_em", "arithmetic/1_digit_addition", "exact_match", 0.1,
+          "What is 3 plus 4? (generated answer)"),
+    _task("arithmetic_1_digit_subtraction_em", "arithmetic/1_digit_subtraction", "exact_match", 0.18,
+          "What is 7 minus 4? (generated answer)"),
+    _task("arithmetic_2_digit_addition_em", "arithmetic/2_digit_addition", "exact_match", 0.018,
+          "What is 80 plus 29? (generated answer)"),
+    _task("arithmetic_2_digit_subtraction_em", "arithmetic/2_digit_subtraction", "exact_match", 0.032,
+          "What is 61 minus 49? (generated answer)"),
+    _task("arithmetic_1_digit_multiplication_em", "arithmetic/1_digit_multiplication", "exact_match", 0.19,
+          "What is 7 times 8? (generated answer)"),
+    _task("word_sorting", "word_sorting", "exact_match", 0.0005, "Sort a list of words alphabetically."),
 ])
 
 # The tasks on which the embedded model is above chance: the default task set of a benchmark run.

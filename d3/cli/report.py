@@ -17,6 +17,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--out", default="report.html")
     p.add_argument("--title", default=None)
     p.add_argument("--summary", default=None, help="also write a markdown summary here")
+    p.add_argument("--generation", default=None, help="a generation-accuracy sweep's CSV (`sweep --task-mode "
+                   "generate`): its section is added to the summary and its headline printed")
     p.set_defaults(func=main)
     return p
 
@@ -26,14 +28,31 @@ def main(args: argparse.Namespace) -> int:
     check_output_file(args.out, "--out")
     if args.summary:
         check_output_file(args.summary, "--summary")
+    if args.generation:
+        check_input_file(args.generation, "--generation",
+                         f"run `python -m d3 sweep --task-mode generate --out {args.generation}` first")
     # The HTML report's figures are viz's job and the engine never imports viz: this command, which wires
     # the two together, loads it only when it writes a report.
     from viz.report import write_report
 
     out = write_report(args.results, args.out, title=args.title)
     df = read_results(args.results)
+    generation = _generation_section(args.generation)
     if args.summary:
-        Path(args.summary).write_text(summary_markdown(df, title=args.title or "Sweep summary"), encoding="utf-8")
+        text = summary_markdown(df, title=args.title or "Sweep summary")
+        Path(args.summary).write_text(text + ("\n" + generation if generation else ""), encoding="utf-8")
     print(headline(df)["text"])
+    if generation:
+        print("\n" + generation.split("\n### ")[0].strip())
     print(f"\nwrote {out} ({out.stat().st_size / 1e6:.1f} MB)")
     return 0
+
+
+def _generation_section(path: str | None) -> str:
+    """The summary's generation-accuracy section from that sweep's CSV ("" without one)."""
+    if not path:
+        return ""
+    from d3.report_generation import generation_markdown
+    from d3.sweep.generation import read_generation
+
+    return generation_markdown(read_generation(path))

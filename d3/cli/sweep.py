@@ -12,7 +12,8 @@ import d3.sweep
 from d3.cli.common import check_output_file, set_threads
 from d3.config import DROP_ORDERS
 from d3.data import DEFAULT_TASKS
-from d3.sweep.spec import BASELINES, TASK_SCORINGS, Progress, SweepSpec, load_prompts
+from d3.gentasks import DEFAULT_GENERATION_TASKS
+from d3.sweep.spec import BASELINES, TASK_MODES, TASK_SCORINGS, Progress, SweepSpec, load_prompts
 from d3.sweep.table import sidecar
 
 
@@ -41,10 +42,13 @@ def _words(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
-def _task_names(text: str) -> tuple[str, ...]:
-    """Comma-separated task names; "default" stands for the tasks the embedded model is above chance on."""
+def _task_names(text: str, mode: str = "score") -> tuple[str, ...]:
+    """Comma-separated task names; "default" stands for the tasks the embedded model is above chance (or zero)
+    on: d3.data.DEFAULT_TASKS, or d3.gentasks.DEFAULT_GENERATION_TASKS with --task-mode generate."""
     names = _words(text)
-    return DEFAULT_TASKS if names == ("default",) else names
+    if names != ("default",):
+        return names
+    return DEFAULT_GENERATION_TASKS if mode == "generate" else DEFAULT_TASKS
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -72,6 +76,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "d3.data.DEFAULT_TASKS, the ones the embedded model is above chance on")
     p.add_argument("--task-limit", type=int, default=30)
     p.add_argument("--task-scoring", default="loglik", choices=TASK_SCORINGS)
+    p.add_argument("--task-mode", default="score", choices=TASK_MODES,
+                   help="generate: generation accuracy (the paper's measure): --tasks are d3.gentasks tasks, answered "
+                   "in full by greedy generation and scored by exact match; each setting timed against full depth "
+                   "on --repeats batches per task; --new-tokens is the answer length depths are matched over")
     p.add_argument("--ppl-chunks", type=int, default=4)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave torch's default)")
     p.add_argument("--limit", type=int, default=None, help="measure at most this many new settings, then stop")
@@ -88,7 +96,8 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
         product=args.product, baselines=_words(args.baselines),
         baseline_depths=_floats(args.baseline_depths) or None, early_exit_measures=_words(args.early_exit_measures),
         early_exit_depths=_floats(args.early_exit_depths) or None,
-        tasks=_task_names(args.tasks), task_limit=args.task_limit, task_scoring=args.task_scoring,
+        tasks=_task_names(args.tasks, args.task_mode), task_limit=args.task_limit, task_scoring=args.task_scoring,
+        task_mode=args.task_mode,
         ppl_chunks=args.ppl_chunks, chat_template=not args.no_chat_template)
 
 
@@ -110,10 +119,17 @@ def main(args: argparse.Namespace, engine: Any = None) -> int:
     spec = spec_from_args(args)
     set_threads(args.threads)
     # Loaded here, not at the top: the parser is built for every command, and the run needs torch.
-    from d3.sweep.run import run_sweep
+    from d3.sweep.run import load_engine, run_sweep
 
     progress, close = tqdm_progress()
     try:
+        if spec.task_mode == "generate":
+            from d3.sweep.generation import run_generation_sweep
+
+            engine = engine if engine is not None else load_engine(spec.model)
+            df = run_generation_sweep(spec, args.out, engine=engine, progress=progress, limit=args.limit)
+            print(f"{len(df)} rows in {args.out}")
+            return 0
         df = run_sweep(spec, args.out, engine=engine, progress=progress, limit=args.limit)
     finally:
         close()

@@ -18,7 +18,7 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, engine: Engine | None = None,
     """Measure every setting of `spec` not already in `out` (at most `limit` new ones), row by row.
 
     Returns the whole table (old and new rows). `progress(fraction, desc)` is called as settings finish."""
-    engine = engine if engine is not None else _load_engine(spec.model)
+    engine = engine if engine is not None else load_engine(spec.model)
     out = Path(out)
     done = set(read_results(out)["key"])
     settings = all_settings(spec, engine)
@@ -41,5 +41,5 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, engine: Engine | None = None,
     return read_results(out)
 
 
-def _load_engine(name: str) -> Engine:
+def load_engine(name: str) -> Engine:
     return Engine.from_loaded(get_model(name))

@@ -14,6 +14,7 @@ from d3.data import ASSETS, example_prompts
 Progress = Callable[[float, str], None]
 BASELINES = ("skipdecode", "unified", "early_exit")
 TASK_SCORINGS = ("loglik", "generate")
+TASK_MODES = ("score", "generate")
 BUILTIN_PROMPTS = (
     "Explain in a few sentences why the sky looks blue during the day.",
     "List five tips for getting a good night's sleep.",
@@ -38,6 +39,10 @@ class SweepSpec:
       "loglik" picks the multiple-choice option with the highest summed log-likelihood under the schedule
       (exact-match tasks always use greedy generation + `score_exact`), "generate" uses greedy generation
       + `score_exact` for every task.
+    task_mode: "score" (the sweep: speed and quality on prompts, tasks scored by `task_scoring`) or "generate"
+      (generation accuracy, `d3.sweep.generation`: `tasks` are `d3.gentasks` tasks answered in full by greedy
+      generation, `task_limit` questions each, timed against full depth on `repeats` batches per task;
+      `max_new_tokens` is then the answer length the depths are matched over).
     ppl_chunks: how many windows of `d3.data.ppl_text()` (each `ppl_prefix` + `max_new_tokens` tokens) perplexity
       is measured on; 0 turns perplexity off.
     """
@@ -61,6 +66,7 @@ class SweepSpec:
     tasks: tuple[str, ...] = ()
     task_limit: int = 30
     task_scoring: str = "loglik"
+    task_mode: str = "score"
     ppl_chunks: int = 4
     ppl_prefix: int = 32
     chat_template: bool = True
@@ -87,6 +93,12 @@ class SweepSpec:
                self.drop_orders, f"among {DROP_ORDERS}")
         _check(all(b in BASELINES for b in self.baselines), "baselines", self.baselines, f"among {BASELINES}")
         _check(self.task_scoring in TASK_SCORINGS, "task_scoring", self.task_scoring, f"one of {TASK_SCORINGS}")
+        _check(self.task_mode in TASK_MODES, "task_mode", self.task_mode, f"one of {TASK_MODES}")
+        if self.task_mode == "generate":
+            from d3.gentasks import GENERATION_TASKS
+
+            _check(len(self.tasks) >= 1 and all(t in GENERATION_TASKS for t in self.tasks), "tasks", self.tasks,
+                   f"one or more of {', '.join(GENERATION_TASKS)} (generation tasks)")
         _check(isinstance(self.task_limit, int) and self.task_limit >= 1, "task_limit", self.task_limit, "an integer >= 1")
         _check(isinstance(self.ppl_chunks, int) and self.ppl_chunks >= 0, "ppl_chunks", self.ppl_chunks, "an integer >= 0")
 
@@ -100,6 +112,8 @@ class SweepSpec:
         for name in ("depths", "alphas", "cores", "starts", "fills", "drop_orders", "variants_at", "product",
                      "baselines", "baseline_depths", "early_exit_measures", "early_exit_depths"):
             d.pop(name)
+        if d["task_mode"] == "score":  # the field came later: rows measured before it keep their keys
+            d.pop("task_mode")
         return d
 
 

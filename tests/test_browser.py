@@ -1,9 +1,11 @@
 """The real page in headless Chromium: generate, both panes fill, every view renders with data; screenshots
-are kept in artifacts/ (gitignored)."""
+go to $D3_SCREENSHOTS when set (for a person to look at), else into the run's scratch folder."""
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 import time
 from pathlib import Path
 
@@ -20,7 +22,9 @@ pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::Deprecati
 playwright_api = pytest.importorskip("playwright.sync_api")
 
 CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
+# Screenshots for a person to look at: into $D3_SCREENSHOTS when set, else the test run's scratch folder (removed
+# at the end, see tests/conftest.py), so a plain run leaves nothing behind.
+ARTIFACTS = Path(os.environ.get("D3_SCREENSHOTS") or Path(tempfile.gettempdir()) / "screenshots")
 TIMEOUT_MS = 120_000
 
 # A plot counts as rendered with data when plotly drew it and some trace holds values (plain arrays, or the
@@ -76,7 +80,7 @@ def show_tab(page, key: str) -> None:
 
 
 def test_generate_fills_both_panes_and_every_view(browser, url) -> None:
-    ARTIFACTS.mkdir(exist_ok=True)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page = open_page(browser, url)
     try:
         page.fill("#prompt textarea", "the cat sat on the mat")

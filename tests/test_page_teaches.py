@@ -5,7 +5,9 @@ the layer grid have the real model's shape); the tests drive it by URL, element 
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,7 +24,9 @@ pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::Deprecati
 playwright_api = pytest.importorskip("playwright.sync_api")
 
 CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
+# Screenshots for a person to look at: into $D3_SCREENSHOTS when set, else the test run's scratch folder (removed
+# at the end, see tests/conftest.py), so a plain run leaves nothing behind.
+ARTIFACTS = Path(os.environ.get("D3_SCREENSHOTS") or Path(tempfile.gettempdir()) / "screenshots")
 TIMEOUT_MS = 120_000
 DESKTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 390, "height": 844}
@@ -122,7 +126,7 @@ def test_after_generate_the_panes_and_the_decay_curve_are_on_the_first_screen(pa
     page.evaluate("() => window.scrollTo(0, 0)")
     for sel in ("#d3-pane", "#full-pane", "#plot-decay"):
         assert page.evaluate(IN_VIEW, sel), f"{sel} is not on the first 1280x800 screen"
-    ARTIFACTS.mkdir(exist_ok=True)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "teaches_desktop.png"))
 
 
@@ -245,7 +249,7 @@ def test_on_a_phone_every_view_is_reachable_and_the_grid_is_readable(page) -> No
     open_view(page, view_names(page)[0])
     cell = page.evaluate("() => document.querySelector('#plot-usage .js-plotly-plot')._fullLayout.xaxis._length / 30")
     assert cell >= 12, f"layer-grid cells are {cell:.1f} px wide on a phone"
-    ARTIFACTS.mkdir(exist_ok=True)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "teaches_phone.png"), full_page=True)
 
 

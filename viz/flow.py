@@ -157,6 +157,27 @@ def stats_frame(traces: Iterable[Trace] | Mapping[str, Trace], *, source: str = 
     return pd.DataFrame(rows)
 
 
+def _mean_lines(data: pd.DataFrame, metrics: Sequence[str], kinds: Sequence[str], *, band: str,
+                unit: str) -> list[go.Scatter]:
+    """One line per (metric, sublayer) present in `data`: the mean per layer with its ± `band` spread."""
+    layers = pd.RangeIndex(len(kinds), name="layer")
+    lines: list[go.Scatter] = []
+    for index, m in enumerate(metrics, start=1):
+        for sub in SUBLAYERS:
+            name = f"{sub}_{m}"
+            if name not in data:
+                continue
+            grouped = data.groupby("layer")[name]
+            mean = grouped.mean().reindex(layers).to_numpy(dtype=np.float64)
+            spread = grouped.std(ddof=1).reindex(layers).to_numpy(dtype=np.float64)
+            count = grouped.count().reindex(layers, fill_value=0).to_numpy()
+            if band == "sem":
+                spread = spread / np.sqrt(np.maximum(count, 1))
+            lines += _flow_line(as_change(mean, m), index=index, sub=sub, metric=m, dash="solid", kinds=kinds,
+                                spread=np.nan_to_num(spread, nan=0.0), source=f"mean over {int(count.max())} {unit}")
+    return lines
+
+
 def block_change(data: pd.DataFrame | Sequence[Trace] | Mapping[str, Trace], *, metric: str = "both",
                  source: str = "generated", band: str = "std", core: tuple[int, int] | None = None,
                  title: str | None = None, presentation: bool = False, height: int | None = None) -> go.Figure:
@@ -182,22 +203,7 @@ def block_change(data: pd.DataFrame | Sequence[Trace] | Mapping[str, Trace], *, 
                             height=height)
     num_layers = int(data["layer"].max()) + 1
     core = core or default_core(num_layers)
-    kinds = layer_kinds(num_layers, core)
-    lines: list[go.Scatter] = []
-    layers = pd.RangeIndex(num_layers, name="layer")
-    for index, m in enumerate(metrics, start=1):
-        for sub in SUBLAYERS:
-            name = f"{sub}_{m}"
-            if name not in data:
-                continue
-            grouped = data.groupby("layer")[name]
-            mean = grouped.mean().reindex(layers).to_numpy(dtype=np.float64)
-            spread = grouped.std(ddof=1).reindex(layers).to_numpy(dtype=np.float64)
-            count = grouped.count().reindex(layers, fill_value=0).to_numpy()
-            if band == "sem":
-                spread = spread / np.sqrt(np.maximum(count, 1))
-            lines += _flow_line(as_change(mean, m), index=index, sub=sub, metric=m, dash="solid", kinds=kinds,
-                                spread=np.nan_to_num(spread, nan=0.0), source=f"mean over {int(count.max())} {unit}")
+    lines = _mean_lines(data, metrics, layer_kinds(num_layers, core), band=band, unit=unit)
     title = title if title is not None else f"Change per block across layers (mean ± {band}, paper Fig. 3)"
     return make_figure(lines + [core_legend_entry()], _flow_layout(metrics, num_layers, core), title=title,
                        presentation=presentation, height=height or 480)

@@ -165,7 +165,7 @@ GENERATION_TASKS: dict[str, GenerationTask] = {t.name: t for t in (
                    "What is 61 minus 49? (BIG-bench arithmetic)"),
     GenerationTask("arithmetic_1_digit_multiplication", "arithmetic_1_digit_multiplication_em", worked_arithmetic, 32,
                    "What is 7 times 8? (BIG-bench arithmetic; 100 questions)", val_size=20),
-    GenerationTask("object_counting", "object_counting", worked_counting, 64,
+    GenerationTask("object_counting_worked", "object_counting", worked_counting, 64,
                    "I have a flute, a piano, and two cats. How many musical instruments do I have? (BBH)",
                    can_shoot=lambda ex: len(_items(ex.input) or ()) in _counts(ex)),
     GenerationTask("word_sorting", "word_sorting", worked_sorting, 40,

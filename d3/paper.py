@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import csv
 import random
-import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
-from d3.config import D3Config, FullConfig, GenerationConfig, StrategyConfig, TRACE_OFF
+from d3.config import D3Config, FullConfig, StrategyConfig
 
 ALPHAS: tuple[float, ...] = (0.99, 0.993, 0.995, 0.997, 0.999)
 START_FRACTIONS: tuple[float, ...] = (0.2, 0.4, 0.6, 0.8)
@@ -106,7 +105,15 @@ class Addition:
         return first.strip(".,") == str(sum(example))
 
 
-TASKS: dict[str, Callable[[], PaperTask]] = {"addition": Addition, "object_counting": BigBenchExactMatch}
+def _generation_tasks() -> dict[str, Callable[[], PaperTask]]:
+    """d3.gentasks' tasks (worked answers, the answer stated last): the paper's setting of long generated answers."""
+    from d3.gentasks import GENERATION_TASKS
+
+    return {name: (lambda task=task: task) for name, task in GENERATION_TASKS.items()}
+
+
+TASKS: dict[str, Callable[[], PaperTask]] = {"addition": Addition, "object_counting": BigBenchExactMatch,
+                                              **_generation_tasks()}
 
 
 def get_task(name: str) -> PaperTask:
@@ -141,15 +148,13 @@ class Scored:
 
 def run_batch(engine: Any, task: PaperTask, batch: Sequence[tuple[int, Any]], strategy: StrategyConfig,
               chat_template: bool) -> tuple[list[Outcome], float]:
-    """Greedy answers for a batch of (index, example): the outcomes and the wall-clock seconds."""
-    gen = GenerationConfig(max_new_tokens=task.max_new_tokens)
-    prompts = [task.prompt(ex) for _, ex in batch]
-    started = time.perf_counter()
-    traces = engine.generate_batch(prompts, strategy, gen, TRACE_OFF, chat_template=chat_template)
-    seconds = time.perf_counter() - started
-    outcomes = [Outcome(i, bool(task.score(ex, t.text)), len(t.steps), int(sum(s.n_layers for s in t.steps)))
-                for (i, ex), t in zip(batch, traces)]
-    return outcomes, seconds
+    """Greedy answers for a batch of (index, example), each up to the end of its reply (the blank line before the
+    next question, or end of sequence; decoding stops once every reply has ended, as a stop string does in a
+    serving pipeline): the outcomes and the wall-clock seconds."""
+    from d3.sweep.generation import answer_batch
+
+    answers, timed = answer_batch(engine, task, [ex for _, ex in batch], strategy, chat_template=chat_template)
+    return [Outcome(i, a.correct, a.tokens, a.layers) for (i, _), a in zip(batch, answers)], timed.seconds
 
 
 def batches(items: Sequence[Any], size: int) -> list[list[Any]]:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from d3 import cli
-from d3.config import D3Config, DROP_ORDERS
+from d3.config import D3Config
 from d3.decoder import decode_one_token, prefill
 from d3.oracle import _check_window, budget_logprobs, lens_depth, lens_top1, measure
 from d3.oracle_fit import need_and_stable, prediction_depth

@@ -84,7 +84,7 @@ def _legend_strip(few: int, many: int) -> str:
     for n in values:
         background, text = _colors(n, few, many)
         swatches.append(f'<span style="background:{background};color:{text};padding:0 6px;border-radius:3px">{n}</span>')
-    return (f'<div class="d3-legend" style="font-size:0.85em;margin-bottom:6px">layers used: few '
+    return ('<div class="d3-legend" style="font-size:0.85em;margin-bottom:6px">layers used: few '
             + " ".join(swatches) + f' many (of {many})</div>')
 
 

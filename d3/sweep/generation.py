@@ -70,12 +70,17 @@ class Timed:
     steps: int
 
 
-def answer_batch(engine: Any, task: GenerationTask, examples: Sequence[Any], strategy: StrategyConfig) -> tuple[list[Answer], Timed]:
-    """Greedy replies to a batch of questions, stopped once every reply is complete; the answers and the time."""
+def answer_batch(engine: Any, task: Any, examples: Sequence[Any], strategy: StrategyConfig, *,
+                 chat_template: bool = False) -> tuple[list[Answer], Timed]:
+    """Greedy replies to a batch of questions, stopped once every reply is complete; the answers and the time.
+
+    task: anything with `prompt(example)`, `score(example, reply)` and `max_new_tokens` (a GenerationTask, or
+    one of d3.paper's tasks), whose few-shot prompt separates questions by a blank line."""
     gen = GenerationConfig(max_new_tokens=task.max_new_tokens)
     started, steps = time.perf_counter(), 0
     traces: list[Any] = []
-    for traces in engine.run([task.prompt(ex) for ex in examples], strategy, gen, TRACE_OFF, chat_template=False):
+    prompts = [task.prompt(ex) for ex in examples]
+    for traces in engine.run(prompts, strategy, gen, TRACE_OFF, chat_template=chat_template):
         steps += 1
         if all(STOP in t.text or any(s.token_id in engine.eos_ids for s in t.steps) for t in traces):
             break  # the rows still generating past their reply would only cost time

@@ -111,6 +111,11 @@ def test_generation_sweep_rows_and_resume(engine, task, tmp_path) -> None:
     assert len(again) == 4 and out.read_text().count("\n") == 5
     text = generation_markdown(again)
     assert "## Generation accuracy" in text and "Largest measured speedup within 1 point" in text
+    from viz.report import _generation_section
+
+    html = "".join(_generation_section(again))  # the HTML report's section: criterion, then every setting
+    assert "<h2>Generation accuracy" in html and "Largest measured speedup within 1 point" in html
+    assert all(label in html for label in again["label"])
 
 
 def row(strategy: str, acc: float, speed: float, layers: float, label: str = "") -> dict:

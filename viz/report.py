@@ -13,6 +13,9 @@ from plotly.offline import get_plotlyjs
 
 from d3.report import (ACC_LIMIT, MATCHED_COLUMNS, PARETO_METRICS, TABLE_COLUMNS, block_frame, context_text, headline,
                        layer_traces, load_records, matched_table, task_frame, task_table)
+from d3.report_generation import HEADING as GENERATION_HEADING
+from d3.report_generation import headline_lines as generation_headline
+from d3.report_generation import matched_table as generation_table
 from d3.sweep.table import read_results
 from viz.depth import layers_vs_step
 from viz.flow import block_change
@@ -76,8 +79,10 @@ def _markdown_html(text: str) -> str:
     return "\n".join(out)
 
 
-def render_html(df: pd.DataFrame, records: list[dict[str, Any]], *, title: str = "D3 sweep report") -> str:
-    """The whole report as one HTML string; plotly.js is embedded once, in the head."""
+def render_html(df: pd.DataFrame, records: list[dict[str, Any]], *, title: str = "D3 sweep report",
+                generation: pd.DataFrame | None = None) -> str:
+    """The whole report as one HTML string; plotly.js is embedded once, in the head. `generation`: a generation
+    accuracy sweep's table (d3.sweep.generation), shown in a section of its own."""
     h = headline(df)
     parts = [f"<h1>{html.escape(title)}</h1>", _context(df), "<section><h2>Headline</h2>", _markdown_html(h["text"]),
              "</section>"]
@@ -91,9 +96,19 @@ def render_html(df: pd.DataFrame, records: list[dict[str, Any]], *, title: str =
     if not tasks.empty:
         parts += ["<section><h2>Task accuracy beside chance</h2>", _table_html(tasks, tasks.columns), "</section>"]
     parts += ["<section><h2>All settings</h2>", _table_html(df, TABLE_COLUMNS), "</section>"]
+    if generation is not None and len(generation):
+        parts += _generation_section(generation)
     head = (f"<head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{CSS}</style>"
             f"<script type='text/javascript'>{get_plotlyjs()}</script></head>")
     return f"<!DOCTYPE html><html>{head}<body>{''.join(parts)}</body></html>"
+
+
+def _generation_section(gen: pd.DataFrame) -> list[str]:
+    """Generation accuracy: the paper's criterion per strategy, then every setting at matched depth."""
+    lines = "\n".join(f"- {line}" for line in generation_headline(gen))
+    table = generation_table(gen)
+    return [f"<section><h2>{GENERATION_HEADING}: exact match on generated answers</h2>", _markdown_html(lines),
+            _table_html(table, table.columns), "</section>"]
 
 
 def _heading(name: str) -> str:
@@ -108,11 +123,12 @@ def _context(df: pd.DataFrame) -> str:
     return f"<p>{html.escape(context_text(df))}</p>"
 
 
-def write_report(results: str | Path, out: str | Path, *, title: str | None = None) -> Path:
-    """The HTML report of the sweep CSV `results`, written to `out`."""
+def write_report(results: str | Path, out: str | Path, *, title: str | None = None,
+                 generation: pd.DataFrame | None = None) -> Path:
+    """The HTML report of the sweep CSV `results` (and of a generation sweep's table), written to `out`."""
     df = read_results(results)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_html(df, load_records(results), title=title or f"D3 sweep: {Path(results).name}"),
-                   encoding="utf-8")
+    out.write_text(render_html(df, load_records(results), title=title or f"D3 sweep: {Path(results).name}",
+                               generation=generation), encoding="utf-8")
     return out

@@ -35,9 +35,10 @@ def main(args: argparse.Namespace) -> int:
     # the two together, loads it only when it writes a report.
     from viz.report import write_report
 
-    out = write_report(args.results, args.out, title=args.title)
+    gen = _generation_table(args.generation)
+    out = write_report(args.results, args.out, title=args.title, generation=gen)
     df = read_results(args.results)
-    generation = _generation_section(args.generation)
+    generation = _generation_section(gen)
     if args.summary:
         text = summary_markdown(df, title=args.title or "Sweep summary")
         Path(args.summary).write_text(text + ("\n" + generation if generation else ""), encoding="utf-8")
@@ -48,11 +49,19 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _generation_section(path: str | None) -> str:
-    """The summary's generation-accuracy section from that sweep's CSV ("" without one)."""
+def _generation_table(path: str | None) -> Any:
+    """A generation sweep's table (d3.sweep.generation), or None without one."""
     if not path:
-        return ""
-    from d3.report_generation import generation_markdown
+        return None
     from d3.sweep.generation import read_generation
 
-    return generation_markdown(read_generation(path))
+    return read_generation(path)
+
+
+def _generation_section(gen: Any) -> str:
+    """The summary's generation-accuracy section ("" without a generation sweep)."""
+    if gen is None:
+        return ""
+    from d3.report_generation import generation_markdown
+
+    return generation_markdown(gen)

@@ -196,7 +196,8 @@ def read_generation(path: str | Path) -> pd.DataFrame:
     if not path.is_file() or path.stat().st_size == 0:
         return pd.DataFrame(columns=list(GEN_COLUMNS))
     df = pd.read_csv(path, dtype={"key": str, "label": str, "params": str, "task_accuracy": str, "tasks": str})
-    return df.drop_duplicates("key", keep="last").reset_index(drop=True)
+    # A column added after a file was written reads as missing (NaN), not as an error.
+    return df.drop_duplicates("key", keep="last").reset_index(drop=True).reindex(columns=list(GEN_COLUMNS))
 
 
 def append(path: Path, row: dict[str, Any]) -> None:

@@ -266,10 +266,12 @@ def markdown_table(df: pd.DataFrame, columns: Iterable[str], digits: int = 4) ->
     return "\n".join(lines)
 
 
-def summary_markdown(df: pd.DataFrame, *, title: str = "Sweep summary") -> str:
-    """Headline, the matched-depth table and every setting, as markdown (for results/SUMMARY.md)."""
+def summary_markdown(df: pd.DataFrame, *, title: str = "Sweep summary", extra_headline: Iterable[str] = ()) -> str:
+    """Headline (plus `extra_headline` bullets, e.g. the generation-accuracy criterion), the matched-depth table
+    and every setting, as markdown (for results/SUMMARY.md)."""
     h = headline(df)
-    parts = [f"# {title}", "", context_text(df), "", "## Headline", "", h["text"], "",
+    text = "\n".join([h["text"], *(f"- {line}" for line in extra_headline)])
+    parts = [f"# {title}", "", context_text(df), "", "## Headline", "", text, "",
              "## At matched mean depth", "", markdown_table(matched_table(df), ("target_depth", *MATCHED_COLUMNS)), ""]
     tasks = task_table(df)
     if not tasks.empty:

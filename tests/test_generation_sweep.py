@@ -152,3 +152,4 @@ def test_cli_generate_mode(engine, task, tmp_path, monkeypatch, capsys) -> None:
     summary = tmp_path / "S.md"
     assert cli_main(["report", "--results", str(out), "--generation", str(tmp_path / "none.csv"),
                      "--summary", str(summary)]) == 2
+    assert not summary.exists()  # refused before writing anything

@@ -212,3 +212,21 @@ def test_committed_unified_rows_were_measured_with_even_spacing() -> None:
     df = table.read_results(Path(__file__).resolve().parent.parent / "results" / "smollm2_sweep.csv")
     unified = [json.loads(p) for p in df.loc[df["strategy"] == "unified", "params"]]
     assert len(unified) == 3 and all(p.get("spacing") == "even" for p in unified)
+
+
+def test_committed_generation_accuracy_is_summarised() -> None:
+    """The committed generation sweep: every strategy at matched depth, the paper's criterion in SUMMARY.md's
+    headline and a section whose heading starts with "Generation accuracy", each accuracy beside its zero line."""
+    from d3.report_generation import generation_markdown, headline_lines
+    from d3.sweep.generation import read_generation
+
+    root = Path(__file__).resolve().parent.parent / "results"
+    gen = read_generation(root / "smollm2_generation.csv")
+    assert set(gen["strategy"]) == {"full", "d3", "skipdecode", "unified", "early_exit"} and gen["key"].is_unique
+    full = gen[gen["strategy"] == "full"].iloc[0]
+    assert full["questions"] >= 150 and full["accuracy"] > full["chance"] + 0.2  # measurably above its zero line
+    assert (gen["ci_low"] <= gen["accuracy"]).all() and (gen["accuracy"] <= gen["ci_high"]).all()
+    summary = (root / "SUMMARY.md").read_text(encoding="utf-8")
+    assert generation_markdown(gen) in summary and "\n## Generation accuracy" in summary
+    criterion = headline_lines(gen)[1].replace("**", "")
+    assert criterion in summary.split("## At matched mean depth")[0]  # in the headline, beside perplexity's

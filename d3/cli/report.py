@@ -40,7 +40,8 @@ def main(args: argparse.Namespace) -> int:
     df = read_results(args.results)
     generation = _generation_section(gen)
     if args.summary:
-        text = summary_markdown(df, title=args.title or "Sweep summary")
+        criterion = [] if gen is None else [_generation_criterion(gen)]
+        text = summary_markdown(df, title=args.title or "Sweep summary", extra_headline=criterion)
         Path(args.summary).write_text(text + ("\n" + generation if generation else ""), encoding="utf-8")
     print(headline(df)["text"])
     if generation:
@@ -65,3 +66,10 @@ def _generation_section(gen: Any) -> str:
     from d3.report_generation import generation_markdown
 
     return generation_markdown(gen)
+
+
+def _generation_criterion(gen: Any) -> str:
+    """The paper's criterion on generated answers, as one headline line."""
+    from d3.report_generation import headline_lines
+
+    return "Generation accuracy (the paper's measure, section below): " + headline_lines(gen)[1].replace("**", "")

@@ -16,6 +16,12 @@ from explorer.parse import as_flag, check_prompt_tokens, clean_prompt
 from explorer.pool import ModelPool
 
 
+# Both runs record the logit lens (the Logit lens and Token scrubber views draw it from the stored traces): one LM
+# head call per step over the layers that ran, so it costs each run about the same share of its step time and
+# the measured speedup stays fair (scripts/lens_cost.py measures it).
+RECORD_LENS = True
+
+
 @dataclass(frozen=True)
 class RunSetup:
     """Everything one side-by-side run needs, validated."""
@@ -39,7 +45,7 @@ def check_run(pool: ModelPool, c: Controls) -> RunSetup:
     model = pool.check_name(c.model)
     layers = pool.facts(model).num_layers
     strategy, gen = parse_controls(c, layers, caps)
-    trace = TraceConfig(attention_layers=(c.attention_layer_index(layers),))
+    trace = TraceConfig(attention_layers=(c.attention_layer_index(layers),), logit_lens=RECORD_LENS)
     return RunSetup(None, prompt, chat, strategy, gen, trace, 0, parse_schedule(c, layers, caps).others, model)
 
 

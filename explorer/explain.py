@@ -110,7 +110,7 @@ def scrub_controls(ui: dict[str, Any]) -> None:
     ui["scrub_timer"] = gr.Timer(PLAY_EVERY_S, active=False)
     with gr.Row(equal_height=True):
         ui["scrub_index"] = gr.Slider(0, 1, value=0, step=1, label="Token (0 = the first generated token)",
-                                      elem_id="scrub-index", scale=4)
+                                      elem_id="scrub-index", scale=4, min_width=240)  # Play wraps on a phone
         ui["scrub_play"] = gr.Button(PLAY, elem_id="scrub-play", scale=1, min_width=110)
     ui["scrub_card"] = gr.HTML(elem_id="scrub-card", elem_classes=["d3-scrub-card"])
     with gr.Row(equal_height=False):

@@ -47,9 +47,10 @@ def controls_query(controls: Controls) -> str:
 
 
 @takes_controls
-def share_link(controls: Controls) -> str:
-    """The query string of a link to these controls (the browser puts the page's address in front)."""
-    return controls_query(controls)
+def share_link(controls: Controls) -> Any:
+    """The query string of a link to these controls (the browser puts the page's address in front), in the link
+    box, which shows from now on."""
+    return gr.update(value=controls_query(controls), visible=True)
 
 
 def _value(name: str, raw: str) -> Any:
@@ -98,10 +99,10 @@ def restore_from_link(pool: ModelPool, request: gr.Request | None) -> tuple[Any,
 
 def share_box(ui: dict[str, Any]) -> None:
     """The button and the box that shows the link (under the key controls)."""
-    with gr.Row(equal_height=True, elem_classes=["d3-share"]):
-        ui["share"] = gr.Button("🔗 Copy link to these settings", size="sm", elem_id="share", min_width=120)
-        ui["share_url"] = gr.Textbox(show_label=False, placeholder="the link appears here", interactive=False,
-                                     elem_id="share-url", buttons=["copy"], min_width=160, scale=2)
+    with gr.Group(elem_classes=["d3-share"]):
+        ui["share"] = gr.Button("Copy link to these settings (prompt and every control)", size="sm", elem_id="share")
+        ui["share_url"] = gr.Textbox(label="Link (copied; open it to get these settings back)", interactive=False,
+                                     elem_id="share-url", buttons=["copy"], visible=False)
 
 
 def wire_share(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:

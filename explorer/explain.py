@@ -23,7 +23,6 @@ RUN_OUTPUTS = ("lens", "scrub_index", *SCRUB_OUTPUTS)  # after a run, or when pr
 PLAY_OUTPUTS = ("scrub_index", "scrub_playing", "scrub_timer", "scrub_play")
 PLAY_EVERY_S = 0.8  # Play moves to the next token this often
 PLAY, PAUSE = "▶ Play", "⏸ Pause"
-SCRUB_HEIGHT = {False: 520, True: 640}  # px: both scrubber plots side by side at one height
 
 
 def lens_view(d3: Trace | None, full: Trace | None, *, presentation: bool = False) -> go.Figure:
@@ -50,9 +49,8 @@ def scrub_views(d3: Trace | None, full: Trace | None, index: int, *, presentatio
     if not 0 <= index < len(d3.steps):
         return _scrub_message(f"Token {index} does not exist: this run has {len(d3.steps)} tokens "
                               f"(0–{len(d3.steps) - 1}).", p)
-    height = SCRUB_HEIGHT[p]
-    return (token_layers(d3, index, presentation=p, height=height),
-            topk_compare(d3, index, full, presentation=p, height=height), scrub_html(d3, index, full))
+    return (token_layers(d3, index, presentation=p), topk_compare(d3, index, full, presentation=p),
+            scrub_html(d3, index, full))
 
 
 def _traces(session: Session | None) -> tuple[Trace | None, Trace | None]:

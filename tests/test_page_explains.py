@@ -307,6 +307,8 @@ def test_hovering_a_token_lights_its_grid_row_and_a_grid_row_lights_its_token(pa
     generate(page, 12)
     open_view(page, "Per-token layer usage")
     page.wait_for_function(f"() => ({ROLES})('plot-usage').includes('grid')")
+    page.evaluate("() => window.scrollTo(0, document.querySelector('#d3-pane').getBoundingClientRect().top"
+                  " + window.scrollY - 10)")  # the pane at the top and the grid's first rows below it
     page.hover('#d3-pane .d3-tok[data-step="3"]')
     page.wait_for_function(f"() => ({HOT_BAND})(3) !== null")
     band = page.evaluate(HOT_BAND, 3)
@@ -314,14 +316,14 @@ def test_hovering_a_token_lights_its_grid_row_and_a_grid_row_lights_its_token(pa
     hot = page.evaluate("() => Array.from(document.querySelectorAll('.d3-tok-hot')).map(s => s.closest('#d3-pane, #full-pane').id)")
     assert sorted(hot) == ["d3-pane", "full-pane"]  # the same position lights in both panes
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    page.locator("#plot-usage").screenshot(path=str(ARTIFACTS / "explains_hover_token_to_grid.png"))
+    page.screenshot(path=str(ARTIFACTS / "explains_hover_token_to_grid.png"))  # no scrolling: the hover stays
     page.locator("#plot-usage").scroll_into_view_if_needed()
     point = page.evaluate(ROW_POINT, 7)
     page.mouse.move(point["x"], point["y"])
     page.wait_for_selector('#d3-pane .d3-tok.d3-tok-hot[data-step="7"]')
     assert page.evaluate("() => document.querySelectorAll('.d3-tok-hot[data-step=\"3\"]').length") == 0
     assert page.evaluate(HOT_BAND, 7) is not None
-    page.locator("#d3-pane").screenshot(path=str(ARTIFACTS / "explains_hover_grid_to_token.png"))
+    page.screenshot(path=str(ARTIFACTS / "explains_hover_grid_to_token.png"))
 
 
 @pytest.mark.parametrize("page", [PHONE], indirect=True)

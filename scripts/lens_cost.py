@@ -1,6 +1,6 @@
 """What recording the logit lens costs per generated token (the page records it for its D3 run).
 
-python scripts/lens_cost.py [--tokens 32] [--repeats 3] [--model tiny|smollm2-135m]
+PYTHONPATH=. OMP_NUM_THREADS=1 python scripts/lens_cost.py [--tokens 32] [--repeats 3] [--model tiny|smollm2-135m]
 Prints the median decode-step time (ms) of D3 and of full depth with and without TraceConfig(logit_lens=True),
 runs interleaved so that they see the same machine load."""
 

@@ -1,4 +1,4 @@
-"""What recording the logit lens costs per generated token (the page records it for its D3 run).
+"""What recording the logit lens costs per generated token (the page records it for both of its runs).
 
 PYTHONPATH=. OMP_NUM_THREADS=1 python scripts/lens_cost.py [--tokens 32] [--repeats 3] [--model tiny|smollm2-135m]
 Prints the median decode-step time (ms) of D3 and of full depth with and without TraceConfig(logit_lens=True),

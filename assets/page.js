@@ -18,4 +18,65 @@
     fit(plot);
   });
   setInterval(scan, 300);
+
+  // Hover linking: a token in either pane lights its row in the per-token layer grid (#plot-usage), and a row of
+  // the grid lights its token in both panes. The pane spans carry data-step (viz/stream.py token_html) and the
+  // grid's rows are at y = step; the row is marked by a band laid over the plot (.d3-row-hot, data-step), the
+  // tokens by a class (.d3-tok-hot), so neither redraws the figure.
+  const grid = () => document.querySelector('#plot-usage .js-plotly-plot');
+  const PANE_TOKENS = '#d3-pane .d3-tok, #full-pane .d3-tok';
+  const band = (step) => {
+    const gd = grid();
+    if (!gd) return;
+    gd.querySelectorAll('.d3-row-hot').forEach((b) => b.remove());
+    const full = gd._fullLayout;
+    if (step === null || !full || !full.yaxis || !full.xaxis) return;
+    const ya = full.yaxis, xa = full.xaxis;
+    const a = ya.l2p(step - 0.5), b = ya.l2p(step + 0.5);
+    if (!Number.isFinite(a) || !Number.isFinite(b)) return;
+    const top = ya._offset + Math.min(a, b), bottom = ya._offset + Math.max(a, b);
+    if (bottom < ya._offset || top > ya._offset + ya._length) return;  // not among the rows drawn
+    const el = document.createElement('div');
+    el.className = 'd3-row-hot';
+    el.dataset.step = String(step);
+    Object.assign(el.style, {top: `${top}px`, height: `${bottom - top}px`, left: `${xa._offset}px`,
+                             width: `${xa._length}px`});
+    (gd.querySelector('.svg-container') || gd).appendChild(el);
+  };
+  const light = (step, scroll) => {
+    document.querySelectorAll('.d3-tok.d3-tok-hot').forEach((s) => s.classList.remove('d3-tok-hot'));
+    if (step === null) return;
+    document.querySelectorAll(`#d3-pane .d3-tok[data-step="${step}"], #full-pane .d3-tok[data-step="${step}"]`)
+      .forEach((s) => {
+        s.classList.add('d3-tok-hot');
+        const box = scroll && s.closest('.prose');  // the pane's own scrolling box, never the page
+        if (box && (s.offsetTop < box.scrollTop || s.offsetTop > box.scrollTop + box.clientHeight - 20)) {
+          box.scrollTop = s.offsetTop - box.clientHeight / 2;
+        }
+      });
+  };
+  document.addEventListener('mouseover', (e) => {
+    const tok = e.target.closest && e.target.closest(PANE_TOKENS);
+    if (!tok) return;
+    const step = Number(tok.dataset.step);
+    light(step, false);
+    band(step);
+  });
+  document.addEventListener('mouseout', (e) => {
+    const tok = e.target.closest && e.target.closest(PANE_TOKENS);
+    if (tok && !(e.relatedTarget && tok.contains(e.relatedTarget))) { light(null); band(null); }
+  });
+  const hook = () => {
+    const gd = grid();
+    if (!gd || typeof gd.on !== 'function' || gd.__d3RowHover) return;
+    gd.__d3RowHover = true;
+    gd.on('plotly_hover', (e) => {
+      const point = e && e.points && e.points[0];
+      if (!point || typeof point.y !== 'number') return;
+      light(point.y, true);
+      band(point.y);
+    });
+    gd.on('plotly_unhover', () => { light(null); band(null); });
+  };
+  setInterval(hook, 400);
 }

@@ -13,11 +13,13 @@ from d3.data import example_prompts
 from d3.models import ModelFacts
 from d3.sweep import BUILTIN_PROMPTS
 from explorer.controls import DECODINGS, DEFAULTS, STRATEGY_LABELS, default_attention_layer
+from explorer.explain import scrub_controls
 from explorer.export import FIGURES
 from explorer.needs import needs_controls
 from explorer.pool import ModelPool
 from explorer.scenarios import SCENARIOS
 from explorer.session import HISTORY_COLUMNS
+from explorer.share import share_box
 from explorer.sweep_tab import (
     SWEEP_DEFAULT,
     SWEEP_MAX_NEW_TOKENS,
@@ -86,13 +88,16 @@ def _panes(ui: dict[str, Any]) -> None:
             ui["full_counters"] = gr.HTML(elem_id="full-counters")
 
 
-def _view_tab(key: str, ui: dict[str, Any], extra: Callable[[], None] | None = None) -> None:
+def _view_tab(key: str, ui: dict[str, Any], extra: Callable[[], None] | None = None, *, plot: bool = True) -> None:
+    """A view: `extra` components above its plot (`plot=False`: `extra` makes the view's plots itself), and its
+    explanation in a column on the right."""
     with gr.Tab(VIEWS[key], id=key):
         with gr.Row():
             with gr.Column(scale=3):
                 if extra is not None:
                     extra()
-                ui[key] = gr.Plot(show_label=False, elem_id=f"plot-{key}")
+                if plot:
+                    ui[key] = gr.Plot(show_label=False, elem_id=f"plot-{key}")
             with gr.Column(scale=1, min_width=240, elem_classes=["d3-explain"]) as column:
                 gr.Markdown(EXPLAIN[key])
         ui[f"explain_{key}"] = column
@@ -120,6 +125,8 @@ def _tabs(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> None:
         _view_tab("errors", ui, errors_extra)
         _view_tab("fills", ui, fills_extra)
         _view_tab("needs", ui, lambda: needs_controls(ui))
+        _view_tab("lens", ui)
+        _view_tab("scrub", ui, lambda: scrub_controls(ui), plot=False)
         with gr.Tab("Run history", id="history"):
             gr.Markdown("Every run of this session: compare scenarios here (only you see your runs).")
             ui["history"] = gr.Dataframe(pd.DataFrame(columns=HISTORY_COLUMNS), interactive=False)
@@ -187,6 +194,7 @@ def _live_tab(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> None:
                 gr.Markdown(INTRO)
             _prompt_and_run(pool, ui)
             _key_controls(pool, facts, ui)
+            share_box(ui)
             with gr.Accordion("More controls", open=False, elem_id="more-controls"):
                 _more_controls(pool, facts, ui)
         with gr.Column(scale=3, min_width=320, elem_classes=["d3-main"]):

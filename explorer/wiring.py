@@ -9,11 +9,13 @@ import gradio as gr
 
 from d3.data import ASSETS
 from explorer.controls import CONTROL_NAMES, REDRAW_NAMES
+from explorer.explain import wire_explain
 from explorer.export import export_figure, export_sweep, export_trace
 from explorer.live import FILLS_OUTPUTS, GENERATE_OUTPUTS, compare_fills, generate, interrupt, stop
 from explorer.needs import wire_needs
 from explorer.pool import ModelPool
 from explorer.scenarios import SCENARIOS
+from explorer.share import wire_share
 from explorer.sweep_tab import (
     SWEEP_INPUTS,
     SWEEP_LOAD_OUTPUTS,
@@ -83,7 +85,10 @@ def _redraw_after(pool: ModelPool, ui: dict[str, Any], event: Any) -> None:
                api_name=False, queue=False, preprocess=False, show_progress="hidden")
 
 
-def _wire_scenarios(pool: ModelPool, ui: dict[str, Any]) -> None:
+def _wire_scenarios(pool: ModelPool, ui: dict[str, Any]) -> dict[str, Any]:
+    """Each scenario's chain of runs; returns its last run's event by API name suffix (the views that draw a
+    finished run follow it)."""
+    done = {}
     for key, scenario in SCENARIOS.items():
         event = ui[f"scenario_{key}"].click
         for step in range(len(scenario.runs)):
@@ -94,10 +99,12 @@ def _wire_scenarios(pool: ModelPool, ui: dict[str, Any]) -> None:
             event = applied.then(functools.partial(generate, pool), _with_controls(ui, "session"),
                                  _pick(ui, GENERATE_OUTPUTS), api_name=f"generate_scenario_{key}_{step}",
                                  **_queued(pool, ui))
+        done[f"_scenario_{key}"] = event
         if scenario.fills:
             event = _wire_fills(pool, ui, event, f"_scenario_{key}")
         event.then(functools.partial(show_finding, pool, key), [ui["session"], ui["model"]], ui["scenario_finding"],
                    queue=False, api_name=f"scenario_{key}_finding", preprocess=False, show_progress="hidden")
+    return done
 
 
 def _wire_views(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
@@ -148,16 +155,18 @@ def wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     sized.then(functools.partial(load_model, pool), ui["model"], _pick(ui, MODEL_OUTPUTS), api_name="load_model",
                preprocess=False, concurrency_id="load", concurrency_limit=1, trigger_mode="always_last",
                show_progress_on=[ui["run_state"]])
-    _wire_generation(pool, ui, [ui["generate"].click, ui["prompt"].submit])
-    _wire_generation(pool, ui, [ui[n].release for n in RELEASE_TRIGGERS], "_on_release")
+    runs = {"": _wire_generation(pool, ui, [ui["generate"].click, ui["prompt"].submit]),
+            "_on_release": _wire_generation(pool, ui, [ui[n].release for n in RELEASE_TRIGGERS], "_on_release")}
     ui["stop"].click(stop, ui["session"], ui["status"], api_name="stop", queue=False, show_progress="hidden")
     fills = gr.on([ui["fills_button"].click], interrupt, [ui["session"]], None, queue=False,
                   api_name="interrupt_fills", show_progress="hidden")
     _wire_fills(pool, ui, fills, "")
-    _wire_scenarios(pool, ui)
+    runs.update(_wire_scenarios(pool, ui))
     _wire_views(pool, ui, demo)
     ui["export_trace"].click(export_trace, ui["session"], ui["files"], api_name="export_trace")
     ui["export_figure"].click(functools.partial(export_figure, pool), _with_controls(ui, "session", "figure"),
                               ui["files"], api_name="export_figure", preprocess=False)
     _wire_sweep(pool, ui, demo)
     wire_needs(pool, ui)
+    wire_explain(ui, runs)
+    wire_share(pool, ui, demo)

@@ -12,6 +12,8 @@ VIEWS: dict[str, str] = {
     "errors": "Error propagation",
     "fills": "Fill strategies",
     "needs": "What each token needs",
+    "lens": "Logit lens",
+    "scrub": "Token scrubber",
 }
 
 EXPLAIN: dict[str, str] = {
@@ -70,6 +72,23 @@ full depth. Dots are tokens; red crosses need more layers than D3 gives them at 
 
 **What to look for:** D3 assumes that later tokens need fewer layers. If the dots do not fall to the right, the
 decay cuts layers that these tokens need. Measuring runs every budget for every token: about a minute.""",
+    "lens": """**What the model would say if it stopped after each layer** (the *logit lens*: the final norm and
+the output head applied to the hidden state after that layer), for every D3 token of the last run.
+One column per generated token, one row per layer. The colour is the probability of the token D3 finally
+wrote. Grey hatched cells are layers that did not run for that token. The black line is the *prediction depth*:
+the first layer from which the lens's top token is the final one and stays so.
+
+**What to look for:** where the black line sits well below the grey cells, the skipped layers were not needed
+for that token. Where it climbs into them, D3 cut layers that token was still using. The lens is recorded
+during every D3 run.""",
+    "scrub": """**One token at a time.** Pick a generated token with the slider, or press **Play** to step through
+them in order. Left: the layers it ran (blue), skipped (grey), and where each skipped layer's key/value
+entry came from (copied from which layer, propagated, or a masked hole). Right: its top 5 next tokens under D3 and
+at full depth. Full depth is shown only while it had written the same text so far, since after a divergence
+it answers a different context.
+
+**What to look for:** tokens where D3's top choice is close to full depth's even with many layers skipped, and
+the token where the two first part ways.""",
 }
 
 INTRO = """**D3 (Position-Aware Depth Decay Decoding)** makes a language model use fewer of its layers the

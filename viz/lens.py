@@ -103,8 +103,12 @@ def _marks(trace: Trace, reference: Trace | None, selected: int | None) -> tuple
     if first is not None and first < len(trace.steps):
         edge = trace.steps[first].step - 0.5  # just before the token, like the badge in the token panes
         shapes.append(guide_line(x=edge, color=DIVERGENCE_COLOR, dash="dash", width=2))
-        notes.append(dict(x=edge, y=1, xref="x", yref="y domain", xanchor="right", yanchor="bottom", showarrow=False,
-                          text="first divergence ▸", font=dict(color=DIVERGENCE_COLOR)))
+        # Inside the plot, over the bottom (core) rows: above it the note would run into the title's second line,
+        # and on the side of the line with more room, so that a divergence at the first tokens is not cut off.
+        left = first < len(trace.steps) / 2
+        notes.append(dict(x=edge, y=0, xref="x", yref="y domain", xanchor="left" if left else "right",
+                          yanchor="bottom", showarrow=False, bgcolor="rgba(255,255,255,0.85)",
+                          text="◂ first divergence" if left else "first divergence ▸", font=dict(color=DIVERGENCE_COLOR)))
     if selected is not None and 0 <= selected < len(trace.steps):
         x = trace.steps[selected].step
         shapes.append(dict(type="rect", xref="x", yref="y domain", x0=x - 0.5, x1=x + 0.5, y0=0, y1=1,

@@ -131,8 +131,10 @@ def topk_compare(trace: Trace, index: int, reference: Trace | None = None, *, ti
                   xaxis=dict(title=dict(text="probability"), range=[0, 1.12], tickformat=".1f"),
                   yaxis=dict(tickmode="array", tickvals=list(range(len(candidates))), ticktext=ticks, autorange="reversed"))
     if title is None:
-        title = f"Top {len(step.topk)} next tokens at token {index}" + (" · D3 vs full depth" if other is not None else "")
-        if reference is not None and other is None:
+        title = f"Top {len(step.topk)} next tokens at token {index}"  # short: it sits beside the layers on a phone
+        if other is not None:
+            title += f"<br><sub>{label} vs full depth</sub>"
+        elif reference is not None:
             title += f"<br><sub>{_no_reference_note(trace, reference, index)}</sub>"
     return make_figure(data, layout, title=title, presentation=presentation, legend=other is not None,
                        height=height or int(np.clip(46 * max(len(candidates), 1) + 190, 320, 700)))

@@ -1,0 +1,119 @@
+"""Links that carry the prompt and every control of the Live tab in their query string, so that a teacher can
+prepare a state and open it in class: "Copy link" writes the link, and opening it sets the controls again.
+
+Not gr.DeepLinkButton: it stores a snapshot of every component (panes and figures too) in the server's
+memory under an id, so its links die with the server process (a Space that restarts or sleeps) and carry
+nothing a person can read or edit. A query string holds the controls themselves, survives restarts, and is
+read back here through `Controls`, which names every control once."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+from urllib.parse import urlencode
+
+import gradio as gr
+
+from explorer import views
+from explorer.controls import CONTROL_NAMES, DEFAULTS, METRICS, STRATEGY_LABELS, Controls, parse_strategy, takes_controls
+from explorer.parse import as_choice, as_flag, as_number
+from explorer.pool import ModelPool
+from explorer.runs import check_run
+from explorer.ui import ordered
+
+FLAGS = ("chat_template", "log_kl", "presentation")
+TEXTS = ("prompt", "model", "strategy", "drop_order", "fill", "decoding", "metric")
+RESTORE_OUTPUTS = (*CONTROL_NAMES, "status")
+MAX_QUERY_CHARS = 20_000  # a link longer than this is not one the page wrote (the prompt cap keeps ours shorter)
+# Runs in the browser after `share_link`: the page's own address (whatever proxy serves it) + the query string,
+# copied to the clipboard where the browser allows it, and shown in the link box in any case.
+COPY_JS = """(query) => { const url = window.location.origin + window.location.pathname + query;
+  if (navigator.clipboard) navigator.clipboard.writeText(url).catch(() => {});
+  return url; }"""
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def controls_query(controls: Controls) -> str:
+    """'?prompt=…&model=…&…': every control in page order (None, the model's default, left out)."""
+    pairs = [(name, _text(getattr(controls, name))) for name in CONTROL_NAMES if getattr(controls, name) is not None]
+    return "?" + urlencode(pairs)
+
+
+@takes_controls
+def share_link(controls: Controls) -> Any:
+    """The query string of a link to these controls (the browser puts the page's address in front), in the link
+    box, which shows from now on."""
+    return gr.update(value=controls_query(controls), visible=True)
+
+
+def _value(name: str, raw: str) -> Any:
+    if name in FLAGS:
+        return as_flag(name, raw)
+    if name in TEXTS:
+        return raw
+    number = as_number(name, raw, -math.inf, math.inf)
+    return int(number) if number.is_integer() else number
+
+
+def controls_from_query(pool: ModelPool, params: Mapping[str, str]) -> dict[str, Any]:
+    """The controls a link names, as the page's components take them, checked as a run would check them (every
+    strategy's settings, not only the chosen one's); ValueError with a plain message. {} for a plain address."""
+    if sum(len(k) + len(v) for k, v in params.items()) > MAX_QUERY_CHARS:
+        raise ValueError("this link is too long to be one the page wrote")
+    values = {name: _value(name, params[name]) for name in CONTROL_NAMES if name in params}
+    if not values:
+        return {}
+    c = DEFAULTS.with_(**{"prompt": "a prompt", "model": pool.names[0], **values})  # a link may leave both out
+    check_run(pool, c)  # the prompt, the model, the chosen strategy, the generation settings
+    facts = pool.known_facts(c.model)
+    if facts is None:  # never load a model here: this runs as the page opens
+        raise ValueError(f"the link's model {c.model!r} is not loaded on this server yet: choose it in the Model "
+                         "picker, then open the link again")
+    for strategy in STRATEGY_LABELS:  # the sliders of the other strategies must hold valid values too
+        parse_strategy(c.with_(strategy=strategy), facts.num_layers, pool.caps)
+    as_choice("metric", c.metric, METRICS)
+    as_number("attention_head", c.attention_head, 0, max(facts.num_heads - 1, 0), integer=True)
+    return values
+
+
+def restore_from_link(pool: ModelPool, request: gr.Request | None) -> tuple[Any, ...]:
+    """As the page opens: the controls of the link it was opened with, or a plain message saying why not (the
+    controls then keep the page's defaults). A plain address changes nothing."""
+    params = dict(request.query_params) if request is not None else {}
+    try:
+        values = controls_from_query(pool, params)
+    except ValueError as err:
+        return ordered(RESTORE_OUTPUTS, status=views.problem_html(f"this link's settings were not loaded: {err}"))
+    if not values:
+        return ordered(RESTORE_OUTPUTS)
+    note = "Settings loaded from the link: press Generate to run them."
+    return ordered(RESTORE_OUTPUTS, status=views.status_html(None, None, note), **values)
+
+
+def share_box(ui: dict[str, Any]) -> None:
+    """The button and the box that shows the link (under the key controls)."""
+    with gr.Group(elem_classes=["d3-share"]):
+        ui["share"] = gr.Button("Copy link to these settings (prompt and every control)", size="sm", elem_id="share")
+        ui["share_url"] = gr.Textbox(label="Link (copied; open it to get these settings back)", interactive=False,
+                                     elem_id="share-url", buttons=["copy"], visible=False)
+
+
+def wire_share(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
+    """Copy link: the query string from the controls (Python, one place), then the browser's address in front.
+    Opening a link: the controls from its query string, as the page loads (their change events then redraw the
+    schedule preview; nothing runs the model until Generate)."""
+    copied = ui["share"].click(share_link, [ui[n] for n in CONTROL_NAMES], ui["share_url"], api_name="share_link",
+                               queue=False, preprocess=False, show_progress="hidden")
+    copied.then(None, ui["share_url"], ui["share_url"], js=COPY_JS, api_name=False, queue=False)
+    def restore(request: gr.Request) -> tuple[Any, ...]:  # gradio passes the request to a parameter typed so
+        return restore_from_link(pool, request)
+
+    demo.load(restore, None, [ui[n] for n in RESTORE_OUTPUTS],
+              api_name="restore_from_link", queue=False, preprocess=False, show_progress="hidden")

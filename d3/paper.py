@@ -223,10 +223,11 @@ class PaperRow:
 
 def table(rows: Sequence[PaperRow]) -> str:
     """The paper's layout: task | full EM | D3 EM | layers used / L | theoretical speedup | measured speedup."""
-    head = f"{'task':<18} {'full EM':>8} {'D3 EM':>8} {'layers used / L':>16} {'theor. speedup':>15} {'measured':>9}"
+    w = max([18, *(len(r.task) for r in rows)])  # task names as wide as the longest
+    head = f"{'task':<{w}} {'full EM':>8} {'D3 EM':>8} {'layers used / L':>16} {'theor. speedup':>15} {'measured':>9}"
     lines = [head, "-" * len(head)]
     for r in rows:
-        lines.append(f"{r.task:<18} {r.full_em:8.2f} {r.d3_em:8.2f} {f'{r.mean_layers:.2f} / {r.num_layers}':>16} "
+        lines.append(f"{r.task:<{w}} {r.full_em:8.2f} {r.d3_em:8.2f} {f'{r.mean_layers:.2f} / {r.num_layers}':>16} "
                      f"{r.theoretical_speedup:14.2f}x {r.measured_speedup:8.2f}x")
     lines.append(f"(alpha, start per task: {', '.join(f'{r.task} {r.alpha:g}, {r.start}' for r in rows)}; "
                  f"EM in points on {', '.join(str(r.n_test) for r in rows)} test questions)")

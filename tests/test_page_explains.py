@@ -20,9 +20,9 @@ from explorer.runs import check_run, side_by_side
 from explorer.session import Session
 from explorer.share import RESTORE_OUTPUTS, controls_from_query, controls_query, restore_from_link
 from tests.test_app_client import CountingEngine, serve
+from tests.test_browser import browser  # noqa: F401  (the shared headless Chromium fixture)
 from tests.test_page_teaches import (
     ARTIFACTS,
-    CHROMIUM,
     DESKTOP,
     PHONE,
     PRESENTATION,
@@ -152,19 +152,6 @@ playwright_api = pytest.importorskip("playwright.sync_api")
 def url(demo):
     with serve(demo) as address:
         yield address
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from pathlib import Path
-
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM}")
-    with playwright_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu",
-                                                              "--disable-background-networking"])
-        yield b
-        b.close()
 
 
 @pytest.fixture()

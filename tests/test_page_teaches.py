@@ -17,13 +17,13 @@ import requests
 from explorer.caps import Caps
 from explorer.page import build_demo
 from tests.test_app_client import CountingEngine, serve
+from tests.test_browser import browser  # noqa: F401  (the shared headless Chromium fixture)
 from tests.tiny import tiny_llama, tiny_tokenizer
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::UserWarning")]
 playwright_api = pytest.importorskip("playwright.sync_api")
 
-CHROMIUM = "/usr/bin/chromium"
 # Screenshots for a person to look at: into $D3_SCREENSHOTS when set, else the test run's scratch folder (removed
 # at the end, see tests/conftest.py), so a plain run leaves nothing behind.
 ARTIFACTS = Path(os.environ.get("D3_SCREENSHOTS") or Path(tempfile.gettempdir()) / "screenshots")
@@ -57,17 +57,6 @@ def url(engine):
     demo = build_demo(lambda name: engine, model_names=("tiny",), public=False, caps=Caps(max_new_tokens=64))
     with serve(demo) as address:
         yield address
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM}")
-    with playwright_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu",
-                                                              "--disable-background-networking"])
-        yield b
-        b.close()
 
 
 @pytest.fixture()

@@ -4,6 +4,7 @@ live here, like explorer/needs.py."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import gradio as gr
@@ -15,6 +16,7 @@ from explorer.parse import as_number, whole
 from explorer.session import Session
 from explorer.ui import ordered, user_errors
 from explorer.views import waiting
+from explorer.wording import VIEWS
 from viz.lens import has_lens, logit_lens_heatmap
 from viz.scrub import scrub_html, token_layers, topk_compare
 
@@ -65,10 +67,17 @@ def render_scrub(session: Session | None, index: Any, controls: Controls) -> tup
         return scrub_views(*_traces(session), token, presentation=controls.view.presentation)
 
 
+LAZY_VIEWS = ("lens", "scrub")  # drawn only while their tab is open: the lens heatmap is a large figure
+
+
 @takes_controls
 def show_run(session: Session | None, index: Any, controls: Controls) -> tuple[Any, ...]:
-    """After a run (or a change of presentation mode): the lens, and the scrubber sized to the run's tokens with
-    its token kept where it was (or moved to the last one, if the run is shorter)."""
+    """After a run (or a change of presentation mode, or when the tab opens): the lens, and the scrubber sized to
+    the run's tokens with its token kept where it was (or moved to the last one, if the run is shorter). Nothing
+    while another view's tab is open: nobody sees them there, and the lens heatmap is a large figure to send and
+    draw after every run; opening the tab draws them."""
+    if session is not None and session.view not in LAZY_VIEWS:
+        return ordered(RUN_OUTPUTS)
     d3, full = _traces(session)
     p = controls.view.presentation
     tokens = len(d3.steps) if d3 is not None else 0
@@ -102,6 +111,12 @@ def next_token(session: Session | None, index: Any, playing: Any) -> tuple[Any, 
     return _play_state(token, token < tokens - 1)
 
 
+def view_opened(key: str, session: Session | None) -> None:
+    """Remember which view tab is open (the lens and the scrubber draw only then)."""
+    if session is not None:
+        session.view = key
+
+
 def scrub_controls(ui: dict[str, Any]) -> None:
     """The scrubber's components: the token slider and Play above, the card, then its two plots side by side."""
     ui["scrub_playing"] = gr.State(False)
@@ -129,6 +144,11 @@ def wire_explain(ui: dict[str, Any], runs: dict[str, Any]) -> None:
     for suffix, run in runs.items():
         run.then(show_run, with_index, outputs, api_name=f"show_run{suffix}", **instant)
     ui["presentation"].change(show_run, with_index, outputs, api_name=False, **instant)
+    for key in (k for k in VIEWS if f"tab_{k}" in ui):
+        opened = ui[f"tab_{key}"].select(functools.partial(view_opened, key), ui["session"], None, api_name=False,
+                                         **instant)
+        if key in LAZY_VIEWS:
+            opened.then(show_run, with_index, outputs, api_name=False, **instant)
     ui["scrub_index"].change(render_scrub, with_index, [ui[n] for n in SCRUB_OUTPUTS], api_name="render_scrub",
                              trigger_mode="always_last", **instant)
     play = [ui["session"], ui["scrub_index"], ui["scrub_playing"]]

@@ -91,7 +91,7 @@ def _panes(ui: dict[str, Any]) -> None:
 def _view_tab(key: str, ui: dict[str, Any], extra: Callable[[], None] | None = None, *, plot: bool = True) -> None:
     """A view: `extra` components above its plot (`plot=False`: `extra` makes the view's plots itself), and its
     explanation in a column on the right."""
-    with gr.Tab(VIEWS[key], id=key):
+    with gr.Tab(VIEWS[key], id=key) as ui[f"tab_{key}"]:
         with gr.Row():
             with gr.Column(scale=3):
                 if extra is not None:

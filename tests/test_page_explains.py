@@ -14,7 +14,7 @@ from d3.config import D3Config, GenerationConfig, TraceConfig
 from d3.trace import RAN
 from explorer.caps import Caps
 from explorer.controls import CONTROL_NAMES, DEFAULTS
-from explorer.explain import PAUSE, PLAY, RUN_OUTPUTS, next_token, render_scrub, show_run, toggle_play
+from explorer.explain import PAUSE, PLAY, RUN_OUTPUTS, next_token, render_scrub, show_run, toggle_play, view_opened
 from explorer.page import build_demo
 from explorer.runs import check_run, side_by_side
 from explorer.session import Session
@@ -78,7 +78,16 @@ def test_the_page_records_the_lens_for_its_runs(demo) -> None:
     assert check_run(demo.pool, DEFAULTS.with_(prompt="hi", model="tiny")).trace.logit_lens
 
 
+def test_the_lens_and_scrubber_are_drawn_only_while_their_tab_is_open(session) -> None:
+    view_opened("usage", session)
+    skipped = lambda o: isinstance(o, dict) and o == gr.skip()  # noqa: E731
+    assert all(skipped(o) for o in show_run(session, 0))  # nothing is sent after a run
+    view_opened("lens", session)
+    assert not any(skipped(o) for o in show_run(session, 0))
+
+
 def test_after_a_run_the_lens_has_a_column_per_token_and_a_row_per_layer(session) -> None:
+    view_opened("lens", session)
     out = dict(zip(RUN_OUTPUTS, show_run(session, 99)))
     lens, tokens = out["lens"], len(session.d3.steps)
     heat = by_role(lens, "lens")[0]

@@ -193,6 +193,15 @@ def lens_ready(page) -> None:
     page.wait_for_function(f"() => ({ROLES})('plot-lens').includes('prediction-depth')")
 
 
+def in_presentation(page, plot: str, view: str, screenshot: str, anchor: str) -> None:
+    """Switch presentation mode on: `plot` grows its fonts, every plot still fills its box; a screenshot."""
+    page.get_by_label(PRESENTATION).check()
+    page.wait_for_selector(".d3-present")
+    page.wait_for_function(f"() => ({PLOT})('{plot}').layout.font.size > 14")
+    assert_plots_fit(page, f"presentation, {view}")
+    shot(page, screenshot, anchor)
+
+
 def test_the_logit_lens_tab_shows_every_token_over_every_layer(page) -> None:
     generate(page, 12)
     open_view(page, "Logit lens")
@@ -203,11 +212,7 @@ def test_the_logit_lens_tab_shows_every_token_over_every_layer(page) -> None:
     assert {"skip-mask", "prediction-depth"} <= set(page.evaluate(ROLES, "plot-lens"))
     assert_plots_fit(page, "Logit lens")
     shot(page, "explains_lens_desktop.png", "#plot-lens")
-    page.get_by_label(PRESENTATION).check()
-    page.wait_for_selector(".d3-present")
-    page.wait_for_function(f"() => ({PLOT})('plot-lens').layout.font.size > 14")
-    assert_plots_fit(page, "presentation, Logit lens")
-    shot(page, "explains_lens_presentation.png", "#plot-lens")
+    in_presentation(page, "plot-lens", "Logit lens", "explains_lens_presentation.png", "#plot-lens")
 
 
 SCRUB_STEP = f"""() => {{ const t = (({PLOT})('plot-scrub')?._fullData || []).find(d => d.meta && d.meta.role === 'token-layers');
@@ -238,11 +243,7 @@ def test_the_scrubber_shows_token_k_and_play_moves_on(page) -> None:
     assert sorted(page.evaluate(TOPK_NAMES)) == ["D3", "full depth"]
     assert_plots_fit(page, "Token scrubber")
     shot(page, "explains_scrubber_desktop.png", "#scrub-index")
-    page.get_by_label(PRESENTATION).check()
-    page.wait_for_selector(".d3-present")
-    page.wait_for_function(f"() => ({PLOT})('plot-scrub').layout.font.size > 14")
-    assert_plots_fit(page, "presentation, Token scrubber")
-    shot(page, "explains_scrubber_presentation.png", "#scrub-index")
+    in_presentation(page, "plot-scrub", "Token scrubber", "explains_scrubber_presentation.png", "#scrub-index")
     page.get_by_label(PRESENTATION).uncheck()
     scrub_to(page, 2)
     page.click("#scrub-play")

@@ -35,12 +35,10 @@ def main(args: argparse.Namespace) -> int:
     # the two together, loads it only when it writes a report.
     from viz.report import write_report
 
-    gen = _generation_table(args.generation)
+    gen, generation, criterion = _generation(args.generation)
     out = write_report(args.results, args.out, title=args.title, generation=gen)
     df = read_results(args.results)
-    generation = _generation_section(gen)
     if args.summary:
-        criterion = [] if gen is None else [_generation_criterion(gen)]
         text = summary_markdown(df, title=args.title or "Sweep summary", extra_headline=criterion)
         Path(args.summary).write_text(text + ("\n" + generation if generation else ""), encoding="utf-8")
     print(headline(df)["text"])
@@ -50,26 +48,13 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _generation_table(path: str | None) -> Any:
-    """A generation sweep's table (d3.sweep.generation), or None without one."""
+def _generation(path: str | None) -> tuple[Any, str, list[str]]:
+    """A generation sweep's table, its summary section and its headline line (None, "", [] without one)."""
     if not path:
-        return None
+        return None, "", []
+    from d3.report_generation import generation_markdown, headline_lines
     from d3.sweep.generation import read_generation
 
-    return read_generation(path)
-
-
-def _generation_section(gen: Any) -> str:
-    """The summary's generation-accuracy section ("" without a generation sweep)."""
-    if gen is None:
-        return ""
-    from d3.report_generation import generation_markdown
-
-    return generation_markdown(gen)
-
-
-def _generation_criterion(gen: Any) -> str:
-    """The paper's criterion on generated answers, as one headline line."""
-    from d3.report_generation import headline_lines
-
-    return "Generation accuracy (the paper's measure, section below): " + headline_lines(gen)[1].replace("**", "")
+    gen = read_generation(path)
+    criterion = "Generation accuracy (the paper's measure, section below): " + headline_lines(gen)[1].replace("**", "")
+    return gen, generation_markdown(gen), [criterion]

@@ -105,15 +105,15 @@ def share_box(ui: dict[str, Any]) -> None:
                                      elem_id="share-url", buttons=["copy"], visible=False)
 
 
-def wire_share(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
+def wire_share(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> Any:
     """Copy link: the query string from the controls (Python, one place), then the browser's address in front.
-    Opening a link: the controls from its query string, as the page loads (their change events then redraw the
-    schedule preview; nothing runs the model until Generate)."""
+    Opening a link: the controls from its query string, as the page loads; returns that event, after which the
+    schedule preview is redrawn (nothing runs the model until Generate)."""
     copied = ui["share"].click(share_link, [ui[n] for n in CONTROL_NAMES], ui["share_url"], api_name="share_link",
                                queue=False, preprocess=False, show_progress="hidden")
     copied.then(None, ui["share_url"], ui["share_url"], js=COPY_JS, api_name=False, queue=False)
     def restore(request: gr.Request) -> tuple[Any, ...]:  # gradio passes the request to a parameter typed so
         return restore_from_link(pool, request)
 
-    demo.load(restore, None, [ui[n] for n in RESTORE_OUTPUTS],
+    return demo.load(restore, None, [ui[n] for n in RESTORE_OUTPUTS],
               api_name="restore_from_link", queue=False, preprocess=False, show_progress="hidden")

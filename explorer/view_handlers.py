@@ -88,31 +88,21 @@ def bound_core(pool: ModelPool, model: str, core_head: Any, core_tail: Any) -> t
 
 @takes_controls
 def redraw_schedule(pool: ModelPool, session: Session | None, controls: Controls) -> tuple[Any, Any]:
-    """Decay curve and planned grid from the controls alone: no model runs."""
-    return _preview(pool, session, controls, planned=True)
-
-
-@takes_controls
-def redraw_decay(pool: ModelPool, session: Session | None, controls: Controls) -> Any:
-    """The decay curve alone, for every step of a slider drag: the planned grid (about 170 kB of heatmap, in a
-    hidden tab most of the time) is redrawn when the slider is let go (`redraw_schedule`)."""
-    return _preview(pool, session, controls, planned=False)[0]
-
-
-def _preview(pool: ModelPool, session: Session | None, controls: Controls, *, planned: bool) -> tuple[Any, Any]:
-    """(decay curve, planned grid or None); a schedule that cannot be drawn says why in both."""
+    """(decay curve, planned grid) from the controls alone: no model runs. While a slider moves, the browser
+    redraws the curve itself (assets/decay_preview.js); this runs when it is let go or another control changes.
+    A schedule that cannot be drawn says why in both."""
     p = controls.view.presentation
     try:
         facts = pool.known_facts(controls.model)  # a name this server refuses: said in the preview, like the rest
-        if facts is None:  # never load a model here: this runs on every slider move, out of the queue
+        if facts is None:  # never load a model here: this runs out of the queue, on every control change
             raise ValueError("the schedule is drawn once this model is loaded (press Generate)")
         s = parse_schedule(controls, facts.num_layers, pool.caps)
-    except ValueError as err:  # shown in the preview while a slider moves; Generate says it in the status line
+    except ValueError as err:  # shown in the preview; Generate says it in the status line
         message = views.waiting(f"Cannot draw this schedule:<br>{html.escape(str(err))}", presentation=p)
         return message, message
     trace = session.d3 if session is not None else None
     return (views.decay_view(s.strategy, s.num_layers, s.steps, trace=trace, others=s.others, presentation=p),
-            views.planned_view(s.strategy, s.num_layers, s.steps, presentation=p) if planned else None)
+            views.planned_view(s.strategy, s.num_layers, s.steps, presentation=p))
 
 
 @takes_controls

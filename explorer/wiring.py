@@ -33,7 +33,6 @@ from explorer.view_handlers import (
     load_model,
     model_changed,
     new_session,
-    redraw_decay,
     redraw_schedule,
     render_attention,
     render_errors,
@@ -45,7 +44,9 @@ from explorer.view_handlers import (
 
 SWEEP_CLICK_JS = ASSETS / "sweep_click.js"
 PAGE_JS = ASSETS / "page.js"  # fits plots to their boxes after tab switches
-# Letting go of one of these sliders regenerates.
+PREVIEW_JS = ASSETS / "decay_preview.js"  # the decay curve drawn in the browser while a slider moves
+# Letting go of one of these sliders regenerates; while one moves, the browser redraws the decay curve from
+# them (decay_preview.js follows them in this order).
 RELEASE_TRIGGERS = ("alpha", "core_head", "core_tail", "start")
 
 
@@ -109,12 +110,15 @@ def _wire_scenarios(pool: ModelPool, ui: dict[str, Any]) -> dict[str, Any]:
 
 def _wire_views(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     instant = dict(queue=False, preprocess=False, show_progress="hidden")
-    # While a slider moves only the decay curve follows it (a few kB a step); the heavy planned grid is redrawn
-    # when it is let go, when any other control changes, and after a scenario or a sweep row set the controls.
-    sliders = [n for n in REDRAW_NAMES if n in RELEASE_TRIGGERS]
-    gr.on([ui[n].change for n in sliders], functools.partial(redraw_decay, pool), _with_controls(ui, "session"),
-          ui["decay"], api_name="redraw_decay", trigger_mode="always_last", **instant)
-    gr.on([demo.load, *(ui[n].release for n in sliders), *(ui[n].change for n in REDRAW_NAMES if n not in sliders)],
+    # While a slider moves the browser redraws the decay curve itself (assets/decay_preview.js), with no round
+    # trip: it keeps up with the pointer while the server is busy. The server redraws the curve and the heavy
+    # planned grid when a slider is let go, when any other control changes, and after a scenario, a sweep row
+    # or a shared link set the controls.
+    gr.on([ui[n].change for n in RELEASE_TRIGGERS], None, _pick(ui, RELEASE_TRIGGERS), None,
+          js=f"({', '.join(RELEASE_TRIGGERS)}) => {{ window.d3DecayPreview?.follow({', '.join(RELEASE_TRIGGERS)}); }}",
+          api_name=False, queue=False, show_progress="hidden")
+    gr.on([demo.load, *(ui[n].release for n in RELEASE_TRIGGERS),
+           *(ui[n].change for n in REDRAW_NAMES if n not in RELEASE_TRIGGERS)],
           functools.partial(redraw_schedule, pool), _with_controls(ui, "session"), [ui["decay"], ui["planned"]],
           api_name="redraw_schedule", trigger_mode="always_last", **instant)
     ui["metric"].change(render_flow, _with_controls(ui, "session"), ui["flow"], api_name="render_flow", **instant)
@@ -143,6 +147,7 @@ def wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     """Every event of the page, each with an API name."""
     demo.load(new_session, None, ui["session"], api_name="new_session", queue=False)
     demo.load(None, js=PAGE_JS.read_text(encoding="utf-8"), api_name=False)
+    demo.load(None, js=PREVIEW_JS.read_text(encoding="utf-8"), api_name=False)
     # In the queue, where an unknown title is a plain error message rather than an HTTP 500.
     ui["example"].input(use_example, ui["example"], ui["prompt"], api_name="use_example", preprocess=False,
                         concurrency_limit=None, show_progress="hidden")
@@ -169,4 +174,4 @@ def wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     _wire_sweep(pool, ui, demo)
     wire_needs(pool, ui)
     wire_explain(ui, runs)
-    wire_share(pool, ui, demo)
+    _redraw_after(pool, ui, wire_share(pool, ui, demo))

@@ -226,6 +226,24 @@ def test_decay_curve_raw_formula_and_planned_budget(d3_cfg: D3Config, d3_trace: 
         assert_hover(trace)
 
 
+def test_decay_curve_says_what_its_d3_lines_were_drawn_for() -> None:
+    """The layout meta and the named guides the page's browser-side preview moves (assets/decay_preview.js)."""
+    cfg = D3Config(alpha=0.9, core_head=2, core_tail=1, start=4, drop_order="top_down", fill="none")
+    fig = viz.decay_curve(cfg, 12, 30)
+    assert fig.layout.meta["d3_schedule"] == dict(num_layers=12, steps=30, alpha=0.9, core_head=2, core_tail=1,
+                                                  start=4, main=True, label_core=True,
+                                                  label_extra=["top-down", "fill none"])
+    assert one(fig, "planned").meta["strategy"] == "d3"
+    assert {(s.name, s.visible) for s in fig.layout.shapes} == {("core-floor", True), ("decay-start", True)}
+    assert {(a.name, a.visible) for a in fig.layout.annotations} == {("core-floor", True), ("decay-start", True)}
+    bare = viz.decay_curve(D3Config(alpha=0.9, core_head=0, core_tail=0), 12, 30)  # nothing to mark: hidden
+    assert not any(s.visible for s in bare.layout.shapes) and not any(a.visible for a in bare.layout.annotations)
+    other = viz.decay_curve(UnifiedConfig(ratio=2.0), 12, 30, others={"D3": cfg})  # D3 beside another strategy
+    assert other.layout.meta["d3_schedule"]["main"] is False
+    assert one(other, "planned", name="D3: planned").meta["strategy"] == "d3"
+    assert viz.decay_curve(UnifiedConfig(ratio=2.0), 12, 30).layout.meta is None
+
+
 def test_decay_curve_overlays_other_strategies(d3_cfg: D3Config) -> None:
     others = {"SkipDecode": SkipDecodeConfig(horizon=20), "unified 2x": UnifiedConfig(ratio=2.0),
               "early exit": EarlyExitConfig()}

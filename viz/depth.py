@@ -10,6 +10,7 @@ from d3.schedule import budgets
 from d3.trace import Trace
 from viz.layout import (
     CORE_LINE,
+    d3_label_extras,
     decode_plan,
     guide_line,
     make_figure,
@@ -36,7 +37,32 @@ def usage_scatter(trace: Trace, *, name: str, color: str, mode: str = "markers",
     return go.Scatter(x=np.array([s.step for s in trace.steps]), y=used, mode=mode, name=name, text=hover,
                       hovertemplate="%{text}<extra>" + name + "</extra>", showlegend=showlegend,
                       marker=dict(color=color, size=7, opacity=0.85), line=dict(color=color, width=2),
-                      meta={"role": "actual", "name": name})
+                      meta={"role": "actual", "name": name, "strategy": strategy_kind(trace.strategy)})
+
+
+def d3_guides(cfg: D3Config, num_layers: int) -> tuple[list[dict], list[dict]]:
+    """(shapes, annotations): the core floor line and the decay start line, each with its label. Both are always
+    there, hidden where they mark nothing (a zero core, start 0), and named, so that the page can move them while
+    a slider moves without redrawing the figure (assets/decay_preview.js)."""
+    head, tail = cfg.core(num_layers)
+    floor = head + tail
+    shapes = [dict(guide_line(y=floor, color=CORE_LINE, dash="dot"), name="core-floor", visible=floor > 0),
+              dict(guide_line(x=cfg.start - 0.5), name="decay-start", visible=cfg.start > 0)]
+    # Under the floor line: D3's budget never goes below it, so its line never runs through the label.
+    notes = [dict(x=1, xref="paper", xanchor="right", y=floor, yanchor="top", showarrow=False, name="core-floor",
+                  visible=floor > 0, text=f"core floor: {head} + {tail} = {floor} layers", font=dict(color=CORE_LINE)),
+             dict(x=cfg.start - 0.5, xanchor="left", y=0, yref="paper", yanchor="bottom", showarrow=False,
+                  name="decay-start", visible=cfg.start > 0, text=f" decay starts at token {cfg.start}")]
+    return shapes, notes
+
+
+def d3_schedule_meta(cfg: D3Config, num_layers: int, steps: int, *, main: bool) -> dict:
+    """What a figure's D3 lines were drawn for, in its layout meta: enough for the page to redraw them from the
+    sliders alone (the formula of `d3.schedule.d3_budget`), and to tell a figure drawn for other values."""
+    head, tail = cfg.core(num_layers)
+    return dict(num_layers=num_layers, steps=steps, alpha=float(cfg.alpha), core_head=head, core_tail=tail,
+                start=cfg.start, main=main, label_core=cfg.core_head is not None or cfg.core_tail is not None,
+                label_extra=d3_label_extras(cfg.to_dict()))
 
 
 def _planned_line(cfg: StrategyConfig, num_layers: int, steps: int, *, name: str, color: str, width: float,
@@ -45,7 +71,8 @@ def _planned_line(cfg: StrategyConfig, num_layers: int, steps: int, *, name: str
     y = np.asarray(budgets(cfg, num_layers, steps), dtype=np.int64)
     return go.Scatter(x=np.arange(steps), y=y, mode="lines", name=name, line=dict(color=color, width=width,
                       dash=dash, shape="hv"), hovertemplate="step %{x}: planned %{y} of " + str(num_layers)
-                      + " layers<extra>" + name + "</extra>", meta={"role": "planned", "name": name})
+                      + " layers<extra>" + name + "</extra>", meta={"role": "planned", "name": name,
+                                                                  "strategy": cfg.name})
 
 
 def decay_curve(cfg: StrategyConfig, num_layers: int, steps: int, *, trace: Trace | None = None,
@@ -72,17 +99,8 @@ def decay_curve(cfg: StrategyConfig, num_layers: int, steps: int, *, trace: Trac
                                name="floor(L·α^i), unclamped", line=dict(color=main_color, dash="dash", width=1.5),
                                hovertemplate="step %{x}: the formula alone gives %{y} layers<extra></extra>",
                                meta={"role": "raw"}))
-        head, tail = cfg.core(num_layers)
-        floor = head + tail
-        if floor > 0:
-            shapes.append(guide_line(y=floor, color=CORE_LINE, dash="dot"))
-            # Under the floor line: D3's budget never goes below it, so its line never runs through the label.
-            notes.append(dict(x=1, xref="paper", xanchor="right", y=floor, yanchor="top", showarrow=False,
-                              text=f"core floor: {head} + {tail} = {floor} layers", font=dict(color=CORE_LINE)))
-        if cfg.start > 0:
-            shapes.append(guide_line(x=cfg.start - 0.5))
-            notes.append(dict(x=cfg.start - 0.5, xanchor="left", y=0, yref="paper", yanchor="bottom", showarrow=False,
-                              text=f" decay starts at token {cfg.start}"))
+        shapes, notes = d3_guides(cfg, num_layers)
+    d3 = cfg if isinstance(cfg, D3Config) else next((c for c in others.values() if isinstance(c, D3Config)), None)
     if not decode_plan(cfg, num_layers).dynamic:
         data.append(_planned_line(cfg, num_layers, steps, name=f"{label}: planned", color=main_color, width=3))
     if trace is not None:
@@ -100,6 +118,8 @@ def decay_curve(cfg: StrategyConfig, num_layers: int, steps: int, *, trace: Trac
         shapes=shapes, annotations=notes, hovermode="closest",
         xaxis=dict(title=dict(text="generated token (step i)"), range=[-0.5, max(steps, 1) - 0.5]),
         yaxis=dict(title=dict(text="decoder layers run"), range=[0, num_layers + 1]))
+    if d3 is not None:
+        layout["meta"] = {"d3_schedule": d3_schedule_meta(d3, num_layers, steps, main=d3 is cfg)}
     title = title if title is not None else f"Depth decay · {label} · L = {num_layers}"
     return make_figure(data, layout, title=title, presentation=presentation, height=height or 460)
 

@@ -174,7 +174,6 @@ def strategy_label(strategy: Mapping[str, Any] | StrategyConfig) -> str:
     """A short human name for a strategy config or its dict form, e.g. "D3 (α=0.99, start 8)"."""
     d = strategy.to_dict() if isinstance(strategy, StrategyConfig) else dict(strategy)
     name = d.get("strategy", "?")
-    fill = d.get("fill")
     if name == "full":
         return "full depth"
     if name == "d3":
@@ -184,11 +183,7 @@ def strategy_label(strategy: Mapping[str, Any] | StrategyConfig) -> str:
         head, tail = d.get("core_head"), d.get("core_tail")
         if head is not None or tail is not None:
             parts.append(f"core {'auto' if head is None else head}+{'auto' if tail is None else tail}")
-        if d.get("drop_order", "middle_out") != "middle_out":
-            parts.append(str(d["drop_order"]).replace("_", "-"))
-        if fill and fill != "copy":
-            parts.append(f"fill {fill}")
-        return f"D3 ({', '.join(parts)})"
+        return f"D3 ({', '.join([*parts, *d3_label_extras(d)])})"
     if name == "skipdecode":
         hi, lo = d.get("max_layers"), d.get("min_layers")
         span = f"{hi}→{lo} layers" if hi is not None and lo is not None else "auto budget"
@@ -199,6 +194,18 @@ def strategy_label(strategy: Mapping[str, Any] | StrategyConfig) -> str:
         measure = str(d.get("measure", "")).replace("_", " ")
         return f"early exit ({measure} ≥ {d.get('threshold')})"
     return str(name)
+
+
+def d3_label_extras(strategy: Mapping[str, Any]) -> list[str]:
+    """The last parts of D3's label, which no slider moves: its drop order and its fill, where not the defaults
+    (the page's client-side decay preview rebuilds the rest of the label from the sliders)."""
+    parts = []
+    if strategy.get("drop_order", "middle_out") != "middle_out":
+        parts.append(str(strategy["drop_order"]).replace("_", "-"))
+    fill = strategy.get("fill")
+    if fill and fill != "copy":
+        parts.append(f"fill {fill}")
+    return parts
 
 
 def strategy_kind(strategy: Mapping[str, Any] | StrategyConfig) -> str:

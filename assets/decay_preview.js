@@ -1,0 +1,111 @@
+() => {
+  // The decay curve follows α, the core split and the start while a slider moves: it is redrawn here, in the
+  // browser, from the formula of d3.schedule.d3_budget, so it keeps up with the pointer whatever the server is
+  // doing (a run it starts on release shares its two cores). The server's own redraw, on release, then lands
+  // with the same lines and the planned grid. viz/depth.py puts what a figure was drawn for in its layout meta
+  // (d3_schedule) and names the lines to move; a figure that lands drawn for other values than the sliders now
+  // hold (a run still streaming, an answer overtaken by a later move) is brought back in line as it lands.
+  const budgets = (L, steps, alpha, head, tail, start) => {
+    const raw = [], planned = [];
+    for (let i = 0; i < steps; i++) {
+      // The same epsilon as the engine: 30 * 1.0 floors to 30, not 29.
+      const r = Math.floor(L * Math.pow(alpha, Math.max(0, i - start)) + 1e-9);
+      raw.push(r);
+      planned.push(i === 0 ? L : Math.min(L, Math.max(r, head + tail, 1)));  // token 0 is the prefill's
+    }
+    return {raw, planned};
+  };
+  const pyFloat = (x) => (Number.isInteger(x) ? x.toFixed(1) : String(x));  // as Python prints a float
+  const label = (s, p) => {  // viz.layout.strategy_label for D3
+    const parts = [`α=${pyFloat(p.alpha)}`];
+    if (p.start) parts.push(`start ${p.start}`);
+    if (s.label_core) parts.push(`core ${p.head}+${p.tail}`);
+    return `D3 (${[...parts, ...s.label_extra].join(', ')})`;
+  };
+  const drawnFor = (s) => ({alpha: s.alpha, head: s.core_head, tail: s.core_tail, start: s.start});
+  const same = (a, b) => a.alpha === b.alpha && a.head === b.head && a.tail === b.tail && a.start === b.start;
+  const valid = (s, p) => p.alpha > 0 && p.alpha <= 1 && [p.head, p.tail, p.start].every(Number.isInteger)
+    && p.head >= 0 && p.tail >= 0 && p.start >= 0 && p.head + p.tail <= s.num_layers;
+
+  const traceUpdate = (gd, s, p, lines, matches) => {
+    const idx = [], y = [], name = [], visible = [];
+    gd.data.forEach((t, i) => {
+      const m = t.meta || {};
+      if (m.role === 'raw' && s.main) {
+        idx.push(i); y.push(lines.raw); name.push(t.name); visible.push(true);
+      } else if (m.role === 'planned' && m.strategy === 'd3') {
+        idx.push(i); y.push(lines.planned); name.push(s.main ? `${label(s, p)}: planned` : t.name); visible.push(true);
+      } else if (m.role === 'actual' && m.strategy === 'd3' && s.main) {
+        // The layers a run used belong to the schedule it ran: shown only while the sliders are back on it.
+        idx.push(i); y.push(t.y); name.push(t.name); visible.push(matches);
+      }
+    });
+    return [{y, name, visible}, idx];
+  };
+  const layoutUpdate = (gd, s, p) => {
+    const floor = p.head + p.tail, out = {};
+    (gd.layout.shapes || []).forEach((sh, i) => {
+      if (sh.name === 'core-floor') Object.assign(out, {[`shapes[${i}].y0`]: floor, [`shapes[${i}].y1`]: floor,
+                                                         [`shapes[${i}].visible`]: floor > 0});
+      if (sh.name === 'decay-start') Object.assign(out, {[`shapes[${i}].x0`]: p.start - 0.5,
+                                                          [`shapes[${i}].x1`]: p.start - 0.5,
+                                                          [`shapes[${i}].visible`]: p.start > 0});
+    });
+    (gd.layout.annotations || []).forEach((a, i) => {
+      if (a.name === 'core-floor') Object.assign(out, {[`annotations[${i}].y`]: floor,
+        [`annotations[${i}].visible`]: floor > 0,
+        [`annotations[${i}].text`]: `core floor: ${p.head} + ${p.tail} = ${floor} layers`});
+      if (a.name === 'decay-start') Object.assign(out, {[`annotations[${i}].x`]: p.start - 0.5,
+        [`annotations[${i}].visible`]: p.start > 0, [`annotations[${i}].text`]: ` decay starts at token ${p.start}`});
+    });
+    return out;
+  };
+  // What the figure shows now: what the server drew it for, or what it was last redrawn here for.
+  const shown = (gd, s) => (gd.__d3PreviewOf === s ? gd.__d3Preview : drawnFor(s));
+  const draw = (gd, p) => {
+    const s = gd.layout && gd.layout.meta && gd.layout.meta.d3_schedule;
+    if (!s || !window.Plotly || !valid(s, p) || same(shown(gd, s), p)) return;
+    gd.__d3PreviewOf = s;
+    gd.__d3Preview = p;
+    const [traces, idx] = traceUpdate(gd, s, p, budgets(s.num_layers, s.steps, p.alpha, p.head, p.tail, p.start),
+                                      same(drawnFor(s), p));
+    if (idx.length) window.Plotly.update(gd, traces, layoutUpdate(gd, s, p), idx);
+    else window.Plotly.relayout(gd, layoutUpdate(gd, s, p));
+  };
+
+  let wanted = null;  // the sliders' values, as their last change gave them
+  const follow = (gd) => { if (wanted) draw(gd, wanted); };
+  // Gradio replaces the plot's element now and then (a new one draws its first answer at once), so each new
+  // element is hooked as soon as it is added, before that first draw: a MutationObserver on the plot's box.
+  const hook = () => {
+    const gd = document.querySelector('#plot-decay .js-plotly-plot');
+    if (!gd || typeof gd.on !== 'function' || gd.__d3PreviewHooked) return gd;
+    gd.__d3PreviewHooked = true;
+    // Plotly.react (how gradio draws an answer) ends in one or the other, depending on what changed.
+    gd.on('plotly_react', () => follow(gd));
+    gd.on('plotly_afterplot', () => follow(gd));
+    if (gd._fullLayout) requestAnimationFrame(() => follow(gd));  // hooked after its first draw
+    return gd;
+  };
+  let box = null;
+  const added = new MutationObserver(() => hook());
+  const watch = () => {
+    const b = document.getElementById('plot-decay');
+    if (!b || b === box) return;
+    box = b;
+    added.disconnect();
+    added.observe(b, {childList: true, subtree: true});
+    hook();
+  };
+  window.d3DecayPreview = {
+    budgets, label,
+    follow: (alpha, head, tail, start) => {  // called by the sliders' change events (explorer/wiring.py)
+      wanted = {alpha: Number(alpha), head: Number(head), tail: Number(tail), start: Number(start)};
+      watch();
+      const gd = hook();
+      if (gd) follow(gd);
+    },
+  };
+  watch();
+  setInterval(watch, 400);
+}

@@ -19,19 +19,21 @@ from plotly.offline import get_plotlyjs
 
 from explorer import views
 from explorer.controls import Controls, takes_controls
+from explorer.explain import lens_view
 from explorer.parse import as_choice
 from explorer.pool import ModelPool
 from explorer.session import Session
 from explorer.ui import user_errors
 from explorer.view_handlers import redraw_schedule
 from viz import to_html
+from viz.lens import has_lens
 
 EXPORT_ROOT = Path(os.environ.get("D3_EXPORT_DIR") or Path(tempfile.gettempdir()) / "d3-explorer-exports")
 EXPORT_TTL_S = 3600
 EXPORT_MAX_BYTES = 256 * 2**20  # every export folder together; beyond it the oldest folders are deleted
 EXPORTS_PER_MINUTE = 10  # per session
 PLOTLY_JS = "plotly.min.js"  # one copy in EXPORT_ROOT, downloaded beside each figure page
-FIGURES = ("usage", "decay", "planned", "flow", "attention", "errors", "fills")
+FIGURES = ("usage", "decay", "planned", "flow", "attention", "errors", "fills", "lens")
 
 
 _PRUNING = threading.Lock()  # one pruner at a time in this process: two would delete and stat the same folders
@@ -119,6 +121,8 @@ NOT_COMPUTED: dict[str, tuple[Callable[[Session], Any], str]] = {
     "attention": (lambda s: s.d3, "press Generate first."),
     "errors": (lambda s: s.comparison, "let a run finish (the error views come after both streams)."),
     "fills": (lambda s: s.fills, "press “Compare fills” in the Fill strategies tab first."),
+    "lens": (lambda s: s.d3 is not None and has_lens(s.d3), "press Generate first (the logit lens is recorded while "
+                                                            "D3 writes its tokens)."),
 }
 
 
@@ -142,7 +146,8 @@ def export_figure(pool: ModelPool, session: Session | None, figure: str, control
                    "flow": lambda: views.flow_view(s.d3, s.full, metric=view.metric, presentation=p),
                    "attention": lambda: views.attention_view(s.d3, s.full, view.layer, view.head, presentation=p),
                    "errors": lambda: views.error_view(s.comparison, log_kl=view.log_kl, presentation=p),
-                   "fills": lambda: views.fills_view(s.fills, presentation=p)}[key]()
+                   "fills": lambda: views.fills_view(s.fills, presentation=p),
+                   "lens": lambda: lens_view(s.d3, s.full, presentation=p)}[key]()
     page = to_html(fig, plotlyjs=PLOTLY_JS)
     path = export_dir(s, room=len(page)) / f"{key}.html"
     path.write_text(page, encoding="utf-8")

@@ -320,9 +320,13 @@ def test_export_figure_is_a_standalone_html_page(pool, finished, figure) -> None
         with pytest.raises(gr.Error, match="Nothing to export yet: press “Compare fills”"):
             export.export_figure(pool, session, figure, **args)
         session = Session(d3=finished.d3, full=finished.full, fills={"copy": finished.comparison})
+    if figure == "lens":  # a run stopped before its first token has no lens to export
+        with pytest.raises(gr.Error, match="Nothing to export yet: press Generate first"):
+            export.export_figure(pool, Session(d3=finished.d3.with_steps([]), full=finished.full), figure, **args)
     path, script = map(Path, export.export_figure(pool, session, figure, **args))
     text = path.read_text()
     assert path.name == f"{figure}.html" and "<html>" in text and "Plotly" in text
+    assert "Press Generate" not in text and "Nothing to" not in text  # the figure, not its placeholder
     assert script == export.EXPORT_ROOT / "plotly.min.js" and 'src="plotly.min.js"' in text
 
 

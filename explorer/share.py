@@ -15,7 +15,17 @@ from urllib.parse import urlencode
 import gradio as gr
 
 from explorer import views
-from explorer.controls import CONTROL_NAMES, DEFAULTS, METRICS, STRATEGY_LABELS, Controls, parse_strategy, takes_controls
+from d3.config import default_core
+from explorer.controls import (
+    CONTROL_NAMES,
+    DEFAULTS,
+    METRICS,
+    STRATEGY_LABELS,
+    Controls,
+    default_attention_layer,
+    parse_strategy,
+    takes_controls,
+)
 from explorer.parse import as_choice, as_flag, as_number
 from explorer.pool import ModelPool
 from explorer.runs import check_run
@@ -94,7 +104,20 @@ def restore_from_link(pool: ModelPool, request: gr.Request | None) -> tuple[Any,
     if not values:
         return ordered(RESTORE_OUTPUTS)
     note = "Settings loaded from the link: press Generate to run them."
-    return ordered(RESTORE_OUTPUTS, status=views.status_html(None, None, note), **values)
+    return ordered(RESTORE_OUTPUTS, status=views.status_html(None, None, note), **sized_to_model(pool, values))
+
+
+def sized_to_model(pool: ModelPool, values: dict[str, Any]) -> dict[str, Any]:
+    """The link's controls, with the layer and head sliders ranged to its model (the page was built for its first
+    model) and set to the link's values or that model's defaults."""
+    facts = pool.known_facts(values.get("model") or pool.names[0])  # known: `controls_from_query` checked it
+    layers = facts.num_layers
+    head, tail = default_core(layers)
+    head, tail = values.get("core_head", head), values.get("core_tail", tail)
+    ranged = {"core_head": (layers - 1 - tail, head), "core_tail": (layers - 1 - head, tail),
+              "attention_layer": (layers - 1, values.get("attention_layer", default_attention_layer(layers))),
+              "attention_head": (max(facts.num_heads - 1, 0), values.get("attention_head", 0))}
+    return {**values, **{name: gr.update(maximum=top, value=value) for name, (top, value) in ranged.items()}}
 
 
 def share_box(ui: dict[str, Any]) -> None:

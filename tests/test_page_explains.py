@@ -10,10 +10,10 @@ from urllib.parse import parse_qsl, urlsplit
 import gradio as gr
 import pytest
 
-from d3.config import D3Config, GenerationConfig, TraceConfig
+from d3.config import D3Config, GenerationConfig, TraceConfig, default_core
 from d3.trace import RAN
 from explorer.caps import Caps
-from explorer.controls import CONTROL_NAMES, DEFAULTS
+from explorer.controls import CONTROL_NAMES, DEFAULTS, default_attention_layer
 from explorer.explain import PAUSE, PLAY, RUN_OUTPUTS, next_token, render_scrub, show_run, toggle_play, view_opened
 from explorer.page import build_demo
 from explorer.runs import check_run, side_by_side
@@ -150,6 +150,23 @@ def test_a_bad_link_says_why_and_leaves_the_controls(demo, params, message) -> N
     request = type("Request", (), {"query_params": params})()
     out = dict(zip(RESTORE_OUTPUTS, restore_from_link(demo.pool, request)))
     assert "not loaded" in out["status"] and all(isinstance(out[n], type(gr.skip())) for n in CONTROL_NAMES)
+
+
+def test_a_link_to_another_model_sizes_the_layer_sliders_to_it() -> None:
+    """The page is built for its first model (30 layers); a link naming a loaded 12-layer model resizes the core,
+    attention-layer and head sliders to that model, with the link's values or the model's defaults."""
+    engines = {"tiny": CountingEngine(tiny_llama(LAYERS), tiny_tokenizer(), name="tiny"),
+               "tiny12": CountingEngine(tiny_llama(12), tiny_tokenizer(), name="tiny12")}
+    two = build_demo(lambda name: engines[name], model_names=("tiny", "tiny12"), public=False,
+                     caps=Caps(max_new_tokens=64))
+    two.pool.facts("tiny12")  # loaded, as after choosing it in the Model picker
+    request = type("Request", (), {"query_params": {"model": "tiny12", "core_head": "2", "prompt": "hi"}})()
+    out = dict(zip(RESTORE_OUTPUTS, restore_from_link(two.pool, request)))
+    head, tail = default_core(12)
+    sized = {n: (out[n]["maximum"], out[n]["value"]) for n in ("core_head", "core_tail", "attention_layer")}
+    assert sized == {"core_head": (11 - tail, 2), "core_tail": (11 - 2, tail),
+                     "attention_layer": (11, default_attention_layer(12))}
+    assert out["model"] == "tiny12" and out["prompt"] == "hi" and "loaded from the link" in out["status"]
 
 
 # ---------------------------------------------------------------- in the browser

@@ -67,6 +67,7 @@ class Controls:
     threshold: Any = control(0.9, redraws=True)
     attention_layer: Any = None
     attention_head: Any = 0
+    logit_lens: Any = True  # record the lens while generating (the Logit lens and Token scrubber views read it)
     metric: Any = "both"
     log_kl: Any = False
     presentation: Any = control(False, redraws=True)

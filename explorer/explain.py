@@ -11,7 +11,7 @@ import gradio as gr
 import plotly.graph_objects as go
 
 from d3.trace import Trace
-from explorer.controls import CONTROL_NAMES, Controls, takes_controls
+from explorer.controls import CONTROL_NAMES, DEFAULTS, Controls, takes_controls
 from explorer.parse import as_number, whole
 from explorer.session import Session
 from explorer.ui import ordered, user_errors
@@ -21,6 +21,7 @@ from viz.lens import has_lens, logit_lens_heatmap
 from viz.scrub import scrub_html, token_layers, topk_compare
 
 SCRUB_OUTPUTS = ("scrub", "scrub_topk", "scrub_card")
+LENS_SWITCH = "Record the logit lens while generating"
 RUN_OUTPUTS = ("lens", "scrub_index", *SCRUB_OUTPUTS)  # after a run, or when presentation mode changes
 PLAY_OUTPUTS = ("scrub_index", "scrub_playing", "scrub_timer", "scrub_play")
 PLAY_EVERY_S = 0.8  # Play moves to the next token this often
@@ -33,8 +34,8 @@ def lens_view(d3: Trace | None, full: Trace | None, *, presentation: bool = Fals
         return waiting("Press Generate: the logit lens of every D3 token is recorded while generating.",
                        presentation=presentation)
     if not has_lens(d3):
-        return waiting("This run has no logit lens (it was stopped before its first token, or recorded without "
-                       "one).<br>Press Generate to record it.", presentation=presentation)
+        return waiting(f"This run was recorded without the logit lens.<br>Tick “{LENS_SWITCH}” above and press "
+                       "Generate.", presentation=presentation)
     return logit_lens_heatmap(d3, reference=full, presentation=presentation)
 
 
@@ -115,6 +116,13 @@ def view_opened(key: str, session: Session | None) -> None:
     """Remember which view tab is open (the lens and the scrubber draw only then)."""
     if session is not None:
         session.view = key
+
+
+def lens_switch(ui: dict[str, Any]) -> None:
+    """Above the lens: whether runs record it (it costs each run's step time alike, about x1.6 on SmolLM2)."""
+    ui["logit_lens"] = gr.Checkbox(DEFAULTS.logit_lens, label=LENS_SWITCH, elem_id="logit-lens",
+                                   info="an LM head call per layer and token: runs take about 1.6x as long on SmolLM2 "
+                                        "(both runs alike, so the measured speedup stays fair)")
 
 
 def scrub_controls(ui: dict[str, Any]) -> None:

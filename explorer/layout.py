@@ -13,7 +13,7 @@ from d3.data import example_prompts
 from d3.models import ModelFacts
 from d3.sweep import BUILTIN_PROMPTS
 from explorer.controls import DECODINGS, DEFAULTS, STRATEGY_LABELS, default_attention_layer
-from explorer.explain import scrub_controls
+from explorer.explain import lens_switch, scrub_controls
 from explorer.export import FIGURES
 from explorer.needs import needs_controls
 from explorer.pool import ModelPool
@@ -125,7 +125,7 @@ def _tabs(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> None:
         _view_tab("errors", ui, errors_extra)
         _view_tab("fills", ui, fills_extra)
         _view_tab("needs", ui, lambda: needs_controls(ui))
-        _view_tab("lens", ui)
+        _view_tab("lens", ui, lambda: lens_switch(ui))
         _view_tab("scrub", ui, lambda: scrub_controls(ui), plot=False)
         with gr.Tab("Run history", id="history"):
             gr.Markdown("Every run of this session: compare scenarios here (only you see your runs).")

@@ -16,12 +16,12 @@ from explorer.parse import as_flag, check_prompt_tokens, clean_prompt
 from explorer.pool import ModelPool
 
 
-# Both runs record the logit lens (the Logit lens and Token scrubber views draw it from the stored traces): one LM
-# head call per step over the layers that ran, so it costs each run about the same share of its step time and
-# the measured speedup stays fair. Measured (scripts/lens_cost.py, 1 torch thread, 24 tokens, median step): on
-# SmolLM2-135M (49k vocabulary) 47 -> 76 ms for D3 and 54 -> 85 ms at full depth, about x1.6; on the tests' tiny
-# model lost in the noise. The pacing of what is sent to the browser is unchanged (explorer.live).
-RECORD_LENS = True
+# With the "Record the logit lens" control on (the default), both runs record the lens (the Logit lens and Token
+# scrubber views draw it from the stored traces): one LM head call per step over the layers that ran, so it costs
+# each run about the same share of its step time and the measured speedup stays fair. Measured
+# (scripts/lens_cost.py, 1 torch thread, 24 tokens, median step): on SmolLM2-135M (49k vocabulary) 47 -> 76 ms for
+# D3 and 54 -> 85 ms at full depth, about x1.6; on the tests' tiny model lost in the noise. Switched off, runs
+# stream that much faster and the two views say how to get the lens back.
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ def check_run(pool: ModelPool, c: Controls) -> RunSetup:
     model = pool.check_name(c.model)
     layers = pool.facts(model).num_layers
     strategy, gen = parse_controls(c, layers, caps)
-    trace = TraceConfig(attention_layers=(c.attention_layer_index(layers),), logit_lens=RECORD_LENS)
+    trace = TraceConfig(attention_layers=(c.attention_layer_index(layers),), logit_lens=as_flag("logit_lens", c.logit_lens))
     return RunSetup(None, prompt, chat, strategy, gen, trace, 0, parse_schedule(c, layers, caps).others, model)
 
 

@@ -31,7 +31,7 @@ from explorer.pool import ModelPool
 from explorer.runs import check_run
 from explorer.ui import ordered
 
-FLAGS = ("chat_template", "log_kl", "presentation")
+FLAGS = ("chat_template", "logit_lens", "log_kl", "presentation")
 TEXTS = ("prompt", "model", "strategy", "drop_order", "fill", "decoding", "metric")
 RESTORE_OUTPUTS = (*CONTROL_NAMES, "status")
 MAX_QUERY_CHARS = 20_000  # a link longer than this is not one the page wrote (the prompt cap keeps ours shorter)

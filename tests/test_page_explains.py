@@ -74,8 +74,11 @@ def by_role(fig, role: str):
 # ---------------------------------------------------------------- handlers (no browser)
 
 
-def test_the_page_records_the_lens_for_its_runs(demo) -> None:
+def test_the_page_records_the_lens_for_its_runs_unless_switched_off(demo) -> None:
     assert check_run(demo.pool, DEFAULTS.with_(prompt="hi", model="tiny")).trace.logit_lens
+    assert not check_run(demo.pool, DEFAULTS.with_(prompt="hi", model="tiny", logit_lens=False)).trace.logit_lens
+    with pytest.raises(ValueError, match="logit_lens"):
+        check_run(demo.pool, DEFAULTS.with_(prompt="hi", model="tiny", logit_lens="maybe"))
 
 
 def test_the_lens_and_scrubber_are_drawn_only_while_their_tab_is_open(session) -> None:
@@ -230,6 +233,26 @@ def test_the_logit_lens_tab_shows_every_token_over_every_layer(page) -> None:
     assert_plots_fit(page, "Logit lens")
     shot(page, "explains_lens_desktop.png", "#plot-lens")
     in_presentation(page, "plot-lens", "Logit lens", "explains_lens_presentation.png", "#plot-lens")
+
+
+# The placeholder message of a plot: its text (plotly's lines joined) and whether it sits inside the plot's box.
+MESSAGE = """(id) => { const box = document.getElementById(id).getBoundingClientRect();
+  const notes = Array.from(document.querySelectorAll(`#${id} .annotation`)).filter(a => a.getBoundingClientRect().width > 0);
+  return notes.map(a => { const r = a.getBoundingClientRect();
+    return {text: Array.from(a.querySelectorAll('tspan.line')).map(t => t.textContent).join(' ') || a.textContent,
+            inside: r.left >= box.left - 1 && r.right <= box.right + 1}; }); }"""
+
+
+@pytest.mark.parametrize("page", [DESKTOP, PHONE], indirect=True, ids=["desktop", "phone"])
+def test_switched_off_the_lens_is_not_recorded_and_the_view_says_how_to_get_it(page) -> None:
+    open_view(page, "Logit lens")
+    page.get_by_label("Record the logit lens while generating").uncheck()
+    generate(page, 6)
+    page.wait_for_function("() => document.querySelector('#plot-lens')?.textContent.includes('recorded without')")
+    notes = page.evaluate(MESSAGE, "plot-lens")
+    assert len(notes) == 1 and notes[0]["inside"], notes  # shown once, and not cut off by the plot's edge
+    assert notes[0]["text"].startswith("This run was recorded without the logit lens.")
+    assert page.evaluate("() => document.querySelectorAll('#d3-pane .d3-tok').length") == 6  # the run went on
 
 
 SCRUB_STEP = f"""() => {{ const t = (({PLOT})('plot-scrub')?._fullData || []).find(d => d.meta && d.meta.role === 'token-layers');

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import textwrap
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -46,6 +47,7 @@ SEQUENTIAL = "YlGnBu"  # few -> many (layers used, attention weight, error)
 FONT_FAMILY = "Inter, 'Helvetica Neue', Arial, sans-serif"
 BASE_FONT = 16  # readable from the back of a room at the default size
 PRESENTATION_SCALE = 1.4
+MESSAGE_WIDTH = 36  # characters per line of a placeholder's message: fits a phone's plot box (about 320 px)
 
 
 def font_size(presentation: bool = False, *, delta: int = 0) -> int:
@@ -109,10 +111,17 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def wrap_message(message: str, width: int = MESSAGE_WIDTH) -> str:
+    """`message` with its lines (plotly's "<br>") wrapped at word boundaries to at most `width` characters."""
+    return "<br>".join("<br>".join(textwrap.wrap(line, width, break_long_words=False, break_on_hyphens=False)) or line
+                       for line in message.split("<br>"))
+
+
 def empty_figure(message: str, *, title: str | None = None, presentation: bool = False,
                  height: int | None = None) -> go.Figure:
-    """A blank figure carrying a plain-language `message` where a chart cannot be drawn."""
-    note = dict(text=message, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
+    """A blank figure carrying a plain-language `message` where a chart cannot be drawn, in lines short enough
+    for a phone's box (plotly clips an annotation wider than its plot rather than wrap it)."""
+    note = dict(text=wrap_message(message), x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
                 font=dict(size=font_size(presentation, delta=2)))
     layout = dict(annotations=[note], xaxis=dict(visible=False), yaxis=dict(visible=False))
     return make_figure([], layout, title=title, presentation=presentation, height=height or 320, legend=False)

@@ -369,6 +369,10 @@ def test_on_a_phone_the_lens_and_the_scrubber_fit(page) -> None:
     open_view(page, "Logit lens")
     lens_ready(page)
     assert_plots_fit(page, "phone, Logit lens")
+    title = page.evaluate("""() => { const box = document.getElementById('plot-lens').getBoundingClientRect();
+        return Array.from(document.querySelectorAll('#plot-lens .gtitle tspan.line, #plot-lens .gtitle'))
+          .map(t => t.getBoundingClientRect().right - box.right); }""")
+    assert title and max(title) <= 1, title  # every line of the title inside the box, none cut at its edge
     shot(page, "explains_lens_phone.png", "#plot-lens")
     open_view(page, "Token scrubber")
     page.wait_for_function(f"() => ({SCRUB_STEP})() !== null")

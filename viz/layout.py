@@ -73,7 +73,7 @@ def base_layout(*, title: str | None = None, presentation: bool = False, height:
         font=dict(family=FONT_FAMILY, size=font_size(presentation), color="#1F2937"),
         title=dict(text=title or "", font=dict(size=font_size(presentation, delta=4)), x=0.01, xanchor="left"),
         hoverlabel=dict(font=dict(size=font_size(presentation, delta=-2), family=FONT_FAMILY)),
-        margin=dict(l=70, r=30, t=(110 if "<br>" in title else 90) if title else 40, b=40),
+        margin=dict(l=70, r=30, t=title_margin(title, presentation), b=40),
         showlegend=legend,
         # Below everything, anchored to the figure rather than the plot, so it never covers axis titles.
         legend=dict(font=dict(size=font_size(presentation, delta=-2)), orientation="h", yref="container", y=0,
@@ -81,6 +81,16 @@ def base_layout(*, title: str | None = None, presentation: bool = False, height:
         height=height,
         width=width,
     )
+
+
+def title_margin(title: str | None, presentation: bool) -> int:
+    """The top margin for a title of one or more lines (a subtitle line after each "<br>"). Plotly puts the first
+    line's baseline half way down the margin and the others below it, so each further line needs twice its
+    height (about 26 px, 37 px in presentation mode)."""
+    if not title:
+        return 40
+    lines = title.count("<br>")
+    return max(110 if lines else 90, 2 * lines * (37 if presentation else 26) + 24)
 
 
 def apply_layout(fig: go.Figure, *, title: str | None = None, presentation: bool = False,

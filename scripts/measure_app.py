@@ -1,7 +1,8 @@
 """Measure the page's responsiveness on the embedded model (not a timed test: numbers depend on the machine).
 
-1. Slider move: server-side time to redraw the decay curve and the planned grid (handler + gradio's
-   figure serialisation), target < 200 ms.
+1. Slider let go (or another control changed): server-side time to redraw the decay curve and the planned
+   grid (handler + gradio's figure serialisation), target < 200 ms. While a slider moves, the browser redraws
+   the curve itself (assets/decay_preview.js; its timing is measured in tests/test_page_teaches.py).
 2. Generate: time from pressing Generate (submitting the job) to the first streamed token of each pane,
    once the model is loaded, target < 2 s. Measured twice: calling the handler in process, and through
    gradio_client against the running server (queue and network included).
@@ -134,7 +135,7 @@ def main() -> int:
     print(f"torch threads: {torch.get_num_threads()}; model: {args.model}")
     for steps in (64, 256):
         r = measure_redraw(pool, args.model, args.repeats, steps)
-        print(f"slider redraw ({steps} planned tokens): handler {r['handler_ms']:.1f} ms, with serialisation "
+        print(f"schedule redraw on release ({steps} planned tokens): handler {r['handler_ms']:.1f} ms, with serialisation "
               f"{r['with_serialisation_ms']:.1f} ms (median), worst {r['max_ms']:.1f} ms  [target < 200 ms]")
     t0 = time.perf_counter()
     pool.engine(args.model)

@@ -108,7 +108,7 @@ def _wire_scenarios(pool: ModelPool, ui: dict[str, Any]) -> dict[str, Any]:
     return done
 
 
-def _wire_views(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
+def _wire_views(pool: ModelPool, ui: dict[str, Any]) -> None:
     instant = dict(queue=False, preprocess=False, show_progress="hidden")
     # While a slider moves the browser redraws the decay curve itself (assets/decay_preview.js), with no round
     # trip: it keeps up with the pointer while the server is busy. The server redraws the curve and the heavy
@@ -117,7 +117,8 @@ def _wire_views(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     gr.on([ui[n].change for n in RELEASE_TRIGGERS], None, _pick(ui, RELEASE_TRIGGERS), None,
           js=f"({', '.join(RELEASE_TRIGGERS)}) => {{ window.d3DecayPreview?.follow({', '.join(RELEASE_TRIGGERS)}); }}",
           api_name=False, queue=False, show_progress="hidden")
-    gr.on([demo.load, *(ui[n].release for n in RELEASE_TRIGGERS),
+    # (As the page opens, the redraw after restoring a shared link's controls draws them: `wire`.)
+    gr.on([*(ui[n].release for n in RELEASE_TRIGGERS),
            *(ui[n].change for n in REDRAW_NAMES if n not in RELEASE_TRIGGERS)],
           functools.partial(redraw_schedule, pool), _with_controls(ui, "session"), [ui["decay"], ui["planned"]],
           api_name="redraw_schedule", trigger_mode="always_last", **instant)
@@ -167,11 +168,11 @@ def wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
                   api_name="interrupt_fills", show_progress="hidden")
     _wire_fills(pool, ui, fills, "")
     runs.update(_wire_scenarios(pool, ui))
-    _wire_views(pool, ui, demo)
+    _wire_views(pool, ui)
     ui["export_trace"].click(export_trace, ui["session"], ui["files"], api_name="export_trace")
     ui["export_figure"].click(functools.partial(export_figure, pool), _with_controls(ui, "session", "figure"),
                               ui["files"], api_name="export_figure", preprocess=False)
     _wire_sweep(pool, ui, demo)
     wire_needs(pool, ui)
     wire_explain(ui, runs)
-    _redraw_after(pool, ui, wire_share(pool, ui, demo))
+    _redraw_after(pool, ui, wire_share(pool, ui, demo))  # on every page load, link or not: the first preview

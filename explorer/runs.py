@@ -47,7 +47,8 @@ def check_run(pool: ModelPool, c: Controls) -> RunSetup:
     model = pool.check_name(c.model)
     layers = pool.facts(model).num_layers
     strategy, gen = parse_controls(c, layers, caps)
-    trace = TraceConfig(attention_layers=(c.attention_layer_index(layers),), logit_lens=as_flag("logit_lens", c.logit_lens))
+    trace = TraceConfig(attention_layers=(c.attention_layer_index(layers),),
+                        logit_lens=as_flag("logit_lens", c.logit_lens))
     return RunSetup(None, prompt, chat, strategy, gen, trace, 0, parse_schedule(c, layers, caps).others, model)
 
 

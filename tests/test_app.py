@@ -22,6 +22,7 @@ from explorer.controls import REDRAW_NAMES
 from explorer.pool import ModelPool
 from explorer.session import Session
 from tests.apphelpers import exports_in_tmp  # noqa: F401  (a fixture)
+from tests.figures import message
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -233,7 +234,7 @@ def test_redraw_schedule_draws_the_plan_without_running_the_model(pool, tiny_eng
 
 def test_redraw_schedule_shows_a_bad_combination_instead_of_failing(pool) -> None:
     decay, planned = view_handlers.redraw_schedule(pool, None, **schedule_args(core_head=4, core_tail=4))
-    assert "core_head + core_tail" in decay.layout.annotations[0].text.replace("<br>", " ") and not decay.data
+    assert "core_head + core_tail" in message(decay) and not decay.data
 
 
 def test_attention_view_follows_the_recorded_layer(finished) -> None:
@@ -241,14 +242,14 @@ def test_attention_view_follows_the_recorded_layer(finished) -> None:
     heat = [t for t in fig.data if (t.meta or {}).get("role") == "attention"]
     assert len(heat) == 2  # full depth and D3 side by side
     missing = view_handlers.render_attention(finished, attention_layer=4, attention_head=0)
-    assert not missing.data and "Layer 4 was not recorded" in missing.layout.annotations[0].text.replace("<br>", " ")
+    assert not missing.data and "Layer 4 was not recorded" in message(missing)
 
 
 def test_view_settings_that_make_no_sense_are_explained_not_raised(finished) -> None:
     fig = view_handlers.render_attention(finished, attention_layer=3, attention_head=99)
-    assert not fig.data and "Head 99 does not exist" in fig.layout.annotations[0].text.replace("<br>", " ")
+    assert not fig.data and "Head 99 does not exist" in message(fig)
     junk = view_handlers.render_attention(finished, attention_layer=float("inf"), attention_head="x")  # junk falls back to layer 0, head 0 ...
-    assert "Layer 0 was not recorded" in junk.layout.annotations[0].text.replace("<br>", " ")
+    assert "Layer 0 was not recorded" in message(junk)
     assert view_handlers.render_flow(finished, metric="nonsense", presentation=None).data  # ... or to the default measure
 
 

@@ -12,6 +12,7 @@ from d3.schedule import budgets
 from explorer import needs as view
 from explorer.caps import Caps
 from explorer.pool import ModelPool
+from tests.figures import message
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -78,9 +79,9 @@ def test_redraw_follows_the_slider_and_asks_to_measure_again(pool, measured):
     fig = view.redraw_needs(pool, state, **{**CONTROLS, "alpha": 0.97})
     assert list(role(fig, "schedule").y) == budgets(D3Config(alpha=0.97, core_head=1, core_tail=1), 6, 10)
     empty = view.redraw_needs(pool, None, **CONTROLS)
-    assert "Measure what each token needs" in empty.layout.annotations[0].text.replace("<br>", " ")
+    assert "Measure what each token needs" in message(empty)
     changed = view.redraw_needs(pool, state, **{**CONTROLS, "prompt": "another prompt"})
-    assert "measure again" in changed.layout.annotations[0].text.replace("<br>", " ")
+    assert "measure again" in message(changed)
 
 
 def test_bad_controls_are_a_clear_error(pool):

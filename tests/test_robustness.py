@@ -29,6 +29,7 @@ from tests.apphelpers import ROOT, alive, exports_in_tmp, new_client, one_torch_
 from tests.test_app import DEFAULTS, last_value, tiny_factory
 from tests.test_app_client import RUN, CountingEngine, serve, wait_until
 from tests.tiny import tiny_llama, tiny_tokenizer
+from tests.figures import message
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.usefixtures("one_torch_thread")]
@@ -201,7 +202,7 @@ def test_view_settings_out_of_range_are_a_clean_error_or_a_fallback(pool, finish
         heads = [t for t in figure.data if (t.meta or {}).get("role") == "attention"]
         assert len(heads) == 2  # full depth and D3, drawn for head 0
     else:
-        assert not figure.data and expected in figure.layout.annotations[0].text.replace("<br>", " ")
+        assert not figure.data and expected in message(figure)
 
 
 # ---------------------------------------------------------------- (b) the same junk through the API

@@ -18,6 +18,7 @@ from d3.schedule import budgets, d3_budget, plan, planned_grid
 from d3.trace import FILL_CODES, FILLED_COPY, HOLE, RAN, SKIPPED, Comparison, PromptStats, TokenStep, Trace
 import viz
 from viz.layout import plot_text, readable_token
+from tests.figures import message
 
 pytestmark = pytest.mark.filterwarnings("error::RuntimeWarning")  # e.g. numpy's "mean of empty slice"
 
@@ -326,7 +327,7 @@ def test_sublayer_flow_without_stats_says_so() -> None:
                  steps=tuple(TokenStep(step=s.step, token_id=1, text="a", layers_run=s.layers_run, filled=(),
                                        planned=12, entropy=0.0, wall_ms=1.0) for s in trace.steps))
     fig = viz.sublayer_flow(bare)
-    assert "sublayer_stats" in fig.layout.annotations[0].text.replace("<br>", " ")
+    assert "sublayer_stats" in message(fig)
 
 
 def test_block_change_averages_per_trace_means(d3_cfg: D3Config) -> None:
@@ -401,7 +402,7 @@ def test_attention_map_takes_step_0_from_the_prompt_attention(full_trace: Trace)
 
 def test_attention_map_without_that_layer_is_an_annotated_figure(d3_trace: Trace) -> None:
     fig = viz.attention_map(d3_trace, 7, 0)
-    assert not fig.data and "No attention was captured for layer 7" in fig.layout.annotations[0].text.replace("<br>", " ")
+    assert not fig.data and "No attention was captured for layer 7" in message(fig)
     with pytest.raises(ValueError, match="head"):
         viz.attention_map(d3_trace, 5, 9)
 
@@ -616,8 +617,9 @@ def test_to_html_is_standalone(d3_cfg: D3Config) -> None:
 def test_a_placeholder_message_is_wrapped_to_fit_a_phone() -> None:
     from viz.layout import MESSAGE_WIDTH, empty_figure, wrap_message
 
-    message = "Cannot draw this schedule:<br>core_head + core_tail must be at most the model's 30 layers (got 20 + 12)"
-    text = empty_figure(message).layout.annotations[0].text
+    said = "Cannot draw this schedule:<br>core_head + core_tail must be at most the model's 30 layers (got 20 + 12)"
+    fig = empty_figure(said)
+    text = fig.layout.annotations[0].text
     assert all(len(line) <= MESSAGE_WIDTH for line in text.split("<br>")), text
-    assert text.replace("<br>", " ") == message.replace("<br>", " ")  # only line breaks were added
+    assert message(fig) == said.replace("<br>", " ")  # only line breaks were added
     assert wrap_message("a-very-long-unbreakable-word-" * 3) == "a-very-long-unbreakable-word-" * 3  # never split

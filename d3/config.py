@@ -10,7 +10,8 @@ FILLS = ("copy", "propagate", "none")  # the fills the page offers and compares
 # copy_any_type: the nearest lower layer that ran whatever its attention type (this project's copy until Gemma 3's
 # mixed sliding / global layers showed the problem); only from the CLI and the API, it equals copy on one-type models.
 FILL_VARIANTS = (*FILLS, "copy_any_type")
-DROP_ORDERS = ("middle_out", "top_down", "bottom_up", "strided")
+DROP_ORDERS = ("middle_out", "top_down", "bottom_up", "strided", "calibrated")
+# calibrated: the order is data, measured per model (`d3.calibrate`): D3Config.layer_order names it.
 CONFIDENCE_MEASURES = ("softmax_gap", "cosine")
 UNIFIED_SPACINGS = ("even", "integer")
 
@@ -93,7 +94,13 @@ class D3Config(StrategyConfig):
     core_head / core_tail: layers always run at the bottom / top (None: `default_core`).
     start: the step the decay counts from: tokens 0..start (start + 1 of them) run at full depth, token
         start + k runs floor(L * alpha ** k); start=5 keeps steps 0-5 at full depth.
-    drop_order: order in which flex (middle) layers are dropped as the budget shrinks.
+    drop_order: order in which flex (middle) layers are dropped as the budget shrinks: middle_out (the paper's
+        literal reading), top_down, bottom_up, strided (not nested), or calibrated (the measured order in
+        `layer_order`).
+    layer_order: with drop_order="calibrated", the flex layers in the order they are dropped (first = dropped first):
+        a permutation of this model's flex layers for this core split (checked by `check_layers`), or the name of
+        a cached calibration ("agreement", "task:arithmetic_1_digit_addition", ...) that `d3.calibrate.resolve`
+        turns into that tuple for a loaded model.
     fill: copy (default) copies the nearest lower layer that ran of the same attention type, so on Gemma 3 a
         global layer never gets a sliding-window layer's keys (another rope base); no effect with the nested
         default drop order; the other fills and why: `StrategyConfig`.
@@ -105,6 +112,7 @@ class D3Config(StrategyConfig):
     core_tail: int | None = None
     start: int = 0
     drop_order: str = "middle_out"
+    layer_order: tuple[int, ...] | str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -113,6 +121,22 @@ class D3Config(StrategyConfig):
         _check_optional_int("core_tail", self.core_tail, 0)
         _check(_is_int(self.start) and self.start >= 0, "start", self.start, "an integer >= 0 (tokens)")
         _check_choice("drop_order", self.drop_order, DROP_ORDERS)
+        if isinstance(self.layer_order, list):  # JSON and keyword callers hand a list; the config keeps a tuple
+            object.__setattr__(self, "layer_order", tuple(self.layer_order))
+        if self.drop_order != "calibrated":
+            _check(self.layer_order is None, "layer_order", self.layer_order,
+                   'None unless drop_order="calibrated" (the order is only read then)')
+            return
+        order = self.layer_order
+        _check(isinstance(order, str) and bool(order.strip())
+               or isinstance(order, tuple) and len(order) > 0 and all(_is_int(x) and x >= 0 for x in order),
+               "layer_order", order, 'with drop_order="calibrated", a tuple of flex layer indices (first dropped '
+               'first) or the name of a cached calibration (see `python -m d3 calibrate`)')
+
+    @property
+    def resolved(self) -> bool:
+        """False while layer_order is a calibration's name that `d3.calibrate.resolve` has not turned into layers."""
+        return not isinstance(self.layer_order, str)
 
     def core(self, num_layers: int) -> tuple[int, int]:
         """The concrete (head, tail) core split for a model with `num_layers` layers."""
@@ -128,6 +152,31 @@ class D3Config(StrategyConfig):
             head + tail,
             f"at most the model's {num_layers} layers (got head {head} + tail {tail})",
         )
+        if self.drop_order == "calibrated":
+            check_layer_order(self.layer_order, num_layers, head, tail)
+
+
+def check_layer_order(order: Any, num_layers: int, head: int, tail: int) -> None:
+    """A calibrated order must be a permutation of the flex layers head .. L - tail - 1; the error names what is off."""
+    if isinstance(order, str):
+        raise ValueError(f"layer_order={order!r} is a calibration's name: resolve it for a loaded model first "
+                         "(d3.calibrate.resolve), or give the layers as a tuple")
+    flex = set(range(head, num_layers - tail))
+    given = list(order)
+    problems = []
+    missing = sorted(flex - set(given))
+    extra = sorted(set(given) - flex)
+    repeated = sorted({x for x in given if given.count(x) > 1})
+    if missing:
+        problems.append(f"missing {missing}")
+    if extra:
+        problems.append(f"not flex layers {extra}")
+    if repeated:
+        problems.append(f"repeated {repeated}")
+    if problems:
+        span = f"{head}..{num_layers - tail - 1}" if flex else "none"
+        raise ValueError(f"layer_order is not a permutation of this model's flex layers ({span} for core {head}+{tail} "
+                         f"of {num_layers} layers): " + "; ".join(problems))
 
 
 @dataclass(frozen=True)
@@ -213,6 +262,28 @@ class EarlyExitConfig(StrategyConfig):
     def check_layers(self, num_layers: int) -> None:
         super().check_layers(num_layers)
         _check(self.min_layers <= num_layers, "min_layers", self.min_layers, f"at most the model's {num_layers} layers")
+
+
+@dataclass(frozen=True)
+class StaticSkipConfig(StrategyConfig):
+    """Static layer removal (SLEB-style): every generated token after the first (the prompt's prefill runs at full
+    depth) skips exactly the layers in `skip`. What a nested drop order's prefix removes at a fixed budget; the
+    calibration's `task` signal (`d3.calibrate`) scores candidate removals with it. Not offered on the page."""
+
+    name: ClassVar[str] = "static"
+    skip: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if isinstance(self.skip, list):
+            object.__setattr__(self, "skip", tuple(self.skip))
+        _check(isinstance(self.skip, tuple) and all(_is_int(x) and x >= 0 for x in self.skip)
+               and len(set(self.skip)) == len(self.skip), "skip", self.skip, "a tuple of distinct layer indices >= 0")
+
+    def check_layers(self, num_layers: int) -> None:
+        super().check_layers(num_layers)
+        _check(all(x < num_layers for x in self.skip) and len(self.skip) < num_layers, "skip", self.skip,
+               f"distinct layers among 0..{num_layers - 1}, leaving at least one to run")
 
 
 STRATEGIES: dict[str, type[StrategyConfig]] = {

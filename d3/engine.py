@@ -143,6 +143,15 @@ class Engine:
         return token_text(self.tokenizer, ids, i)
 
     # -- the loop --------------------------------------------------------------------------------
+    def resolve(self, strategy: StrategyConfig) -> StrategyConfig:
+        """`strategy` with a calibrated order named by a calibration ("agreement", "measured", ...) turned into this
+        model's layers (`d3.calibrate.resolve`); any other strategy as it is."""
+        if isinstance(strategy, D3Config) and not strategy.resolved:
+            from d3.calibrate import resolve
+
+            return resolve(strategy, self)
+        return strategy
+
     def check(self, strategy: StrategyConfig, trace: TraceConfig) -> None:
         strategy.check_layers(self.num_layers)
         bad = [x for x in trace.attention_layers if x >= self.num_layers]
@@ -160,6 +169,7 @@ class Engine:
         prompts: text, or token id lists used as they are (no chat template, no special tokens added).
         should_stop(): checked before every step; True ends the generation (Stop button, closed tab).
         """
+        strategy = self.resolve(strategy)
         self.check(strategy, trace)
         ids, mask = self.encode(prompts, chat_template)
         limit = gen.max_new_tokens if forced is None else min(gen.max_new_tokens, min(len(f) for f in forced))
@@ -221,6 +231,7 @@ class Engine:
         The prompt is prefilled once at full depth (as `run` does) and its cache shared by every
         continuation; token k of a continuation is fed at decode step k, so it sees the same layer plan
         as in `run(..., forced=...)`. Continuations may differ in length."""
+        strategy = self.resolve(strategy)
         self.check(strategy, TRACE_OFF)
         if not prompt_ids or not continuations or any(len(c) == 0 for c in continuations):
             raise ValueError("score_continuations needs a non-empty prompt and non-empty continuations")

@@ -25,7 +25,7 @@ from d3.adapter import Adapter
 from d3.config import TRACE_OFF, D3Config, FullConfig, GenerationConfig
 from d3.engine import Engine
 from d3.oracle_fit import fit_alpha, judge, need_and_stable, position_summary, underserved_fraction
-from d3.schedule import d3_layers, plan
+from d3.schedule import d3_layers, order_key, plan
 
 
 @dataclass(frozen=True, eq=False)
@@ -160,7 +160,7 @@ class BudgetScan:
 
     def _columns(self, cfg: D3Config, num_layers: int) -> list[int]:
         """Per token, the column of D3's own budget for that step under `cfg` (same core and drop order)."""
-        if cfg.core(num_layers) != self.cfg.core(num_layers) or cfg.drop_order != self.cfg.drop_order:
+        if cfg.core(num_layers) != self.cfg.core(num_layers) or order_key(cfg) != order_key(self.cfg):
             raise ValueError("the scan holds one core and drop order's layer sets; scan again for another")
         return [plan(cfg, num_layers, i).budget - self.floor for i in range(len(self.kl))]
 
@@ -297,6 +297,7 @@ def study(engine: Engine, prompts: Sequence[tuple[str, str]], cfg: D3Config, max
     kl = [a.scan.kl_at(judged, L) for a in answers]
     return {
         "model": engine.name, "num_layers": L, "core": list(cfg.core(L)), "drop_order": cfg.drop_order,
+        "layer_order": list(cfg.layer_order) if isinstance(cfg.layer_order, tuple) else cfg.layer_order,
         "max_new_tokens": max_new_tokens, "chat_template": chat_template and engine.has_chat_template,
         "oracle_depth": _per_prompt(needs), "stable_depth": _per_prompt([a.stable_depth for a in answers]),
         "prediction_depth": _per_prompt([a.prediction_depth for a in answers]),

@@ -11,6 +11,7 @@ from d3.config import (
     EarlyExitConfig,
     FullConfig,
     SkipDecodeConfig,
+    StaticSkipConfig,
     StrategyConfig,
     UnifiedConfig,
 )
@@ -40,8 +41,12 @@ def d3_budget(cfg: D3Config, num_layers: int, step: int) -> int:
 
 
 @lru_cache(maxsize=4096)
-def flex_drop_order(num_layers: int, head: int, tail: int, order: str) -> tuple[int, ...]:
-    """Flex layers in the order they are dropped (first = dropped first), for the nested orders."""
+def flex_drop_order(num_layers: int, head: int, tail: int, order: str | tuple[int, ...]) -> tuple[int, ...]:
+    """Flex layers in the order they are dropped (first = dropped first), for the nested orders.
+
+    `order` is a named order or, for a calibrated one, the permutation itself (checked by the config)."""
+    if isinstance(order, tuple):
+        return order
     flex = list(range(head, num_layers - tail))
     if order == "top_down":
         return tuple(reversed(flex))
@@ -63,7 +68,7 @@ def _strided_keep(flex: list[int], keep: int) -> set[int]:
 
 
 @lru_cache(maxsize=65536)
-def _d3_layers(num_layers: int, head: int, tail: int, order: str, budget: int) -> tuple[int, ...]:
+def _d3_layers(num_layers: int, head: int, tail: int, order: str | tuple[int, ...], budget: int) -> tuple[int, ...]:
     flex = list(range(head, num_layers - tail))
     keep = max(0, budget - head - tail)
     if order == "strided":
@@ -81,7 +86,17 @@ def _d3_layers(num_layers: int, head: int, tail: int, order: str, budget: int) -
 def d3_layers(cfg: D3Config, num_layers: int, budget: int) -> tuple[int, ...]:
     """The layers D3 runs, ascending, for a budget of `budget` layers (what `d3_plan` runs for a step's budget)."""
     head, tail = cfg.core(num_layers)
-    return _d3_layers(num_layers, head, tail, cfg.drop_order, budget)
+    return _d3_layers(num_layers, head, tail, order_key(cfg), budget)
+
+
+def order_key(cfg: D3Config) -> str | tuple[int, ...]:
+    """The drop order as `flex_drop_order` takes it: the name, or a calibrated order's layers."""
+    if cfg.drop_order != "calibrated":
+        return cfg.drop_order
+    if not isinstance(cfg.layer_order, tuple):
+        raise ValueError(f"layer_order={cfg.layer_order!r} is a calibration's name: resolve it for a loaded model "
+                         "first (d3.calibrate.resolve)")
+    return cfg.layer_order
 
 
 def d3_plan(cfg: D3Config, num_layers: int, step: int) -> LayerPlan:
@@ -138,6 +153,11 @@ def early_exit_plan(cfg: EarlyExitConfig, num_layers: int, step: int) -> LayerPl
     return LayerPlan(tuple(range(num_layers)), num_layers, dynamic=True, min_exit=min(cfg.min_layers, num_layers))
 
 
+def static_plan(cfg: StaticSkipConfig, num_layers: int, step: int) -> LayerPlan:
+    skip = set(cfg.skip)
+    return LayerPlan(tuple(i for i in range(num_layers) if i not in skip), num_layers - len(skip))
+
+
 def full_plan(cfg: FullConfig, num_layers: int, step: int) -> LayerPlan:
     return LayerPlan(tuple(range(num_layers)), num_layers)
 
@@ -148,6 +168,7 @@ _PLANNERS = {
     SkipDecodeConfig: skipdecode_plan,
     UnifiedConfig: unified_plan,
     EarlyExitConfig: early_exit_plan,
+    StaticSkipConfig: static_plan,
 }
 
 

@@ -17,7 +17,7 @@ from d3.data import fetch
 # Subcommands that live in their own modules, each exposing add_parser(subparsers) and main(args) -> int.
 # The handlers below and those modules import torch and the model code only when a command runs, so building
 # the parser (and rejecting a bad flag) stays fast.
-EXTRA_COMMANDS = ("d3.cli.bench", "d3.cli.sweep", "d3.cli.report", "d3.cli.oracle", "d3.cli.paper")
+EXTRA_COMMANDS = ("d3.cli.bench", "d3.cli.sweep", "d3.cli.report", "d3.cli.oracle", "d3.cli.paper", "d3.cli.calibrate")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -38,7 +38,11 @@ def add_strategy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--core-head", type=int, help="D3 core layers at the bottom (default L // 8)")
     p.add_argument("--core-tail", type=int, help="D3 core layers at the top (default L // 8)")
     p.add_argument("--start", type=int, help="D3: the step the decay counts from (steps 0..start run at full depth)")
-    p.add_argument("--drop-order", choices=DROP_ORDERS, help="D3: order in which flex layers are dropped")
+    p.add_argument("--drop-order", choices=DROP_ORDERS, help="D3: order in which flex layers are dropped (calibrated: "
+                   "the measured order named by --layer-order)")
+    p.add_argument("--layer-order", type=layer_order_arg, help="D3 with --drop-order calibrated: the flex layers in "
+                   "drop order (comma-separated), or a calibration's name (agreement, task@task:..., measured: the "
+                   "model's measured best; default measured)")
     p.add_argument("--fill", choices=FILL_VARIANTS, help="how skipped layers' KV entries are filled (default copy: the "
                    "nearest lower layer that ran, of the same attention type)")
     p.add_argument("--max-layers", type=int, help="SkipDecode: budget at the first token")
@@ -53,15 +57,30 @@ def add_strategy_args(p: argparse.ArgumentParser) -> None:
 
 _STRATEGY_FIELDS = {
     "alpha": "alpha", "core_head": "core_head", "core_tail": "core_tail", "start": "start", "drop_order": "drop_order",
+    "layer_order": "layer_order",
     "fill": "fill", "max_layers": "max_layers", "min_layers": "min_layers", "warmup": "warmup", "ratio": "ratio",
     "spacing": "spacing", "threshold": "threshold", "measure": "measure",
 }
+
+
+def layer_order_arg(text: str) -> tuple[int, ...] | str:
+    """"3,4,5" -> (3, 4, 5); anything else is a calibration's name, resolved once the model is loaded."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if parts and all(p.isdigit() for p in parts):
+        return tuple(int(p) for p in parts)
+    if not text.strip():
+        raise argparse.ArgumentTypeError("give the layers (3,4,5) or a calibration's name")
+    return text.strip()
 
 
 def strategy_from_args(args: argparse.Namespace) -> Any:
     """The strategy config the flags describe; flags that don't apply to the strategy are an error."""
     cls = STRATEGIES[args.strategy]
     given = {f: getattr(args, a) for a, f in _STRATEGY_FIELDS.items() if getattr(args, a, None) is not None}
+    if given.get("drop_order") == "calibrated":
+        given.setdefault("layer_order", "measured")
+    elif "layer_order" in given:
+        raise CliError("--layer-order only applies with --drop-order calibrated")
     allowed = set(cls.__dataclass_fields__)
     extra = sorted(set(given) - allowed)
     if extra:
@@ -101,6 +120,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     gen = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                            seed=args.seed)
     engine = load_engine(args)
+    strategy = engine.resolve(strategy)
     trace = engine.generate(args.prompt, strategy, gen, TraceConfig() if args.json or not args.quiet else TRACE_OFF,
                             chat_template=not args.no_chat_template)
     if args.json:

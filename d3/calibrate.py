@@ -1,0 +1,514 @@
+"""Which layers can this model spare? Layer importance and calibrated (greedy, nested) drop orders.
+
+The paper leaves the order in which D3 drops its flex layers open. Here it is measured per model and per kind of
+text, by one of three signals, each scoring a set of removed layers S:
+
+- agreement (SWIFT's "matchness"): the share of the model's own full-depth next tokens that stay top-1 when the
+  generated tokens run through the kept layers only (teacher-forced; the prompt at full depth), KL beside it.
+- perplexity (SLEB): the NLL of real prose's continuation (the text's first part read at full depth as the prompt).
+- task (TALE): exact match on a generation task's validation split, answered free-running with S removed.
+
+Greedy and nested: step k removes the flex layer whose removal, on top of the k - 1 already removed, hurts the
+signal least. The order is the removal order (the rest ranked by their single-drop score after `steps`), so D3 at a
+budget of L - k drops exactly its first k: a nested order, as `d3.schedule` needs.
+
+For a fixed removal S, D3's decode (any fill) equals one parallel pass: no token after the prompt ever runs a
+layer of S, so no filled entry is read. A generated position's residual below S's lowest layer is full depth's,
+so the pass starts there from the residuals of one full-depth pass (as the oracle does), and every kept layer
+above runs on all generated positions at once, reading the prompt's exact keys and values.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from transformers.cache_utils import DynamicCache
+
+from d3.adapter import Adapter
+from d3.config import TRACE_OFF, D3Config, FullConfig, GenerationConfig, StaticSkipConfig, check_layer_order
+from d3.data import ASSETS, ppl_text
+from d3.model_cache import cache_root
+
+SIGNALS = ("agreement", "perplexity", "task")
+HIGHER_IS_BETTER = {"agreement": True, "perplexity": False, "task": True}
+UNITS = {"agreement": "share of full depth's next tokens kept top-1", "perplexity": "perplexity of the prose's continuation",
+         "task": "exact match on the validation questions"}
+DEFAULT_PROMPTS = ASSETS / "prompts.json"
+CALIBRATION_VERSION = 1
+Progress = Callable[[int, int, str], None]  # (done, total, what) after each scored removal
+
+
+# ------------------------------------------------------------------ what a calibration returns
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A measured drop order. `single`: layer -> the signal after removing that layer alone; `curve[k]`: the signal
+    after removing order[:k + 1]; `full`: the signal at full depth. KL (agreement / perplexity) beside each."""
+
+    model: str
+    num_layers: int
+    signal: str
+    calibration_set: str
+    core: tuple[int, int]
+    order: tuple[int, ...]
+    single: dict[int, float]
+    curve: tuple[float, ...]
+    full: float
+    single_kl: dict[int, float] = field(default_factory=dict)
+    curve_kl: tuple[float, ...] = ()
+    tokens: int = 0
+    steps: int = 0
+    seconds: float = 0.0
+    version: int = CALIBRATION_VERSION
+
+    @property
+    def name(self) -> str:
+        """What `D3Config(layer_order=...)` takes to name this calibration (resolved by `resolve`)."""
+        return f"{self.signal}@{self.calibration_set}"
+
+    @property
+    def higher_is_better(self) -> bool:
+        return HIGHER_IS_BETTER[self.signal]
+
+    def config(self, **fields: Any) -> D3Config:
+        """D3 with this order (`fields`: alpha, start, fill, ...)."""
+        head, tail = self.core
+        return D3Config(drop_order="calibrated", layer_order=self.order, core_head=head, core_tail=tail, **fields)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["single"] = {str(k): v for k, v in self.single.items()}
+        d["single_kl"] = {str(k): v for k, v in self.single_kl.items()}
+        d["name"], d["unit"] = self.name, UNITS[self.signal]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Calibration":
+        keep = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        keep["single"] = {int(k): float(v) for k, v in d["single"].items()}
+        keep["single_kl"] = {int(k): float(v) for k, v in d.get("single_kl", {}).items()}
+        for name in ("core", "order", "curve", "curve_kl"):
+            keep[name] = tuple(keep.get(name, ()))
+        return cls(**keep)
+
+
+# ------------------------------------------------------------------ greedy nested removal
+
+
+@dataclass(frozen=True)
+class Score:
+    """A removal's signal value and, where the signal has one, the mean KL(full depth || removal)."""
+
+    value: float
+    kl: float = float("nan")
+
+
+def _rank(score: Score, higher: bool) -> tuple[float, float]:
+    """Sort key, best first: the signal, then the lower KL (ties are common on few tokens)."""
+    kl = score.kl if not math.isnan(score.kl) else 0.0
+    return (-score.value if higher else score.value, kl)
+
+
+def greedy_order(flex: Sequence[int], score: Callable[[tuple[int, ...]], Score], *, higher: bool, steps: int,
+                 progress: Progress | None = None) -> tuple[tuple[int, ...], dict[int, Score], list[Score]]:
+    """Greedy nested removal over `flex`: (order, single-drop scores, score after each of the `steps` removals).
+
+    The layers left after `steps` follow in the order of their single-drop scores (least harmful first)."""
+    steps = max(1, min(steps, len(flex)))
+    total = sum(len(flex) - k for k in range(steps))
+    done, removed, curve = 0, [], []
+    single: dict[int, Score] = {}
+    for k in range(steps):
+        scores = {}
+        for layer in (x for x in flex if x not in removed):
+            scores[layer] = score((*removed, layer))
+            done += 1
+            if progress:
+                progress(done, total, f"step {k + 1}/{steps}: without layer {layer}")
+        if k == 0:
+            single = scores
+        best = min(scores, key=lambda layer: (*_rank(scores[layer], higher), layer))
+        removed.append(best)
+        curve.append(scores[best])
+    rest = sorted((x for x in flex if x not in removed), key=lambda layer: (*_rank(single[layer], higher), layer))
+    return (*removed, *rest), single, curve
+
+
+# ------------------------------------------------------------------ the teacher-forced parallel pass
+
+
+class _PromptPast:
+    """The prompt's exact keys and values, shared by every removal: `update` (the one cache method a decoder layer
+    calls) returns them followed by the generated positions' own, and stores nothing, so nothing is rolled back."""
+
+    def __init__(self, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.kv = kv
+
+    def update(self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        past_k, past_v = self.kv[layer_idx]
+        return torch.cat([past_k, keys], dim=-2), torch.cat([past_v, values], dim=-2)
+
+
+@dataclass
+class TeacherForced:
+    """Prompts (left padded, full depth) and continuations (right padded) read under a removal, in one pass.
+
+    Scored position t of row b is continuation position t, predicting `targets[b][t]`; `reference` is full depth's
+    log-probs there [B, T, vocab] (from the same pass with nothing removed)."""
+
+    adapter: Adapter
+    prompts: list[list[int]]
+    continuations: list[list[int]]
+    targets: list[list[int]]
+
+    def __post_init__(self) -> None:
+        if not self.prompts or any(not p for p in self.prompts) or any(not c for c in self.continuations):
+            raise ValueError("calibration needs non-empty prompts and continuations")
+        device = self.adapter.model.device
+        B, P = len(self.prompts), max(len(p) for p in self.prompts)
+        T = max(len(c) for c in self.continuations)
+        pad = lambda row, width, left: ([0] * (width - len(row)) + row) if left else (row + [0] * (width - len(row)))  # noqa: E731
+        ids = torch.tensor([pad(p, P, True) + pad(c, T, False) for p, c in zip(self.prompts, self.continuations)], device=device)
+        self.mask = torch.tensor([[0] * (P - len(p)) + [1] * (len(p) + T) for p in self.prompts], device=device)
+        self.scored = torch.tensor([[t < len(tg) for t in range(T)] for tg in self.targets], device=device)  # bool [B, T]
+        self.target_ids = torch.tensor([pad(tg, T, False) for tg in self.targets], device=device)
+        self.P, self.T = P, T
+        self._full_pass(ids)
+
+    def _full_pass(self, ids: torch.Tensor) -> None:
+        """Every layer over prompt + continuation: the prompt's KV, the continuation's residual entering each layer."""
+        a = self.adapter
+        positions = (self.mask.long().cumsum(-1) - 1).clamp_min(0)
+        self.positions = positions[:, self.P:]
+        cache = DynamicCache(config=a.config)
+        with torch.inference_mode():
+            hidden = a.embed(ids)
+            masks = a.masks(hidden, self.mask, cache, positions)
+            ropes = a.rope(hidden, positions)
+            resid = [hidden[:, self.P:]]
+            for idx in range(a.num_layers):
+                kind = a.layer_types[idx]
+                hidden = a.run_layer(idx, hidden, masks[kind], ropes[kind], cache, positions)
+                resid.append(hidden[:, self.P:])
+            self.resid = resid  # L + 1 entries of [B, T, d_model]
+            self.kv = [(layer.keys[..., :self.P, :], layer.values[..., :self.P, :]) for layer in cache.layers]
+            self.reference = torch.log_softmax(a.logits(hidden[:, self.P:]), dim=-1)
+            self._ref_probs = self.reference.exp()
+            self._neg_entropy = (self._ref_probs * self.reference).sum(-1)  # KL(ref || q) = this - sum(ref * log q)
+            self._base: tuple[tuple[int, ...], list[torch.Tensor]] | None = None
+            sizing = DynamicCache([(k, v) for k, v in self.kv], config=a.config)
+            cont = resid[0]
+            self.masks = a.masks(cont, self.mask, sizing, self.positions)
+            self.ropes = a.rope(cont, self.positions)
+
+    def _run(self, hidden: torch.Tensor, start: int, skip: set[int], keep: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """Layers start .. L - 1 but those in `skip`, over the continuation; `keep` collects the residual entering each."""
+        a, past = self.adapter, _PromptPast(self.kv)
+        for idx in range(start, a.num_layers):
+            if keep is not None:
+                keep.append(hidden)
+            if idx not in skip:
+                kind = a.layer_types[idx]
+                hidden = a.run_layer(idx, hidden, self.masks[kind], self.ropes[kind], past, self.positions)
+        return hidden
+
+    def _stack(self, removed: tuple[int, ...]) -> list[torch.Tensor]:
+        """The residual entering every layer (and leaving the last) with `removed` skipped; the latest is kept, so
+        the greedy step's candidates (its removal plus one layer) share it."""
+        if self._base is not None and self._base[0] == removed:
+            return self._base[1]
+        if not removed:
+            stack = self.resid
+        else:
+            first = min(removed)
+            keep = list(self.resid[:first])
+            keep.append(self._run(self.resid[first], first, set(removed), keep))
+            stack = keep
+        self._base = (removed, stack)
+        return stack
+
+    def logprobs(self, removed: Sequence[int]) -> torch.Tensor:
+        """Next-token log-probs [B, T, vocab] with the layers in `removed` skipped at every continuation position.
+
+        Below the last-named layer c, the residual is that of removed[:-1] (c changes nothing under it), so the pass
+        starts at c from that removal's residuals (the previous greedy step's, computed once per step)."""
+        if not removed:
+            return self.reference
+        removed = tuple(removed)
+        *base, last = removed
+        with torch.inference_mode():
+            start = self._stack(tuple(base))[last]
+            hidden = self._run(start, last, set(removed))
+            return torch.log_softmax(self.adapter.logits(hidden), dim=-1)
+
+    def score(self, removed: Sequence[int], metric: str) -> Score:
+        """agreement (share of targets top-1) or nll (mean NLL of the targets), with the mean KL from full depth."""
+        logp = self.logprobs(removed)
+        m = self.scored
+        kl = (self._neg_entropy - (self._ref_probs * logp).sum(-1)).clamp_min(0)[m].mean().item()
+        if metric == "agreement":
+            value = (logp.argmax(-1) == self.target_ids)[m].float().mean().item()
+        else:
+            value = -logp.gather(-1, self.target_ids[..., None])[..., 0][m].mean().item()
+        return Score(value, kl)
+
+
+# ------------------------------------------------------------------ calibration sets
+
+
+@dataclass(frozen=True)
+class CalibrationSet:
+    """What a signal reads: chat prompts (agreement), prose (perplexity) or a task's validation split.
+
+    name: how results are cached and named ("prompts:prompts.json", "task:arithmetic_1_digit_addition", ...)."""
+
+    name: str
+    prompts: tuple[str, ...] = ()
+    chat_template: bool = True
+    tasks: tuple[str, ...] = ()
+    text: str = ""
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:8]
+
+
+def prompts_set(path: str | Path | None = None) -> CalibrationSet:
+    """A prompt file: JSON (a list of strings or of {"prompt": ...}) or plain text, one prompt per line."""
+    path = Path(path) if path else DEFAULT_PROMPTS
+    raw = path.read_text(encoding="utf-8")
+    if path.suffix == ".json":
+        items = json.loads(raw)
+        prompts = [x["prompt"] if isinstance(x, dict) else x for x in items]
+    else:
+        prompts = [line for line in raw.splitlines() if line.strip()]
+    if not prompts or not all(isinstance(p, str) and p.strip() for p in prompts):
+        raise ValueError(f"{path} holds no prompts: give a JSON list of strings / {{'prompt': ...}} or one prompt per line")
+    return CalibrationSet(f"prompts:{path.name}:{_digest(*prompts)}", tuple(prompts))
+
+
+def prompt_set(prompt: str, chat_template: bool = True) -> CalibrationSet:
+    """One prompt (the page's)."""
+    if not prompt.strip():
+        raise ValueError("prompt is empty: type some text to calibrate on")
+    return CalibrationSet(f"prompt:{_digest(prompt, str(chat_template))}", (prompt,), chat_template)
+
+
+def task_set(tasks: Sequence[str]) -> CalibrationSet:
+    """Generation tasks (`d3.gentasks`); every signal reads their validation split only, never the test split."""
+    from d3.gentasks import get_generation_task
+
+    for t in tasks:
+        get_generation_task(t)
+    return CalibrationSet("task:" + "+".join(tasks), tasks=tuple(tasks), chat_template=False)
+
+
+def text_set(path: str | Path | None = None) -> CalibrationSet:
+    """Prose for perplexity: a text file, or the shipped passage (assets/ppl_text.txt)."""
+    text = Path(path).read_text(encoding="utf-8") if path else ppl_text()
+    if not text.strip():
+        raise ValueError(f"{path} is empty: give a file of prose")
+    return CalibrationSet(f"text:{Path(path).name if path else 'ppl_text.txt'}:{_digest(text)}", text=text)
+
+
+def default_set(signal: str) -> CalibrationSet:
+    from d3.gentasks import DEFAULT_GENERATION_TASKS
+
+    return {"agreement": prompts_set, "perplexity": text_set}.get(signal, lambda: task_set(DEFAULT_GENERATION_TASKS))()
+
+
+def _task_prompts(cal_set: CalibrationSet) -> list[tuple[Any, Any]]:
+    """(task, example) for every validation question of the set's tasks."""
+    from d3.gentasks import get_generation_task
+
+    return [(task, ex) for task in map(get_generation_task, cal_set.tasks) for ex in task.split("validation")]
+
+
+# ------------------------------------------------------------------ the three signals
+
+
+def _own_answers(engine: Any, cal_set: CalibrationSet, tokens: int) -> TeacherForced:
+    """Full depth's own greedy answers to the set's prompts (a task's up to the end of its reply), teacher-forced."""
+    from d3.sweep.generation import reply
+
+    if cal_set.tasks:
+        pairs = _task_prompts(cal_set)
+        prompts = [task.prompt(ex) for task, ex in pairs]
+        tokens = min(tokens, max(task.max_new_tokens for task, _ in pairs))
+    else:
+        prompts = list(cal_set.prompts)
+    ids = [engine.encode([p], cal_set.chat_template)[0][0].tolist() for p in prompts]  # the engine's own tokens
+    traces = engine.generate_batch(ids, FullConfig(), GenerationConfig(max_new_tokens=tokens), TRACE_OFF)
+    answers = []
+    for trace in traces:
+        n = reply(trace, engine.eos_ids)[1] if cal_set.tasks else len(trace.steps)
+        answers.append([s.token_id for s in trace.steps[:max(n, 2)]])
+    # Position t (fed answer[t]) predicts answer[t + 1]; answer[0] comes from the prompt at full depth.
+    return TeacherForced(engine.adapter, ids, [a[:-1] for a in answers], [a[1:] for a in answers])
+
+
+def _prose(engine: Any, cal_set: CalibrationSet, tokens: int, prefix: int = 32) -> TeacherForced:
+    """The text cut into windows of `prefix` prompt tokens (full depth) and `tokens` continuation tokens."""
+    ids = engine.tokenizer(cal_set.text, add_special_tokens=False)["input_ids"]
+    width = prefix + tokens + 1
+    windows = [ids[i:i + width] for i in range(0, len(ids) - prefix - 2, width)]
+    windows = [w for w in windows if len(w) > prefix + 2]
+    if not windows:
+        raise ValueError(f"the text is {len(ids)} tokens; perplexity needs more than {prefix + 2}")
+    return TeacherForced(engine.adapter, [w[:prefix] for w in windows], [w[prefix:-1] for w in windows],
+                         [w[prefix + 1:] for w in windows])
+
+
+def _task_score(engine: Any, cal_set: CalibrationSet) -> Callable[[tuple[int, ...]], Score]:
+    """Exact match on the validation questions, answered greedily with the removal fixed after the first token."""
+    from d3.sweep.generation import answer_batch
+
+    groups: dict[str, tuple[Any, list[Any]]] = {}
+    for task, ex in _task_prompts(cal_set):
+        groups.setdefault(task.name, (task, []))[1].append(ex)
+
+    def score(removed: tuple[int, ...]) -> Score:
+        right = total = 0
+        for task, examples in groups.values():
+            answers, _ = answer_batch(engine, task, examples, StaticSkipConfig(skip=tuple(removed)))
+            right, total = right + sum(a.correct for a in answers), total + len(answers)
+        return Score(right / total)
+
+    return score
+
+
+def scorer(engine: Any, signal: str, cal_set: CalibrationSet, tokens: int) -> Callable[[tuple[int, ...]], Score]:
+    """removal -> Score for this signal on this set (everything shared by the removals is computed here, once)."""
+    if signal not in SIGNALS:
+        raise ValueError(f"signal={signal!r} is not allowed: signal must be one of {', '.join(SIGNALS)}")
+    if signal == "task":
+        if not cal_set.tasks:
+            raise ValueError("the task signal needs a generation task (--task NAME): it scores exact match on its "
+                             "validation split")
+        return _task_score(engine, cal_set)
+    if signal == "perplexity":
+        if not cal_set.text:
+            raise ValueError("the perplexity signal reads prose: give a text file (--text FILE) or none for the shipped one")
+        with engine.lock:
+            tf = _prose(engine, cal_set, tokens)
+        return _locked(engine, lambda removed: _as_perplexity(tf.score(removed, "nll")))
+    tf = _own_answers(engine, cal_set, tokens)
+    return _locked(engine, lambda removed: tf.score(removed, "agreement"))
+
+
+def _locked(engine: Any, score: Callable[[tuple[int, ...]], Score]) -> Callable[[tuple[int, ...]], Score]:
+    """Each pass holds the engine's lock, so a shared model interleaves calibration with other users' steps."""
+    def run(removed: tuple[int, ...]) -> Score:
+        with engine.lock:
+            return score(removed)
+    return run
+
+
+def _as_perplexity(score: Score) -> Score:
+    return Score(math.exp(score.value), score.kl)
+
+
+# ------------------------------------------------------------------ calibrate, cache, resolve
+
+
+def calibration_path(model: str, signal: str, set_name: str, core: tuple[int, int], tokens: int, steps: int) -> Path:
+    safe = lambda s: re.sub(r"[^A-Za-z0-9_.+-]+", "_", s)[:120]  # noqa: E731
+    return (cache_root() / "calibration" / safe(model) /
+            f"{signal}__{safe(set_name)}__core{core[0]}+{core[1]}__T{tokens}__k{steps}.json")
+
+
+def calibrate(engine: Any, signal: str, cal_set: CalibrationSet | None = None, *, core: tuple[int, int] | None = None,
+              steps: int | None = None, tokens: int = 32, progress: Progress | None = None,
+              use_cache: bool = True) -> Calibration:
+    """Measure the greedy nested drop order of `engine`'s model under `signal` on `cal_set` (default: the signal's
+    own set), cached per (model, signal, set, core, tokens, steps) in the model cache folder.
+
+    steps: greedy removals (default: every flex layer); the rest follow by single-drop score."""
+    cal_set = cal_set or default_set(signal)
+    L = engine.num_layers
+    head, tail = core if core is not None else D3Config().core(L)
+    D3Config(core_head=head, core_tail=tail).check_layers(L)
+    flex = list(range(head, L - tail))
+    if not flex:
+        raise ValueError(f"core {head}+{tail} leaves no flex layer of {L} to order")
+    steps = len(flex) if steps is None else steps
+    if not (isinstance(steps, int) and 1 <= steps):
+        raise ValueError(f"steps={steps!r} is not allowed: steps must be an integer >= 1 (greedy removals)")
+    steps = min(steps, len(flex))
+    if not (isinstance(tokens, int) and 2 <= tokens <= 256):
+        raise ValueError(f"tokens={tokens!r} is not allowed: tokens must be an integer in [2, 256]")
+    path = calibration_path(engine.name, signal, cal_set.name, (head, tail), tokens, steps)
+    if use_cache and path.is_file():
+        try:
+            return Calibration.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        except (ValueError, KeyError, TypeError):
+            pass  # a damaged cache file: measure again
+    t0 = time.perf_counter()
+    score = scorer(engine, signal, cal_set, tokens)
+    full = score(())
+    order, single, curve = greedy_order(flex, score, higher=HIGHER_IS_BETTER[signal], steps=steps, progress=progress)
+    result = Calibration(
+        model=engine.name, num_layers=L, signal=signal, calibration_set=cal_set.name, core=(head, tail), order=order,
+        single={k: round(v.value, 6) for k, v in single.items()}, curve=tuple(round(s.value, 6) for s in curve),
+        full=round(full.value, 6), single_kl={k: round(v.kl, 6) for k, v in single.items() if not math.isnan(v.kl)},
+        curve_kl=tuple(round(s.kl, 6) for s in curve if not math.isnan(s.kl)), tokens=tokens, steps=steps,
+        seconds=round(time.perf_counter() - t0, 2))
+    _write(path, result)
+    return result
+
+
+def _write(path: Path, result: Calibration) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result.to_dict(), indent=1), encoding="utf-8")
+    tmp.replace(path)
+
+
+def cached(model: str) -> list[Calibration]:
+    """Every calibration cached for `model`, newest first."""
+    folder = calibration_path(model, "x", "x", (0, 0), 0, 0).parent
+    found = []
+    for path in sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True):
+        try:
+            found.append(Calibration.from_dict(json.loads(path.read_text(encoding="utf-8"))))
+        except (ValueError, KeyError, TypeError, OSError):
+            continue
+    return found
+
+
+# The measured best order of each embedded model (README "Drop order"; results/drop_order_*.json), for its default
+# core: what the name "measured" resolves to. Keyed by model, then core (head, tail).
+MEASURED: dict[str, dict[tuple[int, int], tuple[int, ...]]] = {}
+
+
+def resolve(cfg: D3Config, engine: Any) -> D3Config:
+    """`cfg` with a calibration's name in layer_order turned into its layers, checked against the model: "measured"
+    is the model's measured best order (`MEASURED`); otherwise the newest cached calibration of this model whose
+    name is `signal@set` or, for a bare signal, whose signal matches."""
+    if cfg.drop_order != "calibrated" or not isinstance(cfg.layer_order, str):
+        return cfg
+    name = cfg.layer_order
+    L = engine.num_layers
+    head, tail = cfg.core(L)
+    shipped = MEASURED.get(engine.name, {}).get((head, tail))
+    if name == "measured" and shipped:
+        return cfg.with_(layer_order=shipped)  # type: ignore[return-value]
+    matches = [c for c in cached(engine.name) if (c.name == name or c.signal == name) and c.core == (head, tail)]
+    if not matches and name == "measured":
+        raise ValueError(f"layer_order='measured': no measured order ships for {engine.name} with core {head}+{tail}; "
+                         f"run `python -m d3 calibrate --model {engine.name}` and name its result")
+    if not matches:
+        raise ValueError(f"layer_order={name!r}: no calibration of that name for {engine.name} with core {head}+{tail} "
+                         f"is cached; run `python -m d3 calibrate --model {engine.name} --signal {name.split('@')[0]} "
+                         f"--core-head {head} --core-tail {tail}` first")
+    check_layer_order(matches[0].order, L, head, tail)
+    return cfg.with_(layer_order=matches[0].order)  # type: ignore[return-value]

@@ -1,0 +1,106 @@
+"""`python -m d3 calibrate`: which flex layers this model can spare, as a greedy nested drop order (cached)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from d3.cli.common import CliError, check_input_file, set_threads
+
+SIGNAL_HELP = ("agreement: share of full depth's own next tokens kept top-1, teacher-forced (SWIFT); perplexity: NLL "
+               "of prose (SLEB); task: exact match on a generation task's validation split (TALE)")
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("calibrate", help="measure which flex layers the model can spare (a calibrated drop order)",
+                              description=__doc__)
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--signal", default="agreement", choices=("agreement", "perplexity", "task"), help=SIGNAL_HELP)
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompts", help="a prompt file: JSON list (strings or {prompt}) or one prompt per line "
+                     "(default for agreement: assets/prompts.json)")
+    src.add_argument("--task", help="generation task(s), comma-separated: their validation split (default for task: "
+                     "the arithmetic tasks)")
+    src.add_argument("--prompt", help="one prompt")
+    src.add_argument("--text", help="perplexity: a prose file (default: assets/ppl_text.txt)")
+    p.add_argument("--steps", type=int, help="greedy removals (default: every flex layer); the rest follow by "
+                   "single-drop score")
+    p.add_argument("--tokens", type=int, default=32, help="generated (agreement) or continuation (perplexity) tokens")
+    p.add_argument("--core-head", type=int, help="core layers at the bottom (default L // 8)")
+    p.add_argument("--core-tail", type=int, help="core layers at the top (default L // 8)")
+    p.add_argument("--no-chat-template", action="store_true", help="--prompt/--prompts as raw text (base models)")
+    p.add_argument("--no-cache", action="store_true", help="measure again even when a cached result exists")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave torch's default)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=main)
+    return p
+
+
+def calibration_set(args: argparse.Namespace) -> Any:
+    """The set the flags name, checked before the model loads."""
+    from d3 import calibrate as cal
+
+    chat = not args.no_chat_template
+    if args.prompt is not None:
+        return cal.prompt_set(args.prompt, chat)
+    if args.prompts is not None:
+        check_input_file(args.prompts, "--prompts")
+        found = cal.prompts_set(args.prompts)
+        return found if chat else cal.CalibrationSet(found.name + ":raw", found.prompts, False)
+    if args.task is not None:
+        return cal.task_set([t.strip() for t in args.task.split(",") if t.strip()])
+    if args.text is not None:
+        check_input_file(args.text, "--text")
+        return cal.text_set(args.text)
+    return cal.default_set(args.signal)
+
+
+def _check_pairing(signal: str, cal_set: Any) -> None:
+    if signal == "task" and not cal_set.tasks:
+        raise CliError("--signal task scores a generation task's validation split: give --task NAME (or no set)")
+    if signal == "perplexity" and not cal_set.text:
+        raise CliError("--signal perplexity reads prose: give --text FILE (or no set for assets/ppl_text.txt)")
+    if signal == "agreement" and cal_set.text:
+        raise CliError("--signal agreement reads prompts (--prompts, --prompt or --task), not --text")
+
+
+def main(args: argparse.Namespace) -> int:
+    from d3.cli import load_engine
+    from d3 import calibrate as cal
+
+    cal_set = calibration_set(args)
+    _check_pairing(args.signal, cal_set)
+    set_threads(args.threads)
+    args.device, args.dtype = "auto", "float32"
+    engine = load_engine(args)
+    head, tail = args.core_head, args.core_tail
+    core = None if head is None and tail is None else _core(engine.num_layers, head, tail)
+    quiet = args.json
+
+    def progress(done: int, total: int, what: str) -> None:
+        if not quiet:
+            print(f"\r[{done}/{total}] {what}   ", end="", file=sys.stderr, flush=True)
+
+    result = cal.calibrate(engine, args.signal, cal_set, core=core, steps=args.steps, tokens=args.tokens,
+                           progress=progress, use_cache=not args.no_cache)
+    if not quiet:
+        print(file=sys.stderr)
+    if args.json:
+        print(json.dumps(result.to_dict()))
+        return 0
+    print(f"{result.model}: {result.signal} on {result.calibration_set} ({cal.UNITS[result.signal]})")
+    print(f"full depth: {result.full:.4f}; core {result.core[0]}+{result.core[1]}; {result.seconds:.1f} s")
+    print("drop order: " + " ".join(map(str, result.order)))
+    for k, (layer, value) in enumerate(zip(result.order, result.curve), 1):
+        print(f"  {k:>2}. drop {layer:>2}: {value:.4f} (alone: {result.single[layer]:.4f})")
+    print(f"use it: --drop-order calibrated --layer-order {result.name}  (or --layer-order "
+          f"{','.join(map(str, result.order))})")
+    return 0
+
+
+def _core(num_layers: int, head: int | None, tail: int | None) -> tuple[int, int]:
+    from d3.config import D3Config
+
+    return D3Config(core_head=head, core_tail=tail).core(num_layers)

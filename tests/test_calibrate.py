@@ -1,0 +1,213 @@
+"""Calibrated drop orders: the config's order, the nested schedule, the greedy signals and the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from d3.config import D3Config, StaticSkipConfig
+from d3.schedule import d3_budget, d3_layers, plan
+
+ORDER_8 = (4, 2, 6, 1, 5, 3)  # flex layers 1..6 of 8 with core 1+1
+
+
+# ---------------------------------------------------------------- config and schedule (pure)
+
+
+def test_calibrated_needs_an_order_and_names_what_is_wrong():
+    with pytest.raises(ValueError, match="layer_order"):
+        D3Config(drop_order="calibrated")
+    with pytest.raises(ValueError, match="only read then"):
+        D3Config(drop_order="bottom_up", layer_order=(1, 2))
+    cfg = D3Config(drop_order="calibrated", layer_order=[4, 2, 6, 1, 5, 3], core_head=1, core_tail=1)
+    assert cfg.layer_order == ORDER_8  # a list (JSON, keyword callers) is kept as a tuple
+    cfg.check_layers(8)
+    bad = D3Config(drop_order="calibrated", layer_order=(4, 2, 6, 1, 7, 7), core_head=1, core_tail=1)
+    with pytest.raises(ValueError) as err:
+        bad.check_layers(8)
+    message = str(err.value)
+    assert "1..6" in message and "missing [3, 5]" in message and "not flex layers [7]" in message
+    assert "repeated [7]" in message and "\n" not in message
+    with pytest.raises(ValueError, match="resolve it"):
+        D3Config(drop_order="calibrated", layer_order="agreement", core_head=1, core_tail=1).check_layers(8)
+
+
+def test_schedule_with_an_explicit_order_is_nested_and_drops_in_that_order():
+    cfg = D3Config(alpha=0.8, drop_order="calibrated", layer_order=ORDER_8, core_head=1, core_tail=1)
+    previous = set(range(8))
+    dropped_so_far: list[int] = []
+    for step in range(12):
+        run = set(plan(cfg, 8, step).run)
+        assert run <= previous  # nested: a layer once dropped never runs again
+        dropped_so_far += [x for x in ORDER_8 if x in previous - run]
+        previous = run
+    assert dropped_so_far == list(ORDER_8)  # dropped exactly in the given order
+    for budget in range(2, 9):
+        kept = set(d3_layers(cfg, 8, budget))
+        assert kept == set(range(8)) - set(ORDER_8[:8 - budget])
+    assert d3_budget(cfg, 8, 100) == 2
+
+
+def test_static_skip_runs_the_same_layers_after_the_first_token():
+    cfg = StaticSkipConfig(skip=[3, 1])
+    assert cfg.skip == (3, 1)
+    assert plan(cfg, 6, 0).run == tuple(range(6))
+    assert plan(cfg, 6, 5).run == (0, 2, 4, 5)
+    with pytest.raises(ValueError, match="skip"):
+        StaticSkipConfig(skip=(1, 1))
+    with pytest.raises(ValueError, match="at least one"):
+        StaticSkipConfig(skip=(0, 1)).check_layers(2)
+
+
+def test_greedy_order_is_nested_and_records_the_curve():
+    from d3.calibrate import Score, greedy_order
+
+    harm = {1: 0.05, 2: 0.3, 3: 0.01, 4: 0.2}
+    calls = []
+
+    def score(removed):
+        calls.append(removed)
+        return Score(1 - sum(harm[x] for x in removed) - 0.1 * (removed[-1] == 4 and 3 in removed))
+
+    order, single, curve = greedy_order([1, 2, 3, 4], score, higher=True, steps=2)
+    assert order[:2] == (3, 1) and order[2:] == (4, 2)  # greedy twice, then by single-drop score
+    assert {k: round(v.value, 3) for k, v in single.items()} == {1: 0.95, 2: 0.7, 3: 0.99, 4: 0.8}
+    assert [round(s.value, 3) for s in curve] == [0.99, 0.94]
+    assert all(c[:-1] == (3,) for c in calls[4:])  # the second step builds on the first removal
+
+
+# ---------------------------------------------------------------- the signals on a tiny model
+
+
+@pytest.fixture(scope="module")
+def identity_engine(tiny_tok):
+    """8 layers; layer 4's attention output and MLP down projections are zero, so it is the identity."""
+    import torch
+
+    from d3.engine import Engine
+    from tests.tiny import tiny_llama
+
+    model = tiny_llama(num_layers=8, seed=3)
+    with torch.no_grad():
+        model.model.layers[4].self_attn.o_proj.weight.zero_()
+        model.model.layers[4].mlp.down_proj.weight.zero_()
+    return Engine(model, tiny_tok, name="tiny-identity")
+
+
+@pytest.fixture()
+def cache_dir(tmp_path, monkeypatch):
+    from d3.model_cache import CACHE_ENV
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+PROMPTS = ("hello there, how are you", "the cat sat on a mat", "one two three")
+
+
+def test_agreement_drops_the_identity_layer_first(identity_engine, cache_dir):
+    from d3.calibrate import CalibrationSet, calibrate
+
+    cal_set = CalibrationSet("prompts:test", PROMPTS)
+    result = calibrate(identity_engine, "agreement", cal_set, core=(1, 1), tokens=12)
+    assert result.order[0] == 4
+    assert sorted(result.order) == [1, 2, 3, 4, 5, 6]
+    assert result.single[4] == 1.0 and result.single_kl[4] < 1e-6
+    assert min(result.single[x] for x in (1, 2, 3, 5, 6)) < 1.0  # the other layers matter on this model
+    assert result.full == 1.0 and len(result.curve) == 6 and result.curve[0] == 1.0
+    assert result.curve[-1] <= result.curve[0]
+    # cached: a later run reads the file instead of measuring
+    path = next(cache_dir.rglob("*.json"))
+    again = calibrate(identity_engine, "agreement", cal_set, core=(1, 1), tokens=12)
+    assert again == result and path.is_file()
+
+
+def test_parallel_pass_equals_teacher_forced_decoding(identity_engine):
+    """The one-pass score of a fixed removal is what D3's own decode loop computes with that removal, teacher-forced."""
+    import torch
+
+    from d3.calibrate import CalibrationSet, _own_answers
+    from d3.config import GenerationConfig
+
+    tf = _own_answers(identity_engine, CalibrationSet("p", PROMPTS[:2]), 10)
+    removed = (2, 5)
+    ours = tf.logprobs(removed)  # [B, T, vocab]
+    for b, (prompt, cont) in enumerate(zip(tf.prompts, tf.continuations)):
+        steps = []
+        run = identity_engine.run([prompt], StaticSkipConfig(skip=removed), GenerationConfig(max_new_tokens=len(cont) + 1),
+                                  forced=[cont + [0]],
+                                  observer=lambda step, out, state: steps.append(torch.log_softmax(out.logits[0], -1)))
+        for _ in run:
+            pass
+        # step 0 is the prompt's prefill; decode step k + 1 feeds continuation token k, scored at position k
+        torch.testing.assert_close(torch.stack(steps[1:len(cont) + 1]), ours[b, :len(cont)], atol=2e-4, rtol=1e-4)
+
+
+def test_resolve_a_name_and_generate_with_it(identity_engine, cache_dir):
+    from d3.calibrate import CalibrationSet, calibrate, resolve
+    from d3.config import GenerationConfig
+
+    with pytest.raises(ValueError, match="python -m d3 calibrate"):
+        resolve(D3Config(drop_order="calibrated", layer_order="agreement", core_head=1, core_tail=1), identity_engine)
+    result = calibrate(identity_engine, "agreement", CalibrationSet("prompts:test", PROMPTS), core=(1, 1), tokens=8, steps=2)
+    named = D3Config(alpha=0.8, drop_order="calibrated", layer_order="agreement", core_head=1, core_tail=1)
+    assert resolve(named, identity_engine).layer_order == result.order
+    trace = identity_engine.generate("hello", named, GenerationConfig(max_new_tokens=6))
+    assert trace.strategy["layer_order"] == list(result.order) or trace.strategy["layer_order"] == result.order
+    assert 4 not in trace.steps[2].layers_run  # the identity layer is the first dropped
+    # another core is another calibration
+    with pytest.raises(ValueError, match="core 2\\+1"):
+        resolve(named.with_(core_head=2), identity_engine)
+
+
+def test_perplexity_signal_reads_prose(identity_engine, cache_dir):
+    from d3.calibrate import CalibrationSet, calibrate
+
+    text = "the cat sat on the mat. " * 12
+    result = calibrate(identity_engine, "perplexity", CalibrationSet("text:t", text=text), core=(1, 1), tokens=16, steps=1)
+    assert abs(result.single[4] - result.full) < 1e-4 * result.full  # the identity layer changes nothing
+    assert result.order[0] == min(result.single, key=result.single.get)  # lower perplexity is better
+    assert result.curve[0] == result.single[result.order[0]] and result.curve[0] <= result.single[4]
+    assert all(result.single[x] > 1 for x in result.order)
+
+
+def test_cli_calibrate_prints_the_json(identity_engine, cache_dir, tmp_path, capsys):
+    from d3.cli import main
+
+    model_dir = tmp_path / "model"
+    identity_engine.model.save_pretrained(model_dir)
+    identity_engine.tokenizer.save_pretrained(model_dir)
+    args = ["calibrate", "--model", str(model_dir), "--signal", "agreement", "--prompt", "hello there", "--steps", "2",
+            "--tokens", "8", "--core-head", "1", "--core-tail", "1", "--json"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {"model", "signal", "calibration_set", "order", "single", "curve", "seconds"} <= set(out)
+    assert out["signal"] == "agreement" and out["calibration_set"].startswith("prompt:")
+    assert sorted(out["order"]) == [1, 2, 3, 4, 5, 6] and len(out["curve"]) == 2 and len(out["single"]) == 6
+    assert main(args) == 0  # cached: the same result again
+    assert json.loads(capsys.readouterr().out) == out
+    gen = ["generate", "--model", str(model_dir), "--prompt", "hi", "--max-new-tokens", "4", "--drop-order", "calibrated",
+           "--layer-order", "agreement", "--core-head", "1", "--core-tail", "1", "--alpha", "0.8", "--json"]
+    assert main(gen) == 0
+    assert json.loads(capsys.readouterr().out)["strategy"]["layer_order"] == out["order"]
+
+
+def test_cli_calibrate_refuses_a_mismatched_set_in_one_line(capsys):
+    from d3.cli import main
+
+    assert main(["calibrate", "--signal", "task", "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "--task" in err and "\n" not in err
+    assert main(["generate", "--prompt", "hi", "--drop-order", "bottom_up", "--layer-order", "3,4"]) == 2
+    assert "only applies" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+def test_agreement_on_smollm2_one_prompt(smol_engine, cache_dir):
+    from d3.calibrate import calibrate, prompt_set
+
+    result = calibrate(smol_engine, "agreement", prompt_set("What is 3 plus 4?"), steps=2, tokens=12)
+    assert sorted(result.order) == list(range(3, 27)) and len(result.single) == 24
+    assert result.curve[0] == max(result.single.values())
+    assert result.curve[1] <= result.curve[0] + 1e-9 or result.curve[1] <= 1.0

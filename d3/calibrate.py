@@ -23,7 +23,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -276,6 +278,8 @@ class CalibrationSet:
     chat_template: bool = True
     tasks: tuple[str, ...] = ()
     text: str = ""
+    task_objects: tuple[Any, ...] = ()  # tasks that are not d3.gentasks' (d3.paper's), with their validation questions
+    val_limit: int | None = None
 
 
 def _digest(*parts: str) -> str:
@@ -312,6 +316,14 @@ def task_set(tasks: Sequence[str]) -> CalibrationSet:
     return CalibrationSet("task:" + "+".join(tasks), tasks=tuple(tasks), chat_template=False)
 
 
+def paper_task_set(task: Any, val_limit: int | None = None) -> CalibrationSet:
+    """Any task with `split("validation")`, `prompt`, `score` and `max_new_tokens` (d3.paper's): its first
+    `val_limit` validation questions."""
+    suffix = f":{val_limit}" if val_limit is not None else ""
+    return CalibrationSet(f"task:{task.name}{suffix}", tasks=(task.name,), chat_template=False, task_objects=(task,),
+                          val_limit=val_limit)
+
+
 def text_set(path: str | Path | None = None) -> CalibrationSet:
     """Prose for perplexity: a text file, or the shipped passage (assets/ppl_text.txt)."""
     text = Path(path).read_text(encoding="utf-8") if path else ppl_text()
@@ -330,7 +342,8 @@ def _task_prompts(cal_set: CalibrationSet) -> list[tuple[Any, Any]]:
     """(task, example) for every validation question of the set's tasks."""
     from d3.gentasks import get_generation_task
 
-    return [(task, ex) for task in map(get_generation_task, cal_set.tasks) for ex in task.split("validation")]
+    tasks = cal_set.task_objects or tuple(map(get_generation_task, cal_set.tasks))
+    return [(task, ex) for task in tasks for ex in task.split("validation")[:cal_set.val_limit]]
 
 
 # ------------------------------------------------------------------ the three signals
@@ -420,9 +433,17 @@ def _as_perplexity(score: Score) -> Score:
 # ------------------------------------------------------------------ calibrate, cache, resolve
 
 
+CALIBRATION_ENV = "D3_CALIBRATION_DIR"
+
+
+def calibration_root() -> Path:
+    """Where calibrations are cached: $D3_CALIBRATION_DIR, else the model cache's calibration/ folder."""
+    return Path(os.environ.get(CALIBRATION_ENV) or cache_root() / "calibration").expanduser()
+
+
 def calibration_path(model: str, signal: str, set_name: str, core: tuple[int, int], tokens: int, steps: int) -> Path:
     safe = lambda s: re.sub(r"[^A-Za-z0-9_.+-]+", "_", s)[:120]  # noqa: E731
-    return (cache_root() / "calibration" / safe(model) /
+    return (calibration_root() / safe(model) /
             f"{signal}__{safe(set_name)}__core{core[0]}+{core[1]}__T{tokens}__k{steps}.json")
 
 
@@ -468,7 +489,7 @@ def calibrate(engine: Any, signal: str, cal_set: CalibrationSet | None = None, *
 
 def _write(path: Path, result: Calibration) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")  # processes of one run may write it at once
     tmp.write_text(json.dumps(result.to_dict(), indent=1), encoding="utf-8")
     tmp.replace(path)
 

@@ -41,6 +41,26 @@ def _check_optional_int(name: str, value: Any, lo: int, hi: int | None = None) -
     _check(_is_int(value) and value >= lo and (hi is None or value <= hi), name, value, allowed + " (or None for auto)")
 
 
+def drop_order_fields(word: str) -> dict[str, Any]:
+    """A drop order as one word (CLI lists, sweep specs): a named order, "calibrated" (the model's measured order),
+    or "calibrated:NAME" (a cached calibration, e.g. calibrated:agreement) -> D3Config's drop_order / layer_order."""
+    name, _, order = str(word).partition(":")
+    _check_choice("drop_order", name, DROP_ORDERS)
+    if name != "calibrated":
+        _check(not order, "drop_order", word, f"{name} without ':' (only calibrated takes a name)")
+        return {"drop_order": name}
+    return {"drop_order": "calibrated", "layer_order": order or "measured"}
+
+
+def drop_order_word(cfg: Any) -> str:
+    """The one-word name of a D3 config's drop order (inverse of `drop_order_fields` for named calibrations)."""
+    if cfg.drop_order != "calibrated":
+        return cfg.drop_order
+    if isinstance(cfg.layer_order, str):
+        return f"calibrated:{cfg.layer_order}"
+    return "calibrated[" + ",".join(map(str, cfg.layer_order[:4])) + (",…]" if len(cfg.layer_order) > 4 else "]")
+
+
 def default_core(num_layers: int) -> tuple[int, int]:
     """The default core split (head, tail): an eighth of the stack at each end, at least one layer."""
     n = max(1, num_layers // 8)

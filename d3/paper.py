@@ -14,13 +14,16 @@ from d3.config import D3Config, FullConfig, StrategyConfig
 ALPHAS: tuple[float, ...] = (0.99, 0.993, 0.995, 0.997, 0.999)
 START_FRACTIONS: tuple[float, ...] = (0.2, 0.4, 0.6, 0.8)
 TOLERANCE_POINTS = 1.0  # the paper's criterion: within 1 exact-match point of full depth
-CSV_COLUMNS = ("task", "n_val", "n_test", "alpha", "start", "full_em", "d3_em", "mean_layers", "num_layers",
+CSV_COLUMNS = ("task", "n_val", "n_test", "alpha", "start", "drop_order", "layer_order", "full_em", "d3_em", "mean_layers", "num_layers",
                "theoretical_speedup", "full_s", "d3_s", "measured_speedup")
+DROP_ORDER_CHOICES: tuple[str, ...] = ("middle_out", "bottom_up", "top_down", "task")
 SELECTION_RULE = (
-    "alpha and start are chosen on the validation split: every alpha in the grid is paired with every start "
-    "(a fraction of the mean full-depth output length, in tokens); among the settings whose validation exact "
-    "match is within 1 point of full depth, the one with the fewest mean layers is kept (ties: higher exact "
-    "match, then larger alpha); if none is within 1 point, the one with the best validation exact match.")
+    "alpha, start and the drop order are chosen on the validation split: every alpha in the grid is paired with "
+    "every start (a fraction of the mean full-depth output length, in tokens) and every drop order (middle_out, "
+    "bottom_up, top_down, and `task`: the greedy order calibrated by exact match on that same validation split, "
+    "d3.calibrate); among the settings whose validation exact match is within 1 point of full depth, the one with "
+    "the fewest mean layers is kept (ties: higher exact match, then larger alpha); if none is within 1 point, the "
+    "one with the best validation exact match.")
 
 
 class PaperTask(Protocol):
@@ -189,8 +192,27 @@ def start_steps(mean_tokens: float, fractions: Sequence[float]) -> list[int]:
     return sorted(set(steps))
 
 
-def grid(alphas: Sequence[float], starts: Sequence[int], core: tuple[int | None, int | None] = (None, None)) -> list[D3Config]:
-    return [D3Config(alpha=a, start=s, core_head=core[0], core_tail=core[1]) for a in alphas for s in starts]
+def grid(alphas: Sequence[float], starts: Sequence[int], core: tuple[int | None, int | None] = (None, None),
+         orders: Sequence[dict[str, Any]] = ({"drop_order": "middle_out"},)) -> list[D3Config]:
+    """Every (drop order, alpha, start); `orders` are D3Config fields (drop_order, and layer_order if calibrated)."""
+    return [D3Config(alpha=a, start=s, core_head=core[0], core_tail=core[1], **o) for o in orders for a in alphas
+            for s in starts]
+
+
+def order_choices(engine: Any, task: PaperTask, words: Sequence[str], settings: "RunSettings",
+                  log: Callable[[str], None] = lambda _: None) -> list[dict[str, Any]]:
+    """The drop orders the validation grid tries: named orders as they are, `task` calibrated on the validation split."""
+    out: list[dict[str, Any]] = []
+    for word in words:
+        if word != "task":
+            out.append({"drop_order": word})
+            continue
+        from d3.calibrate import calibrate, paper_task_set
+
+        cal = calibrate(engine, "task", paper_task_set(task, settings.val_limit), steps=settings.calibrate_steps)
+        log(f"{task.name}: task-calibrated order on the validation split {cal.order[:8]}… ({cal.seconds:.0f} s)")
+        out.append({"drop_order": "calibrated", "layer_order": cal.order})
+    return out
 
 
 # ---------------------------------------------------------------- result rows and the table
@@ -205,6 +227,8 @@ class PaperRow:
     n_test: int
     alpha: float
     start: int
+    drop_order: str
+    layer_order: str  # a calibrated order's layers, space-separated ("" for a named order)
     full_em: float
     d3_em: float
     mean_layers: float
@@ -229,7 +253,8 @@ def table(rows: Sequence[PaperRow]) -> str:
     for r in rows:
         lines.append(f"{r.task:<{w}} {r.full_em:8.2f} {r.d3_em:8.2f} {f'{r.mean_layers:.2f} / {r.num_layers}':>16} "
                      f"{r.theoretical_speedup:14.2f}x {r.measured_speedup:8.2f}x")
-    lines.append(f"(alpha, start per task: {', '.join(f'{r.task} {r.alpha:g}, {r.start}' for r in rows)}; "
+    lines.append(f"(alpha, start, drop order per task: "
+                 f"{', '.join(f'{r.task} {r.alpha:g}, {r.start}, {r.drop_order}' for r in rows)}; "
                  f"EM in points on {', '.join(str(r.n_test) for r in rows)} test questions)")
     return "\n".join(lines)
 
@@ -285,6 +310,8 @@ class RunSettings:
 
     alphas: tuple[float, ...] = ALPHAS
     start_fractions: tuple[float, ...] = START_FRACTIONS
+    drop_orders: tuple[str, ...] = DROP_ORDER_CHOICES
+    calibrate_steps: int = 6  # greedy removals of the task-calibrated order (the rest by single-drop score)
     limit: int | None = None
     val_limit: int | None = None
     batch_size: int = 8
@@ -338,13 +365,16 @@ def run_task(engine: Any, task: PaperTask, shards: Shards, settings: RunSettings
     log(f"{task.name}: full depth on {len(val)} validation questions: EM {full_val.em:.2f}, "
         f"{full_val.mean_tokens:.1f} tokens per answer; starts {starts}")
     scored = []
-    for cfg in grid(settings.alphas, starts):
+    for cfg in grid(settings.alphas, starts, orders=order_choices(engine, task, settings.drop_orders, settings, log)):
         scored.append(measure(engine, task, val, cfg, shards, settings))
-        log(f"  alpha {cfg.alpha:g} start {cfg.start}: EM {scored[-1].em:.2f}, {scored[-1].mean_layers:.2f} layers")
+        log(f"  {cfg.drop_order} alpha {cfg.alpha:g} start {cfg.start}: EM {scored[-1].em:.2f}, "
+            f"{scored[-1].mean_layers:.2f} layers")
     chosen = select(full_val, scored).strategy
     assert isinstance(chosen, D3Config)
     full, d3, full_s, d3_s = timed_test(engine, task, test, chosen, shards, settings)
     from d3.schedule import theoretical_speedup
 
-    return PaperRow(task.name, len(val), len(test), chosen.alpha, chosen.start, full.em, d3.em, d3.mean_layers,
-                    engine.num_layers, theoretical_speedup([d3.mean_layers], engine.num_layers), full_s, d3_s)
+    layers = " ".join(map(str, chosen.layer_order)) if isinstance(chosen.layer_order, tuple) else ""
+    return PaperRow(task.name, len(val), len(test), chosen.alpha, chosen.start, chosen.drop_order, layers, full.em,
+                    d3.em, d3.mean_layers, engine.num_layers, theoretical_speedup([d3.mean_layers], engine.num_layers),
+                    full_s, d3_s)

@@ -97,9 +97,9 @@ def identity_engine(tiny_tok):
 
 @pytest.fixture()
 def cache_dir(tmp_path, monkeypatch):
-    from d3.model_cache import CACHE_ENV
+    from d3.calibrate import CALIBRATION_ENV
 
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(CALIBRATION_ENV, str(tmp_path / "cache"))
     return tmp_path / "cache"
 
 

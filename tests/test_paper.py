@@ -70,12 +70,13 @@ def test_object_counting_shots_validation_and_test_are_disjoint():
 
 
 def test_csv_has_the_papers_columns(tmp_path):
-    row = PaperRow("addition", 5, 6, 0.99, 2, 40.0, 38.0, 19.17, 32, 1.64, 2.0, 1.0)
+    row = PaperRow("addition", 5, 6, 0.99, 2, "calibrated", "4 5 3", 40.0, 38.0, 19.17, 32, 1.64, 2.0, 1.0)
     path = write_csv([row], tmp_path / "r.csv")
     with path.open() as f:
         rows = list(csv.DictReader(f))
     assert tuple(rows[0]) == CSV_COLUMNS
     assert rows[0]["mean_layers"] == "19.17" and rows[0]["measured_speedup"] == "2"
+    assert rows[0]["drop_order"] == "calibrated" and rows[0]["layer_order"] == "4 5 3"
 
 
 def _free_port() -> int:
@@ -147,6 +148,8 @@ def test_two_processes_give_the_same_table_as_one(tiny_dir, tmp_path):
     rows = _rows(tmp_path / "one.csv")
     assert rows == _rows(tmp_path / "two.csv")
     assert rows[0]["n_test"] == "5" and float(rows[0]["mean_layers"]) < 8  # the chosen setting skips layers
+    assert rows[0]["drop_order"] in ("middle_out", "bottom_up", "top_down", "calibrated")
+    assert "task-calibrated order on the validation split" in one.stderr  # the protocol chooses among it too
 
 
 @pytest.mark.integration

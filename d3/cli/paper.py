@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from d3.cli.common import CliError, check_output_file, set_threads
-from d3.paper import ALPHAS, SELECTION_RULE, START_FRACTIONS, TASKS
+from d3.paper import ALPHAS, DROP_ORDER_CHOICES, SELECTION_RULE, START_FRACTIONS, TASKS
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -35,6 +35,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--alphas", type=_floats, default=ALPHAS, help="alpha grid, comma-separated")
     p.add_argument("--start-fractions", type=_floats, default=START_FRACTIONS,
                    help="start grid as fractions of the mean full-depth output length, comma-separated")
+    p.add_argument("--drop-orders", default=",".join(DROP_ORDER_CHOICES), help="drop orders the validation split "
+                   "chooses among, comma-separated: middle_out, bottom_up, top_down, strided, and task (the order "
+                   "calibrated by exact match on the validation split)")
+    p.add_argument("--calibrate-steps", type=int, default=6, help="greedy removals of the task-calibrated order")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--chat-template", action="store_true", help="wrap prompts in the chat template (default raw "
                    "few-shot text, as for a base model)")
@@ -55,6 +59,12 @@ def _check(args: argparse.Namespace) -> list[str]:
             raise CliError(f"{flag} {value}: must be at least 1")
     if not args.alphas or not all(0 < a <= 1 for a in args.alphas):
         raise CliError(f"--alphas {args.alphas}: each alpha must be in (0, 1]")
+    orders = [o.strip() for o in args.drop_orders.split(",") if o.strip()]
+    allowed = ("middle_out", "bottom_up", "top_down", "strided", "task")
+    if not orders or any(o not in allowed for o in orders):
+        raise CliError(f"--drop-orders {args.drop_orders!r}: each must be one of {', '.join(allowed)}")
+    if args.calibrate_steps < 1:
+        raise CliError(f"--calibrate-steps {args.calibrate_steps}: must be at least 1")
     if not args.start_fractions or not all(0 <= f <= 1 for f in args.start_fractions):
         raise CliError(f"--start-fractions {args.start_fractions}: each fraction must be in [0, 1]")
     check_output_file(args.out, "--out")
@@ -90,7 +100,9 @@ def main(args: argparse.Namespace) -> int:
     set_threads(args.threads)
     shards = Shards(cpu=_wants_cpu(args.device))
     engine = _engine(args, shards)
+    orders = tuple(o.strip() for o in args.drop_orders.split(",") if o.strip())
     settings = RunSettings(alphas=tuple(args.alphas), start_fractions=tuple(args.start_fractions), limit=args.limit,
+                           drop_orders=orders, calibrate_steps=args.calibrate_steps,
                            val_limit=args.val_limit, batch_size=args.batch_size, chat_template=args.chat_template)
     say = (lambda line: print(line, file=sys.stderr, flush=True)) if shards.is_main else (lambda _: None)
     rows = [run_task(engine, get_task(name), shards, settings, say) for name in tasks]

@@ -65,7 +65,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--cores", default="default", help="D3 core splits, e.g. default,0+0,4+4")
     p.add_argument("--starts", default="0", help="D3 start values in tokens, e.g. 0,16")
     p.add_argument("--fills", default="copy", help="D3 fills among copy,propagate,none")
-    p.add_argument("--drop-orders", default="middle_out", help=f"D3 drop orders among {','.join(DROP_ORDERS)}")
+    p.add_argument("--drop-orders", default="middle_out", help=f"D3 drop orders among {','.join(DROP_ORDERS)}; "
+                   "calibrated is the model's measured order, calibrated:NAME a cached calibration (calibrated:agreement)")
+    p.add_argument("--task-split", default="all", choices=("all", "test"), help="generate mode: all questions "
+                   "(validation first) or only the test split")
     p.add_argument("--variants-at", default="2/3", help="depth at which the non-base D3 variants run")
     p.add_argument("--product", action="store_true", help="full product of the D3 axes at every depth")
     p.add_argument("--baselines", default=",".join(BASELINES))
@@ -97,7 +100,7 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
         baseline_depths=_floats(args.baseline_depths) or None, early_exit_measures=_words(args.early_exit_measures),
         early_exit_depths=_floats(args.early_exit_depths) or None,
         tasks=_task_names(args.tasks, args.task_mode), task_limit=args.task_limit, task_scoring=args.task_scoring,
-        task_mode=args.task_mode,
+        task_mode=args.task_mode, task_split=args.task_split,
         ppl_chunks=args.ppl_chunks, chat_template=not args.no_chat_template)
 
 

@@ -137,9 +137,12 @@ def _add(a: Timed, b: Timed) -> Timed:
 
 
 def load_questions(spec: SweepSpec) -> dict[str, tuple[GenerationTask, list[Any]]]:
-    """Each task of `spec` with its first `task_limit` questions (validation questions first, shots excluded)."""
-    return {name: (task, task.questions(spec.task_limit)) for name, task in
-            ((n, get_generation_task(n)) for n in spec.tasks)}
+    """Each task of `spec` with its first `task_limit` questions (validation questions first, shots excluded), or
+    with task_split "test", its first `task_limit` test questions (never a validation one)."""
+    def pick(task: GenerationTask) -> list[Any]:
+        return task.questions(spec.task_limit) if spec.task_split == "all" else task.split("test")[:spec.task_limit]
+
+    return {name: (task, pick(task)) for name, task in ((n, get_generation_task(n)) for n in spec.tasks)}
 
 
 def measure_setting(engine: Any, spec: SweepSpec, setting: Setting, key: str,

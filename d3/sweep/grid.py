@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 from typing import Any, Iterable, Sequence
 
-from d3.config import TRACE_OFF, D3Config, EarlyExitConfig, FullConfig, GenerationConfig, SkipDecodeConfig, \
+from d3.config import TRACE_OFF, D3Config, drop_order_fields, drop_order_word, EarlyExitConfig, FullConfig, GenerationConfig, SkipDecodeConfig, \
     StrategyConfig, UnifiedConfig
 from d3.schedule import alpha_for_mean_depth, planned_mean_layers, unified_layers
 from d3.sweep.spec import Setting, SweepSpec
@@ -16,10 +17,12 @@ from d3.sweep.spec import Setting, SweepSpec
 
 def d3_for_depth(depth: float, num_layers: int, steps: int, *, core: tuple[int, int] | None = None, start: int = 0,
                  fill: str = "copy", drop_order: str = "middle_out") -> D3Config:
-    """The D3 config of these variants whose planned mean depth is closest to `depth * L` (alpha by bisection)."""
+    """The D3 config of these variants whose planned mean depth is closest to `depth * L` (alpha by bisection).
+
+    drop_order: one word (`d3.config.drop_order_fields`): a named order, calibrated or calibrated:NAME."""
     head, tail = core if core is not None else (None, None)
     alpha = alpha_for_mean_depth(depth, num_layers, steps, core_head=head, core_tail=tail, start=start)
-    return D3Config(alpha=alpha, core_head=head, core_tail=tail, start=start, fill=fill, drop_order=drop_order)
+    return D3Config(alpha=alpha, core_head=head, core_tail=tail, start=start, fill=fill, **drop_order_fields(drop_order))
 
 
 def _closest(candidates: Iterable[StrategyConfig], target: float, num_layers: int, steps: int) -> StrategyConfig:
@@ -80,7 +83,7 @@ def threshold_for_depth(profiles: Sequence[Sequence[float]], min_exit: int, num_
 
 def _d3_label(cfg: D3Config, num_layers: int) -> str:
     head, tail = cfg.core(num_layers)
-    return f"d3 α={_alpha_text(cfg.alpha)} core={head}+{tail} start={cfg.start} {cfg.fill} {cfg.drop_order}"
+    return f"d3 α={_alpha_text(cfg.alpha)} core={head}+{tail} start={cfg.start} {cfg.fill} {drop_order_word(cfg)}"
 
 
 def _alpha_text(alpha: float) -> str:
@@ -113,7 +116,8 @@ def d3_settings(spec: SweepSpec, num_layers: int) -> list[Setting]:
     out = []
     for depth, (core, start, fill, order) in combos:
         cfg = d3_for_depth(depth, num_layers, T, core=core, start=start, fill=fill, drop_order=order)
-        cfg.check_layers(num_layers)
+        if cfg.resolved:  # a calibration's name is checked once the engine resolves it against its model
+            cfg.check_layers(num_layers)
         out.append(Setting(_d3_label(cfg, num_layers), cfg, depth))
     for alpha in spec.alphas:
         cfg = D3Config(alpha=alpha)
@@ -180,5 +184,6 @@ def all_settings(spec: SweepSpec, engine: Any) -> list[Setting]:
     """Full depth first (the reference row), then D3, then the baselines."""
     L = engine.num_layers
     profiles = calibrate_early_exit(engine, spec)
-    return [Setting("full depth", FullConfig(), 1.0), *d3_settings(spec, L), *planned_baselines(spec, L),
+    d3 = [replace(s, config=engine.resolve(s.config)) for s in d3_settings(spec, L)]  # a calibration's name -> layers
+    return [Setting("full depth", FullConfig(), 1.0), *d3, *planned_baselines(spec, L),
             *early_exit_settings(spec, L, profiles)]

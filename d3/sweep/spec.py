@@ -8,8 +8,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from d3.config import DROP_ORDERS, FILLS, GenerationConfig, StrategyConfig, _check
+from d3.config import DROP_ORDERS, FILLS, GenerationConfig, StrategyConfig, _check, drop_order_fields
 from d3.data import ASSETS, example_prompts
+
+TASK_SPLITS = ("all", "test")
 
 Progress = Callable[[float, str], None]
 BASELINES = ("skipdecode", "unified", "early_exit")
@@ -67,6 +69,7 @@ class SweepSpec:
     task_limit: int = 30
     task_scoring: str = "loglik"
     task_mode: str = "score"
+    task_split: str = "all"  # generate mode: "test" asks only the test questions (the validation split is for choosing)
     ppl_chunks: int = 4
     ppl_prefix: int = 32
     chat_template: bool = True
@@ -89,8 +92,10 @@ class SweepSpec:
         _check(len(self.starts) >= 1 and all(isinstance(s, int) and s >= 0 for s in self.starts), "starts", self.starts,
                "one or more integers >= 0 (tokens)")
         _check(len(self.fills) >= 1 and all(f in FILLS for f in self.fills), "fills", self.fills, f"among {FILLS}")
-        _check(len(self.drop_orders) >= 1 and all(o in DROP_ORDERS for o in self.drop_orders), "drop_orders",
-               self.drop_orders, f"among {DROP_ORDERS}")
+        _check(len(self.drop_orders) >= 1, "drop_orders", self.drop_orders, f"among {DROP_ORDERS}")
+        for word in self.drop_orders:
+            drop_order_fields(word)  # calibrated, calibrated:NAME or a named order; the error names the word
+        _check(self.task_split in TASK_SPLITS, "task_split", self.task_split, f"one of {TASK_SPLITS}")
         _check(all(b in BASELINES for b in self.baselines), "baselines", self.baselines, f"among {BASELINES}")
         _check(self.task_scoring in TASK_SCORINGS, "task_scoring", self.task_scoring, f"one of {TASK_SCORINGS}")
         _check(self.task_mode in TASK_MODES, "task_mode", self.task_mode, f"one of {TASK_MODES}")
@@ -114,6 +119,8 @@ class SweepSpec:
             d.pop(name)
         if d["task_mode"] == "score":  # the field came later: rows measured before it keep their keys
             d.pop("task_mode")
+        if d["task_split"] == "all":  # so did this one
+            d.pop("task_split")
         return d
 
 

@@ -473,18 +473,39 @@ def calibrate(engine: Any, signal: str, cal_set: CalibrationSet | None = None, *
             return Calibration.from_dict(json.loads(path.read_text(encoding="utf-8")))
         except (ValueError, KeyError, TypeError):
             pass  # a damaged cache file: measure again
+    result, _ = _measure(engine, signal, cal_set, (head, tail), steps, tokens, progress, {})
+    _write(path, result)
+    return result
+
+
+def calibrate_and_compare(engine: Any, signal: str, cal_set: CalibrationSet, orders: dict[str, Sequence[int]], *,
+                          core: tuple[int, int], steps: int, tokens: int = 32,
+                          progress: Progress | None = None) -> tuple[Calibration, dict[str, list[float]]]:
+    """`calibrate` (not cached: the page's one prompt) plus, for each named order, the signal after dropping its
+    first 1 .. steps layers (the removal curve of the order in use, beside the calibrated one)."""
+    L = engine.num_layers
+    D3Config(core_head=core[0], core_tail=core[1]).check_layers(L)
+    steps = max(1, min(steps, L - sum(core)))
+    return _measure(engine, signal, cal_set, core, steps, tokens, progress, orders)
+
+
+def _measure(engine: Any, signal: str, cal_set: CalibrationSet, core: tuple[int, int], steps: int, tokens: int,
+             progress: Progress | None, orders: dict[str, Sequence[int]]) -> tuple[Calibration, dict[str, list[float]]]:
     t0 = time.perf_counter()
+    head, tail = core
+    flex = list(range(head, engine.num_layers - tail))
     score = scorer(engine, signal, cal_set, tokens)
     full = score(())
     order, single, curve = greedy_order(flex, score, higher=HIGHER_IS_BETTER[signal], steps=steps, progress=progress)
+    compared = {name: [round(score(tuple(o[:k])).value, 6) for k in range(1, min(steps, len(o)) + 1)]
+                for name, o in orders.items()}
     result = Calibration(
-        model=engine.name, num_layers=L, signal=signal, calibration_set=cal_set.name, core=(head, tail), order=order,
-        single={k: round(v.value, 6) for k, v in single.items()}, curve=tuple(round(s.value, 6) for s in curve),
+        model=engine.name, num_layers=engine.num_layers, signal=signal, calibration_set=cal_set.name, core=core,
+        order=order, single={k: round(v.value, 6) for k, v in single.items()}, curve=tuple(round(s.value, 6) for s in curve),
         full=round(full.value, 6), single_kl={k: round(v.kl, 6) for k, v in single.items() if not math.isnan(v.kl)},
         curve_kl=tuple(round(s.kl, 6) for s in curve if not math.isnan(s.kl)), tokens=tokens, steps=steps,
         seconds=round(time.perf_counter() - t0, 2))
-    _write(path, result)
-    return result
+    return result, compared
 
 
 def _write(path: Path, result: Calibration) -> None:

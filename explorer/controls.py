@@ -56,6 +56,7 @@ class Controls:
     core_tail: Any = control(None, redraws=True)
     start: Any = control(0, redraws=True)
     drop_order: Any = control("middle_out", redraws=True)
+    layer_order: Any = control("", redraws=True)  # with drop_order "calibrated": the flex layers, dropped first first
     fill: Any = control("copy", redraws=True)
     max_new_tokens: Any = control(64, redraws=True)
     decoding: Any = "greedy"
@@ -173,6 +174,28 @@ def _core_layer(name: str, value: Any, default: int, num_layers: int) -> int:
     return int(as_number(name, default if value is None else value, 0, num_layers, integer=True))
 
 
+def parse_layer_order(value: Any) -> tuple[int, ...]:
+    """"3, 4, 17" (or a list of them) -> (3, 4, 17); ValueError saying what to type."""
+    text = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value or "")
+    parts = [p for p in text.replace(" ", ",").split(",") if p]
+    if not parts or not all(p.isdigit() for p in parts):
+        raise ValueError("layer_order: with drop order 'calibrated', type the flex layers in the order they are dropped "
+                         "(e.g. 3, 4, 17, ...) or press “Use this order” in Which layers matter"
+                         + (f" (got {text[:40]!r})" if text.strip() else ""))
+    return tuple(int(p) for p in parts)
+
+
+def layer_order_text(order: tuple[int, ...] | None) -> str:
+    return ", ".join(map(str, order or ()))
+
+
+def _drop_order(c: Controls) -> dict[str, Any]:
+    order = as_choice("drop_order", c.drop_order, DROP_ORDERS)
+    if order != "calibrated":
+        return {"drop_order": order}
+    return {"drop_order": order, "layer_order": parse_layer_order(c.layer_order)}
+
+
 def parse_strategy(c: Controls, num_layers: int, caps: Caps) -> StrategyConfig:
     """The strategy config of the controls; ValueError naming the field and its range."""
     name = as_choice("strategy", c.strategy, tuple(STRATEGY_LABELS))
@@ -184,7 +207,7 @@ def parse_strategy(c: Controls, num_layers: int, caps: Caps) -> StrategyConfig:
             core_head=_core_layer("core_head", c.core_head, head, num_layers),
             core_tail=_core_layer("core_tail", c.core_tail, tail, num_layers),
             start=int(as_number("start", c.start, 0, caps.max_new_tokens, integer=True)),
-            drop_order=as_choice("drop_order", c.drop_order, DROP_ORDERS), fill=fill)
+            fill=fill, **_drop_order(c))
     elif name == "skipdecode":
         cfg = SkipDecodeConfig(max_layers=_optional_layers("skipdecode_max", c.skipdecode_max, num_layers),
                                min_layers=_optional_layers("skipdecode_min", c.skipdecode_min, num_layers),

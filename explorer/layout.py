@@ -15,6 +15,7 @@ from d3.sweep import BUILTIN_PROMPTS
 from explorer.controls import DECODINGS, DEFAULTS, STRATEGY_LABELS, default_attention_layer
 from explorer.explain import lens_switch, scrub_controls
 from explorer.export import FIGURES
+from explorer.layers_view import layers_controls
 from explorer.needs import needs_controls
 from explorer.pool import ModelPool
 from explorer.scenarios import SCENARIOS
@@ -58,6 +59,9 @@ def _more_controls(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> No
                                        info="strided is not nested: filling matters", min_width=140)
         ui["fill"] = gr.Dropdown(list(FILLS), value=DEFAULTS.fill, label="Fill for skipped layers' KV",
                                  info="copy · propagate · none (masked hole)", min_width=140)
+    ui["layer_order"] = gr.Textbox(DEFAULTS.layer_order, label="Calibrated order (drop order 'calibrated'): flex "
+                                   "layers, dropped first → last", elem_id="layer-order", max_lines=2,
+                                   placeholder="e.g. 3, 4, 17, … (Which layers matter → Use this order)")
     ui["start"] = gr.Slider(0, caps.max_new_tokens, value=DEFAULTS.start, step=1, label="Start (tokens at full depth)")
     ui["attention_layer"] = gr.Slider(0, layers - 1, value=default_attention_layer(layers), step=1,
                                       label="Attention layer to record (before generating)")
@@ -125,6 +129,7 @@ def _tabs(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> None:
         _view_tab("errors", ui, errors_extra)
         _view_tab("fills", ui, fills_extra)
         _view_tab("needs", ui, lambda: needs_controls(ui))
+        _view_tab("layers", ui, lambda: layers_controls(ui))
         _view_tab("lens", ui, lambda: lens_switch(ui))
         _view_tab("scrub", ui, lambda: scrub_controls(ui), plot=False)
         with gr.Tab("Run history", id="history"):

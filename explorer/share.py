@@ -32,7 +32,7 @@ from explorer.runs import check_run
 from explorer.ui import ordered
 
 FLAGS = ("chat_template", "logit_lens", "log_kl", "presentation")
-TEXTS = ("prompt", "model", "strategy", "drop_order", "fill", "decoding", "metric")
+TEXTS = ("prompt", "model", "strategy", "drop_order", "layer_order", "fill", "decoding", "metric")
 RESTORE_OUTPUTS = (*CONTROL_NAMES, "status")
 MAX_QUERY_CHARS = 20_000  # a link longer than this is not one the page wrote (the prompt cap keeps ours shorter)
 # Runs in the browser after `share_link`: the page's own address (whatever proxy serves it) + the query string,

@@ -19,7 +19,7 @@ from d3.sweep import SweepSpec
 from d3.sweep.run import run_sweep as run_sweep_file
 from explorer import views
 from explorer.caps import Caps
-from explorer.controls import CONTROL_NAMES, STRATEGY_LABELS
+from explorer.controls import CONTROL_NAMES, STRATEGY_LABELS, layer_order_text
 from explorer.parse import as_choice, as_flag, as_number, clean_prompt
 from explorer.pool import ModelPool
 from explorer.ui import ordered, user_errors
@@ -164,7 +164,8 @@ def sweep_controls(row: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"strategy": cfg.name, "fill": cfg.fill, "max_new_tokens": int(row["new_tokens"])}
     if isinstance(cfg, D3Config):
         head, tail = cfg.core(layers)
-        out.update(alpha=cfg.alpha, core_head=head, core_tail=tail, start=cfg.start, drop_order=cfg.drop_order)
+        out.update(alpha=cfg.alpha, core_head=head, core_tail=tail, start=cfg.start, drop_order=cfg.drop_order,
+                   layer_order=layer_order_text(cfg.layer_order) if isinstance(cfg.layer_order, tuple) else "")
     elif isinstance(cfg, SkipDecodeConfig):
         hi, lo = cfg.bounds(layers)
         out.update(skipdecode_max=hi, skipdecode_min=lo)

@@ -12,6 +12,7 @@ from explorer.controls import CONTROL_NAMES, REDRAW_NAMES
 from explorer.explain import wire_explain
 from explorer.export import export_figure, export_sweep, export_trace
 from explorer.live import FILLS_OUTPUTS, GENERATE_OUTPUTS, compare_fills, generate, interrupt, stop
+from explorer.layers_view import wire_layers
 from explorer.needs import wire_needs
 from explorer.pool import ModelPool
 from explorer.scenarios import SCENARIOS
@@ -174,5 +175,6 @@ def wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
                               ui["files"], api_name="export_figure", preprocess=False)
     _wire_sweep(pool, ui, demo)
     wire_needs(pool, ui)
+    wire_layers(pool, ui)
     wire_explain(ui, runs)
     _redraw_after(pool, ui, wire_share(pool, ui, demo))  # on every page load, link or not: the first preview

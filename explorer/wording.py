@@ -12,6 +12,7 @@ VIEWS: dict[str, str] = {
     "errors": "Error propagation",
     "fills": "Fill strategies",
     "needs": "What each token needs",
+    "layers": "Which layers matter",
     "lens": "Logit lens",
     "scrub": "Token scrubber",
 }
@@ -72,6 +73,16 @@ full depth. Dots are tokens; red crosses need more layers than D3 gives them at 
 
 **What to look for:** D3 assumes that later tokens need fewer layers. If the dots do not fall to the right, the
 decay cuts layers that these tokens need. Measuring runs every budget for every token: about a minute.""",
+    "layers": """**Which flex layers can this model spare, on this prompt?** Each flex layer is dropped alone while
+full depth's own answer is read back (teacher-forced: the prompt at full depth, the answer through the other
+layers). Bars: the share of full depth's next tokens still on top; dots: the KL from full depth. The number on a
+bar is its place in the **calibrated order**: greedily, the layer whose removal (on top of those already removed)
+hurts least goes next. Below: tokens kept after dropping the first *k* layers of the calibrated order (green) and of
+the order in use (orange, dashed; its first dropped layers are outlined above). **Use this order** sets the drop
+order to the calibrated one.
+
+**What to look for:** which layers D3 drops decides as much as how many. A layer that barely matters for prose
+can carry arithmetic: measure on the kind of text you care about.""",
     "lens": """**What the model would say if it stopped after each layer** (the *logit lens*: the final norm and
 the output head applied to the hidden state after that layer), for every D3 token of the last run.
 One column per generated token, one row per layer. The colour is the probability of the token D3 finally

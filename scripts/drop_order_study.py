@@ -24,7 +24,7 @@ from d3.gentasks import DEFAULT_GENERATION_TASKS, get_generation_task
 from d3.sweep.generation import answer_batch
 
 # (signal, calibration set, greedy steps): the rest of each order follows by single-drop score.
-PLAN = (("agreement", "prompts", None), ("agreement", "task", 12), ("perplexity", "text", 12), ("task", "task", 8))
+PLAN = (("agreement", "prompts", None), ("task", "task", 6), ("agreement", "task", 4), ("perplexity", "text", 6))
 
 
 def _set(kind: str, tasks: tuple[str, ...]) -> cal.CalibrationSet:

@@ -1,0 +1,152 @@
+"""The "Which layers matter" view: for the current prompt and model, each flex layer's single-drop effect on full
+depth's own answer (agreement and KL, teacher-forced), the greedy calibrated order with its removal curve beside
+the order in use, and "Use this order", which sets the drop order to the calibrated one. Components, handlers and
+wiring live here; the measuring is `d3.calibrate`."""
+
+from __future__ import annotations
+
+import functools
+import html
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+import plotly.graph_objects as go
+
+from d3.calibrate import Calibration, calibrate_and_compare, prompt_set
+from d3.config import D3Config
+from d3.schedule import flex_drop_order, order_key
+from explorer.controls import CONTROL_NAMES, Controls, layer_order_text, takes_controls
+from explorer.pool import ModelPool
+from explorer.runs import check_run, prepare_run
+from explorer.ui import ordered, user_errors
+from explorer.views import waiting
+from viz.layers import layer_importance
+
+LAYERS_OUTPUTS = ("layers_state", "layers", "layers_note")
+USE_OUTPUTS = ("drop_order", "layer_order", "layers_note")
+LAYERS_STEPS = 8  # greedy removals measured on the page (the rest of the order follows by single-drop score)
+LAYERS_TOKENS = 32  # tokens of full depth's answer the agreement is read on
+REDRAW_ON = ("drop_order", "layer_order", "core_head", "core_tail", "presentation")
+
+
+@dataclass(frozen=True)
+class Layers:
+    """One measurement, kept in the session's state; `key` says what it was measured on."""
+
+    key: tuple[Any, ...]
+    calibration: Calibration
+    in_use: tuple[int, ...]
+    in_use_name: str
+    in_use_curve: tuple[float, ...]
+
+
+def _setup(pool: ModelPool, controls: Controls) -> tuple[D3Config, tuple[Any, ...], int]:
+    setup = check_run(pool, controls.with_(strategy="d3"))
+    cfg = setup.strategy
+    assert isinstance(cfg, D3Config)
+    layers = pool.facts(setup.model).num_layers
+    tokens = min(setup.gen.max_new_tokens, LAYERS_TOKENS)
+    return cfg, (setup.model, setup.prompt, setup.chat_template, tokens, cfg.core(layers)), layers
+
+
+def _in_use(cfg: D3Config, num_layers: int) -> tuple[tuple[int, ...], str]:
+    """The order the controls run, as layers (strided is not nested: drawn as its middle-out neighbour)."""
+    head, tail = cfg.core(num_layers)
+    if cfg.drop_order == "strided":
+        return flex_drop_order(num_layers, head, tail, "middle_out"), "strided (not nested; middle-out shown)"
+    return flex_drop_order(num_layers, head, tail, order_key(cfg)), cfg.drop_order.replace("_", "-")
+
+
+def _note(state: Layers) -> str:
+    c = state.calibration
+    spare = [x for x in c.order[:c.steps]]
+    kept = c.curve[min(3, len(c.curve)) - 1]
+    worst = min(c.single, key=c.single.get)
+    text = (f"On this prompt ({c.tokens} tokens of full depth's answer), the layers this model spares best are "
+            f"{', '.join(map(str, spare[:5]))} (greedy): dropping the first {min(3, len(c.curve))} keeps {kept:.0%} of "
+            f"full depth's next tokens. Dropped alone, layer {worst} hurts most ({c.single[worst]:.0%} kept). "
+            f"Measured in {c.seconds:.0f} s.")
+    if state.in_use_curve:
+        k = min(3, len(state.in_use_curve))
+        text += f" The order in use ({state.in_use_name}) keeps {state.in_use_curve[k - 1]:.0%} after its first {k}."
+    return text
+
+
+def _figure(state: Layers, *, presentation: bool = False) -> go.Figure:
+    c = state.calibration
+    return layer_importance(c.single, c.single_kl, c.order, c.curve, full=c.full, in_use=state.in_use,
+                            in_use_name=state.in_use_name, in_use_curve=state.in_use_curve, presentation=presentation)
+
+
+@takes_controls
+def measure_layers(pool: ModelPool, state: Layers | None, progress: gr.Progress = gr.Progress(),
+                   controls: Controls = Controls()) -> tuple[Any, ...]:
+    """Measure each flex layer's single-drop effect and the greedy order on this prompt's full-depth answer."""
+    with user_errors():
+        cfg, key, layers = _setup(pool, controls)
+        setup = prepare_run(pool, controls.with_(strategy="d3"))
+        in_use, name = _in_use(cfg, layers)
+        report = lambda done, total, what: progress(done / max(total, 1), desc=what)  # noqa: E731
+        cal, curves = calibrate_and_compare(setup.engine, "agreement", prompt_set(setup.prompt, setup.chat_template),
+                                            {"in use": in_use}, core=cfg.core(layers), steps=LAYERS_STEPS,
+                                            tokens=key[3], progress=report)
+        state = Layers(key, cal, in_use, name, tuple(curves["in use"]))
+        return ordered(LAYERS_OUTPUTS, layers_state=state, layers_note=html.escape(_note(state)),
+                       layers=_figure(state, presentation=controls.view.presentation))
+
+
+@takes_controls
+def use_this_order(pool: ModelPool, state: Layers | None, controls: Controls) -> tuple[Any, ...]:
+    """Set the drop order to the calibrated one measured on this prompt (the grid and decay curve follow)."""
+    with user_errors():
+        if state is None:
+            raise ValueError("measure first: press “Measure which layers matter”")
+        _, key, _ = _setup(pool, controls)
+        if key != state.key:
+            raise ValueError("the prompt, model, length or core changed since the measurement: measure again")
+        order = state.calibration.order
+        note = (f"Drop order set to the calibrated order {layer_order_text(order[:6])}, … (measured on this prompt). "
+                "Press Generate to run it.")
+        return ordered(USE_OUTPUTS, drop_order="calibrated", layer_order=layer_order_text(order),
+                       layers_note=html.escape(note))
+
+
+@takes_controls
+def redraw_layers(pool: ModelPool, state: Layers | None, controls: Controls) -> Any:
+    """Redraw the measurement with the order in use marked (no model runs)."""
+    p = controls.view.presentation
+    if state is None:
+        return waiting("Press “Measure which layers matter”: each flex layer is dropped in turn on this prompt's "
+                       "full-depth answer (about 20-60 s on a CPU).", presentation=p)
+    try:
+        cfg, key, layers = _setup(pool, controls)
+    except ValueError as err:
+        return waiting(f"Cannot draw this order:<br>{html.escape(str(err))}", presentation=p)
+    if key != state.key:
+        return waiting("The prompt, model, length or core changed: measure again.", presentation=p)
+    in_use, name = _in_use(cfg, layers)
+    shown = state if in_use == state.in_use else Layers(state.key, state.calibration, in_use, name, ())
+    return _figure(shown, presentation=p)
+
+
+def layers_controls(ui: dict[str, Any]) -> None:
+    """The view's own components (inside its tab, above the plot)."""
+    ui["layers_state"] = gr.State(None)
+    with gr.Row():
+        ui["layers_measure"] = gr.Button("Measure which layers matter", elem_id="layers-measure")
+        ui["layers_use"] = gr.Button("Use this order", elem_id="layers-use")
+    ui["layers_note"] = gr.Markdown(elem_id="layers-note")
+
+
+def wire_layers(pool: ModelPool, ui: dict[str, Any]) -> None:
+    """Measure shares the model queue; Use this order and redraws run outside it."""
+    inputs = [ui[n] for n in ("layers_state", *CONTROL_NAMES)]
+    queued = dict(concurrency_id="model", concurrency_limit=pool.caps.concurrency, preprocess=False,
+                  trigger_mode="once")
+    ui["layers_measure"].click(functools.partial(measure_layers, pool), inputs, [ui[n] for n in LAYERS_OUTPUTS],
+                               api_name="measure_layers", **queued)
+    ui["layers_use"].click(functools.partial(use_this_order, pool), inputs, [ui[n] for n in USE_OUTPUTS],
+                           api_name="use_calibrated_order", queue=False, preprocess=False)
+    gr.on([ui[n].change for n in REDRAW_ON], functools.partial(redraw_layers, pool), inputs, ui["layers"],
+          api_name=False, queue=False, preprocess=False, show_progress="hidden", trigger_mode="always_last")

@@ -1,0 +1,87 @@
+"""The page's "Which layers matter" view and the calibrated drop-order control, handlers called on the tiny model."""
+
+from __future__ import annotations
+
+import gradio as gr
+import pytest
+
+from d3.config import D3Config
+from d3.models import unknown_name_message
+from d3.schedule import flex_drop_order, plan
+from explorer import layers_view as view
+from explorer.caps import Caps
+from explorer.controls import DEFAULTS, parse_strategy
+from explorer.pool import ModelPool
+from tests.figures import message
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+CONTROLS = dict(prompt="hello there", model="tiny", chat_template=True, strategy="d3", alpha=0.9, core_head=1,
+                core_tail=1, start=0, drop_order="middle_out", fill="copy", max_new_tokens=10, decoding="greedy")
+OUT = {n: i for i, n in enumerate(view.LAYERS_OUTPUTS)}
+USE = {n: i for i, n in enumerate(view.USE_OUTPUTS)}
+
+
+def role(fig, name):
+    return next(t for t in fig.data if (t.meta or {}).get("role") == name)
+
+
+@pytest.fixture(scope="module")
+def pool(tiny_engine) -> ModelPool:
+    def build(name: str):
+        if name != "tiny":
+            raise ValueError(unknown_name_message(name))
+        return tiny_engine
+    return ModelPool(build, names=("tiny",), caps=Caps(max_new_tokens=64))
+
+
+@pytest.fixture(scope="module")
+def measured(pool):
+    return view.measure_layers(pool, None, **CONTROLS)
+
+
+def test_measure_draws_single_drops_and_both_removal_curves(measured):
+    state, fig = measured[OUT["layers_state"]], measured[OUT["layers"]]
+    cal = state.calibration
+    assert sorted(cal.order) == [1, 2, 3, 4] and set(cal.single) == {1, 2, 3, 4}
+    bars = role(fig, "single")
+    assert list(bars.x) == [1, 2, 3, 4] and [round(y, 6) for y in bars.y] == [round(100 * cal.single[x], 6) for x in (1, 2, 3, 4)]
+    assert list(bars.text) == [f"#{cal.order.index(x) + 1}" for x in (1, 2, 3, 4)]  # the calibrated rank on each bar
+    curve = role(fig, "curve")
+    assert list(curve.y)[0] == 100 * cal.full and len(curve.y) == len(cal.curve) + 1
+    in_use = role(fig, "in-use-curve")  # middle-out's removal curve beside it
+    assert state.in_use == flex_drop_order(6, 1, 1, "middle_out") and len(in_use.y) == len(cal.curve) + 1
+    assert max(cal.curve[0], 0) >= state.in_use_curve[0] - 1e-9  # greedy's first drop is the best single drop
+    assert "spares best" in measured[OUT["layers_note"]]
+
+
+def test_use_this_order_sets_the_calibrated_order_and_the_schedule_follows(pool, measured):
+    state = measured[OUT["layers_state"]]
+    out = view.use_this_order(pool, state, **CONTROLS)
+    assert out[USE["drop_order"]] == "calibrated"
+    text = out[USE["layer_order"]]
+    assert tuple(int(x) for x in text.split(",")) == state.calibration.order
+    cfg = parse_strategy(DEFAULTS.with_(**{**CONTROLS, "drop_order": "calibrated", "layer_order": text}), 6, pool.caps)
+    assert isinstance(cfg, D3Config) and cfg.layer_order == state.calibration.order
+    first_dropped = state.calibration.order[0]
+    budget_5 = next(i for i in range(1, 20) if len(plan(cfg, 6, i).run) == 5)
+    assert first_dropped not in plan(cfg, 6, budget_5).run  # the planned grid drops the calibrated layer first
+    redrawn = view.redraw_layers(pool, state, **{**CONTROLS, "drop_order": "calibrated", "layer_order": text})
+    assert tuple(redrawn.data[0].x) == (1, 2, 3, 4)
+
+
+def test_use_before_measuring_or_after_a_change_is_a_clear_error(pool, measured):
+    with pytest.raises(gr.Error, match="measure first"):
+        view.use_this_order(pool, None, **CONTROLS)
+    with pytest.raises(gr.Error, match="measure again"):
+        view.use_this_order(pool, measured[OUT["layers_state"]], **{**CONTROLS, "prompt": "another"})
+    assert "measure again" in message(view.redraw_layers(pool, measured[OUT["layers_state"]], **{**CONTROLS, "core_head": 2}))
+    assert "Measure which layers matter" in message(view.redraw_layers(pool, None, **CONTROLS))
+
+
+@pytest.mark.parametrize("order, words", [("", "type the flex layers"), ("1, 2, x", "type the flex layers"),
+                                           ("1, 2, 3", "missing [4]"), ("1, 2, 3, 4, 9", "not flex layers [9]")])
+def test_a_typed_order_is_checked_with_a_plain_message(pool, order, words):
+    c = DEFAULTS.with_(**{**CONTROLS, "drop_order": "calibrated", "layer_order": order})
+    with pytest.raises(ValueError, match=words.replace("[", "\\[").replace("]", "\\]")):
+        parse_strategy(c, 6, pool.caps)

@@ -100,6 +100,8 @@ def compare(engine: Engine, prompt: str, strategy: StrategyConfig, gen: Generati
         kv_error=kv_error(full.state, teacher.state, steps) if steps else np.zeros((0, engine.num_layers)),
         filled_mask=teacher_grid != RAN,
         teacher_grid=teacher_grid,
+        full_logprob=free_ref.gather(1, torch.tensor(skip.trace.token_ids)[:, None])[:, 0].numpy().astype(np.float64)
+        if len(skip.trace.token_ids) else np.zeros(0),
     )
 
 

@@ -279,6 +279,13 @@ class Trace:
         return pd.DataFrame(rows)
 
 
+def own_perplexity(trace: Trace) -> float:
+    """A run's perplexity of its own text (each token's log-prob under the run that wrote it); NaN if not recorded."""
+    lp = np.array([s.logprob for s in trace.steps], dtype=np.float64)
+    lp = lp[np.isfinite(lp)]
+    return float(np.exp(-lp.mean())) if lp.size else float("nan")
+
+
 @dataclass(frozen=True, eq=False)
 class Comparison:
     """A skipping run measured against full depth on the same prompt (all arrays indexed by position).
@@ -298,6 +305,18 @@ class Comparison:
     kv_error: np.ndarray
     filled_mask: np.ndarray
     teacher_grid: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int8))
+    # full depth's log-probability of each token the skipping run wrote, read on that run's own text (teacher-forced):
+    # float [T']. A paraphrase full depth would also write scores high; a broken answer low.
+    full_logprob: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    @property
+    def full_prob(self) -> np.ndarray:
+        """Full depth's probability of each token of the skipping run's text: float [T']."""
+        return np.exp(self.full_logprob)
+
+    def full_perplexity(self) -> float:
+        """Full depth's perplexity of the skipping run's text (its own text's is `perplexity(self.full)`)."""
+        return float(np.exp(-self.full_logprob.mean())) if self.full_logprob.size else float("nan")
 
     @property
     def tokens(self) -> Agreement:
@@ -329,6 +348,8 @@ class Comparison:
             "kl_teacher_mean": float(np.nanmean(self.kl_teacher)) if self.kl_teacher.size else float("nan"),
             "kl_free_mean": float(np.nanmean(self.kl_free)) if self.kl_free.size else float("nan"),
             "filled_kv_error": self.filled_kv_error(),
+            "full_ppl_of_skip": self.full_perplexity(),
+            "full_ppl_of_full": own_perplexity(self.full),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -339,6 +360,7 @@ class Comparison:
             "kl_free": _floats(self.kl_free),
             "kv_error": [_floats(r) for r in self.kv_error],
             "filled_mask": self.filled_mask.astype(bool).tolist(),
+            "full_logprob": _floats(self.full_logprob),
             "full": self.full.to_dict(),
             "skip": self.skip.to_dict(),
         }

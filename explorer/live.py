@@ -82,6 +82,17 @@ class _Pacer:
         return update.pane == "d3" and update.d3 is not None and len(update.d3.steps) == 1
 
 
+def _full_prob(update: LiveUpdate) -> Any:
+    """Full depth's probability of each D3 token on D3's text, once the comparison is in (None before)."""
+    c = update.comparison
+    return c.full_prob if c is not None and c.full_logprob.size else None
+
+
+def _full_ppl(update: LiveUpdate) -> float | None:
+    c = update.comparison
+    return c.full_perplexity() if c is not None and c.full_logprob.size else None
+
+
 def _render(session: Session, setup: RunSetup, update: LiveUpdate, view: ViewOptions, figures: bool,
             note: str = "") -> tuple[Any, ...]:
     """The outputs of one streamed update: panes and counters always, heavy figures when due."""
@@ -89,8 +100,9 @@ def _render(session: Session, setup: RunSetup, update: LiveUpdate, view: ViewOpt
     measured = measured_speedup(d3, full)
     out: dict[str, Any] = dict(
         session=session, status=views.status_html(d3, full, update.phase, comparison=update.comparison, note=note),
-        d3_tokens=token_html(d3, reference=full) if d3 else gr.skip(),
-        d3_counters=counters_html(d3, reference=full, measured_speedup=measured) if d3 else gr.skip(),
+        d3_tokens=token_html(d3, reference=full, full_prob=_full_prob(update)) if d3 else gr.skip(),
+        d3_counters=counters_html(d3, reference=full, measured_speedup=measured, full_ppl=_full_ppl(update))
+        if d3 else gr.skip(),
         full_tokens=token_html(full) if full else gr.skip(),
         full_counters=counters_html(full, measured_speedup=1.0 if measured else None) if full else gr.skip())
     if figures:

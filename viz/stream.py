@@ -88,10 +88,28 @@ def _legend_strip(few: int, many: int) -> str:
             + " ".join(swatches) + f' many (of {many})</div>')
 
 
-def token_html(trace: Trace, *, reference: Trace | None = None) -> str:
+# How likely full depth finds a token of D3's text (teacher-forced on that text): a paraphrase full depth would also
+# write is likely; a broken answer is not. (probability floor, colour, word), highest first; Okabe-Ito colours.
+PLAUSIBILITY = ((0.3, "#009E73", "likely"), (0.05, "#E69F00", "possible"), (0.0, "#D55E00", "unlikely"))
+
+
+def plausibility(p: float) -> tuple[str, str]:
+    """(colour, word) for full depth's probability `p` of a token."""
+    return next((color, word) for floor, color, word in PLAUSIBILITY if p >= floor)
+
+
+def _plausibility_legend() -> str:
+    marks = " ".join(f'<span style="border-bottom:3px solid {c};padding:0 4px">{w} (p ≥ {f:g})</span>'
+                     for f, c, w in PLAUSIBILITY)
+    return (f'<div class="d3-legend d3-plausibility" style="font-size:0.85em;margin-bottom:6px">underline: full '
+            f'depth\'s probability of each token, read on this text: {marks}</div>')
+
+
+def token_html(trace: Trace, *, reference: Trace | None = None, full_prob: Sequence[float] | None = None) -> str:
     """The generated text as HTML: one <span> per token coloured by layers used, a tooltip with details,
     tokens that differ from `reference` (full depth) at the same position underlined and outlined, and
-    a badge at the first divergence. Token text is HTML-escaped."""
+    a badge at the first divergence. `full_prob` [T]: full depth's probability of each token on this text
+    (teacher-forced), drawn as a coloured bottom border (likely / possible / unlikely). Token text is HTML-escaped."""
     few, many = _depth_scale(trace)
     differ = set(differing_positions(trace, reference))
     first = token_agreement(trace.token_ids, reference.token_ids).first_divergence if reference is not None else None
@@ -109,13 +127,19 @@ def token_html(trace: Trace, *, reference: Trace | None = None) -> str:
                          f'{DIFF_COLOR};color:#fff;font-size:0.75em;font-weight:600;padding:1px 5px;border-radius:8px;'
                          f'margin:0 3px">first divergence ▸</span>')
         text = html.escape(step.text).replace("\n", "⏎\n")
-        title = html.escape(_token_title(step, trace.num_layers, other), quote=True)
+        tip = _token_title(step, trace.num_layers, other)
+        if full_prob is not None and i < len(full_prob):
+            mark, word = plausibility(float(full_prob[i]))
+            style += f";border-bottom:3px solid {mark}"
+            cls += f" d3-{word}"
+            tip += f"\nfull depth gives this token p = {float(full_prob[i]):.3f} here ({word})"
+        title = html.escape(tip, quote=True)
         spans.append(f'<span class="{cls}" data-step="{step.step}" data-layers="{step.n_layers}" title="{title}" '
                      f'style="{style}">{text}</span>')
     body = "".join(spans) if spans else '<span style="color:#6B7280">(no tokens yet)</span>'
     return (f'<div class="d3-tokens" style="font-family:{html.escape(FONT_FAMILY, quote=True)};font-size:1.05em;'
-            f'line-height:1.9">{_legend_strip(few, many)}<div class="d3-stream" style="white-space:pre-wrap">'
-            f'{body}</div></div>')
+            f'line-height:1.9">{_legend_strip(few, many)}{_plausibility_legend() if full_prob is not None else ""}'
+            f'<div class="d3-stream" style="white-space:pre-wrap">{body}</div></div>')
 
 
 def _counter(value: str, label: str, tip: str = "") -> str:
@@ -125,7 +149,8 @@ def _counter(value: str, label: str, tip: str = "") -> str:
             f'</div><div class="d3-counter-label" style="font-size:0.85em;color:#4B5563">{html.escape(label)}</div></div>')
 
 
-def counters_html(trace: Trace, *, reference: Trace | None = None, measured_speedup: float | None = None) -> str:
+def counters_html(trace: Trace, *, reference: Trace | None = None, measured_speedup: float | None = None,
+                  full_ppl: float | None = None) -> str:
     """Live counters: tokens, tokens/s, mean layers per token, theoretical and measured speedup, and
     how many tokens agree with `reference` so far (with the first divergence)."""
     n = len(trace.steps)
@@ -150,5 +175,9 @@ def counters_html(trace: Trace, *, reference: Trace | None = None, measured_spee
         first = agreement.first_divergence
         tip = "no divergence so far" if first is None else f"first divergence at position {first}"
         boxes.append(_counter(value, "tokens agreeing with full depth", tip))
+    if full_ppl is not None and math.isfinite(full_ppl):
+        boxes.append(_counter(f"{full_ppl:.2f}", "full-depth perplexity of this text",
+                              "how surprised full depth is by this text, read token by token (teacher-forced): a "
+                              "paraphrase stays near full depth's own; a broken answer rises"))
     return (f'<div class="d3-counters" style="display:flex;flex-wrap:wrap;gap:8px;font-family:'
             f'{html.escape(FONT_FAMILY, quote=True)}">' + "".join(boxes) + "</div>")

@@ -12,6 +12,17 @@ from transformers.masking_utils import create_causal_mask, create_sliding_window
 
 from d3.models import check_arch
 
+
+def _cache_keyword(fn: Any) -> str:
+    """The name `fn` takes the KV cache under: `cache` from transformers 5.24 on, `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(fn).parameters else "past_key_values"
+
+
+# Decided once per process from the installed library, so no call passes the deprecated name (5.24 warns on
+# `past_key_values`; 5.40 removes it) and an older 5.x that only knows `past_key_values` still gets it.
+_MASK_CACHE_KW = _cache_keyword(create_causal_mask)
+
+
 class Adapter:
     """Public pieces of a decoder-only transformers model, called one layer at a time.
 
@@ -28,6 +39,7 @@ class Adapter:
         self.num_layers = len(self.layers)
         n = self.num_layers
         self.layer_types: list[str] = list(getattr(self.config, "layer_types", None) or ["full_attention"] * n)
+        self._layer_cache_kw = _cache_keyword(type(self.layers[0]).forward)
         self._rotary_takes_type = "layer_type" in inspect.signature(self.base.rotary_emb.forward).parameters
         self._softcap = getattr(self.config, "final_logit_softcapping", None)
         attn_module = sys.modules[type(self.layers[0].self_attn).__module__]
@@ -43,8 +55,8 @@ class Adapter:
     def masks(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None, cache: Any,
               position_ids: torch.Tensor) -> dict[str, Any]:
         """The library's own causal masks, one per attention type (None where sdpa needs none)."""
-        kwargs = dict(config=self.config, inputs_embeds=hidden, attention_mask=attention_mask,
-                      past_key_values=cache, position_ids=position_ids)
+        kwargs = {"config": self.config, "inputs_embeds": hidden, "attention_mask": attention_mask,
+                  _MASK_CACHE_KW: cache, "position_ids": position_ids}
         out = {}
         for kind in set(self.layer_types):
             make = create_sliding_window_causal_mask if kind == "sliding_attention" else create_causal_mask
@@ -62,7 +74,7 @@ class Adapter:
                   cache: Any, position_ids: torch.Tensor) -> torch.Tensor:
         # hidden is passed positionally so forward pre-hooks see it in args[0].
         return self.layers[idx](hidden, attention_mask=mask, position_embeddings=rope,
-                                position_ids=position_ids, past_key_values=cache, use_cache=True)
+                                position_ids=position_ids, use_cache=True, **{self._layer_cache_kw: cache})
 
     def mid_norm(self, idx: int) -> nn.Module:
         """The norm whose input is the residual stream between attention and MLP."""

@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Iterable, Literal, Sequence
 
 BIGBENCH_VERSION = "1.0.0"
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
+# assets/ sits beside the packages in a checkout (and an editable install); `pip install .` puts it in d3/assets.
+_INSTALLED_ASSETS = Path(__file__).resolve().parent / "assets"
+ASSETS = _INSTALLED_ASSETS if _INSTALLED_ASSETS.is_dir() else Path(__file__).resolve().parent.parent / "assets"
 FETCH_HINT = "run `bash scripts/fetch_data.sh` (or `python -m d3 fetch-data`)"
 
 Kind = Literal["multiple_choice", "exact_match"]

@@ -218,8 +218,11 @@ def reference_as_one(df: pd.DataFrame) -> tuple[pd.DataFrame, float]:
     return out, noise
 
 
-def load_sweep_setting(sweep_results: pd.DataFrame | None, evt: gr.SelectData) -> tuple[Any, ...]:
-    """A clicked table row sets the live controls to that row's strategy and parameters."""
+def load_sweep_setting(sweep_results: pd.DataFrame | None, evt: gr.SelectData = None) -> tuple[Any, ...]:  # type: ignore[assignment]
+    """A clicked table row sets the live controls to that row's strategy and parameters (a call without the
+    click's data, over raw HTTP, loads nothing and says so)."""
+    if evt is None:
+        return ordered(SWEEP_LOAD_OUTPUTS, sweep_note="Click a row of the results table to load its setting.")
     index = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
     return _load_sweep_row(sweep_results, index)
 

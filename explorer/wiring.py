@@ -49,6 +49,12 @@ PREVIEW_JS = ASSETS / "decay_preview.js"  # the decay curve drawn in the browser
 # Letting go of one of these sliders regenerates; while one moves, the browser redraws the decay curve from
 # them (decay_preview.js follows them in this order).
 RELEASE_TRIGGERS = ("alpha", "core_head", "core_tail", "start")
+# The API a gradio_client user sees (`Client(url).view_api()`): the runs and exports, documented. The page's other
+# events stay callable but undocumented (views, scenarios, links), except browser plumbing that means nothing
+# outside a page (private: the page calls them, no client can).
+PUBLIC_API = ("generate", "stop", "compare_fills", "measure_needs", "fit_alpha_to_prompt", "export_trace",
+              "export_figure", "run_sweep", "export_sweep")
+BROWSER_ONLY = ("new_session", "interrupt", "interrupt_on_release", "interrupt_fills", "load_sweep_setting")
 
 
 def _pick(ui: dict[str, Any], names: tuple[str, ...]) -> list[Any]:
@@ -145,8 +151,27 @@ def _wire_sweep(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     ui["sweep_export"].click(export_sweep, ui["sweep_results"], ui["sweep_file"], api_name="export_sweep")
 
 
+def _name_components(ui: dict[str, Any]) -> None:
+    """A component without a label is named by its key (not shown on the page), so no API input or output is
+    `value_71`: the label is the name gradio_client's view_api gives it."""
+    for key, component in ui.items():
+        if isinstance(component, gr.components.Component) and not isinstance(component, gr.State) \
+                and getattr(component, "label", None) is None:
+            component.label, component.show_label = key, False
+
+
+def set_api_visibility(demo: gr.Blocks) -> None:
+    """PUBLIC_API documented, BROWSER_ONLY private, every other event with a backend undocumented."""
+    for fn in demo.fns.values():
+        if fn.api_visibility == "private":  # no backend function, or api_name=False
+            continue
+        fn.api_visibility = ("public" if fn.api_name in PUBLIC_API
+                             else "private" if fn.api_name in BROWSER_ONLY else "undocumented")
+
+
 def wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
-    """Every event of the page, each with an API name."""
+    """Every event of the page, each with an API name; only PUBLIC_API is documented."""
+    _name_components(ui)
     demo.load(new_session, None, ui["session"], api_name="new_session", queue=False)
     demo.load(None, js=PAGE_JS.read_text(encoding="utf-8"), api_name=False)
     demo.load(None, js=PREVIEW_JS.read_text(encoding="utf-8"), api_name=False)
@@ -178,3 +203,4 @@ def wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     wire_layers(pool, ui)
     wire_explain(ui, runs)
     _redraw_after(pool, ui, wire_share(pool, ui, demo))  # on every page load, link or not: the first preview
+    set_api_visibility(demo)

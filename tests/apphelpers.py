@@ -75,3 +75,27 @@ def array(value) -> "np.ndarray":
         shape = [int(n) for n in str(value.get("shape", flat.size)).split(",")]
         return flat.reshape(shape)
     return np.asarray(value, dtype=float)
+
+
+def all_endpoints(url: str) -> dict:
+    """Every endpoint a client may call, undocumented ones too (view_api lists only the public API):
+    {"/name": {"parameters": [...], "returns": [...]}}."""
+    import httpx
+
+    return httpx.get(f"{url.rstrip('/')}/gradio_api/info", params={"all_endpoints": "true"}, timeout=30).json()["named_endpoints"]
+
+
+def call_undocumented(client, url: str, api_name: str, **values):
+    """client.predict for an endpoint the API does not document: gradio_client takes only positional values there,
+    so they are put in the endpoint's order, with the page's defaults for those not given."""
+    params = all_endpoints(url)[api_name]["parameters"]
+    unknown = set(values) - {p["parameter_name"] for p in params}
+    assert not unknown, f"{api_name} has no parameter(s) {sorted(unknown)}"
+    args = [values.get(p["parameter_name"], p.get("parameter_default")) for p in params]
+    return client.predict(*args, api_name=api_name)
+
+
+def output_names(client, api_name: str) -> list[str]:
+    """The names view_api gives an endpoint's outputs, in order."""
+    info = client.view_api(return_format="dict", print_info=False)["named_endpoints"][api_name]
+    return [r["label"] for r in info["returns"]]

@@ -20,11 +20,11 @@ from d3.engine import Engine
 from d3.schedule import budgets, planned_grid
 from explorer.caps import Caps
 from explorer.page import free_port
-from tests.apphelpers import api_figure, array, exports_in_tmp, new_client  # noqa: F401  (a fixture)
+from tests.apphelpers import api_figure, array, call_undocumented, exports_in_tmp, new_client, output_names  # noqa: F401
 from tests.tiny import tiny_llama, tiny_tokenizer
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.filterwarnings("ignore::UserWarning")]
-OUT = {name: i for i, name in enumerate(n for n in live.GENERATE_OUTPUTS if n != "session")}  # State is not in the API
+OUT = {name: i for i, name in enumerate(n for n in live.GENERATE_OUTPUTS if n != "session")}  # by name (State is not in the API)
 
 
 class CountingEngine(Engine):
@@ -170,10 +170,10 @@ def test_a_full_queue_tells_people_to_retry() -> None:
 
 def test_slider_preview_and_views_via_the_api(url) -> None:
     c = client(url)
-    decay, planned = c.predict(model="tiny", strategy="d3", alpha=0.8, core_head=1, core_tail=1, start=0,
-                               drop_order="middle_out", fill="copy", max_new_tokens=16, unified_ratio=1.5,
-                               skipdecode_max=0, skipdecode_min=0, threshold=0.9, presentation=False,
-                               api_name="/redraw_schedule")
+    decay, planned = call_undocumented(c, url, "/redraw_schedule", model="tiny", strategy="d3", alpha=0.8, core_head=1,
+                                       core_tail=1, start=0, drop_order="middle_out", fill="copy", max_new_tokens=16,
+                                       unified_ratio=1.5, skipdecode_max=0, skipdecode_min=0, threshold=0.9,
+                                       presentation=False)
     cfg = D3Config(alpha=0.8, core_head=1, core_tail=1)
     line = [t for t in api_figure(decay)["data"] if (t.get("meta") or {}).get("role") == "planned"]
     assert list(array(line[0]["y"])) == budgets(cfg, 6, 16)  # the controls' schedule, then the others beside it
@@ -189,7 +189,7 @@ def test_public_server_refuses_unknown_models(engine) -> None:
 
 def test_scenario_chain_and_fill_comparison_via_the_api(url) -> None:
     c = client(url)
-    values = c.predict(model="tiny", api_name="/scenario_fill_0")
+    values = call_undocumented(c, url, "/scenario_fill_0", model="tiny")
     assert "strided" in values and "none" in values
     job = c.submit(**{**RUN, "drop_order": "strided", "max_new_tokens": 4}, presentation=False,
                    api_name="/compare_fills")
@@ -222,3 +222,44 @@ def test_concurrent_requests_all_finish(url) -> None:
     for t in threads:
         t.join(timeout=180)
     assert len(results) == 3 and all("Done." in r for r in results)
+
+
+def test_the_api_documents_only_the_public_endpoints_with_every_value_named(url) -> None:
+    from explorer.wiring import PUBLIC_API
+
+    endpoints = client(url).view_api(return_format="dict", print_info=False)["named_endpoints"]
+    assert sorted(endpoints) == sorted(f"/{name}" for name in PUBLIC_API)
+    for name, endpoint in endpoints.items():
+        inputs = [p["parameter_name"] for p in endpoint["parameters"]]
+        outputs = [r["label"] for r in endpoint["returns"]]
+        assert not [n for n in inputs if n.startswith("param_")], (name, inputs)
+        assert outputs and not [n for n in outputs if n.startswith("value_")], (name, outputs)
+    assert output_names(client(url), "/generate") == [n for n in live.GENERATE_OUTPUTS if n != "session"]
+
+
+def test_browser_plumbing_cannot_be_called_by_a_client(url) -> None:
+    from explorer.wiring import BROWSER_ONLY
+
+    c = client(url)
+    for name in BROWSER_ONLY:
+        with pytest.raises(ValueError, match="Cannot find a function"):
+            c.predict(api_name=f"/{name}")
+
+
+def test_a_sweep_row_load_without_a_click_says_what_to_do() -> None:
+    from explorer.sweep_tab import SWEEP_LOAD_OUTPUTS, load_sweep_setting
+
+    values = load_sweep_setting(None)
+    assert "Click a row" in str(values[SWEEP_LOAD_OUTPUTS.index("sweep_note")])
+
+
+def test_the_readme_gradio_client_snippet_runs(url, capsys) -> None:
+    """Exactly the README's snippet, pointed at this test's server."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## gradio_client\n", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert 'Client("http://127.0.0.1:7860/")' in code
+    exec(compile(code.replace("http://127.0.0.1:7860/", url), "README.md", "exec"), {})
+    printed = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("Generating") for line in printed) and printed[-1].endswith("]")
+    assert any(line.startswith("Done.") for line in printed)

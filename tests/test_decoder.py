@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -178,6 +180,18 @@ def test_gemma3_copy_propagates_when_no_layer_of_the_type_ran(tiny_gemma):
     assert out.filled == ((1, "propagate"), (4, "propagate"))
     out_any, _ = _one_step(tiny_gemma, (0, 2, 3, 5), "copy_any_type")
     assert out_any.filled == ((1, "copy"), (4, "copy"))
+
+
+@pytest.mark.parametrize("fill", ["copy", "propagate", "none"])
+def test_a_decode_raises_no_deprecation_warning(tiny_engine, tiny_gemma, fill):
+    """transformers 5.24 renamed `past_key_values` to `cache` (removed in 5.40): the adapter passes the current name."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for engine in (tiny_engine, tiny_gemma):
+            engine.generate(PROMPT, D3Config(alpha=0.8, fill=fill), GenerationConfig(max_new_tokens=4), TRACE_OFF)
+    deprecations = [f"{w.filename}:{w.lineno}: {w.message}" for w in caught
+                    if issubclass(w.category, (FutureWarning, DeprecationWarning))]
+    assert deprecations == []
 
 
 def test_gemma3_d3_generation_copies_within_type(tiny_gemma):

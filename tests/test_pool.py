@@ -145,16 +145,16 @@ def test_the_issue_repro_through_the_api(tiny_engine) -> None:
 
         def a() -> None:
             try:
-                new_client(url).predict(model=BAD, api_name="/load_model")
+                new_client(url).predict(BAD, api_name="/load_model")  # undocumented: positional
             except Exception as err:  # gradio_client's AppError carries the gr.Error message
                 a_errors.append(str(err))
 
         thread = in_background(a)
         time.sleep(0.5)
         took = timed(lambda: b.predict(**api, api_name="/generate"))
-        sized = timed(lambda: b.predict(model="tiny", api_name="/model_changed"))
+        sized = timed(lambda: b.predict("tiny", api_name="/model_changed"))
         thread.join(timeout=60)
-        retry = timed(lambda: pytest.raises(Exception, b.predict, model=BAD, api_name="/load_model"))
+        retry = timed(lambda: pytest.raises(Exception, b.predict, BAD, api_name="/load_model"))
     assert took < normal + 2.0 and took < LOAD_S / 2, (took, normal)
     assert sized < 1.0 and retry < 1.0 and calls.count(BAD) == 1
     assert a_errors and "unknown model" in a_errors[0]

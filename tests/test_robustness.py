@@ -25,7 +25,8 @@ from explorer.caps import Caps, is_public
 from explorer.controls import REDRAW_NAMES
 from explorer.pool import ModelPool
 from explorer.session import Session
-from tests.apphelpers import ROOT, alive, exports_in_tmp, new_client, one_torch_thread, rss_mib  # noqa: F401  (fixtures)
+from tests.apphelpers import (ROOT, all_endpoints, alive, call_undocumented, exports_in_tmp, new_client,  # noqa: F401
+                              one_torch_thread, rss_mib)
 from tests.test_app import DEFAULTS, last_value, tiny_factory
 from tests.test_app_client import RUN, CountingEngine, serve, wait_until
 from tests.tiny import tiny_llama, tiny_tokenizer
@@ -216,8 +217,8 @@ def served(engine) -> Iterator[str]:
 
 
 def api_defaults(client: Client) -> dict[str, dict[str, Any]]:
-    """Each named endpoint's parameters with the page's default values."""
-    endpoints = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
+    """Each named endpoint's parameters with the page's default values (undocumented endpoints too)."""
+    endpoints = all_endpoints(client.src)
     return {name: {p["parameter_name"]: p.get("parameter_default") for p in ep["parameters"]}
             for name, ep in endpoints.items()}
 
@@ -245,7 +246,7 @@ def test_the_api_answers_junk_with_a_clear_message_and_keeps_serving(served) -> 
         bad = data.draw(st.dictionaries(st.sampled_from(sorted(values)), junk(json_safe=True), min_size=1,
                                         max_size=3), label="junk")
         try:
-            client.predict(**{**values, **bad}, api_name=name)
+            call_undocumented(client, client.src, name, **{**values, **bad})
         except Exception as err:  # gradio_client's AppError carries the gr.Error message
             assert_clean(str(err))
         generate_ok(client)  # still serving, with the queue working
@@ -363,7 +364,7 @@ def test_caps_hold_for_a_direct_api_call(capped, endpoint, bad, message) -> None
     client = new_client(capped)
     values = {k: {**RUN, "max_new_tokens": 4}.get(k, v) for k, v in api_defaults(client)[endpoint].items()}
     with pytest.raises(Exception) as err:
-        client.predict(**{**values, **bad}, api_name=endpoint)
+        call_undocumented(client, client.src, endpoint, **{**values, **bad})
     assert message in str(err.value)
     assert_clean(str(err.value))
 

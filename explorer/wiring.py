@@ -52,8 +52,8 @@ RELEASE_TRIGGERS = ("alpha", "core_head", "core_tail", "start")
 # The API a gradio_client user sees (`Client(url).view_api()`): the runs and exports, documented. The page's other
 # events stay callable but undocumented (views, scenarios, links), except browser plumbing that means nothing
 # outside a page (private: the page calls them, no client can).
-PUBLIC_API = ("generate", "stop", "compare_fills", "measure_needs", "fit_alpha_to_prompt", "export_trace",
-              "export_figure", "run_sweep", "export_sweep")
+PUBLIC_API = ("generate", "stop", "compare_fills", "measure_needs", "fit_alpha_to_prompt", "measure_layers",
+              "export_trace", "export_figure", "run_sweep", "export_sweep")
 BROWSER_ONLY = ("new_session", "interrupt", "interrupt_on_release", "interrupt_fills", "load_sweep_setting")
 
 

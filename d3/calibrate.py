@@ -382,19 +382,18 @@ def _prose(engine: Any, cal_set: CalibrationSet, tokens: int, prefix: int = 32) 
 
 
 def _task_score(engine: Any, cal_set: CalibrationSet) -> Callable[[tuple[int, ...]], Score]:
-    """Exact match on the validation questions, answered greedily with the removal fixed after the first token."""
-    from d3.sweep.generation import answer_batch
+    """Exact match on the validation questions, answered greedily with the removal fixed after the first token
+    (the questions' full-depth prefill computed once, `d3.answers`)."""
+    from d3.answers import PrefilledQuestions
 
     groups: dict[str, tuple[Any, list[Any]]] = {}
     for task, ex in _task_prompts(cal_set):
         groups.setdefault(task.name, (task, []))[1].append(ex)
+    prefilled = [PrefilledQuestions(engine, task, examples) for task, examples in groups.values()]
 
     def score(removed: tuple[int, ...]) -> Score:
-        right = total = 0
-        for task, examples in groups.values():
-            answers, _ = answer_batch(engine, task, examples, StaticSkipConfig(skip=tuple(removed)))
-            right, total = right + sum(a.correct for a in answers), total + len(answers)
-        return Score(right / total)
+        answers = [q.answer(StaticSkipConfig(skip=tuple(removed))) for q in prefilled]
+        return Score(sum(sum(a.correct) for a in answers) / sum(len(a.correct) for a in answers))
 
     return score
 

@@ -21,26 +21,37 @@ from d3 import calibrate as cal
 from d3.cli import load_engine
 from d3.config import StaticSkipConfig
 from d3.gentasks import DEFAULT_GENERATION_TASKS, get_generation_task
-from d3.sweep.generation import answer_batch
+from d3.answers import PrefilledQuestions
+from d3.config import D3Config, FullConfig
+from d3.sweep.generation import wilson
+from d3.sweep.grid import d3_for_depth, skipdecode_for_depth, unified_for_depth
 
 # (signal, calibration set, greedy steps): the rest of each order follows by single-drop score.
-PLAN = (("agreement", "prompts", None), ("task", "task", 6), ("agreement", "task", 4), ("perplexity", "text", 6))
+PLAN = (("agreement", "prompts", None), ("task", "task", 5), ("agreement", "task", 4), ("perplexity", "text", 6))
+NAMED_ORDERS = ("middle_out", "bottom_up", "top_down")
+DEPTHS = (29, 28, 27, 26, 24)  # target mean layers per answer token (of 30), matched over ANSWER_TOKENS
+ANSWER_TOKENS = 20  # a worked answer's length in tokens (about 19 on SmolLM2), the span D3's decay is matched over
 
 
 def _set(kind: str, tasks: tuple[str, ...]) -> cal.CalibrationSet:
     return {"prompts": cal.prompts_set, "text": cal.text_set}.get(kind, lambda: cal.task_set(tasks))()
 
 
-def test_accuracy(engine, tasks, removed: tuple[int, ...], batch: int = 32) -> tuple[int, int]:
-    """(right, asked) on the test questions with `removed` skipped after the first token."""
-    right = asked = 0
-    for name in tasks:
-        task = get_generation_task(name)
-        questions = task.split("test")
-        for i in range(0, len(questions), batch):
-            answers, _ = answer_batch(engine, task, questions[i:i + batch], StaticSkipConfig(skip=removed))
-            right, asked = right + sum(a.correct for a in answers), asked + len(answers)
-    return right, asked
+class TestQuestions:
+    """The test questions of the tasks, prefilled once (d3.answers)."""
+
+    def __init__(self, engine, tasks) -> None:
+        self.sets = [PrefilledQuestions(engine, get_generation_task(n), get_generation_task(n).split("test")) for n in tasks]
+
+    def run(self, strategy) -> dict:
+        answers = [q.answer(strategy) for q in self.sets]
+        right = sum(sum(a.correct) for a in answers)
+        asked = sum(len(a.correct) for a in answers)
+        tokens = [len(a.correct) for a in answers]
+        layers = sum(a.mean_layers * n for a, n in zip(answers, tokens)) / sum(tokens)  # per-task means, question-weighted
+        low, high = wilson(right, asked)
+        return {"right": right, "asked": asked, "accuracy": right / asked, "ci": [round(low, 4), round(high, 4)],
+                "mean_layers": round(layers, 3), "per_task": [round(a.accuracy, 4) for a in answers]}
 
 
 def main() -> int:
@@ -48,11 +59,11 @@ def main() -> int:
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--out", default="results/drop_order_smollm2.json")
     p.add_argument("--tasks", default=",".join(DEFAULT_GENERATION_TASKS))
-    p.add_argument("--only", default="", help="comma-separated parts: calibrate,single")
+    p.add_argument("--only", default="", help="comma-separated parts: calibrate,single,sweep")
     args = p.parse_args()
     args.device, args.dtype = "auto", "float32"
     tasks = tuple(t for t in args.tasks.split(",") if t)
-    parts = set(args.only.split(",")) if args.only else {"calibrate", "single"}
+    parts = set(args.only.split(",")) if args.only else {"calibrate", "single", "sweep"}
     out = Path(args.out)
     result = json.loads(out.read_text()) if out.is_file() else {}
     engine = load_engine(args)
@@ -70,17 +81,19 @@ def main() -> int:
             print(f"\n{c.name}: {c.order[:8]} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
             result["calibrations"][f"{signal}/{kind}"] = c.to_dict()
             save()
+    test = TestQuestions(engine, tasks) if parts & {"single", "sweep"} else None
     if "single" in parts:
         single = result.setdefault("single_test", {})
         if "full" not in single:
-            single["full"] = test_accuracy(engine, tasks, ())
+            single["full"] = test.run(FullConfig())
         for layer in flex:
             if str(layer) not in single:
                 t0 = time.perf_counter()
-                single[str(layer)] = test_accuracy(engine, tasks, (layer,))
-                print(f"drop {layer}: {single[str(layer)]} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+                single[str(layer)] = test.run(StaticSkipConfig(skip=(layer,)))
+                print(f"drop {layer}: {single[str(layer)]['accuracy']:.3f} ({time.perf_counter() - t0:.0f} s)",
+                      file=sys.stderr)
                 save()
-        em = pd.Series({int(k): r / n for k, (r, n) in single.items() if k != "full"})
+        em = pd.Series({int(k): v["accuracy"] for k, v in single.items() if k != "full"})
         corr = {}
         for key, c in result.get("calibrations", {}).items():
             scores = pd.Series({int(k): v for k, v in c["single"].items()})
@@ -89,6 +102,27 @@ def main() -> int:
         result["spearman_single_vs_test_em"] = corr
         save()
         print(json.dumps(corr), file=sys.stderr)
+    if "sweep" in parts:
+        sweep = result.setdefault("sweep", {})
+        orders = {o: {"drop_order": o} for o in NAMED_ORDERS}
+        for key, c in result.get("calibrations", {}).items():
+            orders[f"calibrated {key}"] = {"drop_order": "calibrated", "layer_order": tuple(c["order"])}
+        settings = {"full depth": FullConfig()}
+        for depth in DEPTHS:
+            for name, fields in orders.items():
+                cfg = d3_for_depth(depth / L, L, ANSWER_TOKENS)
+                settings[f"d3 {name} @{depth}"] = D3Config(alpha=cfg.alpha, **fields)
+            settings[f"unified @{depth}"] = unified_for_depth(depth / L, L, ANSWER_TOKENS)
+            settings[f"skipdecode @{depth}"] = skipdecode_for_depth(depth / L, L, ANSWER_TOKENS)
+        for label, cfg in settings.items():
+            if label in sweep:
+                continue
+            t0 = time.perf_counter()
+            sweep[label] = {**test.run(cfg), "config": {k: (list(v) if isinstance(v, tuple) else v)
+                                                        for k, v in cfg.to_dict().items()}}
+            print(f"{label}: {sweep[label]['accuracy']:.3f} at {sweep[label]['mean_layers']:.2f} layers "
+                  f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+            save()
     return 0
 
 

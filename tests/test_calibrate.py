@@ -211,3 +211,29 @@ def test_agreement_on_smollm2_one_prompt(smol_engine, cache_dir):
     assert sorted(result.order) == list(range(3, 27)) and len(result.single) == 24
     assert result.curve[0] == max(result.single.values())
     assert result.curve[1] <= result.curve[0] + 1e-9 or result.curve[1] <= 1.0
+
+
+def test_prefilled_answers_equal_the_engines_own(identity_engine):
+    """One shared prefill, copied per strategy, answers exactly as the engine's own loop (answer_batch) does."""
+    from d3.answers import PrefilledQuestions
+    from d3.sweep.generation import answer_batch
+
+    class Echo:
+        name, max_new_tokens = "echo", 12
+
+        def prompt(self, ex):
+            return ex
+
+        def score(self, ex, text):
+            return text.strip()[:1] == ex[-1]
+
+    task, questions = Echo(), ["ab ab a", "hello hello h", "one two one", "xyz"]
+    prefilled = PrefilledQuestions(identity_engine, task, questions, batch=3)
+    for cfg in (D3Config(alpha=0.8, core_head=1, core_tail=1), StaticSkipConfig(skip=(2, 5)),
+                D3Config(alpha=0.7, drop_order="strided", fill="none", core_head=1, core_tail=1)):
+        ours = prefilled.answer(cfg)
+        theirs = []
+        for i in range(0, 4, 3):
+            theirs += answer_batch(identity_engine, task, questions[i:i + 3], cfg)[0]
+        assert list(ours.correct) == [a.correct for a in theirs]
+        assert ours.mean_layers == pytest.approx(sum(a.layers for a in theirs) / sum(a.tokens for a in theirs))

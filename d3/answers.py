@@ -1,0 +1,93 @@
+"""Greedy answers to a task's questions under many strategies, sharing one full-depth prefill.
+
+Every strategy runs the prompt's prefill at full depth, so when one batch of questions is answered under many
+strategies (a calibration's candidate removals, a sweep of drop orders) the prefill, which costs more than the
+answers on a few-shot prompt, is computed once and its state copied for each strategy. The decode loop is the
+engine's (`d3.decoder.decode_one_token` through `d3.schedule.plan`), greedy, stopped once every reply has ended
+(the blank line before the next question, or end of sequence), as `d3.sweep.generation.answer_batch` does.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from d3.config import TRACE_OFF, EarlyExitConfig, StrategyConfig
+from d3.decoder import DecodeState, decode_one_token, prefill
+from d3.gentasks import STOP
+from d3.schedule import plan
+
+
+@dataclass(frozen=True)
+class Answers:
+    """One strategy on the questions: which are right, and the layers per generated token up to the replies' ends."""
+
+    correct: tuple[bool, ...]
+    mean_layers: float
+    texts: tuple[str, ...]
+
+    @property
+    def accuracy(self) -> float:
+        return sum(self.correct) / max(len(self.correct), 1)
+
+
+class PrefilledQuestions:
+    """A task's questions (each a `task.prompt(example)`, raw text), prefilled once in batches of `batch`."""
+
+    def __init__(self, engine: Any, task: Any, examples: Sequence[Any], batch: int = 32) -> None:
+        self.engine, self.task, self.examples = engine, task, list(examples)
+        self.max_new_tokens = task.max_new_tokens
+        self._batches: list[tuple[list[Any], DecodeState, torch.Tensor]] = []
+        with engine.lock, torch.inference_mode():
+            for i in range(0, len(self.examples), batch):
+                part = self.examples[i:i + batch]
+                ids, mask = engine.encode([task.prompt(ex) for ex in part], chat_template=False)
+                state, out = prefill(engine.adapter, ids, mask)
+                self._batches.append((part, state, out.logits.argmax(-1)))
+
+    def answer(self, strategy: StrategyConfig) -> Answers:
+        """Every question answered greedily under `strategy` (checked against the model first)."""
+        strategy = self.engine.resolve(strategy)
+        self.engine.check(strategy, TRACE_OFF)
+        correct: list[bool] = []
+        texts: list[str] = []
+        layers = tokens = 0
+        for part, state, first in self._batches:
+            rows, used, n = self._decode(copy.deepcopy(state), first, strategy)
+            layers, tokens = layers + used, tokens + n
+            for ex, ids in zip(part, rows):
+                text = self.engine.tokenizer.decode([t for t in ids if t not in self.engine.eos_ids])
+                texts.append(text)
+                correct.append(bool(self.task.score(ex, text)))
+        return Answers(tuple(correct), layers / max(tokens, 1), tuple(texts))
+
+    def _decode(self, state: DecodeState, first: torch.Tensor, strategy: StrategyConfig) -> tuple[list[list[int]], int, int]:
+        """(each row's ids up to its reply's end, layers summed over those tokens, those tokens)."""
+        eng = self.engine
+        rows: list[list[int]] = [[int(t)] for t in first.tolist()]
+        done = [self._ended(r) for r in rows]
+        layers = tokens = 0
+        n_first = eng.num_layers  # token 0 comes from the prefill, at full depth
+        layers, tokens = layers + n_first * len(rows), tokens + len(rows)
+        last = first
+        early = strategy if isinstance(strategy, EarlyExitConfig) else None
+        for step in range(1, self.max_new_tokens):
+            if all(done):
+                break
+            layer_plan = plan(strategy, eng.num_layers, step)
+            with eng.lock, torch.inference_mode():
+                out = decode_one_token(eng.adapter, state, last, layer_plan, strategy.fill, early_exit=early)
+            last = out.logits.argmax(-1)
+            for k, token in enumerate(last.tolist()):
+                if not done[k]:
+                    rows[k].append(token)
+                    layers, tokens = layers + len(out.layers_run), tokens + 1
+                    done[k] = self._ended(rows[k])
+        return rows, layers, tokens
+
+    def _ended(self, ids: list[int]) -> bool:
+        """The reply is complete: an end-of-sequence token, or its text reached the blank line."""
+        return bool(ids) and (ids[-1] in self.engine.eos_ids or STOP in self.engine.tokenizer.decode(ids))

@@ -237,3 +237,15 @@ def test_prefilled_answers_equal_the_engines_own(identity_engine):
             theirs += answer_batch(identity_engine, task, questions[i:i + 3], cfg)[0]
         assert list(ours.correct) == [a.correct for a in theirs]
         assert ours.mean_layers == pytest.approx(sum(a.layers for a in theirs) / sum(a.tokens for a in theirs))
+
+
+def test_the_oracle_runs_under_a_calibrated_order(identity_engine):
+    """Dropping the identity layer first never costs a token its top-1: every need fits in L - 1 layers."""
+    from d3.oracle import measure
+
+    first = D3Config(drop_order="calibrated", layer_order=(4, 1, 2, 3, 5, 6), core_head=1, core_tail=1)
+    last = D3Config(drop_order="calibrated", layer_order=(1, 2, 3, 5, 6, 4), core_head=1, core_tail=1)
+    need_first = measure(identity_engine, "hello there", first, 10).oracle_depth
+    need_last = measure(identity_engine, "hello there", last, 10).oracle_depth
+    assert max(need_first) <= 7
+    assert sum(need_first) <= sum(need_last)

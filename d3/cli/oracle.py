@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from d3.cli.common import CliError, check_input_file, check_output_file, set_threads
+from d3.cli import layer_order_arg
 from d3.config import DROP_ORDERS, GenerationConfig, D3Config
 from d3.data import example_prompts
 from d3.oracle_fit import PAPER_ALPHAS
@@ -25,6 +26,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--count", type=int, default=8, help="how many prompts of --prompts-file")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--drop-order", choices=DROP_ORDERS, default="middle_out")
+    p.add_argument("--layer-order", type=layer_order_arg, help="with --drop-order calibrated: the flex layers in drop "
+                   "order (comma-separated) or a calibration's name (default measured)")
     p.add_argument("--core-head", type=int, help="core layers at the bottom (default L // 8)")
     p.add_argument("--core-tail", type=int, help="core layers at the top (default L // 8)")
     p.add_argument("--alpha", type=float, help="the D3 alpha judged (under-served, KL); default: the least-squares fit")
@@ -75,8 +78,11 @@ def _check(args: argparse.Namespace) -> tuple[list[tuple[str, str]], D3Config, t
     for _, text in prompts:
         check_prompt(text)
     GenerationConfig(max_new_tokens=args.max_new_tokens)
+    if args.layer_order is not None and args.drop_order != "calibrated":
+        raise CliError("--layer-order only applies with --drop-order calibrated")
+    order = {"layer_order": args.layer_order or "measured"} if args.drop_order == "calibrated" else {}
     cfg = D3Config(core_head=args.core_head, core_tail=args.core_tail, drop_order=args.drop_order,
-                   start=args.start, **({"alpha": args.alpha} if args.alpha is not None else {}))
+                   start=args.start, **order, **({"alpha": args.alpha} if args.alpha is not None else {}))
     if not 0 <= args.k <= 100:
         raise CliError(f"--k {args.k} must be a percentage in [0, 100]")
     if args.out:
@@ -107,6 +113,7 @@ def main(args: argparse.Namespace, engine: Any = None) -> int:
     from d3.oracle import study
 
     engine = engine or load_engine(argparse.Namespace(model=args.model, device="auto", dtype="float32"))
+    cfg = engine.resolve(cfg)
     cfg.check_layers(engine.num_layers)
     log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.out else None
     result = study(engine, prompts, cfg, args.max_new_tokens, chat_template=not args.no_chat_template,

@@ -112,13 +112,18 @@ def use_this_order(pool: ModelPool, state: Layers | None, controls: Controls) ->
                        layers_note=html.escape(note))
 
 
+def layers_placeholder(presentation: bool = False) -> go.Figure:
+    """What the view shows before a measurement: what to press and what it costs."""
+    return waiting("Press “Measure which layers matter”: each flex layer is dropped in turn on this prompt's "
+                   "full-depth answer (about 20-60 s on a CPU).", presentation=presentation)
+
+
 @takes_controls
 def redraw_layers(pool: ModelPool, state: Layers | None, controls: Controls) -> Any:
     """Redraw the measurement with the order in use marked (no model runs)."""
     p = controls.view.presentation
     if state is None:
-        return waiting("Press “Measure which layers matter”: each flex layer is dropped in turn on this prompt's "
-                       "full-depth answer (about 20-60 s on a CPU).", presentation=p)
+        return layers_placeholder(p)
     try:
         cfg, key, layers = _setup(pool, controls)
     except ValueError as err:
@@ -126,7 +131,11 @@ def redraw_layers(pool: ModelPool, state: Layers | None, controls: Controls) -> 
     if key != state.key:
         return waiting("The prompt, model, length or core changed: measure again.", presentation=p)
     in_use, name = _in_use(cfg, layers)
-    shown = state if in_use == state.in_use else Layers(state.key, state.calibration, in_use, name, ())
+    if in_use == state.in_use:
+        shown = state
+    else:  # the calibrated order itself in use: its curve is the green one; another order: measure to draw its curve
+        same = in_use == state.calibration.order
+        shown = Layers(state.key, state.calibration, in_use, name, state.calibration.curve if same else ())
     return _figure(shown, presentation=p)
 
 

@@ -15,7 +15,7 @@ from d3.sweep import BUILTIN_PROMPTS
 from explorer.controls import DECODINGS, DEFAULTS, STRATEGY_LABELS, default_attention_layer
 from explorer.explain import lens_switch, scrub_controls
 from explorer.export import FIGURES
-from explorer.layers_view import layers_controls
+from explorer.layers_view import layers_controls, layers_placeholder
 from explorer.needs import needs_controls
 from explorer.pool import ModelPool
 from explorer.scenarios import SCENARIOS
@@ -92,7 +92,8 @@ def _panes(ui: dict[str, Any]) -> None:
             ui["full_counters"] = gr.HTML(elem_id="full-counters")
 
 
-def _view_tab(key: str, ui: dict[str, Any], extra: Callable[[], None] | None = None, *, plot: bool = True) -> None:
+def _view_tab(key: str, ui: dict[str, Any], extra: Callable[[], None] | None = None, *, plot: bool = True,
+              initial: Any = None) -> None:
     """A view: `extra` components above its plot (`plot=False`: `extra` makes the view's plots itself), and its
     explanation in a column on the right."""
     with gr.Tab(VIEWS[key], id=key) as ui[f"tab_{key}"]:
@@ -101,7 +102,7 @@ def _view_tab(key: str, ui: dict[str, Any], extra: Callable[[], None] | None = N
                 if extra is not None:
                     extra()
                 if plot:
-                    ui[key] = gr.Plot(show_label=False, elem_id=f"plot-{key}")
+                    ui[key] = gr.Plot(initial, show_label=False, elem_id=f"plot-{key}")
             with gr.Column(scale=1, min_width=240, elem_classes=["d3-explain"]) as column:
                 gr.Markdown(EXPLAIN[key])
         ui[f"explain_{key}"] = column
@@ -129,7 +130,7 @@ def _tabs(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> None:
         _view_tab("errors", ui, errors_extra)
         _view_tab("fills", ui, fills_extra)
         _view_tab("needs", ui, lambda: needs_controls(ui))
-        _view_tab("layers", ui, lambda: layers_controls(ui))
+        _view_tab("layers", ui, lambda: layers_controls(ui), initial=layers_placeholder())
         _view_tab("lens", ui, lambda: lens_switch(ui))
         _view_tab("scrub", ui, lambda: scrub_controls(ui), plot=False)
         with gr.Tab("Run history", id="history"):

@@ -12,7 +12,6 @@ import gradio as gr
 from d3.data import ASSETS
 from d3.engine import Engine
 from d3.models import KNOWN_MODELS
-from explorer import export
 from explorer.caps import Caps, is_public
 from explorer.layout import build_layout
 from explorer.pool import ModelPool
@@ -54,7 +53,6 @@ def launch(demo: gr.Blocks, **kwargs: Any) -> Any:
     caps: Caps = demo.pool.caps  # type: ignore[attr-defined]
     demo.queue(max_size=caps.queue_size, default_concurrency_limit=caps.concurrency)
     kwargs.setdefault("css_paths", [CSS_PATH])
-    kwargs.setdefault("allowed_paths", [str(export.EXPORT_ROOT)])  # D3_EXPORT_DIR may lie outside the temp folder
     kwargs.setdefault("state_session_capacity", 1000)
     return demo.launch(**kwargs)
 

@@ -125,7 +125,7 @@ def plotly_js() -> Path:
 def export_trace(session: Session | None) -> list[str]:
     """The traces as JSON (D3, full depth, comparison) and one CSV table, written under server-chosen names."""
     if session is None or session.d3 is None or session.full is None:
-        raise gr.Error("Nothing to export yet: press Generate first.")
+        raise gr.Error("Nothing to export yet: press Generate first.", print_exception=False)
     files = {"d3_trace.json": session.d3.to_json(), "full_trace.json": session.full.to_json()}
     if session.comparison is not None:
         files["comparison.json"] = json.dumps(session.comparison.to_dict())

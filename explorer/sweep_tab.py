@@ -217,10 +217,22 @@ def reference_as_one(df: pd.DataFrame) -> tuple[pd.DataFrame, float]:
     return out, noise
 
 
-def load_sweep_setting(sweep_results: pd.DataFrame | None, evt: gr.SelectData) -> tuple[Any, ...]:
+class Selection(gr.EventData):
+    """gr.SelectData that also takes a call with no select event (an API call): its index is then None. Gradio
+    builds the annotated class from the event's data, and gr.SelectData fails on none, before the handler runs."""
+
+    def __init__(self, target: Any, data: Any) -> None:
+        super().__init__(target, data)
+        self.index = data.get("index") if isinstance(data, dict) else None
+
+
+def load_sweep_setting(sweep_results: pd.DataFrame | None,
+                       evt: Selection = None) -> tuple[Any, ...]:  # type: ignore[assignment]  (Gradio reads a plain class)
     """A clicked table row sets the live controls to that row's strategy and parameters."""
-    index = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
-    return _load_sweep_row(sweep_results, index)
+    index = getattr(evt, "index", None)
+    if index is None:
+        return ordered(SWEEP_LOAD_OUTPUTS, sweep_note="Click a row of the sweep's table to load its setting.")
+    return _load_sweep_row(sweep_results, index[0] if isinstance(index, (list, tuple)) and index else index)
 
 
 def load_sweep_point(sweep_results: pd.DataFrame | None, sweep_point: str) -> tuple[Any, ...]:

@@ -331,6 +331,25 @@ def test_every_slider_takes_a_model_with_one_head_or_one_or_two_layers(name, tin
     assert "Done." in last_value(run(small, Session(), **controls), "status")
 
 
+def test_the_server_log_shows_each_warning_once(monkeypatch) -> None:
+    """A library's deprecation warning inside every decoding step, with filters changed between steps (as
+    libraries on the page's path do): Python's "default" shows it each time; the server shows it once."""
+    import warnings
+
+    shown: list[str] = []
+    monkeypatch.setattr(warnings, "showwarning", lambda message, category, *args, **kwargs: shown.append(str(message)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")  # Python's own action, outside pytest
+        page.show_warnings_once()
+        page.show_warnings_once()  # launching twice does not wrap twice
+        for _ in range(3):
+            warnings.warn("`past_key_values` is deprecated (a test)", FutureWarning)
+            with warnings.catch_warnings():
+                pass
+        warnings.warn("another warning (a test)", UserWarning)
+    assert shown == ["`past_key_values` is deprecated (a test)", "another warning (a test)"]
+
+
 def test_use_example_fills_the_prompt() -> None:
     assert view_handlers.use_example("Fact").startswith("What is the capital of France")
     with pytest.raises(gr.Error, match="example"):

@@ -51,6 +51,15 @@ def test_a_figure_export_needs_a_session(pool) -> None:
         figure(pool, None, "decay")  # the schedule figures need no run, but a session still
 
 
+@pytest.mark.parametrize("call", [lambda pool: export.export_trace(None), lambda pool: figure(pool, None),
+                                  lambda pool: export.export_sweep(None)], ids=["trace", "figure", "sweep"])
+def test_an_export_refused_puts_no_traceback_in_the_log(pool, call) -> None:
+    """Anyone can call these with no session: Gradio prints the traceback of a gr.Error unless told not to."""
+    with pytest.raises(gr.Error, match="Nothing to export yet") as err:
+        call(pool)
+    assert err.value.print_exception is False
+
+
 def test_plotly_js_is_written_once_and_each_page_is_small(pool, fresh) -> None:
     pages = [Path(figure(pool, fresh, key)[0]) for key in ("usage", "decay", "flow")]
     scripts = list(export.EXPORT_ROOT.rglob("plotly*.js"))

@@ -26,7 +26,7 @@ from explorer.controls import (
     parse_strategy,
     takes_controls,
 )
-from explorer.parse import as_choice, as_flag, as_number
+from explorer.parse import as_choice, as_flag, as_number, shown
 from explorer.pool import ModelPool
 from explorer.runs import check_run
 from explorer.ui import ordered, slider_range
@@ -64,11 +64,18 @@ def share_link(controls: Controls) -> Any:
 
 
 def _value(name: str, raw: str) -> Any:
+    """A link's value as the page's control takes it. Text that is not a finite number is kept as sent: the checks
+    of a run refuse it with the field's own range (`controls_from_query`)."""
     if name in FLAGS:
         return as_flag(name, raw)
     if name in TEXTS:
         return raw
-    number = as_number(name, raw, -math.inf, math.inf)
+    try:
+        number = float(raw)
+    except ValueError:
+        return raw
+    if not math.isfinite(number):
+        return raw
     return int(number) if number.is_integer() else number
 
 
@@ -90,6 +97,9 @@ def controls_from_query(pool: ModelPool, params: Mapping[str, str]) -> dict[str,
         parse_strategy(c.with_(strategy=strategy), facts.num_layers, pool.caps)
     as_choice("metric", c.metric, METRICS)
     as_number("attention_head", c.attention_head, 0, max(facts.num_heads - 1, 0), integer=True)
+    for name, value in values.items():  # a number no check above reads: said plainly, never sent to the page
+        if name not in FLAGS + TEXTS and isinstance(value, str):
+            raise ValueError(f"{name}={shown(value)} is not a number")
     return values
 
 

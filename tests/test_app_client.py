@@ -222,6 +222,8 @@ def test_exports_are_bounded_for_the_server_and_served_without_a_copy(url, expor
     args = dict(model="tiny", strategy="d3", core_head=1, core_tail=1, start=0, drop_order="middle_out", fill="copy",
                 max_new_tokens=8, unified_ratio=1.5, skipdecode_max=0, skipdecode_min=0, threshold=0.9,
                 attention_layer=3, attention_head=0, metric="both", log_kl=False, presentation=False)
+    cache = Path(exports_in_tmp) / "gradio"  # Gradio's, and where earlier tests' clients downloaded into
+    before = {f for f in cache.rglob("*") if f.is_file()}
     served, refused = [], []
     for _ in range(3):
         c = Client(url, verbose=False, download_files=False)  # files stay on the server: only its disk is counted
@@ -234,10 +236,9 @@ def test_exports_are_bounded_for_the_server_and_served_without_a_copy(url, expor
                 refused.append(str(error))
     assert len(served) == export.SERVER_EXPORTS_PER_MINUTE and len(refused) == 33 - len(served)
     assert sum("for everyone together" in r for r in refused) == 11, refused  # the third client gets none
-    cache = Path(exports_in_tmp) / "gradio"
-    on_disk = [f for f in cache.rglob("*") if f.is_file()]
-    assert on_disk and all(export.EXPORT_ROOT in f.parents for f in on_disk), [str(f) for f in on_disk][:3]
-    assert sum(f.stat().st_size for f in on_disk) <= export.EXPORT_MAX_BYTES
+    written = {f for f in cache.rglob("*") if f.is_file()} - before
+    assert written and all(export.EXPORT_ROOT in f.parents for f in written), [str(f) for f in written][:3]
+    assert sum(f.stat().st_size for f in cache.rglob("*") if f.is_file()) <= export.EXPORT_MAX_BYTES
 
 
 def test_concurrent_requests_all_finish(url) -> None:

@@ -212,8 +212,9 @@ def test_export_figure_via_the_api(url) -> None:
 
 def test_exports_are_bounded_for_the_server_and_served_without_a_copy(url, exports_in_tmp, monkeypatch) -> None:
     """The issue's repro: three clients, each with a session of its own, ask for 11 schedule figures each. The
-    server's rate refuses everything past it, and Gradio serves the pages from the export folder itself: its
-    cache holds nothing else, so the cap bounds everything on disk."""
+    server's rate refuses everything past it, and Gradio serves the pages from the export folder itself (as
+    downloads, never as pages on the app's origin): its cache holds nothing else, so the cap bounds everything
+    on disk."""
     from collections import deque
 
     from explorer import export
@@ -236,6 +237,10 @@ def test_exports_are_bounded_for_the_server_and_served_without_a_copy(url, expor
                 refused.append(str(error))
     assert len(served) == export.SERVER_EXPORTS_PER_MINUTE and len(refused) == 33 - len(served)
     assert sum("for everyone together" in r for r in refused) == 11, refused  # the third client gets none
+    import httpx
+
+    response = httpx.get(served[0][0]["url"])  # served from the export folder itself: a download, not a page
+    assert response.status_code == 200 and response.headers["content-disposition"].startswith("attachment")
     written = {f for f in cache.rglob("*") if f.is_file()} - before
     assert written and all(export.EXPORT_ROOT in f.parents for f in written), [str(f) for f in written][:3]
     assert sum(f.stat().st_size for f in cache.rglob("*") if f.is_file()) <= export.EXPORT_MAX_BYTES

@@ -337,7 +337,8 @@ def _missing_keys_message(directory: str, missing: list[str]) -> str:
     """One line naming the weights a checkpoint lacks (from transformers' load report), layers grouped."""
     layers = sorted({int(m.group(1)) for key in missing if (m := _LAYER_KEY.search(key))})
     others = sorted(key for key in missing if not _LAYER_KEY.search(key))
-    parts = ([f"weights of {_layer_span(layers)}"] if layers else []) + others[:5] + (["..."] if len(others) > 5 else [])
+    parts = [f"weights of {_layer_span(layers)}"] if layers else []
+    parts += others[:5] + (["..."] if len(others) > 5 else [])
     return f"the weights in {directory!r} do not cover the model: missing {', '.join(parts)}"
 
 

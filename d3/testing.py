@@ -26,11 +26,13 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def tiny_llama(num_layers: int = 4, seed: int = 0, vocab_size: int = 99, **overrides) -> LlamaForCausalLM:
-    """hidden 32, 4 heads / 2 KV heads, as in transformers' causal_lm_tester; weights scaled up so layers matter."""
+    """hidden 32, 4 heads / 2 KV heads (unless `overrides` say otherwise), as in transformers' causal_lm_tester;
+    weights scaled up so layers matter."""
     torch.manual_seed(seed)
-    cfg = LlamaConfig(hidden_size=32, intermediate_size=37, num_hidden_layers=num_layers, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=vocab_size, max_position_embeddings=512, pad_token_id=0,
-                      bos_token_id=1, eos_token_id=2, attn_implementation="sdpa", **overrides)
+    cfg = LlamaConfig(**{**dict(hidden_size=32, intermediate_size=37, num_hidden_layers=num_layers,
+                                num_attention_heads=4, num_key_value_heads=2, vocab_size=vocab_size,
+                                max_position_embeddings=512, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                attn_implementation="sdpa"), **overrides})  # overrides may replace any of these
     model = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():
         for p in model.parameters():

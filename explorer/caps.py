@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from d3.config import MAX_NEW_TOKENS_CAP, MAX_PROMPT_TOKENS_CAP
+from d3.models import MAX_PARAMETERS
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +37,13 @@ class Caps:
     session_ttl_s: int = 3600
     max_models: int = 2  # models kept loaded at once; beyond it the least recently used is dropped
     max_run_s: int = 180  # a run (generate, fills, sweep) stops after this long, whether or not anyone reads it
+    max_parameters: int = 4 * 10**9  # a local model whose config describes more is refused before it is built
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "Caps":
         """D3_MAX_NEW_TOKENS, D3_MAX_PROMPT_CHARS, D3_MAX_PROMPT_TOKENS, D3_QUEUE_SIZE, D3_CONCURRENCY,
-        D3_FIGURE_EVERY, D3_SESSION_TTL, D3_MAX_MODELS, D3_MAX_RUN_S; defaults suit a CPU Space."""
+        D3_FIGURE_EVERY, D3_SESSION_TTL, D3_MAX_MODELS, D3_MAX_RUN_S, D3_MAX_PARAMETERS; defaults suit a CPU
+        Space."""
         d = cls()
         return cls(
             max_new_tokens=_env_int(env, "D3_MAX_NEW_TOKENS", d.max_new_tokens, 1, MAX_NEW_TOKENS_CAP),
@@ -52,6 +55,7 @@ class Caps:
             session_ttl_s=_env_int(env, "D3_SESSION_TTL", d.session_ttl_s, 60, 7 * 24 * 3600),
             max_models=_env_int(env, "D3_MAX_MODELS", d.max_models, 1, 16),
             max_run_s=_env_int(env, "D3_MAX_RUN_S", d.max_run_s, 5, 24 * 3600),
+            max_parameters=_env_int(env, "D3_MAX_PARAMETERS", d.max_parameters, 10**6, MAX_PARAMETERS),
         )
 
     def describe(self) -> str:

@@ -1,6 +1,8 @@
 """Downloads: the traces as JSON and CSV, any view as an HTML page, the sweep's table as CSV, each written into a
-fresh server-named folder. Bounded: a session needs to exist and may download so often, all exports together
-stay under a size cap (the oldest go first), and plotly.js is written once and referenced by every page."""
+fresh server-named folder inside Gradio's own file cache, which serves them from there without a second copy.
+Bounded for the server as a whole: a session needs to exist and may download so often, all sessions together
+(a new session buys no more) so often, all exports together stay under a size cap (the oldest go first), and
+plotly.js is written once and referenced by every page."""
 
 from __future__ import annotations
 
@@ -10,11 +12,13 @@ import shutil
 import tempfile
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any, Callable
 
 import gradio as gr
 import pandas as pd
+from gradio.utils import get_upload_folder
 from plotly.offline import get_plotlyjs
 
 from explorer import views
@@ -28,10 +32,13 @@ from explorer.view_handlers import redraw_schedule
 from viz import to_html
 from viz.lens import has_lens
 
-EXPORT_ROOT = Path(os.environ.get("D3_EXPORT_DIR") or Path(tempfile.gettempdir()) / "d3-explorer-exports")
+# Inside Gradio's cache folder (GRADIO_TEMP_DIR), where Gradio serves a returned file as it is: anywhere else it
+# copies each file into that folder and keeps the copy for an hour, out of reach of the cap below.
+EXPORT_ROOT = Path(get_upload_folder()) / "d3-exports"
 EXPORT_TTL_S = 3600
 EXPORT_MAX_BYTES = 256 * 2**20  # every export folder together; beyond it the oldest folders are deleted
 EXPORTS_PER_MINUTE = 10  # per session
+SERVER_EXPORTS_PER_MINUTE = 20  # all sessions together, the sweep's CSV included
 PLOTLY_JS = "plotly.min.js"  # one copy in EXPORT_ROOT, downloaded beside each figure page
 FIGURES = ("usage", "decay", "planned", "flow", "attention", "errors", "fills", "lens")
 
@@ -66,22 +73,39 @@ def _prune(root: Path, room: int) -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _count_export(session: Session) -> None:
-    """One more export of `session`, within its rate; gr.Error beyond it."""
-    now = time.monotonic()
-    while session.exports and now - session.exports[0] > 60:
-        session.exports.popleft()
-    if len(session.exports) >= EXPORTS_PER_MINUTE:
-        raise gr.Error(f"Too many downloads: at most {EXPORTS_PER_MINUTE} a minute. Wait a little and try again.",
-                       print_exception=False)
-    session.exports.append(now)
+# When the server's last exports were made (time.monotonic()), every session's together. Global on purpose: this
+# bound is the server's, and a session costs nothing to make.
+_SERVER_EXPORTS: deque[float] = deque()
+_COUNTING = threading.Lock()
+
+
+def _recent(times: deque[float], now: float) -> int:
+    """How many of `times` fall in the last minute (older ones are dropped)."""
+    while times and now - times[0] > 60:
+        times.popleft()
+    return len(times)
+
+
+def _count_export(session: Session | None) -> None:
+    """One more export, within the session's rate and the server's; gr.Error beyond either, and then neither
+    is counted."""
+    with _COUNTING:
+        now = time.monotonic()
+        if session is not None and _recent(session.exports, now) >= EXPORTS_PER_MINUTE:
+            raise gr.Error(f"Too many downloads: at most {EXPORTS_PER_MINUTE} a minute. Wait a little and try "
+                           "again.", print_exception=False)
+        if _recent(_SERVER_EXPORTS, now) >= SERVER_EXPORTS_PER_MINUTE:
+            raise gr.Error(f"Too many downloads on this server just now: at most {SERVER_EXPORTS_PER_MINUTE} a "
+                           "minute for everyone together. Wait a minute and try again.", print_exception=False)
+        _SERVER_EXPORTS.append(now)
+        if session is not None:
+            session.exports.append(now)
 
 
 def export_dir(session: Session | None, room: int = 0) -> Path:
     """A fresh server-named folder for one export, with room for about `room` bytes; counted against the
-    session's rate (the sweep's CSV has no session: it exists only after a sweep, which the queue bounds)."""
-    if session is not None:
-        _count_export(session)
+    session's rate (the sweep's CSV has no session) and the server's."""
+    _count_export(session)
     EXPORT_ROOT.mkdir(parents=True, exist_ok=True)
     _prune(EXPORT_ROOT, room)
     return Path(tempfile.mkdtemp(prefix="export-", dir=EXPORT_ROOT))
@@ -101,7 +125,7 @@ def plotly_js() -> Path:
 def export_trace(session: Session | None) -> list[str]:
     """The traces as JSON (D3, full depth, comparison) and one CSV table, written under server-chosen names."""
     if session is None or session.d3 is None or session.full is None:
-        raise gr.Error("Nothing to export yet: press Generate first.")
+        raise gr.Error("Nothing to export yet: press Generate first.", print_exception=False)
     files = {"d3_trace.json": session.d3.to_json(), "full_trace.json": session.full.to_json()}
     if session.comparison is not None:
         files["comparison.json"] = json.dumps(session.comparison.to_dict())

@@ -29,6 +29,7 @@ from explorer.sweep_tab import (
     SWEEP_TABLE_COLUMNS,
     sweep_bounds_text,
 )
+from explorer.ui import slider_range
 from explorer.views import caps_html, status_html
 from explorer.wording import EXPLAIN, INTRO, SWEEP_EXPLAIN, VIEWS
 
@@ -41,10 +42,10 @@ def _key_controls(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> Non
                             elem_id="alpha")
     with gr.Row():
         # head + tail stays below L: each slider's maximum follows the other (wiring.bound_core)
-        ui["core_head"] = gr.Slider(0, layers - 1 - tail, value=head, step=1, label="Core head (first layers)",
-                                    elem_id="core-head", min_width=120)
-        ui["core_tail"] = gr.Slider(0, layers - 1 - head, value=tail, step=1, label="Core tail (last layers)",
-                                    elem_id="core-tail", min_width=120)
+        ui["core_head"] = gr.Slider(0, value=head, step=1, label="Core head (first layers)", elem_id="core-head",
+                                    min_width=120, **slider_range(layers - 1 - tail))
+        ui["core_tail"] = gr.Slider(0, value=tail, step=1, label="Core tail (last layers)", elem_id="core-tail",
+                                    min_width=120, **slider_range(layers - 1 - head))
     ui["max_new_tokens"] = gr.Number(min(DEFAULTS.max_new_tokens, pool.caps.max_new_tokens), precision=0,
                                      label=f"Max new tokens (1–{pool.caps.max_new_tokens})", elem_id="max-new-tokens")
 
@@ -63,8 +64,8 @@ def _more_controls(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> No
                                    "layers, dropped first → last", elem_id="layer-order", max_lines=2,
                                    placeholder="e.g. 3, 4, 17, … (Which layers matter → Use this order)")
     ui["start"] = gr.Slider(0, caps.max_new_tokens, value=DEFAULTS.start, step=1, label="Start (tokens at full depth)")
-    ui["attention_layer"] = gr.Slider(0, layers - 1, value=default_attention_layer(layers), step=1,
-                                      label="Attention layer to record (before generating)")
+    ui["attention_layer"] = gr.Slider(0, value=default_attention_layer(layers), step=1,
+                                      label="Attention layer to record (before generating)", **slider_range(layers - 1))
     with gr.Row():
         ui["decoding"] = gr.Radio(list(DECODINGS), value=DEFAULTS.decoding, label="Decoding", min_width=140)
         ui["chat_template"] = gr.Checkbox(facts.chat_template, label="Chat template (instruct models)", min_width=140)
@@ -114,7 +115,8 @@ def _tabs(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> None:
                                 value=DEFAULTS.metric, label="Measure of change")
 
     def attention_extra() -> None:
-        ui["attention_head"] = gr.Slider(0, max(facts.num_heads - 1, 0), value=DEFAULTS.attention_head, step=1, label="Head")
+        ui["attention_head"] = gr.Slider(0, value=DEFAULTS.attention_head, step=1, label="Head",
+                                         **slider_range(facts.num_heads - 1))
 
     def errors_extra() -> None:
         ui["log_kl"] = gr.Checkbox(DEFAULTS.log_kl, label="Log scale for KL")

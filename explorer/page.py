@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import socket
+import warnings
 from typing import Any, Callable
 
 import gradio as gr
@@ -12,7 +13,6 @@ import gradio as gr
 from d3.data import ASSETS
 from d3.engine import Engine
 from d3.models import KNOWN_MODELS
-from explorer import export
 from explorer.caps import Caps, is_public
 from explorer.layout import build_layout
 from explorer.pool import ModelPool
@@ -49,12 +49,40 @@ def tune_process() -> None:
     gc.freeze()
 
 
+WARNINGS_REMEMBERED = 4096  # distinct warnings remembered as shown; past that the memory starts afresh
+
+
+def show_warnings_once() -> None:
+    """The server's log shows each warning (its category and text) once per process. Python's own "once" and
+    "default" actions forget what they showed whenever any code changes the warning filters (every
+    `warnings.catch_warnings` does, and libraries on the page's path enter one per update), so a library's
+    deprecation warning inside a decoding step was printed again run after run. Warnings that filters ignore
+    stay ignored, and a `catch_warnings(record=True)` (pytest's) still records every one."""
+    show = warnings.showwarning
+    if getattr(show, "shows_once", False):
+        return
+    shown: set[tuple[type, str]] = set()
+
+    def once(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        key = (category, str(message))
+        if key in shown:
+            return
+        if len(shown) >= WARNINGS_REMEMBERED:
+            shown.clear()
+        shown.add(key)
+        show(message, category, filename, lineno, file, line)
+
+    once.shows_once = True  # type: ignore[attr-defined]
+    warnings.showwarning = once
+
+
 def launch(demo: gr.Blocks, **kwargs: Any) -> Any:
-    """Queue (bounded, with the concurrency the caps allow) and serve the page with its stylesheet."""
+    """Queue (bounded, with the concurrency the caps allow) and serve the page with its stylesheet; the server's
+    log shows each warning once."""
+    show_warnings_once()
     caps: Caps = demo.pool.caps  # type: ignore[attr-defined]
     demo.queue(max_size=caps.queue_size, default_concurrency_limit=caps.concurrency)
     kwargs.setdefault("css_paths", [CSS_PATH])
-    kwargs.setdefault("allowed_paths", [str(export.EXPORT_ROOT)])  # D3_EXPORT_DIR may lie outside the temp folder
     kwargs.setdefault("state_session_capacity", 1000)
     return demo.launch(**kwargs)
 

@@ -20,7 +20,7 @@ def as_number(name: str, value: Any, lo: float, hi: float, *, integer: bool = Fa
     """`value` (number or numeric text) as a float or int in [lo, hi] ((lo, hi] if `lo_open`); ValueError naming
     the field and the allowed range otherwise."""
     kind = "an integer" if integer else "a number"
-    interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]"
+    interval = f"{'(' if lo_open else '['}{_bound(lo)}, {_bound(hi)}]"
     allowed = f"{name} must be {kind} in {interval}"
     number = _to_float(name, value, allowed)
     if integer and number != math.floor(number):
@@ -28,6 +28,11 @@ def as_number(name: str, value: Any, lo: float, hi: float, *, integer: bool = Fa
     if number < lo or number > hi or (lo_open and number == lo):
         raise ValueError(f"{name}={shown(value)} is out of range: {allowed}")
     return int(number) if integer else number
+
+
+def _bound(value: float) -> str:
+    """A range's end as a person reads it: 2147483647 (not 2.14748e+09), 0.8, inf."""
+    return str(int(value)) if math.isfinite(value) and float(value).is_integer() else f"{value:g}"
 
 
 def _to_float(name: str, value: Any, allowed: str) -> float:

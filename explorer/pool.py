@@ -29,7 +29,7 @@ def _default_factory(caps: Caps, public: bool) -> Callable[[str], Engine]:
         # one lock would make every load wait for any other.
         from d3.models import load_model
 
-        loaded = load_model(name, allow_paths=not public)
+        loaded = load_model(name, allow_paths=not public, max_parameters=caps.max_parameters)
         return Engine(loaded.model, loaded.tokenizer, name=loaded.name, max_prompt_tokens=caps.max_prompt_tokens)
 
     return build

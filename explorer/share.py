@@ -26,10 +26,10 @@ from explorer.controls import (
     parse_strategy,
     takes_controls,
 )
-from explorer.parse import as_choice, as_flag, as_number
+from explorer.parse import as_choice, as_flag, as_number, shown
 from explorer.pool import ModelPool
 from explorer.runs import check_run
-from explorer.ui import ordered
+from explorer.ui import ordered, slider_range
 
 FLAGS = ("chat_template", "logit_lens", "log_kl", "presentation")
 TEXTS = ("prompt", "model", "strategy", "drop_order", "layer_order", "fill", "decoding", "metric")
@@ -64,11 +64,18 @@ def share_link(controls: Controls) -> Any:
 
 
 def _value(name: str, raw: str) -> Any:
+    """A link's value as the page's control takes it. Text that is not a finite number is kept as sent: the checks
+    of a run refuse it with the field's own range (`controls_from_query`)."""
     if name in FLAGS:
         return as_flag(name, raw)
     if name in TEXTS:
         return raw
-    number = as_number(name, raw, -math.inf, math.inf)
+    try:
+        number = float(raw)
+    except ValueError:
+        return raw
+    if not math.isfinite(number):
+        return raw
     return int(number) if number.is_integer() else number
 
 
@@ -90,6 +97,9 @@ def controls_from_query(pool: ModelPool, params: Mapping[str, str]) -> dict[str,
         parse_strategy(c.with_(strategy=strategy), facts.num_layers, pool.caps)
     as_choice("metric", c.metric, METRICS)
     as_number("attention_head", c.attention_head, 0, max(facts.num_heads - 1, 0), integer=True)
+    for name, value in values.items():  # a number no check above reads: said plainly, never sent to the page
+        if name not in FLAGS + TEXTS and isinstance(value, str):
+            raise ValueError(f"{name}={shown(value)} is not a number")
     return values
 
 
@@ -116,8 +126,8 @@ def sized_to_model(pool: ModelPool, values: dict[str, Any]) -> dict[str, Any]:
     head, tail = values.get("core_head", head), values.get("core_tail", tail)
     ranged = {"core_head": (layers - 1 - tail, head), "core_tail": (layers - 1 - head, tail),
               "attention_layer": (layers - 1, values.get("attention_layer", default_attention_layer(layers))),
-              "attention_head": (max(facts.num_heads - 1, 0), values.get("attention_head", 0))}
-    return {**values, **{name: gr.update(maximum=top, value=value) for name, (top, value) in ranged.items()}}
+              "attention_head": (facts.num_heads - 1, values.get("attention_head", 0))}
+    return {**values, **{name: gr.update(**slider_range(top), value=value) for name, (top, value) in ranged.items()}}
 
 
 def share_box(ui: dict[str, Any]) -> None:

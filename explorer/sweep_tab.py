@@ -93,27 +93,32 @@ def sweep_spec(model: str, prompts: Any, choices: Any, new_tokens: Any, chat_tem
                      ppl_chunks=0, chat_template=as_flag("chat_template", chat_template))
 
 
-class _Counting:
-    """An engine view that counts the runs the sweep starts: the sweep reports progress once per setting (tens
-    of seconds apart), the page wants a bar that moves every second or two."""
+def _never() -> bool:
+    return False
 
-    def __init__(self, engine: Engine, tick: Callable[[], None]) -> None:
-        self._engine, self._tick = engine, tick
+
+class _Counting:
+    """An engine view that counts the runs the sweep starts (the sweep reports progress once per setting, tens
+    of seconds apart; the page wants a bar that moves every second or two) and hands each run `should_stop`,
+    which the engine checks before every token."""
+
+    def __init__(self, engine: Engine, tick: Callable[[], None], should_stop: Callable[[], bool] = _never) -> None:
+        self._engine, self._tick, self._should_stop = engine, tick, should_stop
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
 
     def stream(self, *args: Any, **kwargs: Any) -> Any:
         self._tick()
-        return self._engine.stream(*args, **kwargs)
+        return self._engine.stream(*args, **{"should_stop": self._should_stop, **kwargs})
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
         self._tick()
-        return self._engine.generate(*args, **kwargs)
+        return self._engine.generate(*args, **{"should_stop": self._should_stop, **kwargs})
 
     def generate_batch(self, *args: Any, **kwargs: Any) -> Any:
         self._tick()
-        return self._engine.generate_batch(*args, **kwargs)
+        return self._engine.generate_batch(*args, **{"should_stop": self._should_stop, **kwargs})
 
 
 def expected_runs(spec: SweepSpec) -> int:
@@ -123,9 +128,11 @@ def expected_runs(spec: SweepSpec) -> int:
     return settings * len(spec.prompts) * (2 * spec.repeats + 1) + 1 + len(spec.prompts)
 
 
-def run_small_sweep(engine: Engine, spec: SweepSpec, progress: Callable[[float, str], None] | None = None) -> pd.DataFrame:
+def run_small_sweep(engine: Engine, spec: SweepSpec, progress: Callable[[float, str], None] | None = None,
+                    should_stop: Callable[[], bool] = _never) -> pd.DataFrame:
     """Run `spec` on `engine` into a fresh temporary CSV (never resumed from an earlier sweep); the table.
-    `progress(fraction, desc)` moves with every run started, never backwards."""
+    `progress(fraction, desc)` moves with every run started, never backwards; `should_stop()` is checked before
+    every token of every run (it raises to end the sweep: a run stopped early would measure nothing)."""
     report = progress or (lambda fraction, desc: None)
     state = {"runs": 0, "shown": 0.0, "desc": "Starting the sweep…"}
     total = expected_runs(spec)
@@ -140,7 +147,8 @@ def run_small_sweep(engine: Engine, spec: SweepSpec, progress: Callable[[float, 
         show(min(0.98, state["runs"] / total))
 
     with tempfile.TemporaryDirectory(prefix="d3-sweep-") as folder:
-        return run_sweep_file(spec, Path(folder) / "sweep.csv", engine=_Counting(engine, tick),  # type: ignore[arg-type]
+        counting = _Counting(engine, tick, should_stop)
+        return run_sweep_file(spec, Path(folder) / "sweep.csv", engine=counting,  # type: ignore[arg-type]
                               progress=lambda fraction, desc: show(fraction, desc))
 
 
@@ -191,13 +199,16 @@ def run_sweep(pool: ModelPool, model: str, chat_template: bool, sweep_prompts: s
         engine = pool.engine(name)
         deadline = time.monotonic() + pool.caps.max_run_s
 
-        def report(fraction: float, desc: str) -> None:
-            if time.monotonic() > deadline:  # between settings: a sweep nobody waits for must end too
+        def out_of_time() -> bool:
+            """Before every token: past the deadline the sweep ends there, within one token (a sweep nobody waits
+            for must end too; checked only between settings, the largest overran its limit by 13%)."""
+            if time.monotonic() > deadline:
                 raise ValueError(f"the sweep reached the server's time limit of {pool.caps.max_run_s} s: "
                                  "choose fewer settings or tokens")
-            progress(fraction, desc=desc)
+            return False
 
-        df = run_small_sweep(engine, spec, progress=report)
+        df = run_small_sweep(engine, spec, progress=lambda fraction, desc: progress(fraction, desc=desc),
+                             should_stop=out_of_time)
     df, noise = reference_as_one(df)
     note = (f"Measured {len(df)} rows ({len(df) - 1} settings + the full-depth reference) on {len(spec.prompts)} "
             f"prompt(s), {spec.max_new_tokens} new tokens, {spec.repeats} timing pairs each (median). Full depth "
@@ -218,13 +229,23 @@ def reference_as_one(df: pd.DataFrame) -> tuple[pd.DataFrame, float]:
     return out, noise
 
 
-def load_sweep_setting(sweep_results: pd.DataFrame | None, evt: gr.SelectData = None) -> tuple[Any, ...]:  # type: ignore[assignment]
-    """A clicked table row sets the live controls to that row's strategy and parameters (a call without the
-    click's data, over raw HTTP, loads nothing and says so)."""
-    if evt is None:
-        return ordered(SWEEP_LOAD_OUTPUTS, sweep_note="Click a row of the results table to load its setting.")
-    index = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
-    return _load_sweep_row(sweep_results, index)
+class Selection(gr.EventData):
+    """gr.SelectData that also takes a call with no select event (an API call): its index is then None. Gradio
+    builds the annotated class from the event's data, and gr.SelectData fails on none, before the handler runs."""
+
+    def __init__(self, target: Any, data: Any) -> None:
+        super().__init__(target, data)
+        self.index = data.get("index") if isinstance(data, dict) else None
+
+
+def load_sweep_setting(sweep_results: pd.DataFrame | None,
+                       evt: Selection = None) -> tuple[Any, ...]:  # type: ignore[assignment]
+    """A clicked table row sets the live controls to that row's strategy and parameters. (`evt` is annotated with
+    a plain class, not `Selection | None`: Gradio passes the event only to a parameter annotated with a class.)"""
+    index = getattr(evt, "index", None)
+    if index is None:
+        return ordered(SWEEP_LOAD_OUTPUTS, sweep_note="Click a row of the sweep's table to load its setting.")
+    return _load_sweep_row(sweep_results, index[0] if isinstance(index, (list, tuple)) and index else index)
 
 
 def load_sweep_point(sweep_results: pd.DataFrame | None, sweep_point: str) -> tuple[Any, ...]:

@@ -32,6 +32,12 @@ def refused(err: Exception) -> gr.Error:
     return gr.Error(str(err), visible=False, print_exception=False)
 
 
+def slider_range(top: int) -> dict[str, Any]:
+    """Keyword arguments for a slider from 0 to `top` (a layer or head index): Gradio refuses a slider whose maximum
+    is not above its minimum, so a model with one layer or one head gets a slider to 1 that cannot be moved."""
+    return {"maximum": max(top, 1), "interactive": top > 0}
+
+
 def ordered(names: tuple[str, ...], **values: Any) -> tuple[Any, ...]:
     """Handler outputs in `names` order; names not given are left as they are (gr.skip())."""
     return tuple(values[n] if n in values else gr.skip() for n in names)

@@ -18,7 +18,7 @@ from explorer.parse import as_choice, whole
 from explorer.pool import ModelPool
 from explorer.scenarios import SCENARIOS, fill_finding, scenario_controls, scenario_finding, scenario_text
 from explorer.session import Session
-from explorer.ui import ordered, refused, user_errors
+from explorer.ui import ordered, refused, slider_range, user_errors
 from explorer.wording import EXPLAIN
 
 VIEW_OUTPUTS = ("usage", "flow", "attention", "errors", "fills", "root", *(f"explain_{k}" for k in EXPLAIN))
@@ -40,9 +40,10 @@ def _sized(facts: ModelFacts, status: str) -> tuple[Any, ...]:
     """The layer and head controls sized to a model, with its default core and attention layer."""
     layers = facts.num_layers
     head, tail = default_core(layers)
-    return (gr.update(maximum=layers - 1 - tail, value=head), gr.update(maximum=layers - 1 - head, value=tail),
-            gr.update(maximum=layers - 1, value=default_attention_layer(layers)),
-            gr.update(maximum=max(facts.num_heads - 1, 0), value=0), gr.update(value=facts.chat_template), status)
+    return (gr.update(**slider_range(layers - 1 - tail), value=head),
+            gr.update(**slider_range(layers - 1 - head), value=tail),
+            gr.update(**slider_range(layers - 1), value=default_attention_layer(layers)),
+            gr.update(**slider_range(facts.num_heads - 1), value=0), gr.update(value=facts.chat_template), status)
 
 
 def model_changed(pool: ModelPool, model: str) -> tuple[Any, ...]:
@@ -83,7 +84,7 @@ def bound_core(pool: ModelPool, model: str, core_head: Any, core_tail: Any) -> t
         return gr.skip(), gr.skip()
     head, tail = whole(core_head), whole(core_tail)
     top = facts.num_layers - 1
-    return gr.update(maximum=max(top - tail, 0)), gr.update(maximum=max(top - head, 0))
+    return gr.update(**slider_range(top - tail)), gr.update(**slider_range(top - head))
 
 
 @takes_controls

@@ -40,12 +40,16 @@ def one_torch_thread() -> Iterator[None]:
 @pytest.fixture(scope="module", autouse=True)
 def exports_in_tmp(tmp_path_factory) -> Iterator[Path]:
     """Every export, Gradio's file cache and gradio_client's downloads go into this module's tmp dir, never into
-    the shared temporary folder (a module that imports this fixture gets it automatically)."""
+    the shared temporary folder (a module that imports this fixture gets it automatically); the exports inside
+    Gradio's cache, as they are served, and the server's export rate counted afresh for the module."""
+    from collections import deque
+
     from explorer import export
 
     root = tmp_path_factory.mktemp("page-files")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(export, "EXPORT_ROOT", root / "exports")
+        patch.setattr(export, "EXPORT_ROOT", root / "gradio" / "d3-exports")
+        patch.setattr(export, "_SERVER_EXPORTS", deque())
         patch.setenv("GRADIO_TEMP_DIR", str(root / "gradio"))
         yield root
 

@@ -26,8 +26,7 @@ os.environ["OMP_NUM_THREADS"] = "1"
 SCRATCH = Path(tempfile.gettempdir()) / f"pytest-of-{getpass.getuser()}"
 SCRATCH.mkdir(mode=0o700, exist_ok=True)
 SCRATCH = Path(tempfile.mkdtemp(prefix="d3-scratch-", dir=SCRATCH))
-os.environ.update(TMPDIR=str(SCRATCH), GRADIO_TEMP_DIR=str(SCRATCH / "gradio"), D3_EXPORT_DIR=str(SCRATCH / "exports"),
-                  D3_CALIBRATION_DIR=str(SCRATCH / "calibration"))
+os.environ.update(TMPDIR=str(SCRATCH), GRADIO_TEMP_DIR=str(SCRATCH / "gradio"), D3_CALIBRATION_DIR=str(SCRATCH / "calibration"))
 tempfile.tempdir = str(SCRATCH)
 
 

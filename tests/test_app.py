@@ -282,11 +282,72 @@ def test_scenarios_set_the_controls(pool) -> None:
 
 
 def test_model_change_resizes_the_layer_controls(pool) -> None:
+    pool.engine("tiny")  # loaded: sized at once (else the change says it is loading and leaves that to load_model)
     head, tail, layer, attention_head, chat, _ = view_handlers.model_changed(pool, "tiny")
     assert head["maximum"] + tail["value"] == 5 and tail["maximum"] + head["value"] == 5  # head + tail < 6 layers
     assert layer["maximum"] == 5 and attention_head["maximum"] == 3 and chat["value"]
     refused = view_handlers.model_changed(ModelPool(public=True), "../../etc")  # said in the status, not a 500
     assert "not allowed" in refused[-1] and "Cannot run" in refused[-1]
+
+
+def _applied(update: dict) -> gr.Slider:
+    """A slider after `update`, built the way Gradio applies an update (it raises for a range it refuses)."""
+    slider = gr.Slider(**{k: v for k, v in update.items() if k not in ("__type__", "value")}, render=False)
+    assert 0 <= update["value"] <= slider.maximum
+    return slider
+
+
+SMALL_MODELS = {"one-head": dict(num_layers=3, num_attention_heads=1, num_key_value_heads=1),
+                "one-layer": dict(num_layers=1), "two-layers": dict(num_layers=2, num_key_value_heads=1)}
+
+
+@pytest.mark.parametrize("name", SMALL_MODELS)
+def test_every_slider_takes_a_model_with_one_head_or_one_or_two_layers(name, tiny_tok) -> None:
+    """A slider whose only value is 0 would need maximum 0, which Gradio refuses: it goes to 1 and cannot move.
+    The model change, the core sliders bounding each other, a link sized to the model, a page built for it and
+    a run all take such a model."""
+    from d3.engine import Engine
+    from explorer import share
+    from tests.tiny import tiny_llama
+
+    spec = SMALL_MODELS[name]
+    engine = Engine(tiny_llama(**spec), tiny_tok, name=name)
+    small = ModelPool(lambda _: engine, names=(name,), caps=Caps(max_new_tokens=8))
+    layers, heads = spec["num_layers"], spec.get("num_attention_heads", 4)
+    head, tail, layer, attention_head, _, _ = view_handlers.load_model(small, name)
+    sliders = {n: _applied(u) for n, u in zip(("head", "tail", "layer", "attention_head"),
+                                             (head, tail, layer, attention_head))}
+    assert sliders["attention_head"].interactive is (heads > 1) and sliders["layer"].interactive is (layers > 1)
+    assert head["value"] + tail["value"] < layers  # the default core leaves a layer to skip
+    assert all(u["maximum"] >= 1 for u in (head, tail, layer, attention_head))
+    for update in view_handlers.bound_core(small, name, head["value"], tail["value"]):
+        _applied({**update, "value": 0})
+    linked = share.sized_to_model(small, {"model": name})
+    for key in ("core_head", "core_tail", "attention_layer", "attention_head"):
+        _applied(linked[key])
+    page.build_demo(lambda _: engine, model_names=(name,), public=False, caps=Caps(max_new_tokens=8))
+    controls = {**DEFAULTS, "model": name, "core_head": head["value"], "core_tail": tail["value"],
+                "attention_layer": layer["value"], "max_new_tokens": 4}
+    assert "Done." in last_value(run(small, Session(), **controls), "status")
+
+
+def test_the_server_log_shows_each_warning_once(monkeypatch) -> None:
+    """A library's deprecation warning inside every decoding step, with filters changed between steps (as
+    libraries on the page's path do): Python's "default" shows it each time; the server shows it once."""
+    import warnings
+
+    shown: list[str] = []
+    monkeypatch.setattr(warnings, "showwarning", lambda message, category, *args, **kwargs: shown.append(str(message)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")  # Python's own action, outside pytest
+        page.show_warnings_once()
+        page.show_warnings_once()  # launching twice does not wrap twice
+        for _ in range(3):
+            warnings.warn("`past_key_values` is deprecated (a test)", FutureWarning)
+            with warnings.catch_warnings():
+                pass
+        warnings.warn("another warning (a test)", UserWarning)
+    assert shown == ["`past_key_values` is deprecated (a test)", "another warning (a test)"]
 
 
 def test_use_example_fills_the_prompt() -> None:

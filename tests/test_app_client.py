@@ -210,6 +210,42 @@ def test_export_figure_via_the_api(url) -> None:
     assert Path(page).name == "usage.html" and "Plotly" in text and Path(script).name == "plotly.min.js"
 
 
+def test_exports_are_bounded_for_the_server_and_served_without_a_copy(url, exports_in_tmp, monkeypatch) -> None:
+    """The issue's repro: three clients, each with a session of its own, ask for 11 schedule figures each. The
+    server's rate refuses everything past it, and Gradio serves the pages from the export folder itself (as
+    downloads, never as pages on the app's origin): its cache holds nothing else, so the cap bounds everything
+    on disk."""
+    from collections import deque
+
+    from explorer import export
+
+    monkeypatch.setattr(export, "_SERVER_EXPORTS", deque())
+    args = dict(model="tiny", strategy="d3", core_head=1, core_tail=1, start=0, drop_order="middle_out", fill="copy",
+                max_new_tokens=8, unified_ratio=1.5, skipdecode_max=0, skipdecode_min=0, threshold=0.9,
+                attention_layer=3, attention_head=0, metric="both", log_kl=False, presentation=False)
+    cache = Path(exports_in_tmp) / "gradio"  # Gradio's, and where earlier tests' clients downloaded into
+    before = {f for f in cache.rglob("*") if f.is_file()}
+    served, refused = [], []
+    for _ in range(3):
+        c = Client(url, verbose=False, download_files=False)  # files stay on the server: only its disk is counted
+        c.predict(**{**RUN, "max_new_tokens": 2}, api_name="/generate")  # a session of its own
+        for k in range(11):
+            try:
+                served.append(c.predict(figure=("decay", "planned")[k % 2], alpha=0.9 + k * 1e-4, **args,
+                                        api_name="/export_figure"))
+            except Exception as error:  # noqa: BLE001  (gradio_client raises AppError)
+                refused.append(str(error))
+    assert len(served) == export.SERVER_EXPORTS_PER_MINUTE and len(refused) == 33 - len(served)
+    assert sum("for everyone together" in r for r in refused) == 11, refused  # the third client gets none
+    import httpx
+
+    response = httpx.get(served[0][0]["url"])  # served from the export folder itself: a download, not a page
+    assert response.status_code == 200 and response.headers["content-disposition"].startswith("attachment")
+    written = {f for f in cache.rglob("*") if f.is_file()} - before
+    assert written and all(export.EXPORT_ROOT in f.parents for f in written), [str(f) for f in written][:3]
+    assert sum(f.stat().st_size for f in cache.rglob("*") if f.is_file()) <= export.EXPORT_MAX_BYTES
+
+
 def test_concurrent_requests_all_finish(url) -> None:
     results: list[str] = []
 

@@ -60,6 +60,8 @@ def test_core_larger_than_model_is_rejected_for_that_model():
 
 def test_default_core_split():
     assert default_core(30) == (3, 3) and default_core(18) == (2, 2) and default_core(4) == (1, 1)
+    assert default_core(3) == (1, 1) and default_core(2) == (0, 0) and default_core(1) == (0, 0)  # a layer to skip
+    D3Config().check_layers(1)  # (1, 1) would not fit a one-layer model
     assert D3Config().core(30) == (3, 3) and D3Config(core_head=0).core(30) == (0, 3)
 
 

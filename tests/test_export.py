@@ -1,13 +1,16 @@
-"""Downloads are bounded: a session is needed, each session has a rate, all exports stay under a size cap with the
-oldest deleted first, plotly.js is written once, and tests keep every file in pytest's tmp dirs."""
+"""Downloads are bounded: a session is needed, each session has a rate and the server has one for all sessions
+together, all exports stay under a size cap with the oldest deleted first, plotly.js is written once, and tests
+keep every file in pytest's tmp dirs."""
 
 from __future__ import annotations
 
 import tempfile
 import time
+from collections import deque
 from pathlib import Path
 
 import gradio as gr
+import pandas as pd
 import pytest
 
 from explorer import export
@@ -21,6 +24,13 @@ FIGURE_ARGS = {k: v for k, v in DEFAULTS.items() if k != "prompt"}
 
 def figure(pool, session, key: str = "usage") -> list[str]:
     return export.export_figure(pool, session, key, **FIGURE_ARGS)
+
+
+@pytest.fixture(autouse=True)
+def server_rate(monkeypatch) -> deque:
+    """The server's export rate counted afresh for each test."""
+    monkeypatch.setattr(export, "_SERVER_EXPORTS", deque())
+    return export._SERVER_EXPORTS
 
 
 @pytest.fixture
@@ -41,6 +51,15 @@ def test_a_figure_export_needs_a_session(pool) -> None:
         figure(pool, None, "decay")  # the schedule figures need no run, but a session still
 
 
+@pytest.mark.parametrize("call", [lambda pool: export.export_trace(None), lambda pool: figure(pool, None),
+                                  lambda pool: export.export_sweep(None)], ids=["trace", "figure", "sweep"])
+def test_an_export_refused_puts_no_traceback_in_the_log(pool, call) -> None:
+    """Anyone can call these with no session: Gradio prints the traceback of a gr.Error unless told not to."""
+    with pytest.raises(gr.Error, match="Nothing to export yet") as err:
+        call(pool)
+    assert err.value.print_exception is False
+
+
 def test_plotly_js_is_written_once_and_each_page_is_small(pool, fresh) -> None:
     pages = [Path(figure(pool, fresh, key)[0]) for key in ("usage", "decay", "flow")]
     scripts = list(export.EXPORT_ROOT.rglob("plotly*.js"))
@@ -58,6 +77,20 @@ def test_each_session_has_a_rate(pool, fresh) -> None:
     export.export_trace(Session(d3=fresh.d3, full=fresh.full))  # someone else is not held up
     fresh.exports[0] -= 61  # a minute later, one more fits
     figure(pool, fresh)
+
+
+def test_the_server_has_a_rate_that_new_sessions_do_not_reset(pool, server_rate) -> None:
+    """A session costs nothing to make, so the server counts every session's downloads together, the sweep's
+    CSV too; the schedule figures need no run."""
+    for i in range(export.SERVER_EXPORTS_PER_MINUTE):
+        figure(pool, Session(), ("decay", "planned")[i % 2])
+    with pytest.raises(gr.Error, match=f"at most {export.SERVER_EXPORTS_PER_MINUTE} a minute for everyone"):
+        figure(pool, Session(), "decay")
+    with pytest.raises(gr.Error, match="for everyone"):
+        export.export_sweep(pd.DataFrame({"alpha": [0.9]}))
+    assert len(server_rate) == export.SERVER_EXPORTS_PER_MINUTE  # a refused download is not counted
+    server_rate[0] -= 61  # a minute later, one more fits
+    figure(pool, Session(), "planned")
 
 
 def test_the_total_stays_under_the_cap_oldest_first(pool, finished, monkeypatch) -> None:

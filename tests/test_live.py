@@ -66,6 +66,15 @@ def test_as_number_names_the_field_and_the_range(value, message) -> None:
     assert "alpha must be a number in (0, 1]" in str(err.value)
 
 
+def test_a_range_prints_whole_ends_as_integers() -> None:
+    with pytest.raises(ValueError, match=r"seed must be an integer in \[0, 2147483647\]$"):
+        as_number("seed", -1, 0, 2**31 - 1, integer=True)
+    with pytest.raises(ValueError, match=r"ratio must be a number in \[1, 64\]$"):
+        as_number("ratio", 0.5, 1.0, 64.0)
+    with pytest.raises(ValueError, match=r"alpha must be a number in \(0, 0.999\]$"):
+        as_number("alpha", 1, 0, 0.999, lo_open=True)
+
+
 def test_as_number_accepts_numeric_text_and_whole_floats() -> None:
     assert as_number("alpha", " 0.5 ", 0, 1) == 0.5
     assert as_number("n", 7.0, 1, 10, integer=True) == 7 and isinstance(as_number("n", "7", 1, 10, integer=True), int)

@@ -114,6 +114,93 @@ def test_directory_without_tokenizer_is_a_plain_error(tmp_path: Path):
     assert "\n" not in str(info.value)
 
 
+def _edit_config(path: Path, **changes) -> None:
+    import json
+
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, **changes}))
+
+
+def _refused(path: Path, **kwargs) -> tuple[str, float]:
+    """load_model's one-line refusal of `path`, and how long it took."""
+    started = time.perf_counter()
+    with pytest.raises(ValueError) as info:
+        load_model(str(path), device="cpu", **kwargs)
+    elapsed = time.perf_counter() - started
+    assert "\n" not in str(info.value)
+    return str(info.value), elapsed
+
+
+def test_a_config_edited_to_more_layers_than_the_weights_is_refused_at_once(tmp_path: Path, tiny_dir: Path):
+    """The weights cover layers 0-3; a config that asks for 40 would load 36 random layers without a word."""
+    import shutil
+
+    edited = Path(shutil.copytree(tiny_dir, tmp_path / "edited"))
+    _edit_config(edited, num_hidden_layers=40)
+    message, elapsed = _refused(edited)
+    assert "do not cover the model: layers 4-39 of its 40 are missing" in message and elapsed < 1.0
+
+
+def test_a_100000_layer_config_is_refused_before_anything_is_built(tmp_path: Path):
+    tiny_llama().config.save_pretrained(str(tmp_path))
+    _edit_config(tmp_path, num_hidden_layers=100_000, hidden_size=8, num_attention_heads=1, num_key_value_heads=1)
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    message, elapsed = _refused(tmp_path)
+    assert message == f"the model config has 100,000 layers: at most {models.MAX_LAYERS} are loaded" and elapsed < 1.0
+
+
+def test_the_parameters_a_config_describes_are_capped_before_it_is_built(tiny_dir: Path):
+    message, _ = _refused(tiny_dir, max_parameters=10_000)
+    assert "describes about 0.0B parameters: at most 0.0B are loaded here" in message
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_parameter_estimate_matches_a_built_model(tied: bool):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=99, tie_word_embeddings=tied)
+    built = sum(p.numel() for p in LlamaForCausalLM(config).parameters())
+    assert models.estimate_parameters(config.to_dict()) == built
+
+
+@pytest.mark.parametrize("field, value", [("num_hidden_layers", 0), ("hidden_size", "32"), ("vocab_size", -1)])
+def test_a_config_with_a_malformed_size_is_refused_naming_the_field(tmp_path: Path, field: str, value):
+    tiny_llama().config.save_pretrained(str(tmp_path))
+    _edit_config(tmp_path, **{field: value})
+    message, _ = _refused(tmp_path)
+    assert f"{field}={value!r} is not a positive integer" in message
+
+
+def test_weights_missing_outside_the_layers_are_named_by_the_load_report(tmp_path: Path, tiny_dir: Path):
+    """The headers only show which layers are there; anything else missing is caught by transformers' report."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    broken = Path(shutil.copytree(tiny_dir, tmp_path / "no-norm"))
+    weights = load_file(str(broken / "model.safetensors"))
+    del weights["model.norm.weight"]
+    save_file(weights, str(broken / "model.safetensors"), metadata={"format": "pt"})
+    message, _ = _refused(broken)
+    assert message.endswith("do not cover the model: missing model.norm.weight")
+
+
+@pytest.mark.integration
+def test_smollm2_weights_under_a_40_layer_config_are_refused_at_once(tmp_path: Path):
+    """The issue's directory: SmolLM2's 30 layers of weights (linked, not copied) under a config edited to 40."""
+    import shutil
+
+    cached = sorted((models.cache_root() / "smollm2-135m").glob("*/model.safetensors"))
+    if not cached:
+        pytest.skip("SmolLM2 is not converted in this cache yet")
+    shutil.copy(cached[0].parent / "config.json", tmp_path / "config.json")
+    (tmp_path / "model.safetensors").symlink_to(cached[0])
+    _edit_config(tmp_path, num_hidden_layers=40)
+    message, elapsed = _refused(tmp_path)
+    assert "layers 30-39 of its 40 are missing" in message and elapsed < 1.0
+
+
 def test_multimodal_gemma3_is_rejected():
     with pytest.raises(ValueError, match="text-only"):
         models.check_arch({"model_type": "gemma3", "vision_config": {}})

@@ -18,7 +18,7 @@ from explorer.explain import PAUSE, PLAY, RUN_OUTPUTS, next_token, render_scrub,
 from explorer.page import build_demo
 from explorer.runs import check_run, side_by_side
 from explorer.session import Session
-from explorer.share import RESTORE_OUTPUTS, controls_from_query, controls_query, restore_from_link
+from explorer.share import FLAGS, RESTORE_OUTPUTS, TEXTS, controls_from_query, controls_query, restore_from_link
 from tests.test_app_client import CountingEngine, serve
 from tests.test_browser import browser  # noqa: F401  (the shared headless Chromium fixture)
 from tests.test_page_teaches import (
@@ -153,6 +153,20 @@ def test_a_bad_link_says_why_and_leaves_the_controls(demo, params, message) -> N
     request = type("Request", (), {"query_params": params})()
     out = dict(zip(RESTORE_OUTPUTS, restore_from_link(demo.pool, request)))
     assert "not loaded" in out["status"] and all(isinstance(out[n], type(gr.skip())) for n in CONTROL_NAMES)
+
+
+@pytest.mark.parametrize("name", [n for n in CONTROL_NAMES if n not in FLAGS + TEXTS])
+def test_a_link_with_a_number_that_is_not_one_names_the_fields_real_range(demo, name) -> None:
+    """Not "alpha must be a number in [-inf, inf]": the range said is the one the field is checked against."""
+    with pytest.raises(ValueError, match=f"{name}='fast' is not a number") as err:
+        controls_from_query(demo.pool, {name: "fast"})
+    assert "inf" not in str(err.value), str(err.value)
+
+
+def test_a_link_with_a_non_numeric_alpha_says_alphas_range(demo) -> None:
+    for raw in ("fast", "nan", "1e999"):
+        with pytest.raises(ValueError, match=r"alpha must be a number in \(0, 1\]"):
+            controls_from_query(demo.pool, {"alpha": raw})
 
 
 def test_a_link_to_another_model_sizes_the_layer_sliders_to_it() -> None:

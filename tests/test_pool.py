@@ -130,6 +130,15 @@ def test_the_message_does_not_tell_whether_a_server_directory_exists(tmp_path: P
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
 
 
+def test_the_pool_refuses_a_model_larger_than_its_cap_before_building_it(tmp_path: Path, caplog) -> None:
+    """The page's own parameter cap (D3_MAX_PARAMETERS) reaches the loader; the log says why in one line."""
+    tiny_llama(2).config.save_pretrained(tmp_path)
+    pool = ModelPool(caps=Caps(max_parameters=1000))
+    with caplog.at_level(logging.WARNING), pytest.raises(ValueError, match="unknown model"):
+        pool.engine(str(tmp_path))
+    assert any("parameters: at most 0.0B are loaded here" in r.getMessage() for r in caplog.records)
+
+
 def test_the_issue_repro_through_the_api(tiny_engine) -> None:
     """Issue 12: A asks for an unknown model (its load is slow and fails); 0.5 s later B generates 2 tokens with
     the loaded model: B takes its normal time, and A's retry answers at once."""

@@ -89,6 +89,19 @@ def test_selecting_the_full_depth_row_or_nothing_says_why_in_the_note(swept) -> 
     assert "No sweep results" in sweep_tab.load_sweep_setting(None, _select(0))[LOAD["sweep_note"]]
 
 
+@pytest.mark.parametrize("event", [gr.EventData(None, None), None], ids=["no-data", "no-event"])
+def test_a_row_load_with_no_select_event_says_so(swept, event) -> None:
+    """Through the API the table's select handler gets no event data: Gradio builds the handler's event argument
+    from none (gr.SelectData raised TypeError there, and the caller got {"error": null}); the note says what to do."""
+    from gradio.helpers import special_args
+
+    results = swept[0][OUT["sweep_results"]]
+    inputs, _, _, _ = special_args(sweep_tab.load_sweep_setting, [results], event_data=event)
+    out = sweep_tab.load_sweep_setting(*inputs)
+    assert out[LOAD["sweep_note"]] == "Click a row of the sweep's table to load its setting."
+    assert all(type(v) is type(gr.skip()) for k, v in enumerate(out) if k != LOAD["sweep_note"])
+
+
 def test_clicking_a_pareto_point_loads_the_row_it_was_drawn_from(swept) -> None:
     results, figure = swept[0][OUT["sweep_results"]], swept[0][OUT["sweep_pareto"]]
     points = [t for t in figure.data if (t.meta or {}).get("role") == "points"]

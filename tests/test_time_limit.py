@@ -49,6 +49,18 @@ def test_a_sweep_stops_at_the_time_limit(tiny_engine) -> None:
         sweep_tab.run_sweep(pool, "tiny", True, "hello there", ["d3_85"], 4, progress=lambda *a, **k: None)
 
 
+def test_a_sweep_stops_within_a_token_of_the_time_limit() -> None:
+    """One run of this sweep (24 tokens x 250 ms) outlasts the limit: checked as each run starts, the sweep
+    overran by most of a run (on a busy server, seconds); checked before every token, it stops within one step."""
+    engine = CountingEngine(tiny_llama(6), tiny_tokenizer(), name="tiny", delay=0.25)
+    pool = ModelPool(tiny_factory(engine), names=("tiny",), caps=LIMIT)
+    started = time.perf_counter()
+    with pytest.raises(gr.Error, match="time limit of 1 s"):
+        sweep_tab.run_sweep(pool, "tiny", True, "hello there", ["d3_85"], 24, progress=lambda *a, **k: None)
+    elapsed = time.perf_counter() - started
+    assert elapsed < LIMIT.max_run_s + 1.0 and engine.steps < 10, (elapsed, engine.steps)
+
+
 def test_a_job_nobody_reads_frees_its_slot(slow_engine) -> None:
     """A POST whose result stream is never opened: on a server with one slot, it stops at the limit and the next
     person's run goes through."""

@@ -59,13 +59,19 @@ def main() -> int:
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--out", default="results/drop_order_smollm2.json")
     p.add_argument("--tasks", default=",".join(DEFAULT_GENERATION_TASKS))
-    p.add_argument("--only", default="", help="comma-separated parts: calibrate,single,sweep")
+    p.add_argument("--only", default="", help="comma-separated parts: calibrate,single,sweep,report")
+    p.add_argument("--summary", default="results/SUMMARY.md", help="where the report part writes its section")
     args = p.parse_args()
     args.device, args.dtype = "auto", "float32"
     tasks = tuple(t for t in args.tasks.split(",") if t)
-    parts = set(args.only.split(",")) if args.only else {"calibrate", "single", "sweep"}
+    parts = set(args.only.split(",")) if args.only else {"calibrate", "single", "sweep", "report"}
     out = Path(args.out)
     result = json.loads(out.read_text()) if out.is_file() else {}
+    if parts == {"report"}:
+        from d3.report_drop_order import write_section
+
+        print(f"wrote {write_section(args.summary, result)}", file=sys.stderr)
+        return 0
     engine = load_engine(args)
     L = engine.num_layers
     head, tail = cal.D3Config().core(L)
@@ -123,6 +129,10 @@ def main() -> int:
             print(f"{label}: {sweep[label]['accuracy']:.3f} at {sweep[label]['mean_layers']:.2f} layers "
                   f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
             save()
+    if "report" in parts:
+        from d3.report_drop_order import write_section
+
+        print(f"wrote {write_section(args.summary, result)}", file=sys.stderr)
     return 0
 
 

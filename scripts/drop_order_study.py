@@ -59,6 +59,8 @@ def main() -> int:
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--out", default="results/drop_order_smollm2.json")
     p.add_argument("--tasks", default=",".join(DEFAULT_GENERATION_TASKS))
+    p.add_argument("--depths", default=",".join(map(str, DEPTHS)), help="target mean layers per answer token")
+    p.add_argument("--plan", default="", help="calibrations as signal/set/steps, comma-separated (default: PLAN)")
     p.add_argument("--only", default="", help="comma-separated parts: calibrate,single,sweep,report")
     p.add_argument("--summary", default="results/SUMMARY.md", help="where the report part writes its section")
     args = p.parse_args()
@@ -80,7 +82,8 @@ def main() -> int:
     save = lambda: out.write_text(json.dumps(result, indent=1))  # noqa: E731
     if "calibrate" in parts:
         result.setdefault("calibrations", {})
-        for signal, kind, steps in PLAN:
+        plan = PLAN if not args.plan else [(a, b, int(c)) for a, b, c in (x.split("/") for x in args.plan.split(","))]
+        for signal, kind, steps in plan:
             t0 = time.perf_counter()
             c = cal.calibrate(engine, signal, _set(kind, tasks), steps=steps,
                               progress=lambda d, t, w: print(f"\r{signal}/{kind} [{d}/{t}] {w}   ", end="", file=sys.stderr))
@@ -114,7 +117,7 @@ def main() -> int:
         for key, c in result.get("calibrations", {}).items():
             orders[f"calibrated {key}"] = {"drop_order": "calibrated", "layer_order": tuple(c["order"])}
         settings = {"full depth": FullConfig()}
-        for depth in DEPTHS:
+        for depth in (int(d) for d in args.depths.split(",")):
             for name, fields in orders.items():
                 cfg = d3_for_depth(depth / L, L, ANSWER_TOKENS)
                 settings[f"d3 {name} @{depth}"] = D3Config(alpha=cfg.alpha, **fields)

@@ -174,5 +174,5 @@ def wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
                               ui["files"], api_name="export_figure", preprocess=False)
     _wire_sweep(pool, ui, demo)
     wire_needs(pool, ui)
-    wire_explain(ui, runs)
+    wire_explain(pool, ui, runs)
     _redraw_after(pool, ui, wire_share(pool, ui, demo))  # on every page load, link or not: the first preview

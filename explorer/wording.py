@@ -46,10 +46,11 @@ them (the *core*) and only skips the middle.""",
     "attention": """**Where one attention head looks** while each token is generated (rows), over the prompt and
 the earlier tokens (columns): full depth on the left, D3 on the right. Choose the layer *before* generating,
 because only that layer is recorded, to keep traces small. The head can be changed afterwards. The default
-layer is the middle flex layer, the one the default schedule (middle out) drops first.
+layer is a flex layer that the default D3 run keeps for about three quarters of its tokens, then drops. The dotted
+line is where the prompt ends.
 
-**What to look for:** grey rows are tokens for which D3 skipped this layer. Similar patterns mean
-that skipping left this head's behaviour intact.""",
+**What to look for:** grey rows are tokens for which D3 skipped this layer (no attention to show). Similar
+patterns in the rows above them mean that skipping other layers left this head's behaviour intact.""",
     "errors": """**How far D3 drifts from full depth,** per position.
 *Teacher-forced* KL: both models see the same full-depth text, so this is the local error of one step.
 *Free-running* KL: D3 continues on its own text, so errors compound.

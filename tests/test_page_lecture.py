@@ -1,0 +1,83 @@
+"""Issue 17, "The page in a lecture hall": what a teacher preparing a lecture sees in headless Chromium (1280x800,
+presentation mode, a phone), checked by boxes and pixels. One server per module on a tiny random Llama with
+SmolLM2's 30 layers, like tests/test_page_teaches.py."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from d3.config import D3Config
+from d3.schedule import plan
+from explorer.caps import Caps
+from explorer.controls import DEFAULTS, default_attention_layer
+from explorer.page import build_demo
+from tests.test_app_client import CountingEngine, serve
+from tests.test_browser import browser  # noqa: F401  (the shared headless Chromium fixture)
+from tests.test_page_teaches import DESKTOP, PHONE, PRESENTATION, TIMEOUT_MS, generate, open_view, wait_for_status
+from tests.tiny import tiny_llama, tiny_tokenizer
+
+pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+              pytest.mark.filterwarnings("ignore::UserWarning")]
+playwright_api = pytest.importorskip("playwright.sync_api")
+Image = pytest.importorskip("PIL.Image")
+LAYERS = 30
+
+
+@pytest.fixture(scope="module")
+def engine() -> CountingEngine:
+    return CountingEngine(tiny_llama(LAYERS), tiny_tokenizer(), name="tiny")
+
+
+@pytest.fixture(scope="module")
+def url(engine):
+    demo = build_demo(lambda name: engine, model_names=("tiny",), public=False, caps=Caps(max_new_tokens=64))
+    with serve(demo) as address:
+        yield address
+
+
+@pytest.fixture()
+def page(browser, url, request):
+    pg = browser.new_page(viewport=getattr(request, "param", DESKTOP))
+    pg.set_default_timeout(TIMEOUT_MS)
+    pg.goto(url)
+    pg.wait_for_selector("#generate")
+    yield pg
+    pg.close()
+
+
+def pixel(page, x: float, y: float) -> tuple[int, int, int]:
+    """The colour a person sees at document point (x, y) (scrolled to it)."""
+    shot = Image.open(io.BytesIO(page.screenshot(full_page=True, clip={"x": int(x), "y": int(y), "width": 1,
+                                                                        "height": 1})))
+    return shot.convert("RGB").getpixel((0, 0))
+
+
+# Page coordinates of the centre of heatmap row `row` (category index) in panel `panel` of a plot.
+ROW_POINT = """([id, panel, row]) => {
+  const gd = document.querySelector(`#${id} .js-plotly-plot`);
+  const fl = gd._fullLayout, sfx = panel > 1 ? String(panel) : '';
+  const xa = fl['xaxis' + sfx], ya = fl['yaxis' + sfx], box = gd.querySelector('.main-svg').getBoundingClientRect();
+  return {x: box.left + scrollX + xa._offset + xa._length / 2, y: box.top + scrollY + ya._offset + ya.c2p(row)};
+}"""
+
+
+# ---------------------------------------------------------------- 1: attention view
+
+
+def test_after_a_default_run_the_attention_view_shows_d3_rows_and_grey_skipped_rows(page) -> None:
+    generate(page, tokens=DEFAULTS.max_new_tokens)
+    open_view(page, "Attention: full depth vs D3")
+    page.wait_for_selector("#plot-attention .js-plotly-plot .main-svg")
+    layer = default_attention_layer(LAYERS)
+    ran = [layer in plan(D3Config(alpha=DEFAULTS.alpha), LAYERS, i).run for i in range(DEFAULTS.max_new_tokens)]
+    page.locator("#plot-attention").scroll_into_view_if_needed()
+    ran_row, skipped_row = ran.index(True, 1), ran.index(False)
+    skipped_at = page.evaluate(ROW_POINT, ["plot-attention", 2, skipped_row])
+    r, g, b = pixel(page, skipped_at["x"], skipped_at["y"])
+    assert abs(r - 0xD1) < 12 and abs(g - 0xD5) < 12 and abs(b - 0xDB) < 12, (r, g, b)  # grey, not white
+    ran_at = page.evaluate(ROW_POINT, ["plot-attention", 2, ran_row])
+    row = [pixel(page, ran_at["x"] + dx, ran_at["y"]) for dx in range(-200, 200, 20)]
+    assert any(sum(c) < 600 for c in row), row  # a D3 row where the layer ran shows attention (not blank)
+    assert sum(ran) >= 0.6 * len(ran)

@@ -1,0 +1,54 @@
+"""Issue 17, "The page in a lecture hall", below the browser: handler and figure checks, tiny random models."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from d3.config import D3Config, GenerationConfig, TraceConfig
+from d3.schedule import plan
+from explorer.controls import DEFAULTS, default_attention_layer
+from viz.attention import SKIPPED_FILL, attention_map, key_labels
+
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.filterwarnings("ignore::UserWarning")]
+
+
+def by_role(fig, role: str):
+    return [t for t in fig.data if (t.meta or {}).get("role") == role]
+
+
+# ---------------------------------------------------------------- 1: attention view
+
+
+@pytest.mark.parametrize("layers", [30, 18])  # SmolLM2-135M and Gemma 3 270M
+def test_the_default_attention_layer_runs_for_most_default_d3_tokens_and_is_dropped_later(layers) -> None:
+    layer = default_attention_layer(layers)
+    cfg = D3Config(alpha=DEFAULTS.alpha)
+    ran = [layer in plan(cfg, layers, i).run for i in range(DEFAULTS.max_new_tokens)]
+    assert 0.6 <= np.mean(ran) < 1  # most rows show the head at work, the last ones are grey
+    assert ran[0]  # not the first layer the schedule drops (skipped from token 1: a blank panel)
+
+
+def test_rows_of_tokens_that_skipped_the_layer_are_filled_grey(tiny_engine) -> None:
+    cfg = D3Config(alpha=0.93, core_head=1, core_tail=1)
+    trace = tiny_engine.generate("the cat sat", cfg, GenerationConfig(max_new_tokens=12, stop_at_eos=False),
+                                 TraceConfig(attention_layers=(1,)))
+    skipped = [t for t, s in enumerate(trace.steps) if 1 not in s.layers_run]
+    assert skipped and len(skipped) < len(trace.steps)
+    grey = by_role(attention_map(trace, 1, 0), "skipped-rows")
+    assert len(grey) == 1 and grey[0].colorscale[0][1] == SKIPPED_FILL
+    z = np.asarray(grey[0].z, dtype=float)
+    assert [t for t in range(len(z)) if np.isfinite(z[t]).all()] == skipped  # whole rows, exactly the skipped ones
+
+
+# ---------------------------------------------------------------- 8: labels
+
+
+def test_prompt_keys_read_like_generated_ones(tiny_engine) -> None:
+    trace = tiny_engine.generate("the cat sat", D3Config(alpha=0.9, core_head=1, core_tail=1),
+                                 GenerationConfig(max_new_tokens=3), TraceConfig(attention_layers=(0,)))
+    trace = trace.__class__(**{**trace.__dict__, "prompt_stats": trace.prompt_stats.__class__(
+        tokens=("Ġthe", "Ġcat", "Ċ"), stats={}, attention={})})
+    assert key_labels(trace, 3, 3) == ["␣the", "␣cat", "⏎"]
+    fig = attention_map(trace, 0, 0)
+    assert fig.layout.xaxis.title.text == "key position"  # short: two panels' titles side by side do not collide

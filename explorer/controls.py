@@ -34,6 +34,8 @@ STRATEGY_LABELS: dict[str, str] = {
     "early_exit": "Confidence early exit (CALM-style)",
 }
 DECODINGS = ("greedy", "sample")
+ALPHA_RANGE = (0.8, 1.0)  # the α slider's range: the part of (0, 1] where a decay leaves anything to look at
+TEMPERATURE_RANGE = (0.05, 2.0)
 METRICS = ("both", "cos", "dist")
 
 
@@ -210,6 +212,23 @@ def parse_strategy(c: Controls, num_layers: int, caps: Caps) -> StrategyConfig:
                               min_layers=min(4, num_layers), fill=fill)
     cfg.check_layers(num_layers)
     return cfg
+
+
+def slider_ranges(num_layers: int, caps: Caps) -> dict[str, tuple[float, float, bool]]:
+    """The page's sliders: name -> (min, max, integer). A value typed into a slider's box outside its range is
+    clamped back by the browser when the box loses focus, so the page says so as it is typed (`check_sliders`)."""
+    top = num_layers - 1
+    return {"alpha": (*ALPHA_RANGE, False), "core_head": (0, top, True), "core_tail": (0, top, True),
+            "start": (0, caps.max_new_tokens, True), "temperature": (*TEMPERATURE_RANGE, False),
+            "attention_layer": (0, top, True)}
+
+
+def check_sliders(c: Controls, num_layers: int, caps: Caps) -> None:
+    """ValueError, worded like the API's, for a slider value outside the slider's range (None: the default)."""
+    for name, (lo, hi, integer) in slider_ranges(num_layers, caps).items():
+        value = getattr(c, name)
+        if value is not None:
+            as_number(name, value, lo, hi, integer=integer)
 
 
 def parse_controls(c: Controls, num_layers: int, caps: Caps) -> tuple[StrategyConfig, GenerationConfig]:

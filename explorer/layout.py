@@ -12,7 +12,14 @@ from d3.config import DROP_ORDERS, FILLS, default_core
 from d3.data import example_prompts
 from d3.models import ModelFacts
 from d3.sweep import BUILTIN_PROMPTS
-from explorer.controls import DECODINGS, DEFAULTS, STRATEGY_LABELS, default_attention_layer
+from explorer.controls import (
+    ALPHA_RANGE,
+    DECODINGS,
+    DEFAULTS,
+    STRATEGY_LABELS,
+    TEMPERATURE_RANGE,
+    default_attention_layer,
+)
 from explorer.explain import lens_switch, scrub_controls
 from explorer.export import FIGURES
 from explorer.needs import needs_controls
@@ -36,7 +43,7 @@ def _key_controls(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> Non
     """The controls a lesson turns most: α, the core split and the length, beside the prompt."""
     layers = facts.num_layers
     head, tail = default_core(layers)
-    ui["alpha"] = gr.Slider(0.8, 1.0, value=DEFAULTS.alpha, step=0.001, label="α: token i runs floor(L·α^i) layers",
+    ui["alpha"] = gr.Slider(*ALPHA_RANGE, value=DEFAULTS.alpha, step=0.001, label="α: token i runs floor(L·α^i) layers",
                             elem_id="alpha")
     with gr.Row():
         # head + tail stays below L: each slider's maximum follows the other (wiring.bound_core)
@@ -58,14 +65,15 @@ def _more_controls(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> No
                                        info="strided is not nested: filling matters", min_width=140)
         ui["fill"] = gr.Dropdown(list(FILLS), value=DEFAULTS.fill, label="Fill for skipped layers' KV",
                                  info="copy · propagate · none (masked hole)", min_width=140)
-    ui["start"] = gr.Slider(0, caps.max_new_tokens, value=DEFAULTS.start, step=1, label="Start (tokens at full depth)")
+    ui["start"] = gr.Slider(0, caps.max_new_tokens, value=DEFAULTS.start, step=1, label="Start (tokens at full depth)",
+                            elem_id="start")
     ui["attention_layer"] = gr.Slider(0, layers - 1, value=default_attention_layer(layers), step=1,
                                       label="Attention layer to record (before generating)")
     with gr.Row():
         ui["decoding"] = gr.Radio(list(DECODINGS), value=DEFAULTS.decoding, label="Decoding", min_width=140)
         ui["chat_template"] = gr.Checkbox(facts.chat_template, label="Chat template (instruct models)", min_width=140)
     with gr.Row():
-        ui["temperature"] = gr.Slider(0.05, 2.0, value=DEFAULTS.temperature, step=0.05,
+        ui["temperature"] = gr.Slider(*TEMPERATURE_RANGE, value=DEFAULTS.temperature, step=0.05,
                                       label="Temperature (sampling only)", min_width=140)
         ui["seed"] = gr.Number(DEFAULTS.seed, label="Seed (sampling only)", min_width=100)
     ui["unified_ratio"] = gr.Number(DEFAULTS.unified_ratio, label="Unified skipping: target speedup r (keeps floor(L/r) layers)")

@@ -12,7 +12,15 @@ from d3.config import default_core
 from d3.data import example_prompts
 from d3.models import ModelFacts
 from explorer import views
-from explorer.controls import CONTROL_NAMES, Controls, default_attention_layer, parse_schedule, takes_controls
+from explorer.controls import (
+    CONTROL_NAMES,
+    Controls,
+    check_sliders,
+    default_attention_layer,
+    parse_controls,
+    parse_schedule,
+    takes_controls,
+)
 from explorer.live import interrupt
 from explorer.parse import as_choice, whole
 from explorer.pool import ModelPool
@@ -84,6 +92,30 @@ def bound_core(pool: ModelPool, model: str, core_head: Any, core_tail: Any) -> t
     head, tail = whole(core_head), whole(core_tail)
     top = facts.num_layers - 1
     return gr.update(maximum=max(top - tail, 0)), gr.update(maximum=max(top - head, 0))
+
+
+@takes_controls
+def check_controls(pool: ModelPool, session: Session | None, controls: Controls) -> Any:
+    """As a control changes, say at once in the status line what is wrong with the controls (the message Generate
+    and the API give, or that a number typed into a slider's box is outside the slider, which the browser then
+    clamps), and take such a message back as soon as every control is valid again. Nothing otherwise: the status
+    line stays the run's."""
+    try:
+        facts = pool.known_facts(controls.model)
+        if facts is None:
+            return gr.skip()  # not loaded yet: Generate checks it after the load
+        check_sliders(controls, facts.num_layers, pool.caps)
+        parse_controls(controls, facts.num_layers, pool.caps)
+    except ValueError as err:
+        if session is not None:
+            session.problem = str(err)
+        return views.problem_html(str(err))
+    if session is None or session.problem is None or session.running is not None:
+        return gr.skip()
+    session.problem = None
+    if session.d3 is None:
+        return views.status_html(None, None, "Ready: press Generate.")
+    return views.status_html(session.d3, session.full, "done", comparison=session.comparison)
 
 
 @takes_controls

@@ -30,6 +30,7 @@ from explorer.view_handlers import (
     VIEW_OUTPUTS,
     apply_scenario,
     bound_core,
+    check_controls,
     load_model,
     model_changed,
     new_session,
@@ -48,6 +49,8 @@ PREVIEW_JS = ASSETS / "decay_preview.js"  # the decay curve drawn in the browser
 # Letting go of one of these sliders regenerates; while one moves, the browser redraws the decay curve from
 # them (decay_preview.js follows them in this order).
 RELEASE_TRIGGERS = ("alpha", "core_head", "core_tail", "start")
+CHECKED_CONTROLS = ("alpha", "core_head", "core_tail", "start", "max_new_tokens", "temperature", "seed", "unified_ratio",
+                    "skipdecode_max", "skipdecode_min", "threshold", "attention_layer")
 
 
 def _pick(ui: dict[str, Any], names: tuple[str, ...]) -> list[Any]:
@@ -122,6 +125,9 @@ def _wire_views(pool: ModelPool, ui: dict[str, Any]) -> None:
            *(ui[n].change for n in REDRAW_NAMES if n not in RELEASE_TRIGGERS)],
           functools.partial(redraw_schedule, pool), _with_controls(ui, "session"), [ui["decay"], ui["planned"]],
           api_name="redraw_schedule", trigger_mode="always_last", **instant)
+    # A value typed out of range is said at once, and the message goes once the value is fixed.
+    gr.on([ui[n].change for n in CHECKED_CONTROLS], functools.partial(check_controls, pool),
+          _with_controls(ui, "session"), ui["status"], api_name=False, trigger_mode="always_last", **instant)
     ui["metric"].change(render_flow, _with_controls(ui, "session"), ui["flow"], api_name="render_flow", **instant)
     gr.on([ui["attention_layer"].change, ui["attention_head"].change], render_attention, _with_controls(ui, "session"),
           ui["attention"], api_name="render_attention", trigger_mode="always_last", **instant)

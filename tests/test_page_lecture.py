@@ -81,3 +81,40 @@ def test_after_a_default_run_the_attention_view_shows_d3_rows_and_grey_skipped_r
     row = [pixel(page, ran_at["x"] + dx, ran_at["y"]) for dx in range(-200, 200, 20)]
     assert any(sum(c) < 600 for c in row), row  # a D3 row where the layer ran shows attention (not blank)
     assert sum(ran) >= 0.6 * len(ran)
+
+
+# ---------------------------------------------------------------- 4: typed values
+
+
+def status(page) -> str:
+    return page.evaluate("() => document.querySelector('#status').innerText")
+
+
+def planned_d3_label(page) -> str:
+    return page.evaluate("""() => document.querySelector('#plot-decay .js-plotly-plot').data
+      .filter(t => (t.meta || {}).role === 'planned' && t.meta.strategy === 'd3').map(t => t.name)[0]""")
+
+
+@pytest.mark.parametrize("typed, runs", [("0.5", "α=0.8"), ("1.5", "α=1.0")])
+def test_a_typed_alpha_out_of_range_is_said_and_the_run_uses_what_the_curve_shows(page, typed, runs) -> None:
+    page.wait_for_selector("#plot-decay .js-plotly-plot .main-svg")
+    box = page.locator("#alpha input[type=number]")
+    box.fill(typed)
+    box.press("Enter")
+    wait_for_status(page, f"alpha={typed} is out of range: alpha must be a number in [0.8, 1]")
+    page.wait_for_function("(t) => document.querySelector('#plot-decay .js-plotly-plot').data"
+                           ".some(d => (d.name || '').startsWith(`D3 (${t}`))", arg=runs)
+    generate(page, tokens=6)
+    title = page.evaluate("() => document.querySelector('#d3-title').innerText")
+    assert runs in title and runs in planned_d3_label(page)  # the run is what the curve shows
+
+
+def test_a_fixed_value_takes_its_error_back_without_generating(page) -> None:
+    box = page.locator("#max-new-tokens input")
+    box.fill("2.5")
+    page.click("#generate")
+    wait_for_status(page, "max_new_tokens=2.5 is not allowed")
+    box.fill("6")
+    box.press("Enter")
+    page.wait_for_function("() => !document.querySelector('#status').innerText.includes('not allowed')")
+    assert "Ready" in status(page)

@@ -52,3 +52,27 @@ def test_prompt_keys_read_like_generated_ones(tiny_engine) -> None:
     assert key_labels(trace, 3, 3) == ["␣the", "␣cat", "⏎"]
     fig = attention_map(trace, 0, 0)
     assert fig.layout.xaxis.title.text == "key position"  # short: two panels' titles side by side do not collide
+
+
+# ---------------------------------------------------------------- 4: typed values
+
+
+def test_a_slider_value_out_of_its_range_is_said_and_the_fix_takes_it_back(tiny_engine) -> None:
+    import gradio as gr
+
+    from explorer.caps import Caps
+    from explorer.live import generate
+    from explorer.page import build_demo
+    from explorer.session import Session
+    from explorer.view_handlers import check_controls
+
+    demo = build_demo(lambda name: tiny_engine, model_names=("tiny",), public=False, caps=Caps(max_new_tokens=64))
+    pool, s = demo.pool, Session()
+    pool.engine("tiny")
+    assert "alpha=0.5 is out of range: alpha must be a number in [0.8, 1]" in check_controls(pool, s, model="tiny",
+                                                                                             alpha=0.5)
+    assert "Ready" in check_controls(pool, s, model="tiny", alpha=0.8)  # fixed: the message goes at once
+    assert check_controls(pool, s, model="tiny", alpha=0.9) == gr.skip()  # nothing to take back: the run's line stays
+    with pytest.raises(gr.Error):
+        list(generate(pool, s, prompt="hi", model="tiny", max_new_tokens=2.5))
+    assert "Ready" in check_controls(pool, s, model="tiny", max_new_tokens=6)  # Generate's message goes too

@@ -179,7 +179,7 @@ def _prompt_and_run(pool: ModelPool, ui: dict[str, Any]) -> None:
     with gr.Row():
         ui["example"] = gr.Dropdown([p.title for p in prompts], value=prompts[0].title, label="Example prompt",
                                     min_width=120)
-        ui["model"] = gr.Dropdown(list(pool.names), value=pool.names[0], label="Model", min_width=120,
+        ui["model"] = gr.Dropdown(list(pool.names), value=pool.names[0], label="Model", min_width=120, elem_id="model",
                                   allow_custom_value=not pool.public)
     with gr.Row():
         ui["generate"] = gr.Button("Generate", variant="primary", elem_id="generate", min_width=100)

@@ -158,15 +158,18 @@ def wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     # In the queue, where an unknown title is a plain error message rather than an HTTP 500.
     ui["example"].input(use_example, ui["example"], ui["prompt"], api_name="use_example", preprocess=False,
                         concurrency_limit=None, show_progress="hidden")
-    gr.on([ui["model"].change, ui["core_head"].change, ui["core_tail"].change], functools.partial(bound_core, pool),
+    # Not on a model change: model_changed sizes both core sliders together (bound_core would answer with the
+    # other model's core values and leave one maximum stale).
+    gr.on([ui["core_head"].change, ui["core_tail"].change], functools.partial(bound_core, pool),
           _pick(ui, ("model", "core_head", "core_tail")), _pick(ui, ("core_head", "core_tail")), api_name=False,
           queue=False, preprocess=False, show_progress="hidden", trigger_mode="always_last")
-    sized = ui["model"].input(functools.partial(model_changed, pool), ui["model"], _pick(ui, MODEL_OUTPUTS),
+    sized = ui["model"].input(functools.partial(model_changed, pool), _pick(ui, ("session", "model", "presentation")),
+                              _pick(ui, MODEL_OUTPUTS),
                               api_name="model_changed", queue=False, preprocess=False)
     # A model that must be loaded first: in the queue, one load at a time, apart from the generations' slots.
-    sized.then(functools.partial(load_model, pool), ui["model"], _pick(ui, MODEL_OUTPUTS), api_name="load_model",
-               preprocess=False, concurrency_id="load", concurrency_limit=1, trigger_mode="always_last",
-               show_progress_on=[ui["run_state"]])
+    loaded = sized.then(functools.partial(load_model, pool), ui["model"], _pick(ui, MODEL_OUTPUTS),
+                        api_name="load_model", preprocess=False, concurrency_id="load", concurrency_limit=1,
+                        trigger_mode="always_last", show_progress_on=[ui["run_state"]])
     runs = {"": _wire_generation(pool, ui, [ui["generate"].click, ui["prompt"].submit]),
             "_on_release": _wire_generation(pool, ui, [ui[n].release for n in RELEASE_TRIGGERS], "_on_release")}
     ui["stop"].click(stop, ui["session"], ui["status"], api_name="stop", queue=False, show_progress="hidden")
@@ -174,6 +177,7 @@ def wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
                   api_name="interrupt_fills", show_progress="hidden")
     _wire_fills(pool, ui, fills, "")
     runs.update(_wire_scenarios(pool, ui))
+    runs["_model"] = loaded  # the lens and scrubber forget the other model's run too
     _wire_views(pool, ui)
     ui["export_trace"].click(export_trace, ui["session"], ui["files"], api_name="export_trace")
     ui["export_figure"].click(functools.partial(export_figure, pool), _with_controls(ui, "session", "figure"),

@@ -5,6 +5,7 @@ SmolLM2's 30 layers, like tests/test_page_teaches.py."""
 from __future__ import annotations
 
 import io
+import time
 
 import pytest
 
@@ -32,7 +33,8 @@ def engine() -> CountingEngine:
 
 @pytest.fixture(scope="module")
 def url(engine):
-    demo = build_demo(lambda name: engine, model_names=("tiny",), public=False, caps=Caps(max_new_tokens=64))
+    engines = {"tiny": engine, "tiny18": CountingEngine(tiny_llama(18), tiny_tokenizer(), name="tiny18")}
+    demo = build_demo(engines.__getitem__, model_names=tuple(engines), public=False, caps=Caps(max_new_tokens=64))
     with serve(demo) as address:
         yield address
 
@@ -118,3 +120,39 @@ def test_a_fixed_value_takes_its_error_back_without_generating(page) -> None:
     box.press("Enter")
     page.wait_for_function("() => !document.querySelector('#status').innerText.includes('not allowed')")
     assert "Ready" in status(page)
+
+
+# ---------------------------------------------------------------- 6: switching models
+
+
+CORE_BOUNDS = """() => ['core-head', 'core-tail'].map(id => {
+  const r = document.querySelector(`#${id} input[type=range]`);
+  return [Number(r.value), Number(r.max)]; })"""
+
+
+def test_switching_models_clears_the_other_models_run_and_bounds_the_core_at_once(page) -> None:
+    dropdown = page.locator("#model input")
+
+    def switch(name: str) -> list:
+        dropdown.click()
+        page.get_by_role("option", name=name, exact=True).click()
+        seen = []
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 3:  # every bound the sliders show in the next 3 s, not only the last
+            seen.append(page.evaluate(CORE_BOUNDS))
+            time.sleep(0.05)
+        return seen
+
+    for bounds in switch("tiny18")[-1:]:
+        assert bounds == [[2, 15], [2, 15]]
+    generate(page, tokens=6)
+    assert "/ 18" in page.evaluate("() => document.querySelector('#d3-counters').innerText")  # mean layers / L
+    seen = switch("tiny")
+    settled = seen[-1]
+    assert settled == [[3, 26], [3, 26]]
+    for (head, head_max), (tail, tail_max) in seen[seen.index(settled):]:
+        assert head_max == 29 - tail and tail_max == 29 - head  # head + tail < 30 at every moment once sized
+    wait_for_status(page, "Model tiny: press Generate")
+    for pane in ("#d3-pane", "#full-pane", "#d3-counters"):
+        text = page.evaluate("(s) => document.querySelector(s).innerText", pane)
+        assert "18" not in text and "tiny18" not in text, (pane, text)

@@ -76,3 +76,27 @@ def test_a_slider_value_out_of_its_range_is_said_and_the_fix_takes_it_back(tiny_
     with pytest.raises(gr.Error):
         list(generate(pool, s, prompt="hi", model="tiny", max_new_tokens=2.5))
     assert "Ready" in check_controls(pool, s, model="tiny", max_new_tokens=6)  # Generate's message goes too
+
+
+# ---------------------------------------------------------------- 6: switching models
+
+
+def test_a_model_switch_forgets_the_other_models_run_and_sizes_both_core_sliders_together(tiny_engine) -> None:
+    from explorer.caps import Caps
+    from explorer.page import build_demo
+    from explorer.runs import side_by_side
+    from explorer.session import Session
+    from explorer.view_handlers import MODEL_OUTPUTS, model_changed
+
+    demo = build_demo(lambda name: tiny_engine, model_names=("tiny",), public=False, caps=Caps(max_new_tokens=64))
+    pool, s = demo.pool, Session()
+    pool.engine("tiny")
+    *_, last = side_by_side(tiny_engine, "hi", D3Config(alpha=0.9, core_head=1, core_tail=1),
+                            GenerationConfig(max_new_tokens=3))
+    s.finish(last, "D3")
+    out = dict(zip(MODEL_OUTPUTS, model_changed(pool, s, "tiny")))
+    assert s.d3 is None and s.full is None and len(s.history) == 1  # forgotten, but kept in the history
+    assert "press Generate" in out["status"] and "press Generate" in out["d3_tokens"]
+    layers = tiny_engine.num_layers
+    head, tail = out["core_head"], out["core_tail"]
+    assert head["maximum"] == layers - 1 - tail["value"] and tail["maximum"] == layers - 1 - head["value"]

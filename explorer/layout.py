@@ -12,6 +12,7 @@ from d3.config import DROP_ORDERS, FILLS, default_core
 from d3.data import example_prompts
 from d3.models import ModelFacts
 from d3.sweep import BUILTIN_PROMPTS
+from explorer import views
 from explorer.controls import (
     ALPHA_RANGE,
     DECODINGS,
@@ -22,6 +23,7 @@ from explorer.controls import (
 )
 from explorer.explain import lens_switch, scrub_controls
 from explorer.export import FIGURES
+from explorer.needs import cold_view as needs_cold_view
 from explorer.needs import needs_controls
 from explorer.pool import ModelPool
 from explorer.scenarios import SCENARIOS
@@ -96,7 +98,16 @@ def _panes(ui: dict[str, Any]) -> None:
             ui["full_counters"] = gr.HTML(elem_id="full-counters")
 
 
-def _view_tab(key: str, ui: dict[str, Any], extra: Callable[[], None] | None = None, *, plot: bool = True) -> None:
+def _cold_views() -> dict[str, Any]:
+    """What each view shows before any run: what to press to fill it (an empty gr.Plot shows only plotly's icon).
+    The planned grid is drawn as the page opens, the lens and the scrubber when their tab is opened."""
+    return {"usage": views.usage_view(None), "flow": views.flow_view(None, None),
+            "attention": views.attention_view(None, None, 0, 0), "errors": views.error_view(None),
+            "fills": views.fills_view(None), "needs": needs_cold_view()}
+
+
+def _view_tab(key: str, ui: dict[str, Any], extra: Callable[[], None] | None = None, *, plot: bool = True,
+              value: Any = None) -> None:
     """A view: `extra` components above its plot (`plot=False`: `extra` makes the view's plots itself), and its
     explanation in a column on the right."""
     with gr.Tab(VIEWS[key], id=key) as ui[f"tab_{key}"]:
@@ -105,7 +116,7 @@ def _view_tab(key: str, ui: dict[str, Any], extra: Callable[[], None] | None = N
                 if extra is not None:
                     extra()
                 if plot:
-                    ui[key] = gr.Plot(show_label=False, elem_id=f"plot-{key}")
+                    ui[key] = gr.Plot(value, show_label=False, elem_id=f"plot-{key}")
             with gr.Column(scale=1, min_width=240, elem_classes=["d3-explain"]) as column:
                 gr.Markdown(EXPLAIN[key])
         ui[f"explain_{key}"] = column
@@ -125,14 +136,15 @@ def _tabs(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> None:
     def fills_extra() -> None:
         ui["fills_button"] = gr.Button("Compare fills (copy · propagate · none)", elem_id="fills-button")
 
+    cold = _cold_views()
     with gr.Tabs(elem_id="views"):
-        _view_tab("usage", ui)
+        _view_tab("usage", ui, value=cold["usage"])
         _view_tab("planned", ui)
-        _view_tab("flow", ui, flow_extra)
-        _view_tab("attention", ui, attention_extra)
-        _view_tab("errors", ui, errors_extra)
-        _view_tab("fills", ui, fills_extra)
-        _view_tab("needs", ui, lambda: needs_controls(ui))
+        _view_tab("flow", ui, flow_extra, value=cold["flow"])
+        _view_tab("attention", ui, attention_extra, value=cold["attention"])
+        _view_tab("errors", ui, errors_extra, value=cold["errors"])
+        _view_tab("fills", ui, fills_extra, value=cold["fills"])
+        _view_tab("needs", ui, lambda: needs_controls(ui), value=cold["needs"])
         _view_tab("lens", ui, lambda: lens_switch(ui))
         _view_tab("scrub", ui, lambda: scrub_controls(ui), plot=False)
         with gr.Tab("Run history", id="history"):

@@ -78,7 +78,7 @@ def error_view(comparison: Comparison | None, *, phase: str = "", log_kl: bool =
     if comparison is None:
         message = {"comparing": "Computing the error against full depth (a teacher-forced run)…",
                    "stopped": "The run was stopped before the comparison. Press Generate to run it again."}
-        return waiting(message.get(phase, "The error views appear when both streams have finished."),
+        return waiting(message.get(phase, "Press Generate: the error views appear when both streams have finished."),
                        presentation=presentation)
     return error_propagation(comparison, log_kl=log_kl, presentation=presentation)
 

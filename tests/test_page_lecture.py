@@ -156,3 +156,18 @@ def test_switching_models_clears_the_other_models_run_and_bounds_the_core_at_onc
     for pane in ("#d3-pane", "#full-pane", "#d3-counters"):
         text = page.evaluate("(s) => document.querySelector(s).innerText", pane)
         assert "18" not in text and "tiny18" not in text, (pane, text)
+
+
+# ---------------------------------------------------------------- 9: a cold page
+
+
+@pytest.mark.parametrize("view", ["Per-token layer usage", "Information flow: core vs flex",
+                                  "Attention: full depth vs D3", "Error propagation", "Fill strategies",
+                                  "What each token needs"])
+def test_a_cold_page_says_what_to_press_in_every_view(page, view) -> None:
+    open_view(page, view)
+    shown = """() => Array.from(document.querySelectorAll('[id^=plot-]')).filter(c => c.offsetParent !== null
+      && c.id !== 'plot-decay').map(c => Array.from(c.querySelectorAll('.annotation-text')).map(a => a.textContent)
+      .join(' '))"""
+    page.wait_for_function(f"() => ({shown})().length > 0 && ({shown})().every(t => t.includes('Press'))",
+                           timeout=15_000)

@@ -85,8 +85,10 @@ def error_view(comparison: Comparison | None, *, phase: str = "", log_kl: bool =
 
 def fills_view(fills: Mapping[str, Comparison] | None, *, presentation: bool = False) -> go.Figure:
     if not fills:
-        return waiting("Press “Compare fills” to run copy, propagate and none on this prompt.",
-                       presentation=presentation)
+        return waiting("Press “Compare fills” to run this prompt and schedule with each fill (copy, propagate, none)"
+                       "<br>against full depth: KL per token and agreement, one line per fill (about 4 runs)."
+                       "<br>With a nested drop order (the default) the lines coincide: no later token reads a filled"
+                       " entry.<br>Choose drop order strided to see the fills differ.", presentation=presentation)
     return fill_strategies(dict(fills), presentation=presentation)
 
 

@@ -54,10 +54,13 @@ patterns in the rows above them mean that skipping other layers left this head's
     "errors": """**How far D3 drifts from full depth,** per position.
 *Teacher-forced* KL: both models see the same full-depth text, so this is the local error of one step.
 *Free-running* KL: D3 continues on its own text, so errors compound.
-The bottom panel shows how wrong the key/value cache is at each layer, compared with full depth. The outlined
-cells were filled instead of computed.
+The bottom panel shows how wrong the key/value cache is at each layer, compared with full depth. Outlined
+squares were filled instead of computed and are read by later tokens; grey dots were filled but no later token
+ever reads them.
 
-**What to look for:** a spike at the first divergence. Filled entries with a large error.""",
+**What to look for:** a spike at the first divergence. With a nested drop order (the default) every filled entry
+is a grey dot: errors there cannot propagate, the skipped layers' own absence is the error. With *strided* or
+early exit, filled entries with a large error are read and the error propagates.""",
     "fills": """**The same prompt and schedule with each fill strategy:**
 *copy* takes the key/value entry of the nearest lower layer that ran. *propagate* passes the hidden state
 through the skipped layer unchanged and projects its own key/value from it. *none* leaves a hole and masks it.

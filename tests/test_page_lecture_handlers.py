@@ -100,3 +100,35 @@ def test_a_model_switch_forgets_the_other_models_run_and_sizes_both_core_sliders
     layers = tiny_engine.num_layers
     head, tail = out["core_head"], out["core_tail"]
     assert head["maximum"] == layers - 1 - tail["value"] and tail["maximum"] == layers - 1 - head["value"]
+
+
+# ---------------------------------------------------------------- 2: errors and fills under a nested order
+
+
+def comparison(engine, order: str, fill: str = "copy"):
+    from d3.compare import compare
+
+    return compare(engine, "the cat sat on", D3Config(alpha=0.85, core_head=1, core_tail=1, drop_order=order, fill=fill),
+                   GenerationConfig(max_new_tokens=10, stop_at_eos=False))
+
+
+def test_under_a_nested_order_the_error_view_says_no_filled_entry_is_ever_read(tiny_engine) -> None:
+    from viz.errors import error_propagation
+
+    fig = error_propagation(comparison(tiny_engine, "middle_out"))
+    assert not by_role(fig, "filled")[0].x.size and by_role(fig, "filled-unread")[0].x.size
+    assert any(a.name == "never-read" and "no filled entry is ever read" in a.text for a in fig.layout.annotations)
+    strided = error_propagation(comparison(tiny_engine, "strided"))
+    assert by_role(strided, "filled")[0].x.size  # here later tokens read filled entries: outlined
+    assert not any(a.name == "never-read" for a in strided.layout.annotations)
+
+
+def test_the_fill_view_says_what_compare_shows_and_why_nested_lines_coincide(tiny_engine) -> None:
+    from explorer.views import fills_view
+
+    cold = " ".join(a.text for a in fills_view(None).layout.annotations)
+    assert "copy, propagate, none" in cold and "coincide" in cold
+    nested = fills_view({f: comparison(tiny_engine, "middle_out", f) for f in ("copy", "none")})
+    assert "coincide" in nested.layout.title.text
+    strided = fills_view({f: comparison(tiny_engine, "strided", f) for f in ("copy", "none")})
+    assert "coincide" not in strided.layout.title.text

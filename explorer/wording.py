@@ -18,12 +18,13 @@ VIEWS: dict[str, str] = {
 
 EXPLAIN: dict[str, str] = {
     "usage": """**One row per generated token, one column per decoder layer.**
-Blue cells ran. Grey cells were skipped. Orange, green and red cells were skipped, and their key/value
-entry was filled by *copy*, by *propagate*, or left as a masked *hole*.
-The purple bands are the **core** layers, which always run.
+Blue cells ran. Every other cell was skipped, and its colour says what went into its key/value entry instead:
+orange, a *copy* of a lower layer's entry (the default fill), green, *propagate*, red, a masked *hole* (fill
+*none*); grey, nothing (no entry written). The purple bands are the **core** layers, which always run.
 
-**What to look for:** the rows get shorter as the response goes on. That is the depth decay.
-Hover over a cell to see what happened to it.""",
+**What to look for:** the blue part of each row shrinks as the response goes on, and the skipped (orange, with
+the default fill) block in the middle widens: later tokens run fewer layers. That is the depth decay. Every row
+still spans all the layers, because every skipped layer gets an entry. Hover over a cell to see what happened to it.""",
     "decay": """**How many layers token *i* gets:** `floor(L · α^i)`, never below the core floor (head + tail).
 The dashed line is the formula alone. The thick line is the planned budget, and the dots are what each token
 actually ran. Other strategies' schedules are drawn on the same axes.

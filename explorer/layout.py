@@ -202,7 +202,6 @@ def _prompt_and_run(pool: ModelPool, ui: dict[str, Any]) -> None:
             for key, scenario in SCENARIOS.items():
                 ui[f"scenario_{key}"] = gr.Button(scenario.title, size="sm", elem_id=f"scenario-{key}", min_width=120)
     ui["scenario_text"] = gr.Markdown(elem_id="scenario-text", elem_classes=["d3-scenario-text"])
-    ui["scenario_finding"] = gr.Markdown(elem_id="scenario-finding", elem_classes=["d3-finding"])
 
 
 def _live_tab(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> None:
@@ -220,6 +219,8 @@ def _live_tab(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> None:
         with gr.Column(scale=3, min_width=320, elem_classes=["d3-main"]):
             ui["status"] = gr.HTML(status_html(None, None, "Ready: press Generate."), elem_id="status")
             ui["run_state"] = gr.HTML(visible="hidden", elem_id="run-state")  # holds runs' progress and error badges
+            # A scenario's findings (each run's numbers and text) under the status line, where the class looks.
+            ui["scenario_finding"] = gr.Markdown(elem_id="scenario-finding", elem_classes=["d3-finding"])
             _panes(ui)
             ui["decay"] = gr.Plot(show_label=False, elem_id="plot-decay")
             with gr.Accordion("How to read the decay curve", open=False) as ui["explain_decay"]:

@@ -26,6 +26,13 @@ class RunRecord:
     label: str
     summary: dict[str, Any]
     measured: float | None
+    text: str = ""  # what the skipping run wrote
+    layers: tuple[int, ...] = ()  # layers it ran per token
+    agree: tuple[bool, ...] = ()  # per position, whether its token equals full depth's
+
+    def detail(self) -> dict[str, Any]:
+        """The summary with the run's text and its per-token layers and agreement (scenario findings)."""
+        return {**self.summary, "text": self.text, "layers": self.layers, "agree": self.agree}
 
 
 @dataclass
@@ -96,7 +103,10 @@ class Session:
         self.show(update)
         if update.d3 is not None and update.full is not None and update.d3.steps:
             summary = update.comparison.summary() if update.comparison else _stream_summary(update.d3, update.full)
-            self.history.append(RunRecord(label, summary, measured_speedup(update.d3, update.full)))
+            d3, full = update.d3, update.full
+            agree = tuple(a == b for a, b in zip(d3.token_ids, full.token_ids))
+            self.history.append(RunRecord(label, summary, measured_speedup(d3, full), text=d3.text,
+                                          layers=tuple(int(n) for n in d3.layers_used), agree=agree))
             del self.history[:-HISTORY_LIMIT]
 
     def history_frame(self) -> pd.DataFrame:

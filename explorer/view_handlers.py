@@ -222,7 +222,7 @@ def show_finding(pool: ModelPool, key: str, session: Session | None, model: str)
     except ValueError:
         return ""
     runs = len(SCENARIOS[key].runs)
-    text = scenario_finding(key, [r.summary for r in session.history[-runs:]], layers)
+    text = scenario_finding(key, [r.detail() for r in session.history[-runs:]], layers)
     if SCENARIOS[key].fills and session.fills:
         text += "\n\n" + fill_finding(session.fills)
     return text

@@ -171,3 +171,17 @@ def test_a_cold_page_says_what_to_press_in_every_view(page, view) -> None:
       .join(' '))"""
     page.wait_for_function(f"() => ({shown})().length > 0 && ({shown})().every(t => t.includes('Press'))",
                            timeout=15_000)
+
+
+# ---------------------------------------------------------------- 5: the core scenario's findings
+
+
+def test_the_core_scenarios_findings_are_on_the_first_screen_with_both_runs_texts(page) -> None:
+    page.click("#scenario-core")
+    page.wait_for_function("() => document.querySelector('#scenario-finding').innerText.includes('run 2')")
+    box = page.evaluate("() => { const r = document.querySelector('#scenario-finding').getBoundingClientRect();"
+                        " return {top: r.top + scrollY, left: r.left, bottom: r.bottom + scrollY}; }")
+    panes = page.evaluate("() => document.querySelector('#d3-pane').getBoundingClientRect().left")
+    assert box["top"] < DESKTOP["height"] / 2 and box["left"] >= panes - 40  # above the panes, in their column
+    text = page.evaluate("() => document.querySelector('#scenario-finding').innerText")
+    assert text.count("wrote “") == 2

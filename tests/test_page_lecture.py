@@ -185,3 +185,24 @@ def test_the_core_scenarios_findings_are_on_the_first_screen_with_both_runs_text
     assert box["top"] < DESKTOP["height"] / 2 and box["left"] >= panes - 40  # above the panes, in their column
     text = page.evaluate("() => document.querySelector('#scenario-finding').innerText")
     assert text.count("wrote “") == 2
+
+
+# ---------------------------------------------------------------- 7: view tabs keep their places
+
+
+# Each tab's place relative to the tab bar (what is drawn above the bar may still grow while the page settles).
+TAB_PLACES = """() => { const bar = document.querySelector('#views [role=tablist]').getBoundingClientRect();
+  return Array.from(document.querySelectorAll('#views [role=tablist] button')).map(b => {
+    const r = b.getBoundingClientRect(); return [b.innerText.trim(), Math.round(r.top - bar.top), Math.round(r.left - bar.left)]; }); }"""
+
+
+@pytest.mark.parametrize("page", [DESKTOP, PHONE], indirect=True, ids=["desktop", "phone"])
+def test_picking_a_view_tab_leaves_every_tab_where_it_was(page) -> None:
+    before = page.evaluate(TAB_PLACES)
+    assert len(before) == 11 and len({top for _, top, _ in before}) >= 2  # all in the bar, on several lines
+    for name in ("Logit lens", "Export", "Fill strategies"):  # tabs on the second line (or further down)
+        page.locator("#views [role=tablist] button", has_text=name).first.click()
+        page.wait_for_function("(n) => document.querySelector('#views button.selected').innerText.trim() === n",
+                               arg=name)
+        assert page.evaluate(TAB_PLACES) == before
+    assert not page.locator("#views .overflow-menu").is_visible()

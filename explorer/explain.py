@@ -28,7 +28,7 @@ LENS_SWITCH = "Record the logit lens while generating"
 RUN_OUTPUTS = ("lens", "scrub_index", *SCRUB_OUTPUTS)  # after a run, or when presentation mode changes
 PLAY_OUTPUTS = ("scrub_index", "scrub_playing", "scrub_timer", "scrub_play")
 PLAY_EVERY_S = 0.8  # Play moves to the next token this often
-PLAY, PAUSE = "▶ Play", "⏸ Pause"
+PLAY, PAUSE = "Play", "Pause"  # words: a pause glyph (U+23F8) is a box without an emoji font
 
 
 def lens_view(d3: Trace | None, full: Trace | None, *, presentation: bool = False) -> go.Figure:

@@ -155,7 +155,7 @@ def _tabs(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> None:
                 ui["export_trace"] = gr.Button("Download traces (JSON + CSV)")
                 ui["figure"] = gr.Dropdown([(VIEWS[k], k) for k in FIGURES], value="usage",
                                            label="Figure to export")
-                ui["export_figure"] = gr.Button("Download figure (standalone HTML)")
+                ui["export_figure"] = gr.Button("Download figure (HTML + plotly.min.js: keep both in one folder)")
             ui["files"] = gr.File(label="Files", file_count="multiple", interactive=False)
 
 
@@ -200,7 +200,8 @@ def _prompt_and_run(pool: ModelPool, ui: dict[str, Any]) -> None:
         gr.Markdown("**Scenarios**: one click sets the controls and runs.")
         with gr.Row():
             for key, scenario in SCENARIOS.items():
-                ui[f"scenario_{key}"] = gr.Button(scenario.title, size="sm", elem_id=f"scenario-{key}", min_width=120)
+                ui[f"scenario_{key}"] = gr.Button(scenario.title, size="sm", variant="secondary",
+                                                  elem_id=f"scenario-{key}", min_width=120)
     ui["scenario_text"] = gr.Markdown(elem_id="scenario-text", elem_classes=["d3-scenario-text"])
 
 

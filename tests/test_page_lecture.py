@@ -206,3 +206,14 @@ def test_picking_a_view_tab_leaves_every_tab_where_it_was(page) -> None:
                                arg=name)
         assert page.evaluate(TAB_PLACES) == before
     assert not page.locator("#views .overflow-menu").is_visible()
+
+
+# ---------------------------------------------------------------- 11: small wording
+
+
+def test_scenario_buttons_look_like_buttons_and_the_export_names_both_files(page) -> None:
+    style = page.evaluate("""() => { const s = getComputedStyle(document.querySelector('#scenario-core'));
+      return [s.borderTopWidth, s.borderTopColor, s.backgroundColor]; }""")
+    assert style[0] != "0px" and style[1] not in ("rgba(0, 0, 0, 0)", "transparent"), style
+    open_view(page, "Export")
+    page.get_by_role("button", name="Download figure (HTML + plotly.min.js: keep both in one folder)").wait_for()

@@ -172,3 +172,16 @@ def test_the_core_scenario_compares_its_runs_over_the_tokens_both_wrote_and_quot
     assert text.count("28.0 of 30 layers") == 2  # equal lengths: equal depth, not 21.8 against 28.0
     assert "“The sky is blue because”" in text and "“Blue blue blue”" in text  # run 1's text stays readable
     assert "8 tokens longer" in text
+
+
+# ---------------------------------------------------------------- 11: small wording
+
+
+def test_the_small_wording_says_what_happens() -> None:
+    from explorer.explain import PAUSE, PLAY
+    from explorer.sweep_tab import SWEEP_REPEATS, sweep_bounds_text
+    from explorer.wording import SWEEP_EXPLAIN
+
+    assert f"{SWEEP_REPEATS} timing pairs" in sweep_bounds_text() and "1 repeat" not in sweep_bounds_text()
+    assert "one repeat" not in SWEEP_EXPLAIN and "3 pairs" in SWEEP_EXPLAIN
+    assert all(ord(ch) < 0x2000 for ch in PLAY + PAUSE)  # no glyph that needs an emoji font

@@ -47,7 +47,7 @@ def _key_controls(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> Non
     head, tail = default_core(layers)
     ui["alpha"] = gr.Slider(*ALPHA_RANGE, value=DEFAULTS.alpha, step=0.001, label="α: token i runs floor(L·α^i) layers",
                             elem_id="alpha")
-    with gr.Row():
+    with gr.Row(elem_id="core-row"):
         # head + tail stays below L: each slider's maximum follows the other (wiring.bound_core)
         ui["core_head"] = gr.Slider(0, layers - 1 - tail, value=head, step=1, label="Core head (first layers)",
                                     elem_id="core-head", min_width=120)

@@ -217,3 +217,42 @@ def test_scenario_buttons_look_like_buttons_and_the_export_names_both_files(page
     assert style[0] != "0px" and style[1] not in ("rgba(0, 0, 0, 0)", "transparent"), style
     open_view(page, "Export")
     page.get_by_role("button", name="Download figure (HTML + plotly.min.js: keep both in one folder)").wait_for()
+
+
+# ---------------------------------------------------------------- 10: presentation mode
+
+
+def present(page) -> None:
+    page.click("#presentation")
+    page.wait_for_function("() => document.querySelector('.d3-present') !== null")
+    page.wait_for_timeout(1500)  # the views redraw at the bigger size
+
+
+def test_presentation_mode_at_1280x800_has_the_panes_and_the_decay_curve_on_the_first_screen(page) -> None:
+    generate(page, tokens=24)
+    present(page)
+    page.evaluate("() => window.scrollTo(0, 0)")
+    box = lambda sel: page.evaluate("(s) => { const r = document.querySelector(s).getBoundingClientRect();"  # noqa: E731
+                                    " return {top: r.top, bottom: r.bottom}; }", sel)
+    for pane in ("#d3-pane", "#full-pane", "#d3-counters"):
+        assert box(pane)["bottom"] <= DESKTOP["height"], pane
+    plot_area = page.evaluate("""() => { const gd = document.querySelector('#plot-decay .js-plotly-plot');
+      const svg = gd.querySelector('.main-svg').getBoundingClientRect(), ya = gd._fullLayout.yaxis;
+      return svg.top + ya._offset + ya._length + 30; }""")  # the curve and its tick labels
+    assert plot_area <= DESKTOP["height"]
+    prompt = page.evaluate("() => { const t = document.querySelector('#prompt textarea');"
+                           " return [t.clientHeight, parseFloat(getComputedStyle(t).lineHeight)]; }")
+    assert prompt[0] >= 2 * prompt[1]  # two whole lines of the prompt
+
+
+@pytest.mark.parametrize("page", [{"width": 1920, "height": 1080}], indirect=True, ids=["1920x1080"])
+def test_presentation_mode_keeps_slider_labels_on_one_line_and_scales_their_numbers(page) -> None:
+    present(page)
+    for slider in ("core-head", "core-tail"):
+        label = page.evaluate("(id) => { const s = document.querySelector(`#${id} [data-testid=block-info]`);"
+                              " return [s.getBoundingClientRect().height, parseFloat(getComputedStyle(s).lineHeight)"
+                              " || parseFloat(getComputedStyle(s).fontSize) * 1.5]; }", slider)
+        assert label[0] <= 2.2 * label[1], (slider, label)  # at most two lines (it was four)
+    sizes = page.evaluate("() => ['#alpha [data-testid=max-value]', '#alpha [data-testid=block-info]']"
+                          ".map(s => parseFloat(getComputedStyle(document.querySelector(s)).fontSize))")
+    assert sizes[0] >= 0.85 * sizes[1]  # the range numbers about as big as the label

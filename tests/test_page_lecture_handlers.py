@@ -185,3 +185,24 @@ def test_the_small_wording_says_what_happens() -> None:
     assert f"{SWEEP_REPEATS} timing pairs" in sweep_bounds_text() and "1 repeat" not in sweep_bounds_text()
     assert "one repeat" not in SWEEP_EXPLAIN and "3 pairs" in SWEEP_EXPLAIN
     assert all(ord(ch) < 0x2000 for ch in PLAY + PAUSE)  # no glyph that needs an emoji font
+
+
+# ---------------------------------------------------------------- 8: labels that do not collide
+
+
+def test_the_usage_grid_labels_every_other_layer_and_thins_token_labels_in_presentation_mode(tiny_engine) -> None:
+    from viz.grid import layer_grid
+    from viz.stream import token_html
+
+    trace = tiny_engine.generate("the cat sat", D3Config(alpha=0.9, core_head=1, core_tail=1),
+                                 GenerationConfig(max_new_tokens=20, stop_at_eos=False))
+    wide = trace.__class__(**{**trace.__dict__, "num_layers": 30})  # SmolLM2's 30 columns
+    assert len(layer_grid(wide).layout.xaxis.tickvals) <= 16  # 30 labels at ~25 px each ran into each other
+    rows = len(trace.steps)
+    assert len(layer_grid(trace).layout.yaxis.tickvals) == rows
+    assert len(layer_grid(trace, presentation=True).layout.yaxis.tickvals) <= (rows + 1) // 2
+    full = tiny_engine.generate("the cat sat", D3Config(alpha=1.0, core_head=1, core_tail=1),
+                                GenerationConfig(max_new_tokens=20, stop_at_eos=False))
+    html = token_html(trace, reference=full)
+    if "first divergence" in html:
+        assert "white-space:nowrap\">first divergence ▸" in html  # the ▸ never wraps alone onto a line

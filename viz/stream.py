@@ -107,7 +107,7 @@ def token_html(trace: Trace, *, reference: Trace | None = None) -> str:
         if i == first:
             spans.append(f'<span class="d3-badge" title="first token that differs from full depth" style="background:'
                          f'{DIFF_COLOR};color:#fff;font-size:0.75em;font-weight:600;padding:1px 5px;border-radius:8px;'
-                         f'margin:0 3px">first divergence ▸</span>')
+                         f'margin:0 3px;white-space:nowrap">first divergence ▸</span>')
         text = html.escape(step.text).replace("\n", "⏎\n")
         title = html.escape(_token_title(step, trace.num_layers, other), quote=True)
         spans.append(f'<span class="{cls}" data-step="{step.step}" data-layers="{step.n_layers}" title="{title}" '

@@ -42,9 +42,8 @@ def _kl_line(comparison: Comparison, which: str, *, name: str, color: str, dash:
                       legendgroup=legendgroup, showlegend=showlegend, meta={"role": f"kl_{which}", "name": name})
 
 
-NEVER_READ = ("No later token runs a layer that an earlier token skipped (a nested drop order), so no filled "
-              "entry is ever read:<br>the fill changes nothing here. Drop order strided or early exit fills entries "
-              "that later tokens read.")
+NEVER_READ = ("Nested drop order: no filled entry is ever read<br>(no later token runs a skipped layer again),"
+              "<br>so the fill changes nothing here. Strided or<br>early exit fill entries that later tokens read.")
 
 
 def read_later(grid: np.ndarray) -> np.ndarray:
@@ -133,16 +132,19 @@ def error_propagation(comparison: Comparison, *, log_kl: bool = False, title: st
         fig.add_trace(go.Scatter(x=[first], y=[y], mode="markers", name="first divergence", text=[text],
                                  hovertemplate="%{text}<extra></extra>", meta={"role": "divergence"},
                                  marker=dict(symbol="x", size=14, color="#B91C1C", line=dict(width=2))), row=1, col=1)
-        fig.add_annotation(x=first, y=1, xref="x", yref="y domain", yanchor="bottom", showarrow=False,
-                           text=f"first divergence: {first}", font=dict(color="#B91C1C"))
+        # Inside the plot, under its top edge: above it, it ran into the panel's title on a phone.
+        fig.add_annotation(x=first, y=1, xref="x", yref="y domain", xanchor="left", yanchor="top", showarrow=False,
+                           text=f" first divergence: {first}", font=dict(color="#B91C1C"),
+                           bgcolor="rgba(255,255,255,0.85)")
     if has_kv:
         heat, marks, unread = _kv_heatmap(comparison)
         for trace in (heat, marks, unread):
             fig.add_trace(trace, row=2, col=1)
         read, never = filled_read(comparison)
         if never.any() and not read.any():
-            fig.add_annotation(x=0.5, y=1, xref="x2 domain", yref="y2 domain", yanchor="top", showarrow=False,
-                               text=NEVER_READ, bgcolor="rgba(255,255,255,0.9)", name="never-read")
+            fig.add_annotation(x=0.01, y=0.02, xref="x2 domain", yref="y2 domain", xanchor="left", yanchor="bottom",
+                               showarrow=False, align="left", text=NEVER_READ, bgcolor="rgba(255,255,255,0.9)",
+                               name="never-read")
         shapes += core_shapes(comparison.kv_error.shape[1], comparison.skip.core, axis="y", xref="x2", yref="y2")
         fig.update_yaxes(title_text="layer", row=2, col=1)
         fig.update_xaxes(title_text="position (generated token)", row=2, col=1)

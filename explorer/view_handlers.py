@@ -79,7 +79,7 @@ def _cleared(session: Session | None, model: str, presentation: bool = False) ->
     return out
 
 
-def model_changed(pool: ModelPool, session: Session | None, model: str, presentation: Any = False) -> tuple[Any, ...]:
+def model_changed(pool: ModelPool, model: str, session: Session | None = None, presentation: Any = False) -> tuple[Any, ...]:
     """Size the layer and head controls to the chosen model when that needs no load (a known or loaded model);
     otherwise say it is loading and leave the load to `load_model`, in the queue. Either way the panes and views
     of the other model's run are emptied. Answers at once; a name this server refuses is said in the status line

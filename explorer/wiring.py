@@ -163,7 +163,7 @@ def wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     gr.on([ui["core_head"].change, ui["core_tail"].change], functools.partial(bound_core, pool),
           _pick(ui, ("model", "core_head", "core_tail")), _pick(ui, ("core_head", "core_tail")), api_name=False,
           queue=False, preprocess=False, show_progress="hidden", trigger_mode="always_last")
-    sized = ui["model"].input(functools.partial(model_changed, pool), _pick(ui, ("session", "model", "presentation")),
+    sized = ui["model"].input(functools.partial(model_changed, pool), _pick(ui, ("model", "session", "presentation")),
                               _pick(ui, MODEL_OUTPUTS),
                               api_name="model_changed", queue=False, preprocess=False)
     # A model that must be loaded first: in the queue, one load at a time, apart from the generations' slots.

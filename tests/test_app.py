@@ -282,10 +282,10 @@ def test_scenarios_set_the_controls(pool) -> None:
 
 
 def test_model_change_resizes_the_layer_controls(pool) -> None:
-    head, tail, layer, attention_head, chat = view_handlers.model_changed(pool, None, "tiny")[:5]
+    head, tail, layer, attention_head, chat = view_handlers.model_changed(pool, "tiny")[:5]
     assert head["maximum"] + tail["value"] == 5 and tail["maximum"] + head["value"] == 5  # head + tail < 6 layers
     assert layer["maximum"] == 5 and attention_head["maximum"] == 3 and chat["value"]
-    refused = view_handlers.model_changed(ModelPool(public=True), None, "../../etc")  # said in the status, not a 500
+    refused = view_handlers.model_changed(ModelPool(public=True), "../../etc")  # said in the status, not a 500
     status = refused[view_handlers.MODEL_OUTPUTS.index("status")]
     assert "not allowed" in status and "Cannot run" in status
 

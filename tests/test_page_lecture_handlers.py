@@ -94,7 +94,7 @@ def test_a_model_switch_forgets_the_other_models_run_and_sizes_both_core_sliders
     *_, last = side_by_side(tiny_engine, "hi", D3Config(alpha=0.9, core_head=1, core_tail=1),
                             GenerationConfig(max_new_tokens=3))
     s.finish(last, "D3")
-    out = dict(zip(MODEL_OUTPUTS, model_changed(pool, s, "tiny")))
+    out = dict(zip(MODEL_OUTPUTS, model_changed(pool, "tiny", s)))
     assert s.d3 is None and s.full is None and len(s.history) == 1  # forgotten, but kept in the history
     assert "press Generate" in out["status"] and "press Generate" in out["d3_tokens"]
     layers = tiny_engine.num_layers

@@ -110,18 +110,18 @@ def load_model(pool: ModelPool, model: str) -> tuple[Any, ...]:
                    status=views.status_html(None, None, f"Model {name} is loaded: press Generate."))
 
 
-def bound_core(pool: ModelPool, model: str, core_head: Any, core_tail: Any) -> tuple[Any, Any]:
-    """Each core slider's maximum follows the other, so that head + tail stays below the model's L layers (at
-    least one flex layer): the sliders cannot ask for a schedule the server would refuse."""
+def bound_core(pool: ModelPool, model: str, value: Any) -> Any:
+    """The other core slider's maximum after one of them moved to `value`, so that head + tail stays below the
+    model's L layers (at least one flex layer): the sliders cannot ask for a schedule the server would refuse.
+    Each slider bounds only the other, from its own new value: an answer computed from both values could carry
+    the other's stale one while a model switch sets both (a maximum of 27 beside a core of 3 on 30 layers)."""
     try:
         facts = pool.known_facts(model)
     except ValueError:
         facts = None
     if facts is None:
-        return gr.skip(), gr.skip()
-    head, tail = whole(core_head), whole(core_tail)
-    top = facts.num_layers - 1
-    return gr.update(maximum=max(top - tail, 0)), gr.update(maximum=max(top - head, 0))
+        return gr.skip()
+    return gr.update(maximum=max(facts.num_layers - 1 - whole(value), 0))
 
 
 @takes_controls

@@ -158,11 +158,10 @@ def wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     # In the queue, where an unknown title is a plain error message rather than an HTTP 500.
     ui["example"].input(use_example, ui["example"], ui["prompt"], api_name="use_example", preprocess=False,
                         concurrency_limit=None, show_progress="hidden")
-    # Not on a model change: model_changed sizes both core sliders together (bound_core would answer with the
-    # other model's core values and leave one maximum stale).
-    gr.on([ui["core_head"].change, ui["core_tail"].change], functools.partial(bound_core, pool),
-          _pick(ui, ("model", "core_head", "core_tail")), _pick(ui, ("core_head", "core_tail")), api_name=False,
-          queue=False, preprocess=False, show_progress="hidden", trigger_mode="always_last")
+    # Each core slider bounds the other (not on a model change: model_changed sizes both together).
+    for moved, other in (("core_head", "core_tail"), ("core_tail", "core_head")):
+        ui[moved].change(functools.partial(bound_core, pool), _pick(ui, ("model", moved)), ui[other], api_name=False,
+                         queue=False, preprocess=False, show_progress="hidden", trigger_mode="always_last")
     sized = ui["model"].input(functools.partial(model_changed, pool), _pick(ui, ("model", "session", "presentation")),
                               _pick(ui, MODEL_OUTPUTS),
                               api_name="model_changed", queue=False, preprocess=False)

@@ -73,6 +73,14 @@
     else window.Plotly.relayout(gd, layoutUpdate(gd, s, p));
   };
 
+  // A number typed into a slider's box outside the slider's range is clamped by the browser when the box loses
+  // focus, and that clamped value is what a run sends: the curve draws it from the start (the status line says
+  // the typed value is not allowed, explorer/view_handlers.check_controls).
+  const clamp = (id, v) => {
+    const range = document.querySelector(`#${id} input[type=range]`);
+    if (!range || !Number.isFinite(v)) return v;
+    return Math.min(Number(range.max), Math.max(Number(range.min), v));
+  };
   let wanted = null;  // the sliders' values, as their last change gave them
   const follow = (gd) => { if (wanted) draw(gd, wanted); };
   // Gradio replaces the plot's element now and then (a new one draws its first answer at once), so each new
@@ -100,7 +108,8 @@
   window.d3DecayPreview = {
     budgets, label,
     follow: (alpha, head, tail, start) => {  // called by the sliders' change events (explorer/wiring.py)
-      wanted = {alpha: Number(alpha), head: Number(head), tail: Number(tail), start: Number(start)};
+      wanted = {alpha: clamp('alpha', Number(alpha)), head: clamp('core-head', Number(head)),
+                tail: clamp('core-tail', Number(tail)), start: clamp('start', Number(start))};
       watch();
       const gd = hook();
       if (gd) follow(gd);

@@ -361,7 +361,9 @@ class TraceConfig:
     """What the decoder records. `enabled=False` records only tokens, layer sets and timings.
 
     sublayer_stats: per layer, the change attention / MLP make to the residual stream (from hooks).
-    logit_lens: the top-1 token read out after every layer (costs an LM head per layer).
+    logit_lens: the top-1 token read out after every layer (costs an LM head per layer and step).
+    lens_states: keep what the logit lens reads instead (each layer's output at the newest position), to be
+      read out later in one batched LM-head call (`d3.lens.read_lens`) only if someone looks at it.
     attention_layers: layers whose attention weights are kept, per head, for generated tokens.
     top_k: how many next-token candidates each step keeps.
     """
@@ -369,6 +371,7 @@ class TraceConfig:
     enabled: bool = True
     sublayer_stats: bool = True
     logit_lens: bool = False
+    lens_states: bool = False
     attention_layers: tuple[int, ...] = field(default_factory=tuple)
     top_k: int = 5
 

@@ -73,6 +73,7 @@ class StepOutput:
     confidence: tuple[float, ...] = ()
     exit_layer: int | None = None
     lens: torch.Tensor | None = None  # [n_ran, batch, vocab] logits read out after each layer that ran (logit lens)
+    lens_states: torch.Tensor | None = None  # [n_ran, batch, d_model] float32 CPU: what the lens would read out
 
 
 def left_padded_positions(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -183,10 +184,16 @@ def _logit_lens(adapter: Adapter, outputs: dict[int, torch.Tensor]) -> torch.Ten
     return adapter.logits(torch.stack([h[:, -1] for h in outputs.values()]))  # [n_ran, batch, vocab]
 
 
+def _lens_states(outputs: dict[int, torch.Tensor]) -> torch.Tensor:
+    # A copy of the last position only (the layer outputs themselves live on as the next layers' inputs).
+    return torch.stack([h[:, -1] for h in outputs.values()]).float().cpu()  # [n_ran, batch, d_model]
+
+
 def forward(adapter: Adapter, state: DecodeState, hidden: torch.Tensor, positions: torch.Tensor, layer_plan: LayerPlan,
             fill: str, *, early_exit: EarlyExitConfig | None = None, recorder: StatsRecorder | None = None,
-            logit_lens: bool = False) -> StepOutput:
-    """Run `hidden` ([batch, pos, d_model]) through the planned layers, filling the rest; the core of every step."""
+            logit_lens: bool = False, lens_states: bool = False) -> StepOutput:
+    """Run `hidden` ([batch, pos, d_model]) through the planned layers, filling the rest; the core of every step.
+    logit_lens reads the lens out now (an LM head over every layer that ran); lens_states keeps its input instead."""
     masks = adapter.masks(hidden, state.attention_mask, state.cache, positions)
     ropes = adapter.rope(hidden, positions)
     run = set(layer_plan.run)
@@ -202,7 +209,7 @@ def forward(adapter: Adapter, state: DecodeState, hidden: torch.Tensor, position
         before = hidden
         hidden = adapter.run_layer(idx, hidden, _layer_mask(state, idx, masks[kind]), ropes[kind], state.cache, positions)
         ran.append(idx)
-        if logit_lens:
+        if logit_lens or lens_states:
             lens_in[idx] = hidden
         if exit_check is not None:
             exit_check.check(idx, len(ran), hidden, before)
@@ -217,7 +224,8 @@ def forward(adapter: Adapter, state: DecodeState, hidden: torch.Tensor, position
         attention=attention,
         confidence=tuple(exit_check.confidence) if exit_check is not None else (),
         exit_layer=exit_check.layer if exit_check is not None else None,
-        lens=_logit_lens(adapter, lens_in) if lens_in else None,
+        lens=_logit_lens(adapter, lens_in) if lens_in and logit_lens else None,
+        lens_states=_lens_states(lens_in) if lens_in and lens_states else None,
     )
 
 
@@ -230,28 +238,30 @@ def _recorded(adapter: Adapter, recorder: StatsRecorder | None, batch: int, vali
 
 
 def prefill(adapter: Adapter, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
-            recorder: StatsRecorder | None = None, logit_lens: bool = False) -> tuple[DecodeState, StepOutput]:
+            recorder: StatsRecorder | None = None, logit_lens: bool = False,
+            lens_states: bool = False) -> tuple[DecodeState, StepOutput]:
     """Run the prompt ([batch, prompt_len], left padded) at full depth; returns the state and the first step."""
     state = DecodeState(DynamicCache(config=adapter.config), attention_mask, attention_mask.new_zeros(0))
     positions = left_padded_positions(attention_mask)  # [batch, prompt_len]
     hidden = adapter.embed(input_ids)  # [batch, prompt_len, d_model]
     full = LayerPlan(tuple(range(adapter.num_layers)), adapter.num_layers)
     out = _recorded(adapter, recorder, input_ids.shape[0], attention_mask,
-                    lambda: forward(adapter, state, hidden, positions, full, "copy", recorder=recorder, logit_lens=logit_lens))
+                    lambda: forward(adapter, state, hidden, positions, full, "copy", recorder=recorder, logit_lens=logit_lens,
+                                    lens_states=lens_states))
     state.next_positions = positions[:, -1:] + 1
     return state, out
 
 
 def decode_one_token(adapter: Adapter, state: DecodeState, tokens: torch.Tensor, layer_plan: LayerPlan, fill: str, *,
                      early_exit: EarlyExitConfig | None = None, recorder: StatsRecorder | None = None,
-                     logit_lens: bool = False) -> StepOutput:
+                     logit_lens: bool = False, lens_states: bool = False) -> StepOutput:
     """Feed the last tokens ([batch]) through the planned layers and return the next-token logits."""
     state.grow()
     positions = state.next_positions  # [batch, 1]
     hidden = adapter.embed(tokens[:, None])  # [batch, 1, d_model]
     out = _recorded(adapter, recorder, tokens.shape[0], None,
                     lambda: forward(adapter, state, hidden, positions, layer_plan, fill, early_exit=early_exit,
-                                    recorder=recorder, logit_lens=logit_lens))
+                                    recorder=recorder, logit_lens=logit_lens, lens_states=lens_states))
     state.next_positions = positions + 1
     return out
 

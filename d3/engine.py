@@ -57,11 +57,12 @@ class _Decoding:
         """One forward pass: the prefill (full depth, whatever the plan) or the `last` tokens through the plan."""
         if self.state is None:
             self.state, out = prefill(self.adapter, self.ids, self.mask, recorder=self.recorder,
-                                      logit_lens=self.trace.logit_lens)
+                                      logit_lens=self.trace.logit_lens, lens_states=self.trace.lens_states)
             return out
         tokens = torch.tensor(last, device=self.ids.device)  # [batch]
         return decode_one_token(self.adapter, self.state, tokens, layer_plan, self.strategy.fill,
-                                early_exit=self.early_exit, recorder=self.recorder, logit_lens=self.trace.logit_lens)
+                                early_exit=self.early_exit, recorder=self.recorder, logit_lens=self.trace.logit_lens,
+                                lens_states=self.trace.lens_states)
 
 
 def _picker(gen: GenerationConfig, forced: Sequence[Sequence[int]] | None) -> Callable[[int, torch.Tensor], torch.Tensor]:

@@ -60,6 +60,8 @@ class TokenStep:
     logit_lens: top-1 token text read out after each layer ("" where the layer did not run).
     lens_prob / lens_rank: after each layer, the lens's probability and rank (0 = top-1) of the token that was
       picked (NaN / -1 where the layer did not run).
+    lens_states: float32 [n_layers_run, d_model], the output of each layer that ran at this position, kept for
+      reading the lens out later (`d3.lens.read_lens`); None once read out, or when not kept. Not exported.
     attention: layer -> float16 array [heads, kv_len], this token's attention weights at that layer.
     confidence: early exit only, the confidence measured after each layer (NaN where not measured).
     """
@@ -82,6 +84,7 @@ class TokenStep:
     attention: dict[int, np.ndarray] = field(default_factory=dict)
     confidence: tuple[float, ...] = ()
     exit_layer: int | None = None
+    lens_states: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def n_layers(self) -> int:
@@ -96,7 +99,8 @@ class TokenStep:
         return row
 
     def to_dict(self) -> dict[str, Any]:
-        d = {k: v for k, v in asdict(self).items() if k not in ("stats", "attention")}
+        d = {k: v for k, v in asdict(replace(self, lens_states=None)).items()
+             if k not in ("stats", "attention", "lens_states")}
         d["stats"] = {k: _floats(v) for k, v in self.stats.items()}
         d["lens_prob"] = _floats(self.lens_prob)
         d["attention"] = {str(k): np.asarray(v, dtype=np.float32).round(5).tolist() for k, v in self.attention.items()}

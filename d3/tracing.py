@@ -10,6 +10,7 @@ import torch
 
 from d3.config import TraceConfig
 from d3.decoder import StepOutput
+from d3.lens import lens_fields, read_logits
 from d3.schedule import LayerPlan
 from d3.trace import PromptStats, TokenStep, Trace
 
@@ -108,20 +109,11 @@ class TraceBuilder:
         if out.attention and step > 0:
             extra["attention"] = {layer: a[b, :, -1, row.pad:].to(torch.float16).numpy() for layer, a in out.attention.items()}
         if out.lens is not None:
-            extra.update(self._lens(out.layers_run, out.lens[:, b], token))
+            extra.update(lens_fields(self.tokenizer, self.num_layers, out.layers_run,
+                                     *read_logits(out.lens[:, b], torch.full((len(out.layers_run),), token))))
+        if out.lens_states is not None:
+            extra["lens_states"] = out.lens_states[:, b].numpy().copy()  # [n_ran, d_model]
         return TokenStep(step=step, token_id=token, text=token_text(self.tokenizer, row.ids, len(row.ids) - 1),
                          layers_run=out.layers_run, filled=out.filled, planned=planned,
                          entropy=extra.pop("entropy", float("nan")), wall_ms=wall_ms, seq=b,
                          confidence=out.confidence, exit_layer=out.exit_layer, **extra)
-
-    def _lens(self, layers_run: tuple[int, ...], logits: torch.Tensor, token: int) -> dict[str, tuple]:
-        """Per layer ([n_ran, vocab] logits in): the lens's top-1 text, and the picked token's probability and
-        rank ("", NaN and -1 where the layer did not run)."""
-        logprobs = torch.log_softmax(logits, dim=-1)
-        picked = logprobs[:, token]  # [n_ran]
-        by_layer = dict(zip(layers_run, zip(logprobs.argmax(-1).tolist(), picked.exp().tolist(),
-                                            (logprobs > picked[:, None]).sum(-1).tolist())))
-        rows = [by_layer.get(layer) for layer in range(self.num_layers)]
-        return {"logit_lens": tuple(self.tokenizer.decode([r[0]]) if r else "" for r in rows),
-                "lens_prob": tuple(float(r[1]) if r else float("nan") for r in rows),
-                "lens_rank": tuple(int(r[2]) if r else -1 for r in rows)}

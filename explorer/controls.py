@@ -8,6 +8,8 @@ import inspect
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable
 
+import numpy as np
+
 from d3.config import (
     DROP_ORDERS,
     FILLS,
@@ -20,7 +22,7 @@ from d3.config import (
     default_core,
 )
 from d3.models import DEFAULT_MODEL
-from d3.schedule import flex_drop_order
+from d3.schedule import plan
 from explorer.caps import Caps
 from explorer.parse import as_choice, as_number, whole
 
@@ -32,6 +34,8 @@ STRATEGY_LABELS: dict[str, str] = {
     "early_exit": "Confidence early exit (CALM-style)",
 }
 DECODINGS = ("greedy", "sample")
+ALPHA_RANGE = (0.8, 1.0)  # the α slider's range: the part of (0, 1] where a decay leaves anything to look at
+TEMPERATURE_RANGE = (0.05, 2.0)
 METRICS = ("both", "cos", "dist")
 
 
@@ -155,12 +159,24 @@ def takes_controls(fn: Callable[..., Any]) -> Callable[..., Any]:
 # ---------------------------------------------------------------- parsing into configs
 
 
+ATTENTION_RUN_SHARE = 0.75  # the default attention layer runs for about this share of the default run's tokens
+
+
 def default_attention_layer(num_layers: int) -> int:
-    """The flex layer the default schedule (middle out) drops first: D3 skips it from the first tokens whose
-    budget falls below L, so the attention view shows grey rows (skipped) beside rows where it still ran."""
+    """The flex layer the page's default D3 run keeps for about three quarters of its tokens: most D3 rows of the
+    attention view show the head at work next to full depth, and the last rows, where the decay dropped the
+    layer, are grey. (The first layer the schedule drops is skipped from the first tokens on: a blank panel.)"""
     head, tail = default_core(num_layers)
-    order = flex_drop_order(num_layers, head, tail, DEFAULTS.drop_order)
-    return order[0] if order else min(head, num_layers - 1)
+    try:
+        cfg = parse_strategy(DEFAULTS.with_(strategy="d3"), num_layers, Caps())
+        tokens = DEFAULTS.new_tokens(Caps())
+    except ValueError:
+        return min(head, num_layers - 1)
+    counts = np.zeros(num_layers)
+    for step in range(tokens):
+        counts[list(plan(cfg, num_layers, step).run)] += 1
+    flex = [layer for layer in range(head, num_layers - tail) if counts[layer] < tokens] or [min(head, num_layers - 1)]
+    return min(flex, key=lambda layer: (abs(counts[layer] - ATTENTION_RUN_SHARE * tokens), layer))
 
 
 def _optional_layers(name: str, value: Any, num_layers: int) -> int | None:
@@ -219,6 +235,23 @@ def parse_strategy(c: Controls, num_layers: int, caps: Caps) -> StrategyConfig:
                               min_layers=min(4, num_layers), fill=fill)
     cfg.check_layers(num_layers)
     return cfg
+
+
+def slider_ranges(num_layers: int, caps: Caps) -> dict[str, tuple[float, float, bool]]:
+    """The page's sliders: name -> (min, max, integer). A value typed into a slider's box outside its range is
+    clamped back by the browser when the box loses focus, so the page says so as it is typed (`check_sliders`)."""
+    top = num_layers - 1
+    return {"alpha": (*ALPHA_RANGE, False), "core_head": (0, top, True), "core_tail": (0, top, True),
+            "start": (0, caps.max_new_tokens, True), "temperature": (*TEMPERATURE_RANGE, False),
+            "attention_layer": (0, top, True)}
+
+
+def check_sliders(c: Controls, num_layers: int, caps: Caps) -> None:
+    """ValueError, worded like the API's, for a slider value outside the slider's range (None: the default)."""
+    for name, (lo, hi, integer) in slider_ranges(num_layers, caps).items():
+        value = getattr(c, name)
+        if value is not None:
+            as_number(name, value, lo, hi, integer=integer)
 
 
 def parse_controls(c: Controls, num_layers: int, caps: Caps) -> tuple[StrategyConfig, GenerationConfig]:

@@ -1,6 +1,7 @@
-"""The "Logit lens" and "Token scrubber" views: both draw the traces the session keeps from its last run (the D3
-run records the logit lens, see explorer.runs.check_run), so no model runs here. Components, handlers and wiring
-live here, like explorer/needs.py."""
+"""The "Logit lens" and "Token scrubber" views: both draw the traces the session keeps from its last run. The D3 run
+keeps each layer's output (explorer.runs.check_run); the lens is read out of them, in one batched LM-head call, the
+first time one of these tabs is opened after a run; no other model work happens here. Components, handlers and
+wiring live here, like explorer/needs.py."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from typing import Any
 import gradio as gr
 import plotly.graph_objects as go
 
+from d3.lens import has_lens_states, read_lens
 from d3.trace import Trace
 from explorer.controls import CONTROL_NAMES, DEFAULTS, Controls, takes_controls
 from explorer.parse import as_number, whole
+from explorer.pool import ModelPool
 from explorer.session import Session
 from explorer.ui import ordered, user_errors
 from explorer.views import waiting
@@ -25,13 +28,16 @@ LENS_SWITCH = "Record the logit lens while generating"
 RUN_OUTPUTS = ("lens", "scrub_index", *SCRUB_OUTPUTS)  # after a run, or when presentation mode changes
 PLAY_OUTPUTS = ("scrub_index", "scrub_playing", "scrub_timer", "scrub_play")
 PLAY_EVERY_S = 0.8  # Play moves to the next token this often
-PLAY, PAUSE = "▶ Play", "⏸ Pause"
+PLAY, PAUSE = "Play", "Pause"  # words: a pause glyph (U+23F8) is a box without an emoji font
 
 
 def lens_view(d3: Trace | None, full: Trace | None, *, presentation: bool = False) -> go.Figure:
     """The logit lens of the run's D3 tokens (skip mask, prediction depth, first divergence from full depth)."""
     if d3 is None or not d3.steps:
         return waiting("Press Generate: the logit lens of every D3 token is recorded while generating.",
+                       presentation=presentation)
+    if has_lens_states(d3):  # kept, but its model was unloaded before the lens was read out
+        return waiting("The model of this run was unloaded before its lens was read.<br>Press Generate again.",
                        presentation=presentation)
     if not has_lens(d3):
         return waiting(f"This run was recorded without the logit lens.<br>Tick “{LENS_SWITCH}” above and press "
@@ -71,14 +77,27 @@ def render_scrub(session: Session | None, index: Any, controls: Controls) -> tup
 LAZY_VIEWS = ("lens", "scrub")  # drawn only while their tab is open: the lens heatmap is a large figure
 
 
+def read_session_lens(pool: ModelPool, session: Session | None) -> None:
+    """Read the logit lens of the session's D3 run out of the layer outputs it kept, once (they are dropped then)."""
+    trace = session.d3 if session is not None else None
+    if not has_lens_states(trace) or not pool.is_loaded(trace.model):
+        return  # nothing kept, already read, or the model was unloaded since (the view says how to get it back)
+    engine = pool.engine(trace.model)
+    with engine.lock:
+        read = read_lens(engine.adapter, engine.tokenizer, trace)
+    if session.d3 is trace:  # a newer run may have replaced it meanwhile
+        session.d3 = read
+
+
 @takes_controls
-def show_run(session: Session | None, index: Any, controls: Controls) -> tuple[Any, ...]:
+def show_run(pool: ModelPool, session: Session | None, index: Any, controls: Controls) -> tuple[Any, ...]:
     """After a run (or a change of presentation mode, or when the tab opens): the lens, and the scrubber sized to
     the run's tokens with its token kept where it was (or moved to the last one, if the run is shorter). Nothing
     while another view's tab is open: nobody sees them there, and the lens heatmap is a large figure to send and
     draw after every run; opening the tab draws them."""
     if session is not None and session.view not in LAZY_VIEWS:
         return ordered(RUN_OUTPUTS)
+    read_session_lens(pool, session)
     d3, full = _traces(session)
     p = controls.view.presentation
     tokens = len(d3.steps) if d3 is not None else 0
@@ -119,10 +138,10 @@ def view_opened(key: str, session: Session | None) -> None:
 
 
 def lens_switch(ui: dict[str, Any]) -> None:
-    """Above the lens: whether runs record it (it costs each run's step time alike, about x1.6 on SmolLM2)."""
+    """Above the lens: whether the D3 run keeps what the lens reads (its layer outputs; no LM head while it runs)."""
     ui["logit_lens"] = gr.Checkbox(DEFAULTS.logit_lens, label=LENS_SWITCH, elem_id="logit-lens",
-                                   info="an LM head call per layer and token: runs take about 1.6x as long on SmolLM2 "
-                                        "(both runs alike, so the measured speedup stays fair)")
+                                   info="the D3 run keeps each layer's output; the lens is read out of them when this "
+                                        "tab opens (one batched LM-head call), so generating is not slowed down")
 
 
 def scrub_controls(ui: dict[str, Any]) -> None:
@@ -141,7 +160,7 @@ def scrub_controls(ui: dict[str, Any]) -> None:
             ui["scrub_topk"] = gr.Plot(show_label=False, elem_id="plot-scrub-topk")
 
 
-def wire_explain(ui: dict[str, Any], runs: dict[str, Any]) -> None:
+def wire_explain(pool: ModelPool, ui: dict[str, Any], runs: dict[str, Any]) -> None:
     """The views' events, none of which runs the model (out of the queue): after each run (`runs`: API name
     suffix -> the run's event) and on presentation mode, both views redraw; the slider and Play move the
     scrubber."""
@@ -149,14 +168,15 @@ def wire_explain(ui: dict[str, Any], runs: dict[str, Any]) -> None:
     controls = [ui[n] for n in CONTROL_NAMES]
     with_index = [ui["session"], ui["scrub_index"], *controls]
     outputs = [ui[n] for n in RUN_OUTPUTS]
+    show = functools.partial(show_run, pool)
     for suffix, run in runs.items():
-        run.then(show_run, with_index, outputs, api_name=f"show_run{suffix}", **instant)
-    ui["presentation"].change(show_run, with_index, outputs, api_name=False, **instant)
+        run.then(show, with_index, outputs, api_name=f"show_run{suffix}", **instant)
+    ui["presentation"].change(show, with_index, outputs, api_name=False, **instant)
     for key in (k for k in VIEWS if f"tab_{k}" in ui):
         opened = ui[f"tab_{key}"].select(functools.partial(view_opened, key), ui["session"], None, api_name=False,
                                          **instant)
         if key in LAZY_VIEWS:
-            opened.then(show_run, with_index, outputs, api_name=False, **instant)
+            opened.then(show, with_index, outputs, api_name=False, **instant)
     ui["scrub_index"].change(render_scrub, with_index, [ui[n] for n in SCRUB_OUTPUTS], api_name="render_scrub",
                              trigger_mode="always_last", **instant)
     play = [ui["session"], ui["scrub_index"], ui["scrub_playing"]]

@@ -23,7 +23,7 @@ from plotly.offline import get_plotlyjs
 
 from explorer import views
 from explorer.controls import Controls, takes_controls
-from explorer.explain import lens_view
+from explorer.explain import lens_view, read_session_lens
 from explorer.parse import as_choice
 from explorer.pool import ModelPool
 from explorer.session import Session
@@ -145,8 +145,8 @@ NOT_COMPUTED: dict[str, tuple[Callable[[Session], Any], str]] = {
     "attention": (lambda s: s.d3, "press Generate first."),
     "errors": (lambda s: s.comparison, "let a run finish (the error views come after both streams)."),
     "fills": (lambda s: s.fills, "press “Compare fills” in the Fill strategies tab first."),
-    "lens": (lambda s: s.d3 is not None and has_lens(s.d3), "press Generate first (the logit lens is recorded while "
-                                                            "D3 writes its tokens)."),
+    "lens": (lambda s: s.d3 is not None and has_lens(s.d3), "press Generate first (with “Record the logit lens” "
+                                                            "ticked)."),
 }
 
 
@@ -159,6 +159,8 @@ def export_figure(pool: ModelPool, session: Session | None, figure: str, control
         raise gr.Error("Nothing to export yet: press Generate first.", print_exception=False)
     with user_errors():
         key = as_choice("figure", figure, FIGURES)
+        if key == "lens":
+            read_session_lens(pool, s)
         if key in NOT_COMPUTED and not NOT_COMPUTED[key][0](s):
             raise gr.Error(f"Nothing to export yet: {NOT_COMPUTED[key][1]}", print_exception=False)
         p = view.presentation

@@ -12,10 +12,19 @@ from d3.config import DROP_ORDERS, FILLS, default_core
 from d3.data import example_prompts
 from d3.models import ModelFacts
 from d3.sweep import BUILTIN_PROMPTS
-from explorer.controls import DECODINGS, DEFAULTS, STRATEGY_LABELS, default_attention_layer
+from explorer import views
+from explorer.controls import (
+    ALPHA_RANGE,
+    DECODINGS,
+    DEFAULTS,
+    STRATEGY_LABELS,
+    TEMPERATURE_RANGE,
+    default_attention_layer,
+)
 from explorer.explain import lens_switch, scrub_controls
 from explorer.export import FIGURES
 from explorer.layers_view import layers_controls, layers_placeholder
+from explorer.needs import cold_view as needs_cold_view
 from explorer.needs import needs_controls
 from explorer.pool import ModelPool
 from explorer.scenarios import SCENARIOS
@@ -38,9 +47,9 @@ def _key_controls(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> Non
     """The controls a lesson turns most: α, the core split and the length, beside the prompt."""
     layers = facts.num_layers
     head, tail = default_core(layers)
-    ui["alpha"] = gr.Slider(0.8, 1.0, value=DEFAULTS.alpha, step=0.001, label="α: token i runs floor(L·α^i) layers",
+    ui["alpha"] = gr.Slider(*ALPHA_RANGE, value=DEFAULTS.alpha, step=0.001, label="α: token i runs floor(L·α^i) layers",
                             elem_id="alpha")
-    with gr.Row():
+    with gr.Row(elem_id="core-row"):
         # head + tail stays below L: each slider's maximum follows the other (wiring.bound_core)
         ui["core_head"] = gr.Slider(0, value=head, step=1, label="Core head (first layers)", elem_id="core-head",
                                     min_width=120, **slider_range(layers - 1 - tail))
@@ -63,14 +72,15 @@ def _more_controls(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> No
     ui["layer_order"] = gr.Textbox(DEFAULTS.layer_order, label="Calibrated order (drop order 'calibrated'): flex "
                                    "layers, dropped first → last", elem_id="layer-order", max_lines=2,
                                    placeholder="e.g. 3, 4, 17, … (Which layers matter → Use this order)")
-    ui["start"] = gr.Slider(0, caps.max_new_tokens, value=DEFAULTS.start, step=1, label="Start (tokens at full depth)")
+    ui["start"] = gr.Slider(0, caps.max_new_tokens, value=DEFAULTS.start, step=1, label="Start (tokens at full depth)",
+                            elem_id="start")
     ui["attention_layer"] = gr.Slider(0, value=default_attention_layer(layers), step=1,
                                       label="Attention layer to record (before generating)", **slider_range(layers - 1))
     with gr.Row():
         ui["decoding"] = gr.Radio(list(DECODINGS), value=DEFAULTS.decoding, label="Decoding", min_width=140)
         ui["chat_template"] = gr.Checkbox(facts.chat_template, label="Chat template (instruct models)", min_width=140)
     with gr.Row():
-        ui["temperature"] = gr.Slider(0.05, 2.0, value=DEFAULTS.temperature, step=0.05,
+        ui["temperature"] = gr.Slider(*TEMPERATURE_RANGE, value=DEFAULTS.temperature, step=0.05,
                                       label="Temperature (sampling only)", min_width=140)
         ui["seed"] = gr.Number(DEFAULTS.seed, label="Seed (sampling only)", min_width=100)
     ui["unified_ratio"] = gr.Number(DEFAULTS.unified_ratio, label="Unified skipping: target speedup r (keeps floor(L/r) layers)")
@@ -93,8 +103,16 @@ def _panes(ui: dict[str, Any]) -> None:
             ui["full_counters"] = gr.HTML(elem_id="full-counters")
 
 
+def _cold_views() -> dict[str, Any]:
+    """What each view shows before any run: what to press to fill it (an empty gr.Plot shows only plotly's icon).
+    The planned grid is drawn as the page opens, the lens and the scrubber when their tab is opened."""
+    return {"usage": views.usage_view(None), "flow": views.flow_view(None, None),
+            "attention": views.attention_view(None, None, 0, 0), "errors": views.error_view(None),
+            "fills": views.fills_view(None), "needs": needs_cold_view()}
+
+
 def _view_tab(key: str, ui: dict[str, Any], extra: Callable[[], None] | None = None, *, plot: bool = True,
-              initial: Any = None) -> None:
+              value: Any = None) -> None:
     """A view: `extra` components above its plot (`plot=False`: `extra` makes the view's plots itself), and its
     explanation in a column on the right."""
     with gr.Tab(VIEWS[key], id=key) as ui[f"tab_{key}"]:
@@ -103,7 +121,7 @@ def _view_tab(key: str, ui: dict[str, Any], extra: Callable[[], None] | None = N
                 if extra is not None:
                     extra()
                 if plot:
-                    ui[key] = gr.Plot(initial, show_label=False, elem_id=f"plot-{key}")
+                    ui[key] = gr.Plot(value, show_label=False, elem_id=f"plot-{key}")
             with gr.Column(scale=1, min_width=240, elem_classes=["d3-explain"]) as column:
                 gr.Markdown(EXPLAIN[key])
         ui[f"explain_{key}"] = column
@@ -124,15 +142,16 @@ def _tabs(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> None:
     def fills_extra() -> None:
         ui["fills_button"] = gr.Button("Compare fills (copy · propagate · none)", elem_id="fills-button")
 
+    cold = _cold_views()
     with gr.Tabs(elem_id="views"):
-        _view_tab("usage", ui)
+        _view_tab("usage", ui, value=cold["usage"])
         _view_tab("planned", ui)
-        _view_tab("flow", ui, flow_extra)
-        _view_tab("attention", ui, attention_extra)
-        _view_tab("errors", ui, errors_extra)
-        _view_tab("fills", ui, fills_extra)
-        _view_tab("needs", ui, lambda: needs_controls(ui))
-        _view_tab("layers", ui, lambda: layers_controls(ui), initial=layers_placeholder())
+        _view_tab("flow", ui, flow_extra, value=cold["flow"])
+        _view_tab("attention", ui, attention_extra, value=cold["attention"])
+        _view_tab("errors", ui, errors_extra, value=cold["errors"])
+        _view_tab("fills", ui, fills_extra, value=cold["fills"])
+        _view_tab("needs", ui, lambda: needs_controls(ui), value=cold["needs"])
+        _view_tab("layers", ui, lambda: layers_controls(ui), value=layers_placeholder())
         _view_tab("lens", ui, lambda: lens_switch(ui))
         _view_tab("scrub", ui, lambda: scrub_controls(ui), plot=False)
         with gr.Tab("Run history", id="history"):
@@ -143,7 +162,7 @@ def _tabs(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> None:
                 ui["export_trace"] = gr.Button("Download traces (JSON + CSV)")
                 ui["figure"] = gr.Dropdown([(VIEWS[k], k) for k in FIGURES], value="usage",
                                            label="Figure to export")
-                ui["export_figure"] = gr.Button("Download figure (standalone HTML)")
+                ui["export_figure"] = gr.Button("Download figure (HTML + plotly.min.js: keep both in one folder)")
             ui["files"] = gr.File(label="Files", file_count="multiple", interactive=False)
 
 
@@ -179,7 +198,7 @@ def _prompt_and_run(pool: ModelPool, ui: dict[str, Any]) -> None:
     with gr.Row():
         ui["example"] = gr.Dropdown([p.title for p in prompts], value=prompts[0].title, label="Example prompt",
                                     min_width=120)
-        ui["model"] = gr.Dropdown(list(pool.names), value=pool.names[0], label="Model", min_width=120,
+        ui["model"] = gr.Dropdown(list(pool.names), value=pool.names[0], label="Model", min_width=120, elem_id="model",
                                   allow_custom_value=not pool.public)
     with gr.Row():
         ui["generate"] = gr.Button("Generate", variant="primary", elem_id="generate", min_width=100)
@@ -188,9 +207,9 @@ def _prompt_and_run(pool: ModelPool, ui: dict[str, Any]) -> None:
         gr.Markdown("**Scenarios**: one click sets the controls and runs.")
         with gr.Row():
             for key, scenario in SCENARIOS.items():
-                ui[f"scenario_{key}"] = gr.Button(scenario.title, size="sm", elem_id=f"scenario-{key}", min_width=120)
+                ui[f"scenario_{key}"] = gr.Button(scenario.title, size="sm", variant="secondary",
+                                                  elem_id=f"scenario-{key}", min_width=120)
     ui["scenario_text"] = gr.Markdown(elem_id="scenario-text", elem_classes=["d3-scenario-text"])
-    ui["scenario_finding"] = gr.Markdown(elem_id="scenario-finding", elem_classes=["d3-finding"])
 
 
 def _live_tab(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> None:
@@ -208,6 +227,8 @@ def _live_tab(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> None:
         with gr.Column(scale=3, min_width=320, elem_classes=["d3-main"]):
             ui["status"] = gr.HTML(status_html(None, None, "Ready: press Generate."), elem_id="status")
             ui["run_state"] = gr.HTML(visible="hidden", elem_id="run-state")  # holds runs' progress and error badges
+            # A scenario's findings (each run's numbers and text) under the status line, where the class looks.
+            ui["scenario_finding"] = gr.Markdown(elem_id="scenario-finding", elem_classes=["d3-finding"])
             _panes(ui)
             ui["decay"] = gr.Plot(show_label=False, elem_id="plot-decay")
             with gr.Accordion("How to read the decay curve", open=False) as ui["explain_decay"]:

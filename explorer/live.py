@@ -38,10 +38,13 @@ def stop(session: Session | None) -> str:
     return views.status_html(session.d3, session.full, "Stopping… (within one token)")
 
 
-def _refuse(outputs: tuple[str, ...], err: ValueError) -> Iterator[tuple[Any, ...]]:
+def _refuse(outputs: tuple[str, ...], err: ValueError, session: Session | None = None) -> Iterator[tuple[Any, ...]]:
     """Say once, in the status line, why a run cannot start, and leave the last run's panes and figures as they
     are; the error still ends the event (for API callers) but shows no toast and no error badge on the outputs
-    (the page puts the event's progress and error state on a hidden element, see wiring)."""
+    (the page puts the event's progress and error state on a hidden element, see wiring). The session remembers
+    it, so that fixing the control takes it back (view_handlers.check_controls)."""
+    if session is not None:
+        session.problem = str(err)
     yield ordered(outputs, status=views.problem_html(str(err)))
     raise refused(err)
 
@@ -163,7 +166,7 @@ def generate(pool: ModelPool, session: Session | None, controls: Controls) -> It
         try:
             checked = check_run(pool, controls)  # a mistake is reported before a slow model load
         except ValueError as err:
-            yield from _refuse(GENERATE_OUTPUTS, err)
+            yield from _refuse(GENERATE_OUTPUTS, err, session)
         run_id = session.begin()  # any earlier run of this session stops within one token
         try:
             if not pool.is_loaded(checked.model):
@@ -171,8 +174,9 @@ def generate(pool: ModelPool, session: Session | None, controls: Controls) -> It
             try:
                 setup = prepare_run(pool, controls)
             except ValueError as err:  # a prompt over the token limit is only known once the tokenizer is there
-                yield from _refuse(GENERATE_OUTPUTS, err)
+                yield from _refuse(GENERATE_OUTPUTS, err, session)
             session.clear()
+            session.problem = None
             yield _first_outputs(session, setup, controls.view)
             yield from _stream(session, run_id, setup, controls.view, pool.caps)
         finally:

@@ -105,12 +105,18 @@ def fit_to_prompt(pool: ModelPool, state: Needs | None, controls: Controls) -> t
                        needs=_figure(needs, fitted, presentation=controls.view.presentation))
 
 
+def cold_view(*, presentation: bool = False) -> go.Figure:
+    """The view before anything was measured: what to press."""
+    return waiting("Press “Measure what each token needs” above: the oracle runs the full-depth answer to this "
+                   "prompt<br>and finds the fewest layers each of its tokens needs.", presentation=presentation)
+
+
 @takes_controls
 def redraw_needs(pool: ModelPool, state: Needs | None, controls: Controls) -> Any:
     """Redraw the measured needs over the budgets of the current controls (no model runs)."""
     p = controls.view.presentation
     if state is None:
-        return waiting("Press “Measure what each token needs”.", presentation=p)
+        return cold_view(presentation=p)
     try:
         cfg, key, _ = _config(pool, controls)
     except ValueError as err:

@@ -16,12 +16,11 @@ from explorer.parse import as_flag, check_prompt_tokens, clean_prompt
 from explorer.pool import ModelPool
 
 
-# With the "Record the logit lens" control on (the default), both runs record the lens (the Logit lens and Token
-# scrubber views draw it from the stored traces): one LM head call per step over the layers that ran, so it costs
-# each run about the same share of its step time and the measured speedup stays fair. Measured
-# (scripts/lens_cost.py, 1 torch thread, 24 tokens, median step): on SmolLM2-135M (49k vocabulary) 47 -> 76 ms for
-# D3 and 54 -> 85 ms at full depth, about x1.6; on the tests' tiny model lost in the noise. Switched off, runs
-# stream that much faster and the two views say how to get the lens back.
+# With the "Record the logit lens" control on (the default), the D3 run keeps what the lens reads (each layer's output
+# at the newest position, `TraceConfig(lens_states=True)`): a copy of [layers, d_model] floats per step, no LM head.
+# The Logit lens and Token scrubber views read the lens out in one batched LM-head call when their tab is opened
+# (explorer.explain.read_session_lens). Reading it while generating cost each step about x1.6 on SmolLM2-135M
+# (scripts/lens_cost.py); the page now streams at the engine's speed (scripts/measure_app.py, "page vs engine").
 
 
 @dataclass(frozen=True)
@@ -48,7 +47,7 @@ def check_run(pool: ModelPool, c: Controls) -> RunSetup:
     layers = pool.facts(model).num_layers
     strategy, gen = parse_controls(c, layers, caps)
     trace = TraceConfig(attention_layers=(c.attention_layer_index(layers),),
-                        logit_lens=as_flag("logit_lens", c.logit_lens))
+                        lens_states=as_flag("logit_lens", c.logit_lens))
     return RunSetup(None, prompt, chat, strategy, gen, trace, 0, parse_schedule(c, layers, caps).others, model)
 
 
@@ -125,7 +124,7 @@ def side_by_side(engine: Engine, prompt: str, strategy: StrategyConfig, gen: Gen
     the recordings are dropped once the comparison is built."""
     kwargs = dict(chat_template=chat_template, should_stop=should_stop)
     streams = {"d3": record(engine, prompt, strategy, gen, trace, **kwargs),
-               "full": record(engine, prompt, FullConfig(), gen, trace, **kwargs)}
+               "full": record(engine, prompt, FullConfig(), gen, replace(trace, lens_states=False), **kwargs)}
     latest: dict[str, Trace | None] = {"d3": None, "full": None}
     recs: dict[str, Recorded] = {}
     for pane, (current, rec) in _round_robin(streams):

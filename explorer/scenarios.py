@@ -77,20 +77,47 @@ def _one_run(summary: dict[str, Any], num_layers: int) -> str:
             f"({round(summary['agreement'] * summary['tokens'])} of {summary['tokens']} tokens agree), {where}")
 
 
+def first_tokens(summary: dict[str, Any], n: int, num_layers: int) -> dict[str, Any]:
+    """A run's summary over its first `n` tokens only, from its per-token `layers` and `agree` (when it has them),
+    so that two runs of different lengths are compared at the same positions."""
+    layers, agree = summary.get("layers"), summary.get("agree")
+    if not layers or n >= len(layers):
+        return summary
+    mean = sum(layers[:n]) / n
+    same = list(agree[:n]) if agree is not None else []
+    return {**summary, "tokens": n, "mean_layers": mean, "theoretical_speedup": num_layers / mean,
+            "agreement": sum(same) / len(same) if same else 1.0,
+            "first_divergence": same.index(False) if False in same else None}
+
+
+def _quoted_text(text: str, limit: int = 160) -> str:
+    text = " ".join(text.split())
+    text = text if len(text) <= limit else text[:limit].rstrip() + "…"
+    return "“" + text.replace("*", "\\*").replace("_", "\\_") + "”"
+
+
 def scenario_finding(key: str, summaries: list[dict[str, Any]], num_layers: int) -> str:
-    """What the scenario's runs showed, in numbers (Markdown): `summaries` are its runs' history summaries, in order."""
+    """What the scenario's runs showed, in numbers (Markdown): `summaries` are its runs' history summaries, in order
+    (with `layers`, `agree` and `text` where known, `RunRecord.detail`). Runs of different lengths (one stopped at
+    its end-of-text token) are compared over the tokens both wrote, and each run's text is quoted, so the first
+    stays visible after the second has replaced it in the panes."""
     scenario = SCENARIOS[key]
     if len(summaries) < len(scenario.runs):
         return "*The scenario was interrupted before all its runs finished: click it again to see its numbers.*"
     if len(scenario.runs) == 1:
         return f"**This run:** {_one_run(summaries[-1], num_layers)}."
+    runs = summaries[-len(scenario.runs):]
+    n = min(s["tokens"] for s in runs)
+    lengths = [s["tokens"] for s in runs]
+    equal = [first_tokens(s, n, num_layers) for s in runs]
     rows = []
-    for step, summary in enumerate(summaries[-len(scenario.runs):]):
+    for step, (summary, shown) in enumerate(zip(runs, equal)):
         c = scenario_controls(key, step, num_layers)
-        rows.append(f"- core {c['core_head']} + {c['core_tail']}: {_one_run(summary, num_layers)}")
-    (with_core, without) = summaries[-2:]
-    lead = _lead(with_core, without)
-    return "**These runs:**\n" + "\n".join(rows) + f"\n\n{lead}"
+        rows.append(f"- **run {step + 1}, core {c['core_head']} + {c['core_tail']}:** {_one_run(shown, num_layers)}"
+                    + (f"\n  <br>wrote {_quoted_text(summary['text'])}" if summary.get("text") else ""))
+    over = (f" (compared over the first {n} tokens of each: the runs wrote {' and '.join(map(str, lengths))})"
+            if len(set(lengths)) > 1 else "")
+    return f"**These runs{over}:**\n" + "\n".join(rows) + f"\n\n{_lead(*equal[-2:])}"
 
 
 def _lead(with_core: dict[str, Any], without: dict[str, Any]) -> str:

@@ -26,6 +26,13 @@ class RunRecord:
     label: str
     summary: dict[str, Any]
     measured: float | None
+    text: str = ""  # what the skipping run wrote
+    layers: tuple[int, ...] = ()  # layers it ran per token
+    agree: tuple[bool, ...] = ()  # per position, whether its token equals full depth's
+
+    def detail(self) -> dict[str, Any]:
+        """The summary with the run's text and its per-token layers and agreement (scenario findings)."""
+        return {**self.summary, "text": self.text, "layers": self.layers, "agree": self.agree}
 
 
 @dataclass
@@ -43,6 +50,7 @@ class Session:
     stop_at: float = -math.inf  # when Stop was last pressed (time.monotonic())
     triggered_at: float | None = None  # when the page last asked for a run that has not begun yet
     running: int | None = None  # the run streaming now, if any (what Stop would stop)
+    problem: str | None = None  # what the status line says is wrong with the controls, until it is fixed
     view: str = "usage"  # the view tab open on the page (the lens and scrubber draw only while theirs is open)
     exports: deque[float] = field(default_factory=deque, repr=False)  # when this session last downloaded
     _since: dict[int, float] = field(default_factory=dict, repr=False)
@@ -95,7 +103,10 @@ class Session:
         self.show(update)
         if update.d3 is not None and update.full is not None and update.d3.steps:
             summary = update.comparison.summary() if update.comparison else _stream_summary(update.d3, update.full)
-            self.history.append(RunRecord(label, summary, measured_speedup(update.d3, update.full)))
+            d3, full = update.d3, update.full
+            agree = tuple(a == b for a, b in zip(d3.token_ids, full.token_ids))
+            self.history.append(RunRecord(label, summary, measured_speedup(d3, full), text=d3.text,
+                                          layers=tuple(int(n) for n in d3.layers_used), agree=agree))
             del self.history[:-HISTORY_LIMIT]
 
     def history_frame(self) -> pd.DataFrame:

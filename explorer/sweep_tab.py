@@ -59,7 +59,8 @@ SWEEP_TABLE_COLUMNS = ["label", "strategy", "target_depth", "mean_layers", "theo
 
 def sweep_bounds_text() -> str:
     return (f"Bounded on the server: at most {SWEEP_MAX_SETTINGS} settings from the menu (plus the full-depth "
-            f"reference row), {SWEEP_MAX_PROMPTS} prompts, {SWEEP_MAX_NEW_TOKENS} new tokens, 1 repeat; "
+            f"reference row), {SWEEP_MAX_PROMPTS} prompts, {SWEEP_MAX_NEW_TOKENS} new tokens, {SWEEP_REPEATS} timing pairs "
+            "per prompt (median); "
             "no perplexity or task accuracy.")
 
 

@@ -12,7 +12,15 @@ from d3.config import default_core
 from d3.data import example_prompts
 from d3.models import ModelFacts
 from explorer import views
-from explorer.controls import CONTROL_NAMES, Controls, default_attention_layer, parse_schedule, takes_controls
+from explorer.controls import (
+    CONTROL_NAMES,
+    Controls,
+    check_sliders,
+    default_attention_layer,
+    parse_controls,
+    parse_schedule,
+    takes_controls,
+)
 from explorer.live import interrupt
 from explorer.parse import as_choice, whole
 from explorer.pool import ModelPool
@@ -23,7 +31,11 @@ from explorer.wording import EXPLAIN
 
 VIEW_OUTPUTS = ("usage", "flow", "attention", "errors", "fills", "root", *(f"explain_{k}" for k in EXPLAIN))
 SCENARIO_OUTPUTS = (*CONTROL_NAMES, "scenario_text", "scenario_finding")
-MODEL_OUTPUTS = ("core_head", "core_tail", "attention_layer", "attention_head", "chat_template", "status")
+SIZED_OUTPUTS = ("core_head", "core_tail", "attention_layer", "attention_head", "chat_template")
+# A model switch also empties the panes and the views: what they showed was a run of the other model.
+CLEARED_OUTPUTS = ("d3_title", "d3_tokens", "d3_counters", "full_tokens", "full_counters", "usage", "flow",
+                   "attention", "errors", "fills")
+MODEL_OUTPUTS = (*SIZED_OUTPUTS, "status", "session", *CLEARED_OUTPUTS)
 
 
 def new_session() -> Session:
@@ -36,28 +48,52 @@ def use_example(title: str) -> str:
         return prompts[as_choice("example", title, tuple(prompts))]
 
 
-def _sized(facts: ModelFacts, status: str) -> tuple[Any, ...]:
-    """The layer and head controls sized to a model, with its default core and attention layer."""
+def _sized(facts: ModelFacts) -> dict[str, Any]:
+    """The layer and head controls sized to a model, with its default core and attention layer: each core
+    slider's maximum is computed from the other's new value, so the bounds are consistent at once."""
     layers = facts.num_layers
     head, tail = default_core(layers)
-    return (gr.update(**slider_range(layers - 1 - tail), value=head),
-            gr.update(**slider_range(layers - 1 - head), value=tail),
-            gr.update(**slider_range(layers - 1), value=default_attention_layer(layers)),
-            gr.update(**slider_range(facts.num_heads - 1), value=0), gr.update(value=facts.chat_template), status)
+    return dict(core_head=gr.update(**slider_range(layers - 1 - tail), value=head),
+                core_tail=gr.update(**slider_range(layers - 1 - head), value=tail),
+                attention_layer=gr.update(**slider_range(layers - 1), value=default_attention_layer(layers)),
+                attention_head=gr.update(**slider_range(facts.num_heads - 1), value=0),
+                chat_template=gr.update(value=facts.chat_template))
 
 
-def model_changed(pool: ModelPool, model: str) -> tuple[Any, ...]:
+def _cleared(session: Session | None, model: str, presentation: bool = False) -> dict[str, Any]:
+    """Stop this session's run and forget it (the history keeps it), and empty the panes and the views."""
+    if session is None:
+        return {}
+    interrupt(session)
+    previous = session.d3.model if session.d3 is not None else None
+    session.clear()
+    session.problem = None
+    blank = "<div class='d3-tokens'>(press Generate)</div>"
+    p = presentation
+    out = dict(session=session, d3_title="### D3", d3_tokens=blank, full_tokens=blank, d3_counters="",
+               full_counters="", usage=views.usage_view(None, presentation=p),
+               flow=views.flow_view(None, None, presentation=p), attention=views.attention_view(None, None, 0, 0, presentation=p),
+               errors=views.error_view(None, presentation=p), fills=views.fills_view(None, presentation=p))
+    was = f" (the last run, of {previous}, is in Run history)" if previous and previous != model else ""
+    out["status"] = views.status_html(None, None, f"Model {model}: press Generate.{was}")
+    return out
+
+
+def model_changed(pool: ModelPool, model: str, session: Session | None = None, presentation: Any = False) -> tuple[Any, ...]:
     """Size the layer and head controls to the chosen model when that needs no load (a known or loaded model);
-    otherwise say it is loading and leave the load to `load_model`, in the queue. Answers at once; a name this
-    server refuses is said in the status line (out of the queue an error would be an HTTP 500)."""
+    otherwise say it is loading and leave the load to `load_model`, in the queue. Either way the panes and views
+    of the other model's run are emptied. Answers at once; a name this server refuses is said in the status line
+    (out of the queue an error would be an HTTP 500)."""
     try:
         facts = pool.known_facts(model)
         name = pool.check_name(model)
     except ValueError as err:
         return ordered(MODEL_OUTPUTS, status=views.problem_html(str(err)))
+    cleared = _cleared(session, name, presentation is True)
     if facts is None:
-        return ordered(MODEL_OUTPUTS, status=views.status_html(None, None, "loading", note=f"Model: {name}"))
-    return _sized(facts, gr.skip())
+        return ordered(MODEL_OUTPUTS, **{**cleared, "status": views.status_html(None, None, "loading",
+                                                                                note=f"Model: {name}")})
+    return ordered(MODEL_OUTPUTS, **cleared, **_sized(facts))
 
 
 def load_model(pool: ModelPool, model: str) -> tuple[Any, ...]:
@@ -70,21 +106,46 @@ def load_model(pool: ModelPool, model: str) -> tuple[Any, ...]:
         if name in pool.names and pool.known_facts(name) is not None:
             return ordered(MODEL_OUTPUTS)  # one of the page's models, known or loaded: `model_changed` sized them
         facts = pool.facts(name)
-    return _sized(facts, views.status_html(None, None, f"Model {name} is loaded: press Generate."))
+    return ordered(MODEL_OUTPUTS, **_sized(facts),
+                   status=views.status_html(None, None, f"Model {name} is loaded: press Generate."))
 
 
-def bound_core(pool: ModelPool, model: str, core_head: Any, core_tail: Any) -> tuple[Any, Any]:
-    """Each core slider's maximum follows the other, so that head + tail stays below the model's L layers (at
-    least one flex layer): the sliders cannot ask for a schedule the server would refuse."""
+def bound_core(pool: ModelPool, model: str, value: Any) -> Any:
+    """The other core slider's maximum after one of them moved to `value`, so that head + tail stays below the
+    model's L layers (at least one flex layer): the sliders cannot ask for a schedule the server would refuse.
+    Each slider bounds only the other, from its own new value: an answer computed from both values could carry
+    the other's stale one while a model switch sets both (a maximum of 27 beside a core of 3 on 30 layers)."""
     try:
         facts = pool.known_facts(model)
     except ValueError:
         facts = None
     if facts is None:
-        return gr.skip(), gr.skip()
-    head, tail = whole(core_head), whole(core_tail)
-    top = facts.num_layers - 1
-    return gr.update(**slider_range(top - tail)), gr.update(**slider_range(top - head))
+        return gr.skip()
+    return gr.update(**slider_range(facts.num_layers - 1 - whole(value)))
+
+
+@takes_controls
+def check_controls(pool: ModelPool, session: Session | None, controls: Controls) -> Any:
+    """As a control changes, say at once in the status line what is wrong with the controls (the message Generate
+    and the API give, or that a number typed into a slider's box is outside the slider, which the browser then
+    clamps), and take such a message back as soon as every control is valid again. Nothing otherwise: the status
+    line stays the run's."""
+    try:
+        facts = pool.known_facts(controls.model)
+        if facts is None:
+            return gr.skip()  # not loaded yet: Generate checks it after the load
+        check_sliders(controls, facts.num_layers, pool.caps)
+        parse_controls(controls, facts.num_layers, pool.caps)
+    except ValueError as err:
+        if session is not None:
+            session.problem = str(err)
+        return views.problem_html(str(err))
+    if session is None or session.problem is None or session.running is not None:
+        return gr.skip()
+    session.problem = None
+    if session.d3 is None:
+        return views.status_html(None, None, "Ready: press Generate.")
+    return views.status_html(session.d3, session.full, "done", comparison=session.comparison)
 
 
 @takes_controls
@@ -161,7 +222,7 @@ def show_finding(pool: ModelPool, key: str, session: Session | None, model: str)
     except ValueError:
         return ""
     runs = len(SCENARIOS[key].runs)
-    text = scenario_finding(key, [r.summary for r in session.history[-runs:]], layers)
+    text = scenario_finding(key, [r.detail() for r in session.history[-runs:]], layers)
     if SCENARIOS[key].fills and session.fills:
         text += "\n\n" + fill_finding(session.fills)
     return text

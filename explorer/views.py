@@ -20,7 +20,7 @@ from viz.grid import layer_grid, planned_grid_figure
 from viz.layout import empty_figure, readable_token, strategy_label
 
 
-DECAY_HEIGHT = {False: 280, True: 420}  # px; the decay curve shares the first screen with the panes
+DECAY_HEIGHT = {False: 280, True: 290}  # px; the decay curve shares the first screen with the panes
 
 
 def waiting(message: str, *, presentation: bool = False) -> go.Figure:
@@ -78,15 +78,17 @@ def error_view(comparison: Comparison | None, *, phase: str = "", log_kl: bool =
     if comparison is None:
         message = {"comparing": "Computing the error against full depth (a teacher-forced run)…",
                    "stopped": "The run was stopped before the comparison. Press Generate to run it again."}
-        return waiting(message.get(phase, "The error views appear when both streams have finished."),
+        return waiting(message.get(phase, "Press Generate: the error views appear when both streams have finished."),
                        presentation=presentation)
     return error_propagation(comparison, log_kl=log_kl, presentation=presentation)
 
 
 def fills_view(fills: Mapping[str, Comparison] | None, *, presentation: bool = False) -> go.Figure:
     if not fills:
-        return waiting("Press “Compare fills” to run copy, propagate and none on this prompt.",
-                       presentation=presentation)
+        return waiting("Press “Compare fills” to run this prompt and schedule with each fill (copy, propagate, none)"
+                       "<br>against full depth: KL per token and agreement, one line per fill (about 4 runs)."
+                       "<br>With a nested drop order (the default) the lines coincide: no later token reads a filled"
+                       " entry.<br>Choose drop order strided to see the fills differ.", presentation=presentation)
     return fill_strategies(dict(fills), presentation=presentation)
 
 

@@ -31,6 +31,7 @@ from explorer.view_handlers import (
     VIEW_OUTPUTS,
     apply_scenario,
     bound_core,
+    check_controls,
     load_model,
     model_changed,
     new_session,
@@ -55,6 +56,8 @@ RELEASE_TRIGGERS = ("alpha", "core_head", "core_tail", "start")
 PUBLIC_API = ("generate", "stop", "compare_fills", "measure_needs", "fit_alpha_to_prompt", "measure_layers",
               "export_trace", "export_figure", "run_sweep", "export_sweep")
 BROWSER_ONLY = ("new_session", "interrupt", "interrupt_on_release", "interrupt_fills", "load_sweep_setting")
+CHECKED_CONTROLS = ("alpha", "core_head", "core_tail", "start", "max_new_tokens", "temperature", "seed", "unified_ratio",
+                    "skipdecode_max", "skipdecode_min", "threshold", "attention_layer")
 
 
 def _pick(ui: dict[str, Any], names: tuple[str, ...]) -> list[Any]:
@@ -129,6 +132,9 @@ def _wire_views(pool: ModelPool, ui: dict[str, Any]) -> None:
            *(ui[n].change for n in REDRAW_NAMES if n not in RELEASE_TRIGGERS)],
           functools.partial(redraw_schedule, pool), _with_controls(ui, "session"), [ui["decay"], ui["planned"]],
           api_name="redraw_schedule", trigger_mode="always_last", **instant)
+    # A value typed out of range is said at once, and the message goes once the value is fixed.
+    gr.on([ui[n].change for n in CHECKED_CONTROLS], functools.partial(check_controls, pool),
+          _with_controls(ui, "session"), ui["status"], api_name=False, trigger_mode="always_last", **instant)
     ui["metric"].change(render_flow, _with_controls(ui, "session"), ui["flow"], api_name="render_flow", **instant)
     gr.on([ui["attention_layer"].change, ui["attention_head"].change], render_attention, _with_controls(ui, "session"),
           ui["attention"], api_name="render_attention", trigger_mode="always_last", **instant)
@@ -178,15 +184,17 @@ def wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     # In the queue, where an unknown title is a plain error message rather than an HTTP 500.
     ui["example"].input(use_example, ui["example"], ui["prompt"], api_name="use_example", preprocess=False,
                         concurrency_limit=None, show_progress="hidden")
-    gr.on([ui["model"].change, ui["core_head"].change, ui["core_tail"].change], functools.partial(bound_core, pool),
-          _pick(ui, ("model", "core_head", "core_tail")), _pick(ui, ("core_head", "core_tail")), api_name=False,
-          queue=False, preprocess=False, show_progress="hidden", trigger_mode="always_last")
-    sized = ui["model"].input(functools.partial(model_changed, pool), ui["model"], _pick(ui, MODEL_OUTPUTS),
+    # Each core slider bounds the other (not on a model change: model_changed sizes both together).
+    for moved, other in (("core_head", "core_tail"), ("core_tail", "core_head")):
+        ui[moved].change(functools.partial(bound_core, pool), _pick(ui, ("model", moved)), ui[other], api_name=False,
+                         queue=False, preprocess=False, show_progress="hidden", trigger_mode="always_last")
+    sized = ui["model"].input(functools.partial(model_changed, pool), _pick(ui, ("model", "session", "presentation")),
+                              _pick(ui, MODEL_OUTPUTS),
                               api_name="model_changed", queue=False, preprocess=False)
     # A model that must be loaded first: in the queue, one load at a time, apart from the generations' slots.
-    sized.then(functools.partial(load_model, pool), ui["model"], _pick(ui, MODEL_OUTPUTS), api_name="load_model",
-               preprocess=False, concurrency_id="load", concurrency_limit=1, trigger_mode="always_last",
-               show_progress_on=[ui["run_state"]])
+    loaded = sized.then(functools.partial(load_model, pool), ui["model"], _pick(ui, MODEL_OUTPUTS),
+                        api_name="load_model", preprocess=False, concurrency_id="load", concurrency_limit=1,
+                        trigger_mode="always_last", show_progress_on=[ui["run_state"]])
     runs = {"": _wire_generation(pool, ui, [ui["generate"].click, ui["prompt"].submit]),
             "_on_release": _wire_generation(pool, ui, [ui[n].release for n in RELEASE_TRIGGERS], "_on_release")}
     ui["stop"].click(stop, ui["session"], ui["status"], api_name="stop", queue=False, show_progress="hidden")
@@ -194,6 +202,7 @@ def wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
                   api_name="interrupt_fills", show_progress="hidden")
     _wire_fills(pool, ui, fills, "")
     runs.update(_wire_scenarios(pool, ui))
+    runs["_model"] = loaded  # the lens and scrubber forget the other model's run too
     _wire_views(pool, ui)
     ui["export_trace"].click(export_trace, ui["session"], ui["files"], api_name="export_trace")
     ui["export_figure"].click(functools.partial(export_figure, pool), _with_controls(ui, "session", "figure"),
@@ -201,6 +210,6 @@ def wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     _wire_sweep(pool, ui, demo)
     wire_needs(pool, ui)
     wire_layers(pool, ui)
-    wire_explain(ui, runs)
+    wire_explain(pool, ui, runs)
     _redraw_after(pool, ui, wire_share(pool, ui, demo))  # on every page load, link or not: the first preview
     set_api_visibility(demo)

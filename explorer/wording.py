@@ -19,12 +19,13 @@ VIEWS: dict[str, str] = {
 
 EXPLAIN: dict[str, str] = {
     "usage": """**One row per generated token, one column per decoder layer.**
-Blue cells ran. Grey cells were skipped. Orange, green and red cells were skipped, and their key/value
-entry was filled by *copy*, by *propagate*, or left as a masked *hole*.
-The purple bands are the **core** layers, which always run.
+Blue cells ran. Every other cell was skipped, and its colour says what went into its key/value entry instead:
+orange, a *copy* of a lower layer's entry (the default fill), green, *propagate*, red, a masked *hole* (fill
+*none*); grey, nothing (no entry written). The purple bands are the **core** layers, which always run.
 
-**What to look for:** the rows get shorter as the response goes on. That is the depth decay.
-Hover over a cell to see what happened to it.""",
+**What to look for:** the blue part of each row shrinks as the response goes on, and the skipped (orange, with
+the default fill) block in the middle widens: later tokens run fewer layers. That is the depth decay. Every row
+still spans all the layers, because every skipped layer gets an entry. Hover over a cell to see what happened to it.""",
     "decay": """**How many layers token *i* gets:** `floor(L · α^i)`, never below the core floor (head + tail).
 The dashed line is the formula alone. The thick line is the planned budget, and the dots are what each token
 actually ran. Other strategies' schedules are drawn on the same axes.
@@ -47,17 +48,21 @@ them (the *core*) and only skips the middle.""",
     "attention": """**Where one attention head looks** while each token is generated (rows), over the prompt and
 the earlier tokens (columns): full depth on the left, D3 on the right. Choose the layer *before* generating,
 because only that layer is recorded, to keep traces small. The head can be changed afterwards. The default
-layer is the middle flex layer, the one the default schedule (middle out) drops first.
+layer is a flex layer that the default D3 run keeps for about three quarters of its tokens, then drops. The dotted
+line is where the prompt ends.
 
-**What to look for:** grey rows are tokens for which D3 skipped this layer. Similar patterns mean
-that skipping left this head's behaviour intact.""",
+**What to look for:** grey rows are tokens for which D3 skipped this layer (no attention to show). Similar
+patterns in the rows above them mean that skipping other layers left this head's behaviour intact.""",
     "errors": """**How far D3 drifts from full depth,** per position.
 *Teacher-forced* KL: both models see the same full-depth text, so this is the local error of one step.
 *Free-running* KL: D3 continues on its own text, so errors compound.
-The bottom panel shows how wrong the key/value cache is at each layer, compared with full depth. The outlined
-cells were filled instead of computed.
+The bottom panel shows how wrong the key/value cache is at each layer, compared with full depth. Outlined
+squares were filled instead of computed and are read by later tokens; grey dots were filled but no later token
+ever reads them.
 
-**What to look for:** a spike at the first divergence. Filled entries with a large error.""",
+**What to look for:** a spike at the first divergence. With a nested drop order (the default) every filled entry
+is a grey dot: errors there cannot propagate, the skipped layers' own absence is the error. With *strided* or
+early exit, filled entries with a large error are read and the error propagates.""",
     "fills": """**The same prompt and schedule with each fill strategy:**
 *copy* takes the key/value entry of the nearest lower layer that ran. *propagate* passes the hidden state
 through the skipped layer unchanged and projects its own key/value from it. *none* leaves a hole and masks it.
@@ -123,5 +128,5 @@ SWEEP_EXPLAIN = (
     "**Click a point of the plot or a row of the table** to load that setting into the Live tab's controls, then "
     "press Generate there to watch it side by side with full depth. The full-depth row is the reference and loads "
     "nothing. With the defaults (1 prompt, 16 tokens, 4 settings) it takes about 20 s for SmolLM2-135M on a 2-core "
-    "CPU (the largest request, 2 prompts × 24 tokens, about twice that); timings are noisy with one repeat, above "
-    "all on a busy machine.")
+    "CPU (the largest request, 2 prompts × 24 tokens, about twice that). Each setting is timed in 3 pairs against "
+    "full depth per prompt and the median is shown; timings are still noisy on a busy machine.")

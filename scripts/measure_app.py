@@ -6,6 +6,11 @@
 2. Generate: time from pressing Generate (submitting the job) to the first streamed token of each pane,
    once the model is loaded, target < 2 s. Measured twice: calling the handler in process, and through
    gradio_client against the running server (queue and network included).
+3. Page vs engine: a default page run (D3 and full depth streamed side by side, logit lens on, 64 tokens) against
+   the engine's untraced speed (`python -m d3 bench`'s "full" and "d3" runs: TRACE_OFF), interleaved in one
+   process, median of the repeats. Per pane: the tokens/s the pane's counter shows over the engine's tokens/s
+   for the same strategy, target >= 0.7. Whole page: the engine's seconds for the same tokens of both runs over
+   the page's seconds from Generate to the last token of both panes (rendering, tracing and pacing included).
 
 Usage: python scripts/measure_app.py [--model smollm2-135m] [--repeats 5] [--threads N]
 """
@@ -23,11 +28,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import gradio as gr  # noqa: E402
 
-from d3.config import default_core  # noqa: E402
+from d3.config import TRACE_OFF, FullConfig, default_core  # noqa: E402
 from d3.models import KNOWN_MODELS  # noqa: E402
 from explorer import live, page, view_handlers  # noqa: E402
 from explorer.controls import Controls  # noqa: E402
 from explorer.page import free_port  # noqa: E402
+from explorer.runs import prepare_run  # noqa: E402
 from explorer.session import Session  # noqa: E402
 
 ALPHAS = (0.99, 0.985, 0.97, 0.95, 0.93, 0.9, 0.995, 0.98)
@@ -112,6 +118,43 @@ def measure_first_token_client(url: str, model: str, repeats: int) -> list[tuple
     return results
 
 
+def _engine_tps(engine, setup, strategy) -> float:
+    t0 = time.perf_counter()
+    trace = engine.generate(setup.prompt, strategy, setup.gen, TRACE_OFF, chat_template=setup.chat_template)
+    return len(trace.steps) / (time.perf_counter() - t0)
+
+
+def _page_run(pool, args: dict) -> tuple[float, Session]:
+    """Seconds from Generate to the last token of both panes (the comparison after them is not counted)."""
+    session = Session()
+    t0 = time.perf_counter()
+    streamed = float("nan")
+    for _ in live.generate(pool, session, **args):
+        done = session.d3 is not None and session.full is not None
+        if streamed != streamed and done and session.d3.finish_reason and session.full.finish_reason:
+            streamed = time.perf_counter() - t0
+    return streamed, session
+
+
+def measure_page_speed(pool, model: str, repeats: int, tokens: int = 64) -> dict[str, float]:
+    """Medians over interleaved repeats: engine tokens/s (untraced) per strategy, the panes' tokens/s, and the
+    page's whole-run ratio (see the module docstring, part 3)."""
+    args = run_args(model, tokens)
+    setup = prepare_run(pool, Controls(**args))
+    engine = setup.engine
+    rows: dict[str, list[float]] = {k: [] for k in ("engine_d3", "engine_full", "pane_d3", "pane_full", "page")}
+    for _ in range(repeats):
+        eng_d3, eng_full = _engine_tps(engine, setup, setup.strategy), _engine_tps(engine, setup, FullConfig())
+        seconds, session = _page_run(pool, args)
+        d3, full = session.d3, session.full
+        rows["engine_d3"].append(eng_d3)
+        rows["engine_full"].append(eng_full)
+        rows["pane_d3"].append(d3.tokens_per_s)
+        rows["pane_full"].append(full.tokens_per_s)
+        rows["page"].append((len(d3.steps) / eng_d3 + len(full.steps) / eng_full) / seconds)
+    return {k: statistics.median(v) for k, v in rows.items()}
+
+
 def summarise(name: str, pairs: list[tuple[float, float]]) -> None:
     d3 = [p[0] for p in pairs]
     full = [p[1] for p in pairs]
@@ -141,6 +184,12 @@ def main() -> int:
     pool.engine(args.model)
     print(f"model load (once per process): {time.perf_counter() - t0:.1f} s")
     measure_first_token_handler(pool, args.model, 1)  # warm-up run
+    speed = measure_page_speed(pool, args.model, max(1, args.repeats // 2))
+    print(f"page vs engine (64 tokens, lens on, median of {max(1, args.repeats // 2)}): D3 pane {speed['pane_d3']:.1f} "
+          f"tokens/s vs engine {speed['engine_d3']:.1f} untraced ({speed['pane_d3'] / speed['engine_d3']:.2f}x); "
+          f"full-depth pane {speed['pane_full']:.1f} vs engine {speed['engine_full']:.1f} "
+          f"({speed['pane_full'] / speed['engine_full']:.2f}x); whole page run {speed['page']:.2f}x of the engine's "
+          "time for the same tokens  [target >= 0.7x]")
     summarise("generate -> first token, handler in process [target < 2 s]",
               measure_first_token_handler(pool, args.model, args.repeats))
     port = free_port()

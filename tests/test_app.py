@@ -283,11 +283,12 @@ def test_scenarios_set_the_controls(pool) -> None:
 
 def test_model_change_resizes_the_layer_controls(pool) -> None:
     pool.engine("tiny")  # loaded: sized at once (else the change says it is loading and leaves that to load_model)
-    head, tail, layer, attention_head, chat, _ = view_handlers.model_changed(pool, "tiny")
+    head, tail, layer, attention_head, chat = view_handlers.model_changed(pool, "tiny")[:5]
     assert head["maximum"] + tail["value"] == 5 and tail["maximum"] + head["value"] == 5  # head + tail < 6 layers
     assert layer["maximum"] == 5 and attention_head["maximum"] == 3 and chat["value"]
     refused = view_handlers.model_changed(ModelPool(public=True), "../../etc")  # said in the status, not a 500
-    assert "not allowed" in refused[-1] and "Cannot run" in refused[-1]
+    status = refused[view_handlers.MODEL_OUTPUTS.index("status")]
+    assert "not allowed" in status and "Cannot run" in status
 
 
 def _applied(update: dict) -> gr.Slider:

@@ -53,3 +53,28 @@ def test_no_lens_unless_asked(tiny_engine):
     trace = tiny_engine.generate("hi", FullConfig(), GenerationConfig(max_new_tokens=2, stop_at_eos=False),
                                  TraceConfig(sublayer_stats=False))
     assert all(s.lens_prob == () and s.lens_rank == () and s.logit_lens == () for s in trace.steps)
+
+
+def test_lens_read_out_after_the_run_equals_the_lens_recorded_while_generating(tiny_engine):
+    from d3.lens import has_lens_states, read_lens
+
+    cfg = D3Config(alpha=0.8, core_head=1, core_tail=1)
+    now = tiny_engine.generate("hi there", cfg, GREEDY, LENS)
+    kept = tiny_engine.generate("hi there", cfg, GREEDY, TraceConfig(lens_states=True, sublayer_stats=False))
+    assert has_lens_states(kept) and all(s.lens_prob == () for s in kept.steps)  # nothing read out during the run
+    later = read_lens(tiny_engine.adapter, tiny_engine.tokenizer, kept, rows_per_call=7)  # chunks cut across tokens
+    assert not has_lens_states(later) and later.token_ids == now.token_ids
+    for a, b in zip(now.steps, later.steps):
+        assert a.lens_rank == b.lens_rank and a.logit_lens == b.logit_lens
+        assert np.allclose(a.lens_prob, b.lens_prob, atol=1e-5, equal_nan=True)
+
+
+def test_kept_lens_states_cost_no_lm_head_call_and_are_not_exported(tiny_engine, monkeypatch):
+    calls = []
+    original = tiny_engine.adapter.logits
+    monkeypatch.setattr(tiny_engine.adapter, "logits", lambda h: calls.append(h.shape) or original(h))
+    trace = tiny_engine.generate("hi", FullConfig(), GREEDY, TraceConfig(lens_states=True, sublayer_stats=False))
+    assert len(calls) == len(trace.steps)  # one per step: the next-token logits only, no lens
+    assert trace.steps[0].lens_states.shape == (tiny_engine.num_layers, tiny_engine.model.config.hidden_size)
+    assert "lens_states" not in trace.steps[0].to_dict()
+    assert Trace.from_dict(trace.to_dict()).steps[0].lens_states is None

@@ -51,12 +51,13 @@ def demo(engine):
 
 
 @pytest.fixture(scope="module")
-def session(engine) -> Session:
-    """A finished run of the page's kind (D3 and full depth side by side, the lens recorded), in a session."""
+def session(engine, demo) -> Session:
+    """A finished run of the page's kind (D3 and full depth side by side, the lens's inputs kept), in a session."""
+    demo.pool.engine("tiny")
     cfg = D3Config(alpha=0.9)
     last = None
     for last in side_by_side(engine, "the cat sat", cfg, GenerationConfig(max_new_tokens=10),
-                             TraceConfig(logit_lens=True), with_comparison=False):
+                             TraceConfig(lens_states=True), with_comparison=False):
         pass
     s = Session()
     s.finish(last, "D3")
@@ -74,24 +75,44 @@ def by_role(fig, role: str):
 # ---------------------------------------------------------------- handlers (no browser)
 
 
-def test_the_page_records_the_lens_for_its_runs_unless_switched_off(demo) -> None:
-    assert check_run(demo.pool, DEFAULTS.with_(prompt="hi", model="tiny")).trace.logit_lens
-    assert not check_run(demo.pool, DEFAULTS.with_(prompt="hi", model="tiny", logit_lens=False)).trace.logit_lens
+def test_the_page_keeps_the_lens_inputs_for_its_runs_unless_switched_off(demo) -> None:
+    trace = check_run(demo.pool, DEFAULTS.with_(prompt="hi", model="tiny")).trace
+    assert trace.lens_states and not trace.logit_lens  # no LM head per layer while generating: read out on demand
+    assert not check_run(demo.pool, DEFAULTS.with_(prompt="hi", model="tiny", logit_lens=False)).trace.lens_states
     with pytest.raises(ValueError, match="logit_lens"):
         check_run(demo.pool, DEFAULTS.with_(prompt="hi", model="tiny", logit_lens="maybe"))
 
 
-def test_the_lens_and_scrubber_are_drawn_only_while_their_tab_is_open(session) -> None:
+def test_the_lens_and_scrubber_are_drawn_only_while_their_tab_is_open(demo, session) -> None:
     view_opened("usage", session)
     skipped = lambda o: isinstance(o, dict) and o == gr.skip()  # noqa: E731
-    assert all(skipped(o) for o in show_run(session, 0))  # nothing is sent after a run
+    assert all(skipped(o) for o in show_run(demo.pool, session, 0))  # nothing is sent after a run
     view_opened("lens", session)
-    assert not any(skipped(o) for o in show_run(session, 0))
+    assert not any(skipped(o) for o in show_run(demo.pool, session, 0))
 
 
-def test_after_a_run_the_lens_has_a_column_per_token_and_a_row_per_layer(session) -> None:
+def test_the_lens_is_read_out_only_when_its_tab_opens(demo, engine) -> None:
+    from d3.lens import has_lens_states
+
+    last = None
+    for last in side_by_side(engine, "a dog", D3Config(alpha=0.9), GenerationConfig(max_new_tokens=6),
+                             TraceConfig(lens_states=True), with_comparison=False):
+        pass
+    s = Session()
+    s.finish(last, "D3")
+    assert has_lens_states(s.d3) and s.full.steps[0].lens_states is None  # kept for the D3 pane only
+    view_opened("usage", s)
+    show_run(demo.pool, s, 0)
+    assert has_lens_states(s.d3)  # another tab is open: nothing read
+    view_opened("lens", s)
+    out = dict(zip(RUN_OUTPUTS, show_run(demo.pool, s, 0)))
+    assert not has_lens_states(s.d3) and len(s.d3.steps[0].lens_prob) == LAYERS
+    assert by_role(out["lens"], "lens")[0].z.shape == (LAYERS, len(s.d3.steps))
+
+
+def test_after_a_run_the_lens_has_a_column_per_token_and_a_row_per_layer(demo, session) -> None:
     view_opened("lens", session)
-    out = dict(zip(RUN_OUTPUTS, show_run(session, 99)))
+    out = dict(zip(RUN_OUTPUTS, show_run(demo.pool, session, 99)))
     lens, tokens = out["lens"], len(session.d3.steps)
     heat = by_role(lens, "lens")[0]
     assert heat.z.shape == (LAYERS, tokens)  # z[layer][token]: tokens along x

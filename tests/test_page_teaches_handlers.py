@@ -114,7 +114,7 @@ def test_the_default_attention_layer_is_one_the_default_schedule_skips() -> None
     layer = default_attention_layer(30)
     cfg = D3Config(alpha=0.99)
     skipped_at = [i for i in range(64) if layer not in plan(cfg, 30, i).run]
-    assert skipped_at and skipped_at[0] < 24  # grey rows appear within a short run
+    assert skipped_at  # grey rows appear within the default run (issue 17: and most rows show attention)
 
 
 def test_attention_key_labels_are_thinned_so_they_do_not_overlap(tiny_engine) -> None:

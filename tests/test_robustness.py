@@ -415,7 +415,8 @@ def test_a_public_deployment_loads_only_its_own_models(engine, monkeypatch, env)
     for model in OUTSIDE_MODELS:
         with pytest.raises(gr.Error, match="not allowed here"):
             list(live.generate(pool, Session(), **{**RUN_BASE, "model": model}))
-        assert "not allowed here" in view_handlers.model_changed(pool, model)[-1]  # the status line says it
+        status = view_handlers.model_changed(pool, model)[view_handlers.MODEL_OUTPUTS.index("status")]
+        assert "not allowed here" in status  # the status line says it
         with pytest.raises(gr.Error, match="not allowed here"):
             view_handlers.load_model(pool, model)
     assert asked == []

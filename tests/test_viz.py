@@ -424,10 +424,10 @@ def test_error_propagation_kl_lines_divergence_and_kv_heatmap(d3_cfg: D3Config) 
     assert list(marker.x) == [6] and comp.first_divergence == 6
     heat = one(fig, "kv_error")
     np.testing.assert_allclose(np.asarray(heat.z), np.log10(comp.kv_error).T)
-    filled = one(fig, "filled")
+    marked = {(int(t), int(layer)) for role in ("filled", "filled-unread")  # read later or never read: all filled
+              for t, layer in zip(one(fig, role).x, one(fig, role).y)}
     t_idx, l_idx = np.nonzero(comp.filled_mask)
-    np.testing.assert_array_equal(filled.x, t_idx)
-    np.testing.assert_array_equal(filled.y, l_idx)
+    assert marked == set(zip(t_idx.tolist(), l_idx.tolist()))
     assert "filled (copy)" in np.asarray(heat.text, dtype=object)[l_idx[0], t_idx[0]]
     assert {s.x0 for s in fig.layout.shapes if s.type == "line" and s.x0 == s.x1} == {6}
 

@@ -20,6 +20,9 @@ from viz.layout import (
 )
 
 SKIPPED_TEXT = "#9CA3AF"
+SKIPPED_FILL = "#D1D5DB"  # a row whose token skipped the layer: filled grey, so it reads as skipped, not as empty
+# Byte-level (GPT-2 style) and SentencePiece markers in raw prompt tokens, read as the text they stand for.
+_TOKEN_MARKERS = str.maketrans({"Ġ": " ", "Ċ": "\n", "ĉ": "\t", "▁": " "})
 
 KEY_TICKS = 14  # key-position labels per panel at most (more overlap: tokens are a few characters wide)
 
@@ -63,8 +66,8 @@ def key_labels(trace: Trace, prompt_len: int, width: int) -> list[str]:
     """A readable label per key position [K]: prompt tokens, then the generated tokens fed back in."""
     labels = []
     for k in range(width):
-        if k < len(trace.prompt_stats.tokens):
-            labels.append(plot_text(trace.prompt_stats.tokens[k]))
+        if k < len(trace.prompt_stats.tokens):  # raw tokenizer pieces ("Ġthe"): shown like generated text ("␣the")
+            labels.append(plot_text(trace.prompt_stats.tokens[k].translate(_TOKEN_MARKERS)))
         elif prompt_len <= k < prompt_len + len(trace.steps):
             labels.append(plot_text(trace.steps[k - prompt_len].text))
         else:
@@ -98,17 +101,32 @@ def _panel(trace: Trace, layer: int, head: int, index: int, name: str) -> tuple[
                       hovertemplate=f"%{{y}} · head {head} of layer {layer} · %{{x}} · weight %{{z:.3g}}<extra></extra>",
                       name=name, meta={"role": "attention", "name": name})
     picks = tick_subset(len(cols), KEY_TICKS)  # each panel is a few hundred px wide: labels need ~30 px each
+    # A short axis title: two panels side by side leave each a few hundred px; the dotted line marks the prompt's end.
     xaxis = dict(type="category", tickmode="array", tickvals=[cols[k] for k in picks], showgrid=False,
-                 ticktext=[labels[k] for k in picks], title=dict(text="key position (prompt | generated)"))
+                 ticktext=[labels[k] for k in picks], title=dict(text="key position"))
     row_picks = tick_subset(len(rows), 40)
     skipped = [t for t, s in enumerate(trace.steps) if layer not in s.layers_run]
+    grey = _skipped_rows(weights, skipped, cols, rows, xref, yref, layer)
     yaxis = dict(type="category", autorange="reversed", tickmode="array", tickvals=[rows[i] for i in row_picks],
                  showgrid=False, ticktext=[_row_tick(trace.steps[i].text, i in skipped) for i in row_picks])
     shapes = []
     if 0 < prompt_len < weights.shape[1]:  # where the prompt ends and generated tokens begin
         shapes.append(guide_line(x=prompt_len - 0.5, xref=xref, yref=yref, color="#D55E00", dash="dot", width=2))
     note = f" · <span style='color:{SKIPPED_TEXT}'>grey rows skipped layer {layer}</span>" if skipped else ""
-    return [heat], shapes, xaxis, yaxis, note
+    return [heat, *grey], shapes, xaxis, yaxis, note
+
+
+def _skipped_rows(weights: np.ndarray, skipped: list[int], cols: list[str], rows: list[str], xref: str, yref: str,
+                  layer: int) -> list[go.Heatmap]:
+    """A flat grey heatmap over the rows [T] of tokens that skipped `layer` (weights [T, K]: those rows are NaN)."""
+    if not skipped:
+        return []
+    z = np.full(weights.shape, np.nan, dtype=np.float32)
+    z[skipped] = 1.0
+    return [go.Heatmap(z=z, x=cols, y=rows, xaxis=xref, yaxis=yref, colorscale=[[0, SKIPPED_FILL], [1, SKIPPED_FILL]],
+                       zmin=0, zmax=1, showscale=False, hoverongaps=False, name="skipped",
+                       hovertemplate=f"%{{y}} · this token did not run layer {layer}<extra></extra>",
+                       meta={"role": "skipped-rows"})]
 
 
 def _missing(step: TokenStep, layer: int) -> str:

@@ -117,7 +117,8 @@ def decay_curve(cfg: StrategyConfig, num_layers: int, steps: int, *, trace: Trac
     layout = dict(
         shapes=shapes, annotations=notes, hovermode="closest",
         xaxis=dict(title=dict(text="generated token (step i)"), range=[-0.5, max(steps, 1) - 0.5]),
-        yaxis=dict(title=dict(text="decoder layers run"), range=[0, num_layers + 1]))
+        # Short in presentation mode: the curve is kept low there (it shares the first screen with the panes).
+        yaxis=dict(title=dict(text="layers run" if presentation else "decoder layers run"), range=[0, num_layers + 1]))
     if d3 is not None:
         layout["meta"] = {"d3_schedule": d3_schedule_meta(d3, num_layers, steps, main=d3 is cfg)}
     title = title if title is not None else f"Depth decay · {label} · L = {num_layers}"

@@ -6,7 +6,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from d3.trace import CELL_NAMES, Comparison
+from d3.trace import CELL_NAMES, RAN, Comparison
 from viz.layout import (
     EXTRA_COLORS,
     FILL_COLORS,
@@ -42,11 +42,37 @@ def _kl_line(comparison: Comparison, which: str, *, name: str, color: str, dash:
                       legendgroup=legendgroup, showlegend=showlegend, meta={"role": f"kl_{which}", "name": name})
 
 
-def _kv_heatmap(comparison: Comparison) -> tuple[go.Heatmap, go.Scatter]:
-    """log10 of `kv_error` [T, L], drawn transposed (layers up, positions along the shared x), and
-    open markers on the cells `filled_mask` [T, L] marks as filled."""
-    err = np.asarray(comparison.kv_error, dtype=np.float64)  # [T, L]
+NEVER_READ = ("Nested drop order: no filled entry is ever read<br>(no later token runs a skipped layer again),"
+              "<br>so the fill changes nothing here. Strided or<br>early exit fill entries that later tokens read.")
+
+
+def read_later(grid: np.ndarray) -> np.ndarray:
+    """bool [T, L] from cell codes [T, L]: True where a later position ran that layer, so its attention there reads
+    the entry written at this position (a filled entry that is never read cannot change any output)."""
+    grid = np.asarray(grid)
+    if grid.size == 0:
+        return np.zeros(grid.shape, dtype=bool)
+    ran_after = np.flip(np.cumsum(np.flip(grid == RAN, axis=0), axis=0), axis=0)  # [T, L] ran at t or later
+    out = np.zeros(grid.shape, dtype=bool)
+    out[:-1] = ran_after[1:] > 0
+    return out
+
+
+def filled_read(comparison: Comparison) -> tuple[np.ndarray, np.ndarray]:
+    """(filled and read by a later token, filled and never read), each bool [T, L] (teacher-forced run)."""
     filled = np.asarray(comparison.filled_mask, dtype=bool)
+    grid = comparison.teacher_grid
+    read = read_later(grid) if grid.shape == filled.shape else np.ones(filled.shape, dtype=bool)
+    return filled & read, filled & ~read
+
+
+def _kv_heatmap(comparison: Comparison) -> tuple[go.Heatmap, go.Scatter, go.Scatter]:
+    """log10 of `kv_error` [T, L], drawn transposed (layers up, positions along the shared x), and
+    open markers on the filled cells (`filled_mask` [T, L]): squares where a later token reads them, small grey
+    dots where none ever does."""
+    err = np.asarray(comparison.kv_error, dtype=np.float64)  # [T, L]
+    read, unread = filled_read(comparison)
+    filled = read | unread
     positions, num_layers = err.shape
     core = comparison.skip.core
     kinds = layer_kinds(num_layers, core)
@@ -67,11 +93,15 @@ def _kv_heatmap(comparison: Comparison) -> tuple[go.Heatmap, go.Scatter]:
                       hovertemplate="%{text}<extra></extra>", colorscale="Magma", reversescale=True,
                       colorbar=dict(title=dict(text="KV error"), tickvals=ticks, ticktext=[f"1e{int(k)}" for k in ticks],
                                     y=0.3, len=0.6), meta={"role": "kv_error"})
-    t_idx, l_idx = np.nonzero(filled)
-    marks = go.Scatter(x=t_idx, y=l_idx, mode="markers", name="filled KV entry",
+    t_idx, l_idx = np.nonzero(read)
+    marks = go.Scatter(x=t_idx, y=l_idx, mode="markers", name="filled, read by later tokens",
                        marker=dict(symbol="square-open", size=7, color="#22D3EE", line=dict(width=1.5)),
                        hoverinfo="skip", meta={"role": "filled"})
-    return heat, marks
+    t_idx, l_idx = np.nonzero(unread)
+    unread_marks = go.Scatter(x=t_idx, y=l_idx, mode="markers", name="filled, never read",
+                              marker=dict(symbol="circle", size=3, color="#9CA3AF"), hoverinfo="skip",
+                              meta={"role": "filled-unread"})
+    return heat, marks, unread_marks
 
 
 def error_propagation(comparison: Comparison, *, log_kl: bool = False, title: str | None = None,
@@ -85,7 +115,8 @@ def error_propagation(comparison: Comparison, *, log_kl: bool = False, title: st
     fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.08,
                         row_heights=[0.4, 0.6] if has_kv else None,
                         subplot_titles=["next-token KL against full depth"]
-                        + (["KV cache error under teacher forcing (□ = filled entry)"] if has_kv else []))
+                        + (["KV cache error under teacher forcing (□ filled, read later · dot: filled, never read)"]
+                           if has_kv else []))
     for which in ("teacher", "free"):
         fig.add_trace(_kl_line(comparison, which, name=KL_NAMES[which], color=KL_COLORS[which]), row=1, col=1)
     shapes = []
@@ -101,12 +132,19 @@ def error_propagation(comparison: Comparison, *, log_kl: bool = False, title: st
         fig.add_trace(go.Scatter(x=[first], y=[y], mode="markers", name="first divergence", text=[text],
                                  hovertemplate="%{text}<extra></extra>", meta={"role": "divergence"},
                                  marker=dict(symbol="x", size=14, color="#B91C1C", line=dict(width=2))), row=1, col=1)
-        fig.add_annotation(x=first, y=1, xref="x", yref="y domain", yanchor="bottom", showarrow=False,
-                           text=f"first divergence: {first}", font=dict(color="#B91C1C"))
+        # Inside the plot, under its top edge: above it, it ran into the panel's title on a phone.
+        fig.add_annotation(x=first, y=1, xref="x", yref="y domain", xanchor="left", yanchor="top", showarrow=False,
+                           text=f" first divergence: {first}", font=dict(color="#B91C1C"),
+                           bgcolor="rgba(255,255,255,0.85)")
     if has_kv:
-        heat, marks = _kv_heatmap(comparison)
-        fig.add_trace(heat, row=2, col=1)
-        fig.add_trace(marks, row=2, col=1)
+        heat, marks, unread = _kv_heatmap(comparison)
+        for trace in (heat, marks, unread):
+            fig.add_trace(trace, row=2, col=1)
+        read, never = filled_read(comparison)
+        if never.any() and not read.any():
+            fig.add_annotation(x=0.01, y=0.02, xref="x2 domain", yref="y2 domain", xanchor="left", yanchor="bottom",
+                               showarrow=False, align="left", text=NEVER_READ, bgcolor="rgba(255,255,255,0.9)",
+                               name="never-read")
         shapes += core_shapes(comparison.kv_error.shape[1], comparison.skip.core, axis="y", xref="x2", yref="y2")
         fig.update_yaxes(title_text="layer", row=2, col=1)
         fig.update_xaxes(title_text="position (generated token)", row=2, col=1)
@@ -157,5 +195,9 @@ def fill_strategies(comparisons: dict[str, Comparison], *, title: str | None = N
     fig.update_yaxes(title_text="KL (nats)", row=1, col=1)
     fig.update_yaxes(tickformat=".0%", range=[0, 1.05], row=2, col=2)
     fig.update_layout(barmode="group", legend=dict(title=dict(text="fill: ")))
-    title = title if title is not None else "Filling the KV of skipped layers: copy vs propagate vs none"
+    if title is None:
+        title = "Filling the KV of skipped layers: copy vs propagate vs none"
+        if comparisons and not any(filled_read(c)[0].any() for c in comparisons.values()):
+            title += ("<br><sub>The lines coincide: no later token reads a filled entry (a nested drop order),"
+                      " so every fill gives the same tokens</sub>")
     return apply_layout(fig, title=title, presentation=presentation, height=height or 640)

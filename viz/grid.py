@@ -82,7 +82,7 @@ def cell_hover(codes: np.ndarray, row_labels: Sequence[str], kinds: Sequence[str
 
 def _grid_panel(codes: np.ndarray, ys: Sequence[int], row_labels: Sequence[str], core: tuple[int, int], *,
                 index: int, tick_text: Sequence[str] | None, planned: bool, max_labels: int, name: str,
-                max_layer_ticks: int = 33) -> tuple[go.Heatmap, list[dict], dict, dict]:
+                max_layer_ticks: int = 16) -> tuple[go.Heatmap, list[dict], dict, dict]:
     """One tokens x layers heatmap (z = codes [T, L]) for panel `index` (1-based): the trace, its core
     shapes, and its x / y axis settings."""
     num_layers = codes.shape[1]
@@ -139,6 +139,8 @@ def layer_grid(trace: Trace, *, title: str | None = None, max_tokens: int | None
     """Per-token layer usage: a heatmap of `trace.grid()` (int8 [T, L] cell codes), one row per generated
     token (labelled with its text) and one column per layer, core bands marked."""
     codes, ys, hover_rows, ticks = _trace_rows(trace, max_tokens)
+    if presentation:  # rows are 16 px high and the labels 22 px: every other row is labelled, so none overlap
+        max_labels = min(max_labels, (len(ys) + 1) // 2)
     panel = _grid_panel(codes, ys, hover_rows, trace.core, index=1, tick_text=ticks if token_labels else None,
                         planned=False, max_labels=max_labels, name=strategy_label(trace.strategy))
     title = title if title is not None else (

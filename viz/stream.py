@@ -125,7 +125,7 @@ def token_html(trace: Trace, *, reference: Trace | None = None, full_prob: Seque
         if i == first:
             spans.append(f'<span class="d3-badge" title="first token that differs from full depth" style="background:'
                          f'{DIFF_COLOR};color:#fff;font-size:0.75em;font-weight:600;padding:1px 5px;border-radius:8px;'
-                         f'margin:0 3px">first divergence ▸</span>')
+                         f'margin:0 3px;white-space:nowrap">first divergence ▸</span>')
         text = html.escape(step.text).replace("\n", "⏎\n")
         tip = _token_title(step, trace.num_layers, other)
         if full_prob is not None and i < len(full_prob):

@@ -21,6 +21,7 @@ from d3.config import (
     UnifiedConfig,
     default_core,
 )
+from d3.calibrate import MEASURED
 from d3.models import DEFAULT_MODEL
 from d3.schedule import plan
 from explorer.caps import Caps
@@ -96,7 +97,7 @@ class Controls:
 
     def attention_layer_index(self, num_layers: int) -> int:
         """The layer whose attention is recorded: validated, since it changes what a run records."""
-        value = default_attention_layer(num_layers) if self.attention_layer is None else self.attention_layer
+        value = default_attention_layer(num_layers, self.model) if self.attention_layer is None else self.attention_layer
         return int(as_number("attention_layer", value, 0, num_layers - 1, integer=True))
 
     @property
@@ -162,13 +163,13 @@ def takes_controls(fn: Callable[..., Any]) -> Callable[..., Any]:
 ATTENTION_RUN_SHARE = 0.75  # the default attention layer runs for about this share of the default run's tokens
 
 
-def default_attention_layer(num_layers: int) -> int:
+def default_attention_layer(num_layers: int, model: Any = None) -> int:
     """The flex layer the page's default D3 run keeps for about three quarters of its tokens: most D3 rows of the
     attention view show the head at work next to full depth, and the last rows, where the decay dropped the
     layer, are grey. (The first layer the schedule drops is skipped from the first tokens on: a blank panel.)"""
     head, tail = default_core(num_layers)
     try:
-        cfg = parse_strategy(DEFAULTS.with_(strategy="d3"), num_layers, Caps())
+        cfg = parse_strategy(model_defaults(model).with_(strategy="d3"), num_layers, Caps())
         tokens = DEFAULTS.new_tokens(Caps())
     except ValueError:
         return min(head, num_layers - 1)
@@ -203,6 +204,20 @@ def parse_layer_order(value: Any) -> tuple[int, ...]:
 
 def layer_order_text(order: tuple[int, ...] | None) -> str:
     return ", ".join(map(str, order or ()))
+
+
+# The page's D3 settings per embedded model: the measured best (docs/drop_order.md; results/SUMMARY.md, "Drop order").
+# Other models (a local directory, the tests' tiny one) and API calls that leave them out keep the engine's own
+# defaults (the paper's literal middle-out at α 0.99).
+MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
+    name: {"alpha": alpha, "drop_order": "calibrated", "layer_order": layer_order_text(MEASURED[name][core])}
+    for name, alpha, core in (("smollm2-135m", 0.998, (3, 3)),)
+}
+
+
+def model_defaults(model: Any) -> Controls:
+    """The page's controls for `model`: its measured D3 setting where there is one, else the engine's defaults."""
+    return DEFAULTS.with_(**MODEL_DEFAULTS.get(str(model), {}))
 
 
 def _drop_order(c: Controls) -> dict[str, Any]:

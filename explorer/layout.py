@@ -20,6 +20,7 @@ from explorer.controls import (
     STRATEGY_LABELS,
     TEMPERATURE_RANGE,
     default_attention_layer,
+    model_defaults,
 )
 from explorer.explain import lens_switch, scrub_controls
 from explorer.export import FIGURES
@@ -47,7 +48,7 @@ def _key_controls(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> Non
     """The controls a lesson turns most: α, the core split and the length, beside the prompt."""
     layers = facts.num_layers
     head, tail = default_core(layers)
-    ui["alpha"] = gr.Slider(*ALPHA_RANGE, value=DEFAULTS.alpha, step=0.001, label="α: token i runs floor(L·α^i) layers",
+    ui["alpha"] = gr.Slider(*ALPHA_RANGE, value=model_defaults(pool.names[0]).alpha, step=0.001, label="α: token i runs floor(L·α^i) layers",
                             elem_id="alpha")
     with gr.Row(elem_id="core-row"):
         # head + tail stays below L: each slider's maximum follows the other (wiring.bound_core)
@@ -65,16 +66,16 @@ def _more_controls(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> No
     ui["strategy"] = gr.Dropdown([(label, key) for key, label in STRATEGY_LABELS.items()], value=DEFAULTS.strategy,
                                  label="Strategy (against full depth)")
     with gr.Row():
-        ui["drop_order"] = gr.Dropdown(list(DROP_ORDERS), value=DEFAULTS.drop_order, label="Drop order of flex layers",
+        ui["drop_order"] = gr.Dropdown(list(DROP_ORDERS), value=model_defaults(pool.names[0]).drop_order, label="Drop order of flex layers",
                                        info="strided is not nested: filling matters", min_width=140)
         ui["fill"] = gr.Dropdown(list(FILLS), value=DEFAULTS.fill, label="Fill for skipped layers' KV",
                                  info="copy · propagate · none (masked hole)", min_width=140)
-    ui["layer_order"] = gr.Textbox(DEFAULTS.layer_order, label="Calibrated order (drop order 'calibrated'): flex "
+    ui["layer_order"] = gr.Textbox(model_defaults(pool.names[0]).layer_order, label="Calibrated order (drop order 'calibrated'): flex "
                                    "layers, dropped first → last", elem_id="layer-order", max_lines=2,
                                    placeholder="e.g. 3, 4, 17, … (Which layers matter → Use this order)")
     ui["start"] = gr.Slider(0, caps.max_new_tokens, value=DEFAULTS.start, step=1, label="Start (tokens at full depth)",
                             elem_id="start")
-    ui["attention_layer"] = gr.Slider(0, value=default_attention_layer(layers), step=1,
+    ui["attention_layer"] = gr.Slider(0, value=default_attention_layer(layers, pool.names[0]), step=1,
                                       label="Attention layer to record (before generating)", **slider_range(layers - 1))
     with gr.Row():
         ui["decoding"] = gr.Radio(list(DECODINGS), value=DEFAULTS.decoding, label="Decoding", min_width=140)

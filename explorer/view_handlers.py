@@ -17,6 +17,7 @@ from explorer.controls import (
     Controls,
     check_sliders,
     default_attention_layer,
+    model_defaults,
     parse_controls,
     parse_schedule,
     takes_controls,
@@ -31,7 +32,8 @@ from explorer.wording import EXPLAIN
 
 VIEW_OUTPUTS = ("usage", "flow", "attention", "errors", "fills", "root", *(f"explain_{k}" for k in EXPLAIN))
 SCENARIO_OUTPUTS = (*CONTROL_NAMES, "scenario_text", "scenario_finding")
-SIZED_OUTPUTS = ("core_head", "core_tail", "attention_layer", "attention_head", "chat_template")
+SIZED_OUTPUTS = ("core_head", "core_tail", "attention_layer", "attention_head", "chat_template", "alpha", "drop_order",
+                 "layer_order")
 # A model switch also empties the panes and the views: what they showed was a run of the other model.
 CLEARED_OUTPUTS = ("d3_title", "d3_tokens", "d3_counters", "full_tokens", "full_counters", "usage", "flow",
                    "attention", "errors", "fills")
@@ -48,16 +50,22 @@ def use_example(title: str) -> str:
         return prompts[as_choice("example", title, tuple(prompts))]
 
 
-def _sized(facts: ModelFacts) -> dict[str, Any]:
+def _sized(facts: ModelFacts, model: str = "") -> dict[str, Any]:
     """The layer and head controls sized to a model, with its default core and attention layer: each core
     slider's maximum is computed from the other's new value, so the bounds are consistent at once."""
     layers = facts.num_layers
     head, tail = default_core(layers)
     return dict(core_head=gr.update(**slider_range(layers - 1 - tail), value=head),
                 core_tail=gr.update(**slider_range(layers - 1 - head), value=tail),
-                attention_layer=gr.update(**slider_range(layers - 1), value=default_attention_layer(layers)),
+                attention_layer=gr.update(**slider_range(layers - 1), value=default_attention_layer(layers, model)),
                 attention_head=gr.update(**slider_range(facts.num_heads - 1), value=0),
-                chat_template=gr.update(value=facts.chat_template))
+                chat_template=gr.update(value=facts.chat_template), **_model_schedule(model))
+
+
+def _model_schedule(model: str) -> dict[str, Any]:
+    """α, the drop order and the calibrated order the page starts a model with (its measured best, if any)."""
+    page = model_defaults(model)
+    return dict(alpha=page.alpha, drop_order=page.drop_order, layer_order=page.layer_order)
 
 
 def _cleared(session: Session | None, model: str, presentation: bool = False) -> dict[str, Any]:
@@ -93,7 +101,7 @@ def model_changed(pool: ModelPool, model: str, session: Session | None = None, p
     if facts is None:
         return ordered(MODEL_OUTPUTS, **{**cleared, "status": views.status_html(None, None, "loading",
                                                                                 note=f"Model: {name}")})
-    return ordered(MODEL_OUTPUTS, **cleared, **_sized(facts))
+    return ordered(MODEL_OUTPUTS, **cleared, **_sized(facts, name))
 
 
 def load_model(pool: ModelPool, model: str) -> tuple[Any, ...]:
@@ -106,7 +114,7 @@ def load_model(pool: ModelPool, model: str) -> tuple[Any, ...]:
         if name in pool.names and pool.known_facts(name) is not None:
             return ordered(MODEL_OUTPUTS)  # one of the page's models, known or loaded: `model_changed` sized them
         facts = pool.facts(name)
-    return ordered(MODEL_OUTPUTS, **_sized(facts),
+    return ordered(MODEL_OUTPUTS, **_sized(facts, name),
                    status=views.status_html(None, None, f"Model {name} is loaded: press Generate."))
 
 

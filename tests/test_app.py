@@ -27,7 +27,8 @@ from tests.figures import message
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 DEFAULTS = dict(prompt="hello there", model="tiny", chat_template=True, strategy="d3", alpha=0.9, core_head=1,
-                core_tail=1, start=0, drop_order="middle_out", fill="copy", max_new_tokens=8, decoding="greedy",
+                core_tail=1, start=0, drop_order="middle_out", layer_order="", fill="copy", max_new_tokens=8,
+                decoding="greedy",
                 temperature=0.8, seed=0, unified_ratio=1.5, skipdecode_max=0, skipdecode_min=0, threshold=0.9,
                 attention_layer=3, attention_head=0, metric="both", log_kl=False, presentation=False)
 OUT = {name: i for i, name in enumerate(live.GENERATE_OUTPUTS)}
@@ -315,14 +316,14 @@ def test_every_slider_takes_a_model_with_one_head_or_one_or_two_layers(name, tin
     engine = Engine(tiny_llama(**spec), tiny_tok, name=name)
     small = ModelPool(lambda _: engine, names=(name,), caps=Caps(max_new_tokens=8))
     layers, heads = spec["num_layers"], spec.get("num_attention_heads", 4)
-    head, tail, layer, attention_head, _, _ = view_handlers.load_model(small, name)
+    head, tail, layer, attention_head = view_handlers.load_model(small, name)[:4]
     sliders = {n: _applied(u) for n, u in zip(("head", "tail", "layer", "attention_head"),
                                              (head, tail, layer, attention_head))}
     assert sliders["attention_head"].interactive is (heads > 1) and sliders["layer"].interactive is (layers > 1)
     assert head["value"] + tail["value"] < layers  # the default core leaves a layer to skip
     assert all(u["maximum"] >= 1 for u in (head, tail, layer, attention_head))
-    for update in view_handlers.bound_core(small, name, head["value"], tail["value"]):
-        _applied({**update, "value": 0})
+    for value in (head["value"], tail["value"]):  # each core slider bounds the other
+        _applied({**view_handlers.bound_core(small, name, value), "value": 0})
     linked = share.sized_to_model(small, {"model": name})
     for key in ("core_head", "core_tail", "attention_layer", "attention_head"):
         _applied(linked[key])

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from d3.config import default_core
-from explorer.controls import DEFAULTS
+from explorer.controls import model_defaults
 from explorer.parse import as_choice
 
 
@@ -20,43 +20,59 @@ class Scenario:
     fills: bool = False  # also run the fill-strategy comparison
 
 
+# A question whose answer can be checked: 3-shot worked arithmetic, as the generation-accuracy measure asks it
+# (d3/gentasks.py), raw text. Full depth on SmolLM2 answers "8 times 7 is 56. So the answer is 56."
+ARITHMETIC = ("Q: What is 4 plus 3?\nA: 4 plus 3 is 7. So the answer is 7.\n\n"
+              "Q: What is 6 times 2?\nA: 6 times 2 is 12. So the answer is 12.\n\n"
+              "Q: What is 9 plus 5?\nA: 9 plus 5 is 14. So the answer is 14.\n\n"
+              "Q: What is 8 times 7?\nA:")
+ASK = {"prompt": ARITHMETIC, "chat_template": False, "max_new_tokens": 24}
+EXPLAIN_PROMPT = "Explain in a few sentences why the sky looks blue during the day."
+
 SCENARIOS: dict[str, Scenario] = {
     "full_vs_d3": Scenario(
         "Full depth vs D3",
-        f"The default D3 schedule (α = {DEFAULTS.alpha}, core layers at both ends) against the full model. Watch the "
-        "D3 tokens get lighter as fewer layers run, and whether the text stays the same.",
-        ({},)),
+        "The page's D3 setting for this model (on SmolLM2: α = 0.998 and the drop order measured on it, which drops "
+        "layer 3 first; see Which layers matter) on a worked arithmetic question. D3 runs fewer layers per token "
+        "and states the same answer as full depth: watch the D3 tokens get lighter while the text stays the same.",
+        (ASK,)),
     "core": Scenario(
         "Why the core layers matter",
-        "Two runs with α = 0.99 and drop order *bottom-up*, so the lowest flex layers are dropped first: first with "
-        "the default core, then with core 0 + 0, so that layer 0 is the first to go. The first layers turn token "
-        "embeddings into what every later layer reads (they change the hidden state the most, see Information "
-        "flow): without them the text leaves full depth's at once; with a core D3 follows it for longer.",
-        ({"alpha": 0.99, "drop_order": "bottom_up"},
-         {"alpha": 0.99, "drop_order": "bottom_up", "core_head": 0, "core_tail": 0})),
+        "Two runs of the arithmetic question with α = 0.99 and drop order *bottom-up*, so the lowest flex layers are "
+        "dropped first: first with the default core, then with core 0 + 0, so that layer 0 is the first to go. The "
+        "first layers turn token embeddings into what every later layer reads (they change the hidden state the "
+        "most, see Information flow): with a core D3 keeps the answer; without it the text is lost at once.",
+        ({**ASK, "alpha": 0.99, "drop_order": "bottom_up"},
+         {**ASK, "alpha": 0.99, "drop_order": "bottom_up", "core_head": 0, "core_tail": 0})),
     "fill": Scenario(
         "What filling does",
         "Drop order 'strided' keeps evenly spaced flex layers, so a layer skipped by one token can run again "
         "for a later token and read that token's missing key/value entry. Filling decides what it reads. "
-        "This runs fill 'none' (the hole is masked out) in the panes, then compares copy, propagate and none "
-        "on the same prompt (Fill strategies tab). With the default nested drop orders no later token ever "
-        "reads a hole, so the fill would make no difference.",
-        ({"alpha": 0.97, "drop_order": "strided", "fill": "none"},), fills=True),
+        "This runs fill 'none' (the hole is masked out) in the panes at α = 0.99, then compares copy, propagate and "
+        "none on the same prompt (Fill strategies tab). On SmolLM2 *copy* turns the text to nonsense (full depth "
+        "finds it about 15x less likely than *propagate*'s), *propagate* keeps it readable. With a nested drop order "
+        "no later token ever reads a hole, so the fill would make no difference.",
+        ({"prompt": EXPLAIN_PROMPT, "chat_template": True, "max_new_tokens": 32, "alpha": 0.99,
+          "drop_order": "strided", "fill": "none"},), fills=True),
     "aggressive": Scenario(
         "Aggressive α: where it breaks",
-        "α = 0.9 halves the depth within about 7 tokens and reaches the core floor soon after. The text "
-        "usually drifts from full depth early: see where the first divergence lands and how the KL grows.",
-        ({"alpha": 0.9},)),
+        "The same arithmetic question at α = 0.9, which halves the depth within about 7 tokens and reaches the core "
+        "floor soon after: the answer is lost within the first tokens (compare Full depth vs D3, where a gentle α "
+        "keeps it). See where the first divergence lands and how the KL grows.",
+        ({**ASK, "alpha": 0.9},)),
 }
-# The controls every scenario sets (the page's D3 defaults, then each run's changes).
-SCENARIO_CONTROLS = ("strategy", "alpha", "core_head", "core_tail", "start", "drop_order", "fill", "decoding")
+# The controls every scenario sets (the page's D3 setting for the model, then each run's changes).
+SCENARIO_CONTROLS = ("prompt", "chat_template", "max_new_tokens", "strategy", "alpha", "core_head", "core_tail", "start",
+                     "drop_order", "layer_order", "fill", "decoding")
 
 
-def scenario_controls(key: str, step: int, num_layers: int) -> dict[str, Any]:
-    """The control values of run `step` of scenario `key`: the D3 defaults with the scenario's changes."""
+def scenario_controls(key: str, step: int, num_layers: int, model: Any = None) -> dict[str, Any]:
+    """The control values of run `step` of scenario `key`: the page's D3 setting for `model` with the scenario's
+    changes."""
     scenario = SCENARIOS[as_choice("scenario", key, tuple(SCENARIOS))]
     head, tail = default_core(num_layers)
-    defaults = {name: getattr(DEFAULTS, name) for name in SCENARIO_CONTROLS} | {"core_head": head, "core_tail": tail}
+    page = model_defaults(model)
+    defaults = {name: getattr(page, name) for name in SCENARIO_CONTROLS} | {"core_head": head, "core_tail": tail}
     return {**defaults, **scenario.runs[min(step, len(scenario.runs) - 1)]}
 
 
@@ -136,5 +152,6 @@ def fill_finding(fills: dict[str, Any]) -> str:
     for name, comparison in fills.items():
         s = comparison.summary()
         first = "never diverged" if s["first_divergence"] is None else f"first divergence at token {s['first_divergence']}"
-        parts.append(f"- fill *{name}*: agreement {s['agreement']:.2f}, {first}")
+        parts.append(f"- fill *{name}*: agreement {s['agreement']:.2f}, {first}, full-depth perplexity of its text "
+                     f"{s['full_ppl_of_skip']:.1f}")
     return "**These runs** (same schedule, each fill):\n" + "\n".join(parts)

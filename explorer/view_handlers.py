@@ -216,7 +216,7 @@ def apply_scenario(pool: ModelPool, key: str, step: int, session: Session | None
     """Set the controls of run `step` of a preset scenario (and stop whatever this session is running)."""
     interrupt(session)
     with user_errors():
-        values = scenario_controls(key, step, pool.facts(model).num_layers)
+        values = scenario_controls(key, step, pool.facts(model).num_layers, model)
     finding = {"scenario_finding": "*Running… the numbers appear here when the scenario's runs are done.*"} if step == 0 else {}
     return ordered(SCENARIO_OUTPUTS, scenario_text=scenario_text(key, step), **finding, **values)
 

@@ -1,0 +1,86 @@
+"""Each scenario's claim, and the page's default run, proven on the embedded SmolLM2-135M: a change of default
+or of a scenario that breaks a lesson fails here. The controls are the page's own (scenario_controls,
+model_defaults), parsed as a run parses them."""
+
+from __future__ import annotations
+
+import pytest
+
+from d3.compare import compare
+from d3.config import TRACE_OFF, FullConfig
+from d3.data import example_prompts
+from d3.gentasks import answer_text
+from d3.trace import token_agreement
+from explorer.caps import Caps
+from explorer.controls import Controls, model_defaults, parse_controls
+from explorer.scenarios import scenario_controls
+
+pytestmark = pytest.mark.integration
+MODEL = "smollm2-135m"
+CAPS = Caps(max_new_tokens=64)
+
+
+def _run(engine, key: str, step: int):
+    values = {**scenario_controls(key, step, engine.num_layers, MODEL), "model": MODEL}
+    c = Controls(**values)
+    strategy, gen = parse_controls(c, engine.num_layers, CAPS)
+    d3 = engine.generate(c.prompt, strategy, gen, TRACE_OFF, chat_template=c.chat_template)
+    return c, strategy, gen, d3
+
+
+@pytest.fixture(scope="module")
+def full_answer(smol_engine):
+    c, _, gen, _ = _run(smol_engine, "full_vs_d3", 0)
+    full = smol_engine.generate(c.prompt, FullConfig(), gen, TRACE_OFF, chat_template=c.chat_template)
+    assert answer_text(full.text) == "56"  # full depth answers the question
+    return full
+
+
+def test_full_vs_d3_keeps_the_answer_at_fewer_layers(smol_engine, full_answer):
+    _, strategy, _, d3 = _run(smol_engine, "full_vs_d3", 0)
+    assert strategy.drop_order == "calibrated"  # the page's measured order, not the paper's middle-out
+    assert answer_text(d3.text) == "56" and d3.mean_layers < smol_engine.num_layers - 0.5
+    assert token_agreement(full_answer.token_ids, d3.token_ids).agreement >= 0.9
+
+
+def test_aggressive_alpha_loses_the_answer(smol_engine, full_answer):
+    _, _, _, d3 = _run(smol_engine, "aggressive", 0)
+    assert answer_text(d3.text) != "56"
+    assert token_agreement(full_answer.token_ids, d3.token_ids).first_divergence <= 5
+
+
+def test_the_core_keeps_the_answer_and_without_it_the_text_is_lost(smol_engine, full_answer):
+    _, with_core, _, kept = _run(smol_engine, "core", 0)
+    _, without, _, lost = _run(smol_engine, "core", 1)
+    assert with_core.core(30) == (3, 3) and without.core(30) == (0, 0)
+    assert answer_text(kept.text) == "56" and answer_text(lost.text) != "56"
+    assert token_agreement(full_answer.token_ids, lost.token_ids).first_divergence <= 2
+    assert (token_agreement(full_answer.token_ids, kept.token_ids).first_divergence or 99) > 10
+
+
+def test_the_fills_differ_and_one_keeps_the_text_readable(smol_engine):
+    c, strategy, gen, _ = _run(smol_engine, "fill", 0)
+    ppl = {}
+    texts = set()
+    for fill in ("copy", "propagate", "none"):
+        comparison = compare(smol_engine, c.prompt, strategy.with_(fill=fill), gen, TRACE_OFF,
+                             chat_template=c.chat_template)
+        ppl[fill] = comparison.full_perplexity()
+        texts.add(comparison.skip.text)
+    assert len(texts) >= 2  # the fills change what is written
+    assert min(ppl.values()) <= 12  # one keeps the text readable to full depth
+    assert max(ppl.values()) >= 3 * min(ppl.values())
+
+
+def test_the_default_run_keeps_the_answer_while_running_fewer_layers(smol_engine):
+    """The page opened on SmolLM2 and Generate pressed: its measured order at its α, on the first example prompt."""
+    c = model_defaults(MODEL).with_(prompt=example_prompts()[0].prompt, model=MODEL)
+    strategy, gen = parse_controls(c, smol_engine.num_layers, CAPS)
+    d3 = smol_engine.generate(c.prompt, strategy, gen, TRACE_OFF)
+    full = smol_engine.generate(c.prompt, FullConfig(), gen, TRACE_OFF)
+    agreement = token_agreement(full.token_ids, d3.token_ids)
+    assert d3.mean_layers <= 28.5  # fewer layers...
+    assert agreement.first_divergence is None or agreement.first_divergence >= 20  # ...and full depth's text for long
+    paper = model_defaults(MODEL).with_(prompt=c.prompt, model=MODEL, drop_order="middle_out")
+    literal = smol_engine.generate(c.prompt, parse_controls(paper, 30, CAPS)[0], gen, TRACE_OFF)
+    assert token_agreement(full.token_ids, literal.token_ids).first_divergence <= 3  # the paper's order, one click away

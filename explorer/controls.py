@@ -211,7 +211,7 @@ def layer_order_text(order: tuple[int, ...] | None) -> str:
 # defaults (the paper's literal middle-out at α 0.99).
 MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
     name: {"alpha": alpha, "drop_order": "calibrated", "layer_order": layer_order_text(MEASURED[name][core])}
-    for name, alpha, core in (("smollm2-135m", 0.998, (3, 3)),)
+    for name, alpha, core in (("smollm2-135m", 0.998, (3, 3)), ("gemma3-270m", 0.998, (2, 2)))
 }
 
 

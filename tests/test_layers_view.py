@@ -85,3 +85,20 @@ def test_a_typed_order_is_checked_with_a_plain_message(pool, order, words):
     c = DEFAULTS.with_(**{**CONTROLS, "drop_order": "calibrated", "layer_order": order})
     with pytest.raises(ValueError, match=words.replace("[", "\\[").replace("]", "\\]")):
         parse_strategy(c, 6, pool.caps)
+
+
+@pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m"])
+def test_each_embedded_model_starts_on_its_measured_order(model):
+    """The page's setting for an embedded model parses for that model (its order a permutation of its flex layers),
+    and a switch to the model sets it."""
+    from d3.models import KNOWN_MODELS
+    from explorer import view_handlers
+    from explorer.controls import MODEL_DEFAULTS, model_defaults
+
+    facts = KNOWN_MODELS[model].facts
+    page = model_defaults(model)
+    cfg = parse_strategy(page.with_(model=model), facts.num_layers, Caps())
+    assert cfg.drop_order == "calibrated" and cfg.alpha == MODEL_DEFAULTS[model]["alpha"] < 1
+    sized = view_handlers._sized(facts, model)
+    assert (sized["drop_order"], sized["layer_order"], sized["alpha"]) == (page.drop_order, page.layer_order, page.alpha)
+    assert model_defaults("some/local-dir").drop_order == DEFAULTS.drop_order == "middle_out"  # others: the engine's

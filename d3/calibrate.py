@@ -12,15 +12,13 @@ Greedy and nested: step k removes the flex layer whose removal, on top of the k 
 signal least. The order is the removal order (the rest ranked by their single-drop score after `steps`), so D3 at a
 budget of L - k drops exactly its first k: a nested order, as `d3.schedule` needs.
 
-For a fixed removal S, D3's decode (any fill) equals one parallel pass: no token after the prompt ever runs a
-layer of S, so no filled entry is read. A generated position's residual below S's lowest layer is full depth's,
-so the pass starts there from the residuals of one full-depth pass (as the oracle does), and every kept layer
-above runs on all generated positions at once, reading the prompt's exact keys and values.
+For a fixed removal, D3's decode equals one teacher-forced parallel pass (`d3.teacher_forced`); the task signal
+prefills each question once and answers it under every candidate (`d3.answers`). What each signal reads:
+`d3.calibration_sets`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -31,19 +29,24 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import torch
-from transformers.cache_utils import DynamicCache
-
-from d3.adapter import Adapter
+from d3.calibration_sets import (  # noqa: F401  (the sets are part of this module's API)
+    CalibrationSet,
+    default_set,
+    paper_task_set,
+    prompt_set,
+    prompts_set,
+    task_prompts,
+    task_set,
+    text_set,
+)
 from d3.config import TRACE_OFF, D3Config, FullConfig, GenerationConfig, StaticSkipConfig, check_layer_order
-from d3.data import ASSETS, ppl_text
 from d3.model_cache import cache_root
+from d3.teacher_forced import Score, TeacherForced
 
 SIGNALS = ("agreement", "perplexity", "task")
 HIGHER_IS_BETTER = {"agreement": True, "perplexity": False, "task": True}
 UNITS = {"agreement": "share of full depth's next tokens kept top-1", "perplexity": "perplexity of the prose's continuation",
          "task": "exact match on the validation questions"}
-DEFAULT_PROMPTS = ASSETS / "prompts.json"
 CALIBRATION_VERSION = 1
 Progress = Callable[[int, int, str], None]  # (done, total, what) after each scored removal
 
@@ -106,14 +109,6 @@ class Calibration:
 # ------------------------------------------------------------------ greedy nested removal
 
 
-@dataclass(frozen=True)
-class Score:
-    """A removal's signal value and, where the signal has one, the mean KL(full depth || removal)."""
-
-    value: float
-    kl: float = float("nan")
-
-
 def _rank(score: Score, higher: bool) -> tuple[float, float]:
     """Sort key, best first: the signal, then the lower KL (ties are common on few tokens)."""
     kl = score.kl if not math.isnan(score.kl) else 0.0
@@ -145,207 +140,6 @@ def greedy_order(flex: Sequence[int], score: Callable[[tuple[int, ...]], Score],
     return (*removed, *rest), single, curve
 
 
-# ------------------------------------------------------------------ the teacher-forced parallel pass
-
-
-class _PromptPast:
-    """The prompt's exact keys and values, shared by every removal: `update` (the one cache method a decoder layer
-    calls) returns them followed by the generated positions' own, and stores nothing, so nothing is rolled back."""
-
-    def __init__(self, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        self.kv = kv
-
-    def update(self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        past_k, past_v = self.kv[layer_idx]
-        return torch.cat([past_k, keys], dim=-2), torch.cat([past_v, values], dim=-2)
-
-
-@dataclass
-class TeacherForced:
-    """Prompts (left padded, full depth) and continuations (right padded) read under a removal, in one pass.
-
-    Scored position t of row b is continuation position t, predicting `targets[b][t]`; `reference` is full depth's
-    log-probs there [B, T, vocab] (from the same pass with nothing removed)."""
-
-    adapter: Adapter
-    prompts: list[list[int]]
-    continuations: list[list[int]]
-    targets: list[list[int]]
-
-    def __post_init__(self) -> None:
-        if not self.prompts or any(not p for p in self.prompts) or any(not c for c in self.continuations):
-            raise ValueError("calibration needs non-empty prompts and continuations")
-        device = self.adapter.model.device
-        B, P = len(self.prompts), max(len(p) for p in self.prompts)
-        T = max(len(c) for c in self.continuations)
-        pad = lambda row, width, left: ([0] * (width - len(row)) + row) if left else (row + [0] * (width - len(row)))  # noqa: E731
-        ids = torch.tensor([pad(p, P, True) + pad(c, T, False) for p, c in zip(self.prompts, self.continuations)], device=device)
-        self.mask = torch.tensor([[0] * (P - len(p)) + [1] * (len(p) + T) for p in self.prompts], device=device)
-        self.scored = torch.tensor([[t < len(tg) for t in range(T)] for tg in self.targets], device=device)  # bool [B, T]
-        self.target_ids = torch.tensor([pad(tg, T, False) for tg in self.targets], device=device)
-        self.P, self.T = P, T
-        self._full_pass(ids)
-
-    def _full_pass(self, ids: torch.Tensor) -> None:
-        """Every layer over prompt + continuation: the prompt's KV, the continuation's residual entering each layer."""
-        a = self.adapter
-        positions = (self.mask.long().cumsum(-1) - 1).clamp_min(0)
-        self.positions = positions[:, self.P:]
-        cache = DynamicCache(config=a.config)
-        with torch.inference_mode():
-            hidden = a.embed(ids)
-            masks = a.masks(hidden, self.mask, cache, positions)
-            ropes = a.rope(hidden, positions)
-            resid = [hidden[:, self.P:]]
-            for idx in range(a.num_layers):
-                kind = a.layer_types[idx]
-                hidden = a.run_layer(idx, hidden, masks[kind], ropes[kind], cache, positions)
-                resid.append(hidden[:, self.P:])
-            self.resid = resid  # L + 1 entries of [B, T, d_model]
-            self.kv = [(layer.keys[..., :self.P, :], layer.values[..., :self.P, :]) for layer in cache.layers]
-            self.reference = torch.log_softmax(a.logits(hidden[:, self.P:]), dim=-1)
-            self._ref_probs = self.reference.exp()
-            self._neg_entropy = (self._ref_probs * self.reference).sum(-1)  # KL(ref || q) = this - sum(ref * log q)
-            self._base: tuple[tuple[int, ...], list[torch.Tensor]] | None = None
-            sizing = DynamicCache([(k, v) for k, v in self.kv], config=a.config)
-            cont = resid[0]
-            self.masks = a.masks(cont, self.mask, sizing, self.positions)
-            self.ropes = a.rope(cont, self.positions)
-
-    def _run(self, hidden: torch.Tensor, start: int, skip: set[int], keep: list[torch.Tensor] | None = None) -> torch.Tensor:
-        """Layers start .. L - 1 but those in `skip`, over the continuation; `keep` collects the residual entering each."""
-        a, past = self.adapter, _PromptPast(self.kv)
-        for idx in range(start, a.num_layers):
-            if keep is not None:
-                keep.append(hidden)
-            if idx not in skip:
-                kind = a.layer_types[idx]
-                hidden = a.run_layer(idx, hidden, self.masks[kind], self.ropes[kind], past, self.positions)
-        return hidden
-
-    def _stack(self, removed: tuple[int, ...]) -> list[torch.Tensor]:
-        """The residual entering every layer (and leaving the last) with `removed` skipped; the latest is kept, so
-        the greedy step's candidates (its removal plus one layer) share it."""
-        if self._base is not None and self._base[0] == removed:
-            return self._base[1]
-        if not removed:
-            stack = self.resid
-        else:
-            first = min(removed)
-            keep = list(self.resid[:first])
-            keep.append(self._run(self.resid[first], first, set(removed), keep))
-            stack = keep
-        self._base = (removed, stack)
-        return stack
-
-    def logprobs(self, removed: Sequence[int]) -> torch.Tensor:
-        """Next-token log-probs [B, T, vocab] with the layers in `removed` skipped at every continuation position.
-
-        Below the last-named layer c, the residual is that of removed[:-1] (c changes nothing under it), so the pass
-        starts at c from that removal's residuals (the previous greedy step's, computed once per step)."""
-        if not removed:
-            return self.reference
-        removed = tuple(removed)
-        *base, last = removed
-        with torch.inference_mode():
-            start = self._stack(tuple(base))[last]
-            hidden = self._run(start, last, set(removed))
-            return torch.log_softmax(self.adapter.logits(hidden), dim=-1)
-
-    def score(self, removed: Sequence[int], metric: str) -> Score:
-        """agreement (share of targets top-1) or nll (mean NLL of the targets), with the mean KL from full depth."""
-        logp = self.logprobs(removed)
-        m = self.scored
-        kl = (self._neg_entropy - (self._ref_probs * logp).sum(-1)).clamp_min(0)[m].mean().item()
-        if metric == "agreement":
-            value = (logp.argmax(-1) == self.target_ids)[m].float().mean().item()
-        else:
-            value = -logp.gather(-1, self.target_ids[..., None])[..., 0][m].mean().item()
-        return Score(value, kl)
-
-
-# ------------------------------------------------------------------ calibration sets
-
-
-@dataclass(frozen=True)
-class CalibrationSet:
-    """What a signal reads: chat prompts (agreement), prose (perplexity) or a task's validation split.
-
-    name: how results are cached and named ("prompts:prompts.json", "task:arithmetic_1_digit_addition", ...)."""
-
-    name: str
-    prompts: tuple[str, ...] = ()
-    chat_template: bool = True
-    tasks: tuple[str, ...] = ()
-    text: str = ""
-    task_objects: tuple[Any, ...] = ()  # tasks that are not d3.gentasks' (d3.paper's), with their validation questions
-    val_limit: int | None = None
-
-
-def _digest(*parts: str) -> str:
-    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:8]
-
-
-def prompts_set(path: str | Path | None = None) -> CalibrationSet:
-    """A prompt file: JSON (a list of strings or of {"prompt": ...}) or plain text, one prompt per line."""
-    path = Path(path) if path else DEFAULT_PROMPTS
-    raw = path.read_text(encoding="utf-8")
-    if path.suffix == ".json":
-        items = json.loads(raw)
-        prompts = [x["prompt"] if isinstance(x, dict) else x for x in items]
-    else:
-        prompts = [line for line in raw.splitlines() if line.strip()]
-    if not prompts or not all(isinstance(p, str) and p.strip() for p in prompts):
-        raise ValueError(f"{path} holds no prompts: give a JSON list of strings / {{'prompt': ...}} or one prompt per line")
-    return CalibrationSet(f"prompts:{path.name}:{_digest(*prompts)}", tuple(prompts))
-
-
-def prompt_set(prompt: str, chat_template: bool = True) -> CalibrationSet:
-    """One prompt (the page's)."""
-    if not prompt.strip():
-        raise ValueError("prompt is empty: type some text to calibrate on")
-    return CalibrationSet(f"prompt:{_digest(prompt, str(chat_template))}", (prompt,), chat_template)
-
-
-def task_set(tasks: Sequence[str]) -> CalibrationSet:
-    """Generation tasks (`d3.gentasks`); every signal reads their validation split only, never the test split."""
-    from d3.gentasks import get_generation_task
-
-    for t in tasks:
-        get_generation_task(t)
-    return CalibrationSet("task:" + "+".join(tasks), tasks=tuple(tasks), chat_template=False)
-
-
-def paper_task_set(task: Any, val_limit: int | None = None) -> CalibrationSet:
-    """Any task with `split("validation")`, `prompt`, `score` and `max_new_tokens` (d3.paper's): its first
-    `val_limit` validation questions."""
-    suffix = f":{val_limit}" if val_limit is not None else ""
-    return CalibrationSet(f"task:{task.name}{suffix}", tasks=(task.name,), chat_template=False, task_objects=(task,),
-                          val_limit=val_limit)
-
-
-def text_set(path: str | Path | None = None) -> CalibrationSet:
-    """Prose for perplexity: a text file, or the shipped passage (assets/ppl_text.txt)."""
-    text = Path(path).read_text(encoding="utf-8") if path else ppl_text()
-    if not text.strip():
-        raise ValueError(f"{path} is empty: give a file of prose")
-    return CalibrationSet(f"text:{Path(path).name if path else 'ppl_text.txt'}:{_digest(text)}", text=text)
-
-
-def default_set(signal: str) -> CalibrationSet:
-    from d3.gentasks import DEFAULT_GENERATION_TASKS
-
-    return {"agreement": prompts_set, "perplexity": text_set}.get(signal, lambda: task_set(DEFAULT_GENERATION_TASKS))()
-
-
-def _task_prompts(cal_set: CalibrationSet) -> list[tuple[Any, Any]]:
-    """(task, example) for every validation question of the set's tasks."""
-    from d3.gentasks import get_generation_task
-
-    tasks = cal_set.task_objects or tuple(map(get_generation_task, cal_set.tasks))
-    return [(task, ex) for task in tasks for ex in task.split("validation")[:cal_set.val_limit]]
-
-
 # ------------------------------------------------------------------ the three signals
 
 
@@ -354,7 +148,7 @@ def _own_answers(engine: Any, cal_set: CalibrationSet, tokens: int) -> TeacherFo
     from d3.sweep.generation import reply
 
     if cal_set.tasks:
-        pairs = _task_prompts(cal_set)
+        pairs = task_prompts(cal_set)
         prompts = [task.prompt(ex) for task, ex in pairs]
         tokens = min(tokens, max(task.max_new_tokens for task, _ in pairs))
     else:
@@ -387,7 +181,7 @@ def _task_score(engine: Any, cal_set: CalibrationSet) -> Callable[[tuple[int, ..
     from d3.answers import PrefilledQuestions
 
     groups: dict[str, tuple[Any, list[Any]]] = {}
-    for task, ex in _task_prompts(cal_set):
+    for task, ex in task_prompts(cal_set):
         groups.setdefault(task.name, (task, []))[1].append(ex)
     prefilled = [PrefilledQuestions(engine, task, examples) for task, examples in groups.values()]
 

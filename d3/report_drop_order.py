@@ -130,11 +130,11 @@ def _half_width(full: dict[str, Any] | None) -> float:
 
 
 def write_section(summary: str | Path, study: dict[str, Any]) -> Path:
-    """Put the section into SUMMARY.md: replace an earlier "## Drop order" section, else append it."""
+    """Put the section into SUMMARY.md: replace this model's earlier "## Drop order" section, else append it."""
     path = Path(summary)
     text = path.read_text(encoding="utf-8") if path.is_file() else ""
     new = section(study)
-    start = text.find(f"\n{HEADING}")
+    start = text.find(f"\n{HEADING}: which layers {study['model']} ")
     if start >= 0:
         end = text.find("\n## ", start + 1)
         text = text[:start] + "\n" + new + ("\n" + text[end + 1:] if end >= 0 else "\n")

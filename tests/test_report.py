@@ -250,10 +250,12 @@ def test_drop_order_section_answers_from_the_study(tmp_path):
     assert text.startswith(HEADING) and "bottom_up @28" in text and "| d3 middle_out | 24.0% (29.0) | 3.0% (28.0) |" in text
     assert "+0.50" in text and "1 of 2 layers can go within 1 point (3)" in text
     path = tmp_path / "SUMMARY.md"
-    path.write_text("# S\n\n## A\n\nx\n\n## Drop order: old\n\nold\n\n## B\n\ny\n")
+    path.write_text("# S\n\n## A\n\nx\n\n## Drop order: which layers m can spare\n\nold\n\n## B\n\ny\n")
     write_section(path, study)
     out = path.read_text()
     assert out.count(HEADING) == 1 and "old" not in out and "## B" in out and "## A" in out
+    write_section(path, {**study, "model": "other"})  # another model's section goes beside it
+    assert path.read_text().count(HEADING) == 2
     study["sweep"]["d3 bottom_up @28"]["accuracy"] = 0.5
     study["sweep"]["d3 bottom_up @29"]["accuracy"] = 0.5
     assert best_within(study) is None and "no setting that skips a layer" in section(study)

@@ -32,8 +32,8 @@ EXPLAIN_PROMPT = "Explain in a few sentences why the sky looks blue during the d
 SCENARIOS: dict[str, Scenario] = {
     "full_vs_d3": Scenario(
         "Full depth vs D3",
-        "The page's D3 setting for this model (on SmolLM2: α = 0.998 and the drop order measured on it, which drops "
-        "layer 3 first; see Which layers matter) on a worked arithmetic question. D3 runs fewer layers per token "
+        "The page's D3 setting for this model (on SmolLM2: α = 0.998 and the drop order measured best on its "
+        "arithmetic, which drops layers 4, 5 and 6 first; see Which layers matter) on a worked arithmetic question. D3 runs fewer layers per token "
         "and states the same answer as full depth: watch the D3 tokens get lighter while the text stays the same.",
         (ASK,)),
     "core": Scenario(

@@ -103,9 +103,9 @@ def _render(session: Session, setup: RunSetup, update: LiveUpdate, view: ViewOpt
     measured = measured_speedup(d3, full)
     out: dict[str, Any] = dict(
         session=session, status=views.status_html(d3, full, update.phase, comparison=update.comparison, note=note),
-        d3_tokens=token_html(d3, reference=full, full_prob=_full_prob(update)) if d3 else gr.skip(),
-        d3_counters=counters_html(d3, reference=full, measured_speedup=measured, full_ppl=_full_ppl(update))
+        d3_tokens=token_html(d3, reference=full, full_prob=_full_prob(update), full_ppl=_full_ppl(update))
         if d3 else gr.skip(),
+        d3_counters=counters_html(d3, reference=full, measured_speedup=measured) if d3 else gr.skip(),
         full_tokens=token_html(full) if full else gr.skip(),
         full_counters=counters_html(full, measured_speedup=1.0 if measured else None) if full else gr.skip())
     if figures:

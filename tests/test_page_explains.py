@@ -158,7 +158,7 @@ def test_a_link_carries_every_control_and_reads_back_the_same(demo) -> None:
                               temperature=1.2, seed=7, unified_ratio=2.0, skipdecode_max=20, skipdecode_min=8,
                               threshold=0.8, attention_layer=11, attention_head=1, metric="cos", log_kl=True,
                               presentation=True, strategy="skipdecode", chat_template=False)
-    params = dict(parse_qsl(controls_query(controls)[1:]))
+    params = dict(parse_qsl(controls_query(controls)[1:], keep_blank_values=True))  # an empty order box too
     assert set(params) == set(CONTROL_NAMES)
     assert controls_from_query(demo.pool, params) == {n: getattr(controls, n) for n in CONTROL_NAMES}
 

@@ -192,7 +192,7 @@ def test_the_core_sliders_cannot_add_up_to_the_whole_model(page) -> None:
 def test_validation_errors_are_not_http_500(url) -> None:
     """What the page calls out of the queue answers a bad value with a message, not an HTTP 500; what it calls in
     the queue (the example picker) answers through the queue's stream."""
-    response = requests.post(f"{url}gradio_api/run/model_changed", json={"data": [""]}, timeout=30)
+    response = requests.post(f"{url}gradio_api/run/model_changed", json={"data": ["", None, False]}, timeout=30)
     assert response.status_code == 200 and "not allowed" in response.text
     response = requests.post(f"{url}gradio_api/call/use_example", json={"data": ["no such example"]}, timeout=30)
     assert response.status_code == 200

@@ -161,7 +161,7 @@ def test_the_issue_repro_through_the_api(tiny_engine) -> None:
         thread = in_background(a)
         time.sleep(0.5)
         took = timed(lambda: b.predict(**api, api_name="/generate"))
-        sized = timed(lambda: b.predict("tiny", api_name="/model_changed"))
+        sized = timed(lambda: b.predict("tiny", False, api_name="/model_changed"))  # model, presentation
         thread.join(timeout=60)
         retry = timed(lambda: pytest.raises(Exception, b.predict, BAD, api_name="/load_model"))
     assert took < normal + 2.0 and took < LOAD_S / 2, (took, normal)

@@ -77,7 +77,7 @@ def _token_title(step: TokenStep, num_layers: int, other: TokenStep | None) -> s
     return "\n".join(lines)
 
 
-def _legend_strip(few: int, many: int) -> str:
+def _legend_strip(few: int, many: int, extra: str = "") -> str:
     """A row of swatches from few to many layers."""
     values = sorted({int(round(v)) for v in np.linspace(few, many, num=min(8, many - few + 1))})
     swatches = []
@@ -85,7 +85,7 @@ def _legend_strip(few: int, many: int) -> str:
         background, text = _colors(n, few, many)
         swatches.append(f'<span style="background:{background};color:{text};padding:0 6px;border-radius:3px">{n}</span>')
     return ('<div class="d3-legend" style="font-size:0.85em;margin-bottom:6px">layers used: few '
-            + " ".join(swatches) + f' many (of {many})</div>')
+            + " ".join(swatches) + f' many (of {many}){extra}</div>')
 
 
 # How likely full depth finds a token of D3's text (teacher-forced on that text): a paraphrase full depth would also
@@ -98,14 +98,19 @@ def plausibility(p: float) -> tuple[str, str]:
     return next((color, word) for floor, color, word in PLAUSIBILITY if p >= floor)
 
 
-def _plausibility_legend() -> str:
-    marks = " ".join(f'<span style="border-bottom:3px solid {c};padding:0 4px">{w} (p ≥ {f:g})</span>'
-                     for f, c, w in PLAUSIBILITY)
-    return (f'<div class="d3-legend d3-plausibility" style="font-size:0.85em;margin-bottom:6px">underline: full '
-            f'depth\'s probability of each token, read on this text: {marks}</div>')
+def _plausibility_legend(full_ppl: float | None = None) -> str:
+    """One short strip, so the pane keeps its height (presentation mode fits the panes on the first screen)."""
+    marks = " ".join(f'<span style="border-bottom:3px solid {c};padding:0 3px">{w}</span>' for _, c, w in PLAUSIBILITY)
+    tip = ("full depth's probability of each token, read on this text: likely p ≥ 0.3, possible p ≥ 0.05, else "
+           "unlikely; perplexity: how surprised full depth is by the whole text (a paraphrase stays near full depth's "
+           "own, a broken answer rises)")
+    ppl = f" · perplexity {full_ppl:.2f}" if full_ppl is not None and math.isfinite(full_ppl) else ""
+    return (f'<span class="d3-plausibility" title="{html.escape(tip, quote=True)}" style="margin-left:10px">'
+            f'full depth finds it: {marks}{ppl}</span>')
 
 
-def token_html(trace: Trace, *, reference: Trace | None = None, full_prob: Sequence[float] | None = None) -> str:
+def token_html(trace: Trace, *, reference: Trace | None = None, full_prob: Sequence[float] | None = None,
+               full_ppl: float | None = None) -> str:
     """The generated text as HTML: one <span> per token coloured by layers used, a tooltip with details,
     tokens that differ from `reference` (full depth) at the same position underlined and outlined, and
     a badge at the first divergence. `full_prob` [T]: full depth's probability of each token on this text
@@ -138,7 +143,7 @@ def token_html(trace: Trace, *, reference: Trace | None = None, full_prob: Seque
                      f'style="{style}">{text}</span>')
     body = "".join(spans) if spans else '<span style="color:#6B7280">(no tokens yet)</span>'
     return (f'<div class="d3-tokens" style="font-family:{html.escape(FONT_FAMILY, quote=True)};font-size:1.05em;'
-            f'line-height:1.9">{_legend_strip(few, many)}{_plausibility_legend() if full_prob is not None else ""}'
+            f'line-height:1.9">{_legend_strip(few, many, _plausibility_legend(full_ppl) if full_prob is not None else "")}'
             f'<div class="d3-stream" style="white-space:pre-wrap">{body}</div></div>')
 
 
@@ -149,8 +154,7 @@ def _counter(value: str, label: str, tip: str = "") -> str:
             f'</div><div class="d3-counter-label" style="font-size:0.85em;color:#4B5563">{html.escape(label)}</div></div>')
 
 
-def counters_html(trace: Trace, *, reference: Trace | None = None, measured_speedup: float | None = None,
-                  full_ppl: float | None = None) -> str:
+def counters_html(trace: Trace, *, reference: Trace | None = None, measured_speedup: float | None = None) -> str:
     """Live counters: tokens, tokens/s, mean layers per token, theoretical and measured speedup, and
     how many tokens agree with `reference` so far (with the first divergence)."""
     n = len(trace.steps)
@@ -175,9 +179,6 @@ def counters_html(trace: Trace, *, reference: Trace | None = None, measured_spee
         first = agreement.first_divergence
         tip = "no divergence so far" if first is None else f"first divergence at position {first}"
         boxes.append(_counter(value, "tokens agreeing with full depth", tip))
-    if full_ppl is not None and math.isfinite(full_ppl):
-        boxes.append(_counter(f"{full_ppl:.2f}", "full-depth perplexity of this text",
-                              "how surprised full depth is by this text, read token by token (teacher-forced): a "
-                              "paraphrase stays near full depth's own; a broken answer rises"))
+
     return (f'<div class="d3-counters" style="display:flex;flex-wrap:wrap;gap:8px;font-family:'
             f'{html.escape(FONT_FAMILY, quote=True)}">' + "".join(boxes) + "</div>")

@@ -19,7 +19,7 @@ from d3.schedule import flex_drop_order, order_key
 from explorer.controls import CONTROL_NAMES, Controls, layer_order_text, takes_controls
 from explorer.pool import ModelPool
 from explorer.runs import check_run, prepare_run
-from explorer.ui import ordered, user_errors
+from explorer.ui import model_queue, ordered, user_errors
 from explorer.views import waiting
 from viz.layers import layer_importance
 
@@ -151,8 +151,7 @@ def layers_controls(ui: dict[str, Any]) -> None:
 def wire_layers(pool: ModelPool, ui: dict[str, Any]) -> None:
     """Measure shares the model queue; Use this order and redraws run outside it."""
     inputs = [ui[n] for n in ("layers_state", *CONTROL_NAMES)]
-    queued = dict(concurrency_id="model", concurrency_limit=pool.caps.concurrency, preprocess=False,
-                  trigger_mode="once")
+    queued = model_queue(pool.caps.concurrency)
     ui["layers_measure"].click(functools.partial(measure_layers, pool), inputs, [ui[n] for n in LAYERS_OUTPUTS],
                                api_name="measure_layers", **queued)
     ui["layers_use"].click(functools.partial(use_this_order, pool), inputs, [ui[n] for n in USE_OUTPUTS],

@@ -18,7 +18,7 @@ from d3.oracle_fit import fit_alpha, underserved_fraction
 from explorer.controls import CONTROL_NAMES, Controls, takes_controls
 from explorer.pool import ModelPool
 from explorer.runs import check_run, prepare_run
-from explorer.ui import ordered, user_errors
+from explorer.ui import model_queue, ordered, user_errors
 from explorer.views import waiting
 from viz.oracle import token_needs
 
@@ -138,8 +138,7 @@ def needs_controls(ui: dict[str, Any]) -> None:
 def wire_needs(pool: ModelPool, ui: dict[str, Any]) -> None:
     """The view's events: measure and fit share the model queue; redraws run outside it."""
     inputs = [ui[n] for n in ("needs_state", *CONTROL_NAMES)]
-    queued = dict(concurrency_id="model", concurrency_limit=pool.caps.concurrency, preprocess=False,
-                  trigger_mode="once")
+    queued = model_queue(pool.caps.concurrency)
     ui["needs_measure"].click(functools.partial(measure_needs, pool), inputs, [ui[n] for n in NEEDS_OUTPUTS],
                               api_name="measure_needs", **queued)
     ui["needs_fit"].click(functools.partial(fit_to_prompt, pool), inputs, [ui[n] for n in FIT_OUTPUTS],

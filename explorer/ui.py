@@ -41,3 +41,9 @@ def slider_range(top: int) -> dict[str, Any]:
 def ordered(names: tuple[str, ...], **values: Any) -> tuple[Any, ...]:
     """Handler outputs in `names` order; names not given are left as they are (gr.skip())."""
     return tuple(values[n] if n in values else gr.skip() for n in names)
+
+
+def model_queue(concurrency: int) -> dict[str, Any]:
+    """Event settings of a button that runs the model: in the shared "model" queue, once per click, raw inputs."""
+    return dict(concurrency_id="model", concurrency_limit=concurrency, preprocess=False, trigger_mode="once")
+

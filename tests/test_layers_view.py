@@ -6,33 +6,17 @@ import gradio as gr
 import pytest
 
 from d3.config import D3Config
-from d3.models import unknown_name_message
 from d3.schedule import flex_drop_order, plan
 from explorer import layers_view as view
 from explorer.caps import Caps
 from explorer.controls import DEFAULTS, parse_strategy
-from explorer.pool import ModelPool
 from tests.figures import message
+from tests.test_needs import CONTROLS, pool, role  # noqa: F401  (the same tiny pool, controls and trace lookup)
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
-CONTROLS = dict(prompt="hello there", model="tiny", chat_template=True, strategy="d3", alpha=0.9, core_head=1,
-                core_tail=1, start=0, drop_order="middle_out", fill="copy", max_new_tokens=10, decoding="greedy")
 OUT = {n: i for i, n in enumerate(view.LAYERS_OUTPUTS)}
 USE = {n: i for i, n in enumerate(view.USE_OUTPUTS)}
-
-
-def role(fig, name):
-    return next(t for t in fig.data if (t.meta or {}).get("role") == name)
-
-
-@pytest.fixture(scope="module")
-def pool(tiny_engine) -> ModelPool:
-    def build(name: str):
-        if name != "tiny":
-            raise ValueError(unknown_name_message(name))
-        return tiny_engine
-    return ModelPool(build, names=("tiny",), caps=Caps(max_new_tokens=64))
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ from explorer.controls import (
 from explorer.parse import as_choice, as_flag, as_number, shown
 from explorer.pool import ModelPool
 from explorer.runs import check_run
-from explorer.ui import ordered, slider_range
+from explorer.ui import core_sliders, ordered, slider_range
 
 FLAGS = ("chat_template", "logit_lens", "log_kl", "presentation")
 TEXTS = ("prompt", "model", "strategy", "drop_order", "layer_order", "fill", "decoding", "metric")
@@ -124,10 +124,10 @@ def sized_to_model(pool: ModelPool, values: dict[str, Any]) -> dict[str, Any]:
     layers = facts.num_layers
     head, tail = default_core(layers)
     head, tail = values.get("core_head", head), values.get("core_tail", tail)
-    ranged = {"core_head": (layers - 1 - tail, head), "core_tail": (layers - 1 - head, tail),
-              "attention_layer": (layers - 1, values.get("attention_layer", default_attention_layer(layers))),
+    ranged = {"attention_layer": (layers - 1, values.get("attention_layer", default_attention_layer(layers))),
               "attention_head": (facts.num_heads - 1, values.get("attention_head", 0))}
-    return {**values, **{name: gr.update(**slider_range(top), value=value) for name, (top, value) in ranged.items()}}
+    return {**values, **core_sliders(layers, head, tail),
+            **{name: gr.update(**slider_range(top), value=value) for name, (top, value) in ranged.items()}}
 
 
 def share_box(ui: dict[str, Any]) -> None:

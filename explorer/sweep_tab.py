@@ -22,7 +22,7 @@ from explorer.caps import Caps
 from explorer.controls import CONTROL_NAMES, STRATEGY_LABELS, layer_order_text
 from explorer.parse import as_choice, as_flag, as_number, clean_prompt
 from explorer.pool import ModelPool
-from explorer.ui import ordered, user_errors
+from explorer.ui import core_sliders, ordered, user_errors
 from viz import pareto
 
 SWEEP_INPUTS = ("model", "chat_template", "sweep_prompts", "sweep_settings", "sweep_tokens")
@@ -269,6 +269,8 @@ def _load_sweep_row(sweep_results: pd.DataFrame | None, index: Any) -> tuple[Any
         values = sweep_controls(row)
     except ValueError as err:  # the full-depth reference row
         return ordered(SWEEP_LOAD_OUTPUTS, sweep_note=f"**{row['label']}**: {err}.")
+    if "core_head" in values:
+        values.update(core_sliders(int(row["num_layers"]), values["core_head"], values["core_tail"]))
     if "alpha" in values:  # a tuned alpha below the slider's range widens it rather than being clipped
         values["alpha"] = gr.update(value=values["alpha"], minimum=min(0.8, values["alpha"]))
     note = f"Loaded **{row['label']}** into the controls: press Generate to run it side by side with full depth."

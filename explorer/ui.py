@@ -38,6 +38,14 @@ def slider_range(top: int) -> dict[str, Any]:
     return {"maximum": max(top, 1), "interactive": top > 0}
 
 
+def core_sliders(num_layers: int, head: int, tail: int) -> dict[str, Any]:
+    """Both core sliders set to (head, tail), each one's maximum computed from the other's new value so that
+    head + tail stays below the model's layers: whatever sets the core (a model switch, a link, a scenario, a sweep
+    row) sets both bounds with it, and only a person's own move re-bounds the other slider (`bound_core`)."""
+    return {"core_head": gr.update(**slider_range(num_layers - 1 - tail), value=head),
+            "core_tail": gr.update(**slider_range(num_layers - 1 - head), value=tail)}
+
+
 def ordered(names: tuple[str, ...], **values: Any) -> tuple[Any, ...]:
     """Handler outputs in `names` order; names not given are left as they are (gr.skip())."""
     return tuple(values[n] if n in values else gr.skip() for n in names)

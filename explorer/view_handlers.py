@@ -27,7 +27,7 @@ from explorer.parse import as_choice, whole
 from explorer.pool import ModelPool
 from explorer.scenarios import SCENARIOS, fill_finding, scenario_controls, scenario_finding, scenario_text
 from explorer.session import Session
-from explorer.ui import ordered, refused, slider_range, user_errors
+from explorer.ui import core_sliders, ordered, refused, slider_range, user_errors
 from explorer.wording import EXPLAIN
 
 VIEW_OUTPUTS = ("usage", "flow", "attention", "errors", "fills", "root", *(f"explain_{k}" for k in EXPLAIN))
@@ -55,8 +55,7 @@ def _sized(facts: ModelFacts, model: str = "") -> dict[str, Any]:
     slider's maximum is computed from the other's new value, so the bounds are consistent at once."""
     layers = facts.num_layers
     head, tail = default_core(layers)
-    return dict(core_head=gr.update(**slider_range(layers - 1 - tail), value=head),
-                core_tail=gr.update(**slider_range(layers - 1 - head), value=tail),
+    return dict(**core_sliders(layers, head, tail),
                 attention_layer=gr.update(**slider_range(layers - 1), value=default_attention_layer(layers, model)),
                 attention_head=gr.update(**slider_range(facts.num_heads - 1), value=0),
                 chat_template=gr.update(value=facts.chat_template), **_model_schedule(model))
@@ -118,18 +117,23 @@ def load_model(pool: ModelPool, model: str) -> tuple[Any, ...]:
                    status=views.status_html(None, None, f"Model {name} is loaded: press Generate."))
 
 
-def bound_core(pool: ModelPool, model: str, value: Any) -> Any:
-    """The other core slider's maximum after one of them moved to `value`, so that head + tail stays below the
-    model's L layers (at least one flex layer): the sliders cannot ask for a schedule the server would refuse.
-    Each slider bounds only the other, from its own new value: an answer computed from both values could carry
-    the other's stale one while a model switch sets both (a maximum of 27 beside a core of 3 on 30 layers)."""
+def bound_core(pool: ModelPool, model: str, value: Any, other: Any) -> Any:
+    """The other core slider's maximum after a person moved (or typed into, or reset) one of them to `value`, so
+    that head + tail stays below the model's L layers (at least one flex layer): the sliders cannot ask for a
+    schedule the server would refuse. Wired to the slider's input and release only: a model switch, link, scenario
+    or sweep row sets both sliders and their bounds together (`core_sliders`), and a bound answered late from such a
+    change could carry the previous model's core (a maximum of 27 beside a core of 3 on 30 layers). A typed value
+    above the slider's own maximum is taken as that maximum, which the browser clamps it to."""
     try:
         facts = pool.known_facts(model)
     except ValueError:
         facts = None
     if facts is None:
         return gr.skip()
-    return gr.update(**slider_range(facts.num_layers - 1 - whole(value)))
+    if value is None or value == "":
+        return gr.skip()  # a box emptied while typing: the bound stays until a number is there
+    top = facts.num_layers - 1
+    return gr.update(**slider_range(top - max(0, min(whole(value), top - whole(other)))))
 
 
 @takes_controls
@@ -216,7 +220,9 @@ def apply_scenario(pool: ModelPool, key: str, step: int, session: Session | None
     """Set the controls of run `step` of a preset scenario (and stop whatever this session is running)."""
     interrupt(session)
     with user_errors():
-        values = scenario_controls(key, step, pool.facts(model).num_layers, model)
+        layers = pool.facts(model).num_layers
+        values = scenario_controls(key, step, layers, model)
+    values.update(core_sliders(layers, values["core_head"], values["core_tail"]))
     finding = {"scenario_finding": "*Running… the numbers appear here when the scenario's runs are done.*"} if step == 0 else {}
     return ordered(SCENARIO_OUTPUTS, scenario_text=scenario_text(key, step), **finding, **values)
 

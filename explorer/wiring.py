@@ -184,10 +184,12 @@ def wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     # In the queue, where an unknown title is a plain error message rather than an HTTP 500.
     ui["example"].input(use_example, ui["example"], ui["prompt"], api_name="use_example", preprocess=False,
                         concurrency_limit=None, show_progress="hidden")
-    # Each core slider bounds the other (not on a model change: model_changed sizes both together).
+    # A person's move of one core slider bounds the other; whatever sets the core (a model switch, a link, a
+    # scenario, a sweep row) sets both bounds with it, so no bound answered late can carry a previous model's core.
     for moved, other in (("core_head", "core_tail"), ("core_tail", "core_head")):
-        ui[moved].change(functools.partial(bound_core, pool), _pick(ui, ("model", moved)), ui[other], api_name=False,
-                         queue=False, preprocess=False, show_progress="hidden", trigger_mode="always_last")
+        gr.on([ui[moved].input, ui[moved].release], functools.partial(bound_core, pool),
+              _pick(ui, ("model", moved, other)), ui[other], api_name=False, queue=False, preprocess=False,
+              show_progress="hidden", trigger_mode="always_last")
     sized = ui["model"].input(functools.partial(model_changed, pool), _pick(ui, ("model", "session", "presentation")),
                               _pick(ui, MODEL_OUTPUTS),
                               api_name="model_changed", queue=False, preprocess=False)

@@ -276,7 +276,8 @@ def test_compare_fills_yields_one_comparison_per_fill(pool) -> None:
 def test_scenarios_set_the_controls(pool) -> None:
     index = {name: i for i, name in enumerate(view_handlers.SCENARIO_OUTPUTS)}
     values = view_handlers.apply_scenario(pool, "core", 1, Session(), "tiny")
-    assert (values[index["core_head"]], values[index["core_tail"]]) == (0, 0)
+    head, tail = values[index["core_head"]], values[index["core_tail"]]
+    assert (head["value"], tail["value"]) == (0, 0) and head["maximum"] == tail["maximum"] == 5  # both bounds set
     assert "Run 2 of 2" in values[index["scenario_text"]]
     fill = view_handlers.apply_scenario(pool, "fill", 0, None, "tiny")
     assert (fill[index["drop_order"]], fill[index["fill"]]) == ("strided", "none")
@@ -290,6 +291,19 @@ def test_model_change_resizes_the_layer_controls(pool) -> None:
     refused = view_handlers.model_changed(ModelPool(public=True), "../../etc")  # said in the status, not a 500
     status = refused[view_handlers.MODEL_OUTPUTS.index("status")]
     assert "not allowed" in status and "Cannot run" in status
+
+
+def test_a_persons_core_move_bounds_the_other_slider_and_a_typed_overshoot_counts_as_the_maximum(pool) -> None:
+    """`bound_core` runs on a person's input or release only (a model switch sets both bounds itself): the other
+    slider's maximum keeps head + tail below the 6 layers, and a head typed past its own maximum (which the browser
+    clamps) bounds the tail as that maximum would."""
+    pool.engine("tiny")
+    assert view_handlers.bound_core(pool, "tiny", 2, 1)["maximum"] == 3
+    assert view_handlers.bound_core(pool, "tiny", 40, 1)["maximum"] == 1  # 40 is clamped to 5 - 1 = 4
+    assert view_handlers.bound_core(pool, "tiny", None, 1) == gr.skip()  # an emptied box leaves the bound
+    demo = page.build_demo(lambda _: pool.engine("tiny"), model_names=("tiny",))
+    wired = [d for d in demo.fns.values() if getattr(d.fn, "func", None) is view_handlers.bound_core]
+    assert len(wired) == 2 and all({event for _, event in d.targets} == {"input", "release"} for d in wired)
 
 
 def _applied(update: dict) -> gr.Slider:
@@ -322,8 +336,8 @@ def test_every_slider_takes_a_model_with_one_head_or_one_or_two_layers(name, tin
     assert sliders["attention_head"].interactive is (heads > 1) and sliders["layer"].interactive is (layers > 1)
     assert head["value"] + tail["value"] < layers  # the default core leaves a layer to skip
     assert all(u["maximum"] >= 1 for u in (head, tail, layer, attention_head))
-    for value in (head["value"], tail["value"]):  # each core slider bounds the other
-        _applied({**view_handlers.bound_core(small, name, value), "value": 0})
+    for value, other in ((head["value"], tail["value"]), (tail["value"], head["value"])):  # each bounds the other
+        _applied({**view_handlers.bound_core(small, name, value, other), "value": 0})
     linked = share.sized_to_model(small, {"model": name})
     for key in ("core_head", "core_tail", "attention_layer", "attention_head"):
         _applied(linked[key])

@@ -154,9 +154,12 @@ def test_two_processes_give_the_same_table_as_one(tiny_dir, tmp_path):
 
 @pytest.mark.integration
 def test_smollm2_small_run(tmp_path):
-    out = _run(["--limit", "8", "--val-limit", "8", "--alphas", "0.9", "--start-fractions", "0", "--threads", "1",
-                "--out", str(tmp_path / "s.csv")])
+    # Two drop orders, one of them calibrated by one greedy step on the validation split: the protocol's choice
+    # on the real model at a third of the full grid's cost (the whole grid is covered on a tiny model above).
+    out = _run(["--limit", "8", "--val-limit", "4", "--alphas", "0.9", "--start-fractions", "0", "--threads", "1",
+                "--drop-orders", "bottom_up,task", "--calibrate-steps", "1", "--out", str(tmp_path / "s.csv")])
     assert out.returncode == 0, out.stderr[-2000:]
     row = _rows(tmp_path / "s.csv")[0]
     assert row["task"] == "addition" and row["num_layers"] == "30" and row["n_test"] == "8"
     assert 0 <= float(row["full_em"]) <= 100 and float(row["mean_layers"]) < 30
+    assert row["drop_order"] in ("bottom_up", "calibrated") and row["n_val"] == "4"

@@ -1,0 +1,112 @@
+"""Screenshots of the page on the embedded model, for a person to look at before a lecture or a release.
+
+Serves the page (the default models) on a free local port, drives it in headless Chromium, presses Generate with
+the page's defaults, and saves the first screen and every view tab at each size: a laptop (1280x800), presentation
+mode on a projector (1920x1080) and on a laptop (1280x800), and a phone (390x844). Then runs each scenario once at
+1280x800 and saves the screen after it. Nothing is asserted: the tests check boxes and pixels; this is for eyes.
+
+Usage: python scripts/screenshots.py OUT_DIR [--tokens 24] [--chromium /usr/bin/chromium] [--no-scenarios]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from explorer.page import build_demo, free_port, launch  # noqa: E402
+
+SIZES = {"laptop": ({"width": 1280, "height": 800}, False), "projector": ({"width": 1920, "height": 1080}, True),
+         "presentation-laptop": ({"width": 1280, "height": 800}, True), "phone": ({"width": 390, "height": 844}, False)}
+# The view tabs a person can click (gradio keeps a hidden copy of each for measuring).
+SHOWN_TABS = "#views .tab-wrapper > .tab-container:not(.visually-hidden) button, #views .overflow-dropdown button"
+ALL_VIEWS = "() => Array.from(document.querySelectorAll('#views .visually-hidden button')).map(b => b.innerText.trim())"
+TIMEOUT_MS = 300_000
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def open_view(page, name: str) -> None:
+    tabs = page.locator(SHOWN_TABS).filter(has_text=re.compile(f"^{re.escape(name)}$"))
+    if tabs.count() == 0:  # in the overflow menu: open it first
+        page.locator("#views .overflow-menu button").first.click()
+    tabs.first.click()
+    page.wait_for_timeout(600)  # the view's figure is drawn by the browser after the tab shows
+
+
+def generate(page, tokens: int) -> None:
+    page.fill("#max-new-tokens input", str(tokens))
+    page.click("#generate")
+    page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('Done')", timeout=TIMEOUT_MS)
+
+
+def shoot_size(browser, url: str, out: Path, name: str, tokens: int) -> None:
+    viewport, presentation = SIZES[name]
+    page = browser.new_page(viewport=viewport)
+    page.set_default_timeout(TIMEOUT_MS)
+    page.goto(url)
+    page.wait_for_selector("#generate")
+    if presentation:
+        page.click("#presentation input")
+    generate(page, tokens)
+    page.screenshot(path=str(out / f"{name}-first-screen.png"))
+    page.screenshot(path=str(out / f"{name}-page.png"), full_page=True)
+    for view in page.evaluate(ALL_VIEWS):
+        open_view(page, view)
+        page.locator("#views").screenshot(path=str(out / f"{name}-view-{slug(view)}.png"))
+    page.close()
+
+
+def shoot_scenarios(browser, url: str, out: Path) -> None:
+    page = browser.new_page(viewport=SIZES["laptop"][0])
+    page.set_default_timeout(TIMEOUT_MS)
+    page.goto(url)
+    page.wait_for_selector("#generate")
+    for button in page.locator("[id^=scenario-]").evaluate_all("(bs) => bs.filter(b => b.tagName === 'BUTTON')"
+                                                                ".map(b => b.id)"):
+        page.click(f"#{button}")
+        page.wait_for_timeout(1500)  # the scenario's first run has started and said so
+        page.wait_for_function("() => !document.querySelector('#scenario-finding')?.innerText.includes('Running')",
+                               timeout=TIMEOUT_MS)
+        page.screenshot(path=str(out / f"scenario-{button.removeprefix('scenario-')}.png"), full_page=True)
+    page.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--tokens", type=int, default=24, help="new tokens per run (the page's default is 64)")
+    parser.add_argument("--chromium", default="/usr/bin/chromium")
+    parser.add_argument("--no-scenarios", action="store_true")
+    args = parser.parse_args(argv)
+    from playwright.sync_api import sync_playwright
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    demo = build_demo()
+    port = free_port()
+    launch(demo, prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=args.chromium,
+                                        args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+            for name in SIZES:
+                shoot_size(browser, url, args.out, name, args.tokens)
+                print(f"{name}: saved", flush=True)
+            if not args.no_scenarios:
+                shoot_scenarios(browser, url, args.out)
+                print("scenarios: saved", flush=True)
+            browser.close()
+    finally:
+        demo.close()
+    print(f"screenshots in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -54,7 +54,7 @@
     (gd.layout.annotations || []).forEach((a, i) => {
       if (a.name === 'core-floor') Object.assign(out, {[`annotations[${i}].y`]: floor,
         [`annotations[${i}].visible`]: floor > 0,
-        [`annotations[${i}].text`]: `core floor: ${p.head} + ${p.tail} = ${floor} layers`});
+        [`annotations[${i}].text`]: `core floor<br>${p.head}+${p.tail}=${floor}`});  // viz.depth.core_floor_text
       if (a.name === 'decay-start') Object.assign(out, {[`annotations[${i}].x`]: p.start - 0.5,
         [`annotations[${i}].visible`]: p.start > 0, [`annotations[${i}].text`]: ` decay starts at token ${p.start}`});
     });

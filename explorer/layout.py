@@ -198,11 +198,11 @@ def _prompt_and_run(pool: ModelPool, ui: dict[str, Any]) -> None:
     """Prompt, example and model pickers, Generate and Stop, then the one-click scenarios."""
     prompts = example_prompts()
     ui["prompt"] = gr.Textbox(prompts[0].prompt, label="Prompt", lines=2, max_lines=10, elem_id="prompt")
-    with gr.Row():
+    with gr.Row(elem_id="model-row"):  # the model's name is longer than an example's title: it gets more room
         ui["example"] = gr.Dropdown([p.title for p in prompts], value=prompts[0].title, label="Example prompt",
-                                    min_width=120)
-        ui["model"] = gr.Dropdown(list(pool.names), value=pool.names[0], label="Model", min_width=120, elem_id="model",
-                                  allow_custom_value=not pool.public)
+                                    min_width=110, scale=4, elem_id="example")
+        ui["model"] = gr.Dropdown(list(pool.names), value=pool.names[0], label="Model", min_width=130, scale=5,
+                                  elem_id="model", allow_custom_value=not pool.public)
     with gr.Row():
         ui["generate"] = gr.Button("Generate", variant="primary", elem_id="generate", min_width=100)
         ui["stop"] = gr.Button("Stop", variant="stop", elem_id="stop", min_width=80)

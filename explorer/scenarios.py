@@ -109,7 +109,7 @@ def first_tokens(summary: dict[str, Any], n: int, num_layers: int) -> dict[str, 
 def _quoted_text(text: str, limit: int = 160) -> str:
     text = " ".join(text.split())
     text = text if len(text) <= limit else text[:limit].rstrip() + "…"
-    return "“" + text.replace("*", "\\*").replace("_", "\\_") + "”"
+    return "“" + text.replace("*", "\\*").replace("_", "\\_").replace("~", "\\~") + "”"  # ~ would strike text through
 
 
 def scenario_finding(key: str, summaries: list[dict[str, Any]], num_layers: int) -> str:

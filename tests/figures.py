@@ -6,3 +6,10 @@ from __future__ import annotations
 def message(fig) -> str:
     """The message of a placeholder figure (`viz.layout.empty_figure`), its wrapped lines joined by spaces."""
     return fig.layout.annotations[0].text.replace("<br>", " ")
+
+
+def title_text(fig) -> str:
+    """A figure's title as a person reads it: its wrapped lines joined by spaces, without plotly's tags."""
+    import re
+
+    return " ".join(re.sub(r"<br>|<[^>]+>", " ", fig.layout.title.text or "").split())

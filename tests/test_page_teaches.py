@@ -351,8 +351,8 @@ def test_the_curve_follows_the_core_sliders_and_moves_the_floor_line(page) -> No
     page.wait_for_function("(e) => e === (" + DECAY_LINE + ")()", arg=expected_line(page))
     note = page.evaluate("""() => document.querySelector('#plot-decay .js-plotly-plot').layout.annotations
         .find(a => a.name === 'core-floor')""")
-    assert note["text"] == "core floor: 5 + 3 = 8 layers" and note["y"] == 8 and page.evaluate(PREVIEWED)
-    assert page.locator("#plot-decay").get_by_text("core floor: 5 + 3 = 8 layers").is_visible()
+    assert note["text"] == "core floor<br>5+3=8" and note["y"] == 8 and page.evaluate(PREVIEWED)
+    assert page.locator("#plot-decay .annotation-text").filter(has_text="core floor5+3=8").is_visible()
 
 
 def test_streaming_does_not_freeze_the_page(page, engine) -> None:

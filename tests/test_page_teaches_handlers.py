@@ -130,14 +130,18 @@ def test_attention_key_labels_are_thinned_so_they_do_not_overlap(tiny_engine) ->
 # ---------------------------------------------------------------- 7: the decay curve's labels
 
 
-def test_the_core_floor_label_sits_clear_of_the_d3_line() -> None:
-    """The label hangs under the floor line, where D3's budget (never below the floor) cannot run through it."""
-    cfg = D3Config(alpha=0.9)
-    fig = decay_curve(cfg, 30, 64)
+@pytest.mark.parametrize("presentation", [False, True])
+def test_the_core_floor_label_sits_clear_of_the_d3_line(presentation) -> None:
+    """The label stands in the right margin at the floor line's end (issue 17 item 8): inside the plot the line,
+    the markers of tokens that ran at the floor and other strategies' lines can all run through it."""
+    from viz.depth import FLOOR_LABEL_EM
+
+    fig = decay_curve(D3Config(alpha=0.9), 30, 64, presentation=presentation)
     note = next(a for a in fig.layout.annotations if "core floor" in a.text)
-    planned = next(t for t in fig.data if t.meta and t.meta.get("role") == "planned")
-    assert note.yanchor == "top" and note.y == 6
-    assert np.min(np.asarray(planned.y)) >= note.y  # the line touches the floor at most, from above
+    assert (note.xref, note.x, note.xanchor, note.y) == ("paper", 1, "left", 6)  # right of the plot, at the floor
+    assert note.text == "core floor<br>3+3=6"
+    widest = max(len(line) for line in note.text.split("<br>"))  # "core floor" is 4.2 em wide in Arial
+    assert fig.layout.margin.r >= FLOOR_LABEL_EM * note.font.size + note.xshift and FLOOR_LABEL_EM >= 0.42 * widest
 
 
 # ---------------------------------------------------------------- 3: the core scenario, on the real model

@@ -18,7 +18,7 @@ from d3.schedule import budgets, d3_budget, plan, planned_grid
 from d3.trace import FILL_CODES, FILLED_COPY, HOLE, RAN, SKIPPED, Comparison, PromptStats, TokenStep, Trace
 import viz
 from viz.layout import plot_text, readable_token
-from tests.figures import message
+from tests.figures import message, title_text
 
 pytestmark = pytest.mark.filterwarnings("error::RuntimeWarning")  # e.g. numpy's "mean of empty slice"
 
@@ -385,7 +385,8 @@ def test_attention_map_side_by_side_and_skipped_rows(d3_trace: Trace, full_trace
     assert skipped and np.isnan(z[skipped]).all()
     assert "layer skipped" in maps[1].y[skipped[0]] and "skipped" not in maps[1].y[0]
     titles = [a.text for a in fig.layout.annotations]
-    assert "grey rows" in titles[1] and "grey rows" not in titles[0]
+    assert titles == ["full depth", "D3"]  # a word or two over each panel: side by side on a phone they are narrow
+    assert "grey rows: D3 skipped layer 5" in title_text(fig)  # the note goes under the title, which wraps
 
 
 def test_attention_map_takes_step_0_from_the_prompt_attention(full_trace: Trace) -> None:

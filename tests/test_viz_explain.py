@@ -10,6 +10,7 @@ import pytest
 
 from d3.config import D3Config, FullConfig
 from d3.trace import FILLED_COPY, RAN, SKIPPED, Trace
+from tests.figures import title_text
 from tests.test_viz import make_trace
 from viz.layout import CELL_COLORS
 from viz.lens import has_lens, lens_arrays, logit_lens_heatmap, prediction_depth
@@ -156,7 +157,7 @@ def test_topk_compares_with_full_depth_only_where_the_context_agrees(d3_trace, f
     assert any(t.endswith("◀ D3") for t in ticks) and any(t.endswith("◀ full") for t in ticks)
     after = topk_compare(d3_trace, 8, full_trace)
     assert [t.name for t in after.data] == ["D3"]
-    assert "different text from token 6" in after.layout.title.text and not after.layout.showlegend
+    assert "different text from token 6" in title_text(after) and not after.layout.showlegend
 
 
 def test_scrub_html_names_layers_fills_and_reference(d3_trace, full_trace):

@@ -10,11 +10,13 @@ from viz.layout import (
     SEQUENTIAL,
     axis_ref,
     empty_figure,
+    fit_title,
     guide_line,
     make_figure,
     panels,
     plot_text,
     quoted,
+    short_label,
     strategy_label,
     tick_subset,
 )
@@ -94,7 +96,8 @@ def _panel(trace: Trace, layer: int, head: int, index: int, name: str) -> tuple[
     # Every key the last step could see, even if the steps that skipped `layer` left no row that long.
     weights = attention_matrix(trace, layer, head, min_width=prompt_len + len(trace.steps) - 1)  # [T, K]
     if weights.size == 0 or not np.isfinite(weights).any():
-        return [], [], dict(visible=False), dict(visible=False), f" · no attention captured for layer {layer}"
+        note = f"{short_label(trace.strategy)}: no attention captured for layer {layer}"
+        return [], [], dict(visible=False), dict(visible=False), note
     labels = key_labels(trace, prompt_len, weights.shape[1])
     rows, cols = _categories(trace, weights, labels, prompt_len, layer)
     heat = go.Heatmap(z=weights, x=cols, y=rows, coloraxis="coloraxis", xaxis=xref, yaxis=yref, hoverongaps=False,
@@ -112,7 +115,7 @@ def _panel(trace: Trace, layer: int, head: int, index: int, name: str) -> tuple[
     shapes = []
     if 0 < prompt_len < weights.shape[1]:  # where the prompt ends and generated tokens begin
         shapes.append(guide_line(x=prompt_len - 0.5, xref=xref, yref=yref, color="#D55E00", dash="dot", width=2))
-    note = f" · <span style='color:{SKIPPED_TEXT}'>grey rows skipped layer {layer}</span>" if skipped else ""
+    note = f"grey rows: {short_label(trace.strategy)} skipped layer {layer}" if skipped else ""
     return [heat, *grey], shapes, xaxis, yaxis, note
 
 
@@ -149,25 +152,32 @@ def attention_map(trace: Trace, layer: int, head: int, *, compare: Trace | None 
     layer gets a note instead of a heatmap."""
     if trace.num_heads and not 0 <= head < trace.num_heads:
         raise ValueError(f"head={head} is not allowed: head must be in [0, {trace.num_heads - 1}]")
-    runs = [(strategy_label(compare.strategy), compare)] if compare is not None else []
-    runs.append((strategy_label(trace.strategy), trace))
-    if not any(layer in s.attention for _, run in runs for s in run.steps):
+    runs = [run for run in (compare, trace) if run is not None]
+    if not any(layer in s.attention for run in runs for s in run.steps):
         return empty_figure(f"No attention was captured for layer {layer}. Add it to "
                             f"TraceConfig.attention_layers and run again.", title=title, presentation=presentation,
                             height=height)
-    layout = panels(len(runs), titles=[name for name, _ in runs], spacing=0.14)
-    data, shapes = [], []
-    for index, (name, run) in enumerate(runs, start=1):
-        traces, panel_shapes, xaxis, yaxis, note = _panel(run, layer, head, index, name)
+    # Panel titles stay a word or two ("full depth", "D3"): side by side on a phone each panel is under 100 px
+    # wide. The runs' whole labels and the notes go into the figure's title, which wraps.
+    names = [short_label(run.strategy) for run in runs]
+    layout = panels(len(runs), titles=names if len(runs) > 1 else None, spacing=0.14)
+    data, shapes, notes = [], [], []
+    for index, (run, name) in enumerate(zip(runs, names), start=1):
+        traces, panel_shapes, xaxis, yaxis, note = _panel(run, layer, head, index, strategy_label(run.strategy))
         suffix = "" if index == 1 else str(index)
         layout["xaxis" + suffix].update(xaxis)
         layout["yaxis" + suffix].update(yaxis)
-        layout["annotations"][index - 1]["text"] += note
+        if note:
+            notes.append((note, SKIPPED_TEXT) if note.startswith("grey") else note)
         data += traces
         shapes += panel_shapes
     layout["yaxis"].setdefault("title", dict(text="generated token"))
     layout.update(shapes=shapes, coloraxis=dict(colorscale=SEQUENTIAL, cmin=0, colorbar=dict(title=dict(text="weight"))))
-    title = title if title is not None else f"Attention · layer {layer}, head {head}"
-    rows = max(len(run.steps) for _, run in runs)
+    if title is None:
+        full = [strategy_label(run.strategy) for run in runs]
+        labels = [label if label.startswith(name) else f"{name}: {label}" for label, name in zip(full, names)
+                  if label != name]
+        title = fit_title(f"Attention · layer {layer}, head {head}", *labels, *notes)
+    rows = max(len(run.steps) for run in runs)
     return make_figure(data, layout, title=title, presentation=presentation,
                        height=height or int(np.clip(14 * rows + 220, 380, 1200)))

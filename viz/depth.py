@@ -12,6 +12,7 @@ from viz.layout import (
     CORE_LINE,
     d3_label_extras,
     decode_plan,
+    font_size,
     guide_line,
     make_figure,
     quoted,
@@ -40,6 +41,16 @@ def usage_scatter(trace: Trace, *, name: str, color: str, mode: str = "markers",
                       meta={"role": "actual", "name": name, "strategy": strategy_kind(trace.strategy)})
 
 
+FLOOR_LABEL_GAP = 4  # px between the plot's right edge and the core floor's label
+FLOOR_LABEL_EM = 4.6  # the label's width in ems at most: "core floor" (4.2), or "14+15=29" (4.5) for a 30-layer model
+
+
+def core_floor_text(head: int, tail: int) -> str:
+    """The core floor's label, two short lines in the figure's right margin (assets/decay_preview.js writes the same
+    while a slider moves)."""
+    return f"core floor<br>{head}+{tail}={head + tail}"
+
+
 def d3_guides(cfg: D3Config, num_layers: int) -> tuple[list[dict], list[dict]]:
     """(shapes, annotations): the core floor line and the decay start line, each with its label. Both are always
     there, hidden where they mark nothing (a zero core, start 0), and named, so that the page can move them while
@@ -48,9 +59,11 @@ def d3_guides(cfg: D3Config, num_layers: int) -> tuple[list[dict], list[dict]]:
     floor = head + tail
     shapes = [dict(guide_line(y=floor, color=CORE_LINE, dash="dot"), name="core-floor", visible=floor > 0),
               dict(guide_line(x=cfg.start - 0.5), name="decay-start", visible=cfg.start > 0)]
-    # Under the floor line: D3's budget never goes below it, so its line never runs through the label.
-    notes = [dict(x=1, xref="paper", xanchor="right", y=floor, yanchor="top", showarrow=False, name="core-floor",
-                  visible=floor > 0, text=f"core floor: {head} + {tail} = {floor} layers", font=dict(color=CORE_LINE)),
+    # In the right margin, at the end of the floor line: inside the plot every place along the line is one where the
+    # layers a token used (markers at the floor) or another strategy's line can sit (decay_curve makes the room).
+    notes = [dict(x=1, xref="paper", xanchor="left", xshift=FLOOR_LABEL_GAP, y=floor, yanchor="middle", align="left",
+                  showarrow=False, name="core-floor", visible=floor > 0, text=core_floor_text(head, tail),
+                  font=dict(color=CORE_LINE)),
              dict(x=cfg.start - 0.5, xanchor="left", y=0, yref="paper", yanchor="bottom", showarrow=False,
                   name="decay-start", visible=cfg.start > 0, text=f" decay starts at token {cfg.start}")]
     return shapes, notes
@@ -116,6 +129,8 @@ def decay_curve(cfg: StrategyConfig, num_layers: int, steps: int, *, trace: Trac
         data.append(usage_scatter(other_trace, name=f"{key}: used", color=color, mode="lines+markers"))
     layout = dict(
         shapes=shapes, annotations=notes, hovermode="closest",
+        # Room in the right margin for the core floor's label (d3_guides), none needed without it.
+        margin=dict(r=round(FLOOR_LABEL_EM * font_size(presentation, delta=-1)) + FLOOR_LABEL_GAP + 8) if notes else {},
         xaxis=dict(title=dict(text="generated token (step i)"), range=[-0.5, max(steps, 1) - 0.5]),
         # Short in presentation mode: the curve is kept low there (it shares the first screen with the panes).
         yaxis=dict(title=dict(text="layers run" if presentation else "decoder layers run"), range=[0, num_layers + 1]))

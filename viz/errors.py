@@ -12,6 +12,7 @@ from viz.layout import (
     FILL_COLORS,
     apply_layout,
     core_shapes,
+    fit_title,
     fmt,
     guide_line,
     layer_kinds,
@@ -42,8 +43,8 @@ def _kl_line(comparison: Comparison, which: str, *, name: str, color: str, dash:
                       legendgroup=legendgroup, showlegend=showlegend, meta={"role": f"kl_{which}", "name": name})
 
 
-NEVER_READ = ("Nested drop order: no filled entry is ever read<br>(no later token runs a skipped layer again),"
-              "<br>so the fill changes nothing here. Strided or<br>early exit fill entries that later tokens read.")
+NEVER_READ = ("Nested drop order: no filled entry is ever read (no later token runs a skipped layer again), "
+              "so the fill changes nothing here; strided orders read them.")
 
 
 def read_later(grid: np.ndarray) -> np.ndarray:
@@ -91,7 +92,8 @@ def _kv_heatmap(comparison: Comparison) -> tuple[go.Heatmap, go.Scatter, go.Scat
     ticks = np.arange(lo, max(hi, lo) + 1)
     heat = go.Heatmap(z=log_err.T, x=np.arange(positions), y=np.arange(num_layers), text=hover,
                       hovertemplate="%{text}<extra></extra>", colorscale="Magma", reversescale=True,
-                      colorbar=dict(title=dict(text="KV error"), tickvals=ticks, ticktext=[f"1e{int(k)}" for k in ticks],
+                      # the bar's title along its side: above it, it ran into the panel's title on a phone
+                      colorbar=dict(title=dict(text="KV error", side="right"), tickvals=ticks, ticktext=[f"1e{int(k)}" for k in ticks],
                                     y=0.3, len=0.6), meta={"role": "kv_error"})
     t_idx, l_idx = np.nonzero(read)
     marks = go.Scatter(x=t_idx, y=l_idx, mode="markers", name="filled, read by later tokens",
@@ -114,9 +116,9 @@ def error_propagation(comparison: Comparison, *, log_kl: bool = False, title: st
     rows = 2 if has_kv else 1
     fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.08,
                         row_heights=[0.4, 0.6] if has_kv else None,
-                        subplot_titles=["next-token KL against full depth"]
-                        + (["KV cache error under teacher forcing (□ filled, read later · dot: filled, never read)"]
-                           if has_kv else []))
+                        # Short: centred over a plot about 150 px wide on a phone (the legend names the marks).
+                        subplot_titles=["next-token KL vs full depth"] + (["KV cache error, teacher-forced"]
+                                                                          if has_kv else []))
     for which in ("teacher", "free"):
         fig.add_trace(_kl_line(comparison, which, name=KL_NAMES[which], color=KL_COLORS[which]), row=1, col=1)
     shapes = []
@@ -132,19 +134,18 @@ def error_propagation(comparison: Comparison, *, log_kl: bool = False, title: st
         fig.add_trace(go.Scatter(x=[first], y=[y], mode="markers", name="first divergence", text=[text],
                                  hovertemplate="%{text}<extra></extra>", meta={"role": "divergence"},
                                  marker=dict(symbol="x", size=14, color="#B91C1C", line=dict(width=2))), row=1, col=1)
-        # Inside the plot, under its top edge: above it, it ran into the panel's title on a phone.
-        fig.add_annotation(x=first, y=1, xref="x", yref="y domain", xanchor="left", yanchor="top", showarrow=False,
-                           text=f" first divergence: {first}", font=dict(color="#B91C1C"),
+        # Inside the plot, under its top edge: above it, it ran into the panel's title on a phone. Towards the
+        # line's far end the label hangs to the left of the line, so it stays inside the plot.
+        late = first > 0.5 * max(len(comparison.kl_free), len(comparison.kl_teacher), 1)
+        fig.add_annotation(x=first, y=1, xref="x", yref="y domain", xanchor="right" if late else "left", yanchor="top",
+                           showarrow=False, name="first-divergence",
+                           text=f"first divergence: {first} " if late else f" first divergence: {first}",
+                           font=dict(color="#B91C1C"),
                            bgcolor="rgba(255,255,255,0.85)")
     if has_kv:
         heat, marks, unread = _kv_heatmap(comparison)
         for trace in (heat, marks, unread):
             fig.add_trace(trace, row=2, col=1)
-        read, never = filled_read(comparison)
-        if never.any() and not read.any():
-            fig.add_annotation(x=0.01, y=0.02, xref="x2 domain", yref="y2 domain", xanchor="left", yanchor="bottom",
-                               showarrow=False, align="left", text=NEVER_READ, bgcolor="rgba(255,255,255,0.9)",
-                               name="never-read")
         shapes += core_shapes(comparison.kv_error.shape[1], comparison.skip.core, axis="y", xref="x2", yref="y2")
         fig.update_yaxes(title_text="layer", row=2, col=1)
         fig.update_xaxes(title_text="position (generated token)", row=2, col=1)
@@ -152,8 +153,12 @@ def error_propagation(comparison: Comparison, *, log_kl: bool = False, title: st
         fig.update_xaxes(title_text="position (generated token)", row=1, col=1)
     fig.update_layout(shapes=shapes)
     fig.update_yaxes(title_text="KL (nats)", type="log" if log_kl else "linear", row=1, col=1)
-    title = title if title is not None else (
-        f"Error against full depth · {strategy_label(comparison.skip.strategy)} · agreement {comparison.agreement:.0%}")
+    if title is None:  # the note under the title, not over the heatmap: on a phone the heatmap is 150 px wide
+        read, never = filled_read(comparison) if has_kv else (None, None)
+        notes = [f"{strategy_label(comparison.skip.strategy)} · agreement {comparison.agreement:.0%}"]
+        if has_kv and never.any() and not read.any():
+            notes.append(NEVER_READ)
+        title = fit_title("Error against full depth", *notes)
     return apply_layout(fig, title=title, presentation=presentation, height=height or (640 if has_kv else 400))
 
 
@@ -173,9 +178,10 @@ def fill_strategies(comparisons: dict[str, Comparison], *, title: str | None = N
                     height: int | None = None) -> go.Figure:
     """The same prompt under several fill strategies (copy / propagate / none): KL teacher-forced [T]
     and free-running [T'] per position, then mean KL and greedy agreement per strategy as bars."""
-    fig = make_subplots(rows=2, cols=2, vertical_spacing=0.24, horizontal_spacing=0.1,
-                        subplot_titles=[KL_NAMES["teacher"], KL_NAMES["free"], "mean KL (nats)",
-                                        "tokens agreeing with full depth"])
+    # Room between the rows for the top row's axis titles and the bottom row's panel titles, at either font size.
+    fig = make_subplots(rows=2, cols=2, vertical_spacing=0.34 if presentation else 0.26, horizontal_spacing=0.1,
+                        # Short: four panels, each about 110 px wide on a phone (the legend and the hover say more)
+                        subplot_titles=["KL, teacher-forced", "KL, free-running", "mean KL (nats)", "agreement"])
     for (key, comp), color in zip(comparisons.items(), _fill_colors(comparisons)):
         fig.add_trace(_kl_line(comp, "teacher", name=key, color=color, legendgroup=key), row=1, col=1)
         fig.add_trace(_kl_line(comp, "free", name=key, color=color, legendgroup=key, showlegend=False), row=1, col=2)
@@ -196,8 +202,9 @@ def fill_strategies(comparisons: dict[str, Comparison], *, title: str | None = N
     fig.update_yaxes(tickformat=".0%", range=[0, 1.05], row=2, col=2)
     fig.update_layout(barmode="group", legend=dict(title=dict(text="fill: ")))
     if title is None:
-        title = "Filling the KV of skipped layers: copy vs propagate vs none"
+        notes = ["copy vs propagate vs none, against full depth"]
         if comparisons and not any(filled_read(c)[0].any() for c in comparisons.values()):
-            title += ("<br><sub>The lines coincide: no later token reads a filled entry (a nested drop order),"
-                      " so every fill gives the same tokens</sub>")
+            notes.append("The lines coincide: no later token reads a filled entry (a nested drop order), so every fill "
+                         "gives the same tokens")
+        title = fit_title("Filling skipped layers' KV", *notes)
     return apply_layout(fig, title=title, presentation=presentation, height=height or 640)

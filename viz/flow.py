@@ -17,6 +17,7 @@ from viz.layout import (
     core_legend_entry,
     core_shapes,
     empty_figure,
+    fit_title,
     fmt,
     layer_kinds,
     make_figure,
@@ -27,8 +28,9 @@ from viz.layout import (
 
 SUBLAYERS = ("attn", "mlp")
 METRIC_AXES = {
-    "cos": ("cosine change", "change = 1 − cos(input, output)<br>(higher = more change)"),
-    "dist": ("relative distance", "‖output − input‖ / ‖input‖<br>(higher = more change)"),
+    # Short: a rotated axis title longer than its plot is runs up into the figure's title.
+    "cos": ("cosine change", "1 − cos(in, out)<br>(higher = more change)"),
+    "dist": ("relative distance", "‖out − in‖ / ‖in‖<br>(higher = more change)"),
 }
 
 
@@ -133,7 +135,7 @@ def sublayer_flow(trace: Trace, *, metric: str = "both", compare: Trace | None =
                 mean, count = generated_means(compare, name)
                 lines += _flow_line(as_change(mean, m), dash="dash", counts=count,
                                     source=f"generated, {strategy_label(compare.strategy)}", **style)
-        title = title if title is not None else f"How much each sublayer changes the hidden state · {label}"
+        title = title if title is not None else fit_title("How much each sublayer changes the hidden state", label)
     return make_figure(lines + [core_legend_entry()], _flow_layout(metrics, trace.num_layers, trace.core), title=title,
                        presentation=presentation, height=height or 480)
 

@@ -19,6 +19,7 @@ from viz.layout import (
     core_shapes,
     decode_plan,
     display_core,
+    fit_title,
     font_size,
     layer_kinds,
     make_figure,
@@ -143,8 +144,8 @@ def layer_grid(trace: Trace, *, title: str | None = None, max_tokens: int | None
         max_labels = min(max_labels, (len(ys) + 1) // 2)
     panel = _grid_panel(codes, ys, hover_rows, trace.core, index=1, tick_text=ticks if token_labels else None,
                         planned=False, max_labels=max_labels, name=strategy_label(trace.strategy))
-    title = title if title is not None else (
-        f"Layers per token · {strategy_label(trace.strategy)} · {trace.mean_layers:.1f}/{trace.num_layers} on average")
+    title = title if title is not None else fit_title(
+        "Layers per token", f"{strategy_label(trace.strategy)} · {trace.mean_layers:.1f}/{trace.num_layers} on average")
     return _grid_figure([panel], titles=None, y_title="generated token" if token_labels else "step", title=title,
                         presentation=presentation, height=_grid_height(len(ys), height))
 
@@ -164,11 +165,13 @@ def planned_grid_figure(cfg: StrategyConfig, num_layers: int, steps: int, *, sho
     hover_rows = [f"step {i} · {counts[i]}/{num_layers} layers" for i in ys]
     panel = _grid_panel(codes, ys, hover_rows, display_core(cfg, num_layers), index=1, tick_text=None, planned=True,
                         max_labels=max_labels, name=strategy_label(cfg))
-    title = title if title is not None else f"Planned layers · {strategy_label(cfg)}"
     first = decode_plan(cfg, num_layers)
-    if first.dynamic:
-        title += (f"<br><sub>early exit decides per token while decoding: this is only the upper bound "
-                  f"(a token may stop after layer {first.min_exit - 1})</sub>")
+    if title is None:
+        notes = [strategy_label(cfg)]
+        if first.dynamic:
+            notes.append(f"early exit decides per token while decoding: this is only the upper bound "
+                         f"(a token may stop after layer {first.min_exit - 1})")
+        title = fit_title("Planned layers", *notes)
     return _grid_figure([panel], titles=None, y_title="generated token (step)", title=title,
                         presentation=presentation, height=_grid_height(min(steps, 60), height))
 

@@ -67,11 +67,16 @@ TEMPLATE = go.layout.Template(layout=dict(
 
 def base_layout(*, title: str | None = None, presentation: bool = False, height: int | None = None,
                 width: int | None = None, legend: bool = True) -> dict[str, Any]:
-    """Fonts, margins, background and legend shared by every figure, as a layout dict."""
+    """Fonts, margins, background and legend shared by every figure, as a layout dict. A title of several lines
+    makes the figure taller by what its lines take beyond a one-line title's margin, so that the plot keeps its
+    height (a plot squeezed to nothing makes plotly fail to draw the figure)."""
+    if height and title and "<br>" in title:
+        height += title_margin(title, presentation) - title_margin("one line", presentation)
     return dict(
         template=TEMPLATE,
         font=dict(family=FONT_FAMILY, size=font_size(presentation), color="#1F2937"),
-        title=dict(text=title or "", font=dict(size=font_size(presentation, delta=4)), x=0.01, xanchor="left"),
+        title=dict(text=title or "", font=dict(size=font_size(presentation, delta=4)), x=0.01, xanchor="left",
+                   **(title_at_top(presentation) if title and "<br>" in title else {})),
         hoverlabel=dict(font=dict(size=font_size(presentation, delta=-2), family=FONT_FAMILY)),
         margin=dict(l=70, r=30, t=title_margin(title, presentation), b=40),
         showlegend=legend,
@@ -83,14 +88,30 @@ def base_layout(*, title: str | None = None, presentation: bool = False, height:
     )
 
 
+# A title of several lines hangs from the top of the figure (plotly would centre its first line in the margin and
+# hang the rest below it, so each further line would need twice its height). Plotly anchors the first line's
+# baseline, not its top: the padding adds the line's ascent (about 0.9 em) to the gap wanted above it.
+TITLE_GAP = 12  # px above a title of several lines
+PANEL_TITLES = 30  # px between such a title and the plot: room for panel titles (or the grid's core/flex ribbon)
+
+
+def title_at_top(presentation: bool) -> dict[str, Any]:
+    """Title settings that hang a title of several lines from the top of the figure, TITLE_GAP px under its edge."""
+    size = font_size(presentation, delta=4)
+    return dict(y=1, yref="container", yanchor="top", pad=dict(t=TITLE_GAP + round(0.9 * size)))
+
+
 def title_margin(title: str | None, presentation: bool) -> int:
-    """The top margin for a title of one or more lines (a subtitle line after each "<br>"). Plotly puts the first
-    line's baseline half way down the margin and the others below it, so each further line needs twice its
-    height (about 26 px, 37 px in presentation mode)."""
+    """The top margin for a title of one or more lines (a subtitle line after each "<br>"): a one-line title sits
+    half way down 90 px; a longer one hangs from the top, each line as high as the title's (plotly spaces lines by
+    the title's font, subtitles too: 1.3 em), with its descent and room for panel titles under it."""
     if not title:
         return 40
-    lines = title.count("<br>")
-    return max(110 if lines else 90, 2 * lines * (37 if presentation else 26) + 24)
+    lines = title.count("<br>") + 1
+    if lines == 1:
+        return 90
+    size = font_size(presentation, delta=4)
+    return TITLE_GAP + lines * round(1.3 * size) + round(1.25 * size) + PANEL_TITLES
 
 
 def apply_layout(fig: go.Figure, *, title: str | None = None, presentation: bool = False,
@@ -125,6 +146,26 @@ def wrap_message(message: str, width: int = MESSAGE_WIDTH) -> str:
     """`message` with its lines (plotly's "<br>") wrapped at word boundaries to at most `width` characters."""
     return "<br>".join("<br>".join(textwrap.wrap(line, width, break_long_words=False, break_on_hyphens=False)) or line
                        for line in message.split("<br>"))
+
+
+# A title fits the narrowest box a figure gets: a phone's (about 320 px) or the token scrubber's (about 310 px beside
+# the layers at 1280 px). Presentation mode scales fonts and boxes alike (1.4x; the scrubber's box is 440 px there),
+# so the same counts fit both. About 0.55 em per character: 28 at the title's size, 40 at a subtitle's (70%).
+TITLE_CHARS = 28
+SUBTITLE_CHARS = 40
+
+
+def fit_title(head: str, *notes: str | tuple[str, str]) -> str:
+    """A figure title that plotly draws inside a narrow box: `head` (wrapped at TITLE_CHARS) and each note wrapped
+    into smaller subtitle lines (SUBTITLE_CHARS), one "<sub>" per line; a note given as (text, colour) is drawn in
+    that colour. Plotly never wraps a title: one wider than the figure is cut at its right edge. Notes are plain
+    text (plotly's escapes allowed, no tags)."""
+    lines = wrap_message(head, TITLE_CHARS).split("<br>")
+    for note in notes:
+        text, color = note if isinstance(note, tuple) else (note, None)
+        for line in wrap_message(text, SUBTITLE_CHARS).split("<br>"):
+            lines.append(f"<sub><span style='color:{color}'>{line}</span></sub>" if color else f"<sub>{line}</sub>")
+    return "<br>".join(lines)
 
 
 def empty_figure(message: str, *, title: str | None = None, presentation: bool = False,
@@ -213,6 +254,15 @@ def strategy_label(strategy: Mapping[str, Any] | StrategyConfig) -> str:
         measure = str(d.get("measure", "")).replace("_", " ")
         return f"early exit ({measure} ≥ {d.get('threshold')})"
     return str(name)
+
+
+SHORT_LABELS = {"full": "full depth", "d3": "D3", "skipdecode": "SkipDecode", "unified": "Unified", "early_exit": "early exit"}
+
+
+def short_label(strategy: Mapping[str, Any] | StrategyConfig) -> str:
+    """A strategy's name in a word or two ("D3", "full depth"), for labels with little room (a panel's title)."""
+    kind = strategy_kind(strategy)
+    return SHORT_LABELS.get(kind, kind)
 
 
 def d3_label_extras(strategy: Mapping[str, Any]) -> list[str]:

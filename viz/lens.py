@@ -11,6 +11,7 @@ from viz.grid import cell_hover
 from viz.layout import (
     CELL_COLORS,
     core_shapes,
+    fit_title,
     fmt,
     guide_line,
     layer_kinds,
@@ -148,8 +149,7 @@ def logit_lens_heatmap(trace: Trace, *, reference: Trace | None = None, selected
     settled = depth[np.isfinite(depth)]
     if title is None:
         mean = f"mean prediction depth {settled.mean():.1f}" if settled.size else "no settled prediction"
-        # Two short subtitle lines rather than one: plotly does not wrap a title, and a phone's box is 320 px.
-        title = (f"Logit lens · {strategy_label(trace.strategy)}<br><sub>{mean} of {num_layers} layers</sub>"
-                 f"<br><sub>{trace.mean_layers:.1f} layers ran per token</sub>")
+        title = fit_title("Logit lens", strategy_label(trace.strategy), f"{mean} of {num_layers} layers",
+                          f"{trace.mean_layers:.1f} layers ran per token")
     rows_height = height or int(np.clip(18 * num_layers + 230, 420, 900))
     return make_figure(data, layout, title=title, presentation=presentation, height=rows_height)

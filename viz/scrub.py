@@ -16,6 +16,7 @@ from viz.layout import (
     CELL_COLORS,
     STRATEGY_COLORS,
     core_shapes,
+    fit_title,
     font_size,
     layer_kinds,
     make_figure,
@@ -85,8 +86,8 @@ def token_layers(trace: Trace, index: int, *, title: str | None = None, presenta
         shapes=core_shapes(num_layers, trace.core, axis="y"), bargap=0.05,
     )
     if title is None:
-        title = (f"Token {index}: {quoted(step.text)}<br><sub>{step.n_layers} of {num_layers} layers ran "
-                 f"(planned {step.planned})</sub>")
+        title = fit_title(f"Token {index}: {quoted(step.text)}",
+                          f"{step.n_layers} of {num_layers} layers ran (planned {step.planned})")
     return make_figure([bars], layout, title=title, presentation=presentation, legend=False,
                        height=height or int(np.clip(20 * num_layers + 150, 360, 900)))
 
@@ -130,21 +131,24 @@ def topk_compare(trace: Trace, index: int, reference: Trace | None = None, *, ti
     layout = dict(barmode="group", bargap=0.25,
                   xaxis=dict(title=dict(text="probability"), range=[0, 1.12], tickformat=".1f"),
                   yaxis=dict(tickmode="array", tickvals=list(range(len(candidates))), ticktext=ticks, autorange="reversed"))
-    if title is None:
-        title = f"Top {len(step.topk)} next tokens at token {index}"  # short: it sits beside the layers on a phone
-        if other is not None:
-            title += f"<br><sub>{label} vs full depth</sub>"
-        elif reference is not None:
-            title += f"<br><sub>{_no_reference_note(trace, reference, index)}</sub>"
+    if title is None:  # wrapped: it sits beside the layers (about 310 px wide), and on a phone
+        notes = [f"{label} vs full depth"] if other is not None else []
+        if other is None and reference is not None:
+            notes.append(_no_reference_note(trace, reference, index, short=True))
+        title = fit_title(f"Top {len(step.topk)} next tokens at token {index}", *notes)
     return make_figure(data, layout, title=title, presentation=presentation, legend=other is not None,
                        height=height or int(np.clip(46 * max(len(candidates), 1) + 190, 320, 700)))
 
 
-def _no_reference_note(trace: Trace, reference: Trace, index: int) -> str:
+def _no_reference_note(trace: Trace, reference: Trace, index: int, *, short: bool = False) -> str:
+    """Why full depth's top-5 is not shown at token `index`; `short`: in two subtitle lines, for the chart."""
     if index >= len(reference.steps):
-        return f"Full depth stopped after {len(reference.steps)} tokens: nothing to compare at token {index}."
+        return (f"Full depth stopped after {len(reference.steps)} tokens"
+                + ("." if short else f": nothing to compare at token {index}."))
     first = token_agreement(trace.token_ids, reference.token_ids).first_divergence
-    return (f"Full depth wrote different text from token {first} on: its top-5 at token {index}<br>"
+    if short:
+        return f"Full depth not shown: it wrote different text from token {first} on."
+    return (f"Full depth wrote different text from token {first} on: its top-5 at token {index} "
             "would answer another context, so it is not shown.")
 
 
@@ -187,7 +191,7 @@ def _reference_text(trace: Trace, reference: Trace | None, index: int) -> str:
     if reference is None:
         return ""
     if not full_context_agrees(trace, reference, index):
-        return html.escape(_no_reference_note(trace, reference, index).replace("<br>", " "))
+        return html.escape(_no_reference_note(trace, reference, index))
     other = reference.steps[index]
     if other.token_id == trace.steps[index].token_id:
         return "Full depth wrote the same token here."

@@ -34,7 +34,7 @@
       if (m.role === 'raw' && s.main) {
         idx.push(i); y.push(lines.raw); name.push(t.name); visible.push(true);
       } else if (m.role === 'planned' && m.strategy === 'd3') {
-        idx.push(i); y.push(lines.planned); name.push(s.main ? `${label(s, p)}: planned` : t.name); visible.push(true);
+        idx.push(i); y.push(lines.planned); name.push(s.main && !s.short_names ? `${label(s, p)}: planned` : t.name); visible.push(true);
       } else if (m.role === 'actual' && m.strategy === 'd3' && s.main) {
         // The layers a run used belong to the schedule it ran: shown only while the sliders are back on it.
         idx.push(i); y.push(t.y); name.push(t.name); visible.push(matches);

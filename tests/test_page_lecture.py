@@ -254,8 +254,9 @@ def test_presentation_mode_at_1280x800_has_the_panes_and_the_decay_curve_on_the_
         assert box(pane)["bottom"] <= DESKTOP["height"], pane
     plot_area = page.evaluate("""() => { const gd = document.querySelector('#plot-decay .js-plotly-plot');
       const svg = gd.querySelector('.main-svg').getBoundingClientRect(), ya = gd._fullLayout.yaxis;
-      return svg.top + ya._offset + ya._length + 30; }""")  # the curve and its tick labels
-    assert plot_area <= DESKTOP["height"]
+      return {bottom: svg.top + ya._offset + ya._length + 30, height: ya._length}; }""")  # with its tick labels
+    assert plot_area["bottom"] <= DESKTOP["height"]
+    assert plot_area["height"] >= 95, plot_area  # a curve a class can read (its 5-row legend had left ~30 px)
     prompt = page.evaluate("() => { const t = document.querySelector('#prompt textarea');"
                            " return [t.clientHeight, parseFloat(getComputedStyle(t).lineHeight)]; }")
     assert prompt[0] >= 2 * prompt[1]  # two whole lines of the prompt

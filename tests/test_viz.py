@@ -233,7 +233,7 @@ def test_decay_curve_says_what_its_d3_lines_were_drawn_for() -> None:
     fig = viz.decay_curve(cfg, 12, 30)
     assert fig.layout.meta["d3_schedule"] == dict(num_layers=12, steps=30, alpha=0.9, core_head=2, core_tail=1,
                                                   start=4, main=True, label_core=True,
-                                                  label_extra=["top-down", "fill none"])
+                                                  label_extra=["top-down", "fill none"], short_names=False)
     assert one(fig, "planned").meta["strategy"] == "d3"
     assert {(s.name, s.visible) for s in fig.layout.shapes} == {("core-floor", True), ("decay-start", True)}
     assert {(a.name, a.visible) for a in fig.layout.annotations} == {("core-floor", True), ("decay-start", True)}
@@ -243,6 +243,22 @@ def test_decay_curve_says_what_its_d3_lines_were_drawn_for() -> None:
     assert other.layout.meta["d3_schedule"]["main"] is False
     assert one(other, "planned", name="D3: planned").meta["strategy"] == "d3"
     assert viz.decay_curve(UnifiedConfig(ratio=2.0), 12, 30).layout.meta is None
+
+
+def test_in_presentation_mode_the_decay_legend_is_one_row_of_short_names_over_the_curve() -> None:
+    """Short names (the D3 pane's title gives the settings; the page's preview keeps them: short_names), the
+    unclamped formula on hover only, the legend in the top margin, and no axis title under the steps: the curve
+    keeps its height on the first screen of a projector (tests/test_page_lecture.py measures it there)."""
+    cfg = D3Config(alpha=0.9, core_head=2, core_tail=1)
+    fig = viz.decay_curve(cfg, 12, 30, others={"SkipDecode (auto)": SkipDecodeConfig()}, presentation=True)
+    shown = [t.name for t in fig.data if t.showlegend is not False]
+    assert shown == ["D3: planned", "SkipDecode (auto)"]
+    assert fig.layout.meta["d3_schedule"]["short_names"] is True
+    assert (fig.layout.legend.yref, fig.layout.legend.y, fig.layout.legend.yanchor) == ("container", 1, "top")
+    assert not fig.layout.xaxis.title.text
+    plain = viz.decay_curve(cfg, 12, 30, others={"SkipDecode (auto)": SkipDecodeConfig()})
+    assert [t.name for t in plain.data][:2] == ["floor(L·α^i), unclamped", "D3 (α=0.9, core 2+1): planned"]
+    assert plain.layout.xaxis.title.text == "generated token (step i)"
 
 
 def test_decay_curve_overlays_other_strategies(d3_cfg: D3Config) -> None:

@@ -17,6 +17,7 @@ from viz.layout import (
     make_figure,
     quoted,
     series_colors,
+    short_label,
     strategy_kind,
     strategy_label,
 )
@@ -69,13 +70,14 @@ def d3_guides(cfg: D3Config, num_layers: int) -> tuple[list[dict], list[dict]]:
     return shapes, notes
 
 
-def d3_schedule_meta(cfg: D3Config, num_layers: int, steps: int, *, main: bool) -> dict:
+def d3_schedule_meta(cfg: D3Config, num_layers: int, steps: int, *, main: bool, short_names: bool = False) -> dict:
     """What a figure's D3 lines were drawn for, in its layout meta: enough for the page to redraw them from the
-    sliders alone (the formula of `d3.schedule.d3_budget`), and to tell a figure drawn for other values."""
+    sliders alone (the formula of `d3.schedule.d3_budget`), and to tell a figure drawn for other values.
+    `short_names`: the lines are named without their settings (presentation mode), so the page keeps the names."""
     head, tail = cfg.core(num_layers)
     return dict(num_layers=num_layers, steps=steps, alpha=float(cfg.alpha), core_head=head, core_tail=tail,
                 start=cfg.start, main=main, label_core=cfg.core_head is not None or cfg.core_tail is not None,
-                label_extra=d3_label_extras(cfg.to_dict()))
+                label_extra=d3_label_extras(cfg.to_dict()), short_names=short_names)
 
 
 def _planned_line(cfg: StrategyConfig, num_layers: int, steps: int, *, name: str, color: str, width: float,
@@ -103,13 +105,16 @@ def decay_curve(cfg: StrategyConfig, num_layers: int, steps: int, *, trace: Trac
                                                               if k not in others)]
     colors = series_colors(kinds)
     main_color = colors[0]
-    label = strategy_label(cfg)
+    # In presentation mode the legend names each line in a word or two ("D3: planned", "SkipDecode (auto)"; the D3
+    # pane's title above the curve gives the settings, the dashed unclamped formula is named on hover only), so
+    # that it takes one row instead of a row a line and the curve keeps its height on the first screen.
+    label = short_label(cfg) if presentation else strategy_label(cfg)
     data: list[go.Scatter] = []  # collected, then one Figure(...) call: add_trace copies each trace
     shapes: list[dict] = []
     notes: list[dict] = []
     if isinstance(cfg, D3Config):
         data.append(go.Scatter(x=np.arange(steps), y=raw_decay(cfg, num_layers, steps), mode="lines",
-                               name="floor(L·α^i), unclamped", line=dict(color=main_color, dash="dash", width=1.5),
+                               name="floor(L·α^i), unclamped", showlegend=not presentation, line=dict(color=main_color, dash="dash", width=1.5),
                                hovertemplate="step %{x}: the formula alone gives %{y} layers<extra></extra>",
                                meta={"role": "raw"}))
         shapes, notes = d3_guides(cfg, num_layers)
@@ -121,7 +126,8 @@ def decay_curve(cfg: StrategyConfig, num_layers: int, steps: int, *, trace: Trac
     for (key, other), color in zip(others.items(), colors[1:]):
         if decode_plan(other, num_layers).dynamic:
             continue  # early exit decides while decoding: only its trace (below) can show it
-        data.append(_planned_line(other, num_layers, steps, name=f"{key}: planned", color=color, width=2))
+        data.append(_planned_line(other, num_layers, steps, name=key if presentation else f"{key}: planned",
+                                  color=color, width=2))
     other_colors = dict(zip(others, colors[1:]))
     extra_colors = iter(colors[1 + len(others):])
     for key, other_trace in others_traces.items():
@@ -129,13 +135,21 @@ def decay_curve(cfg: StrategyConfig, num_layers: int, steps: int, *, trace: Trac
         data.append(usage_scatter(other_trace, name=f"{key}: used", color=color, mode="lines+markers"))
     layout = dict(
         shapes=shapes, annotations=notes, hovermode="closest",
-        # Room in the right margin for the core floor's label (d3_guides), none needed without it.
-        margin=dict(r=round(FLOOR_LABEL_EM * font_size(presentation, delta=-1)) + FLOOR_LABEL_GAP + 8) if notes else {},
-        xaxis=dict(title=dict(text="generated token (step i)"), range=[-0.5, max(steps, 1) - 0.5]),
+        # Presentation mode: the legend is one row over the curve, on the first screen with it.
+        **({"legend": dict(yref="container", y=1, yanchor="top", x=0, xanchor="left")} if presentation else {}),
+        # Room in the right margin for the core floor's label (d3_guides), none needed without it; in presentation
+        # mode the top margin is the legend's row.
+        margin=dict(**({"r": round(FLOOR_LABEL_EM * font_size(presentation, delta=-1)) + FLOOR_LABEL_GAP + 8}
+                       if notes else {}), **({"t": 36} if presentation else {})),
+        # Presentation mode: no axis title under the steps (the legend over the curve says "D3: planned" per step),
+        # so that the curve, its ticks and its legend keep a readable height on the first 1280x800 screen.
+        xaxis=dict(title=dict(text="" if presentation else "generated token (step i)"),
+                   range=[-0.5, max(steps, 1) - 0.5]),
         # Short in presentation mode: the curve is kept low there (it shares the first screen with the panes).
         yaxis=dict(title=dict(text="layers run" if presentation else "decoder layers run"), range=[0, num_layers + 1]))
     if d3 is not None:
-        layout["meta"] = {"d3_schedule": d3_schedule_meta(d3, num_layers, steps, main=d3 is cfg)}
+        layout["meta"] = {"d3_schedule": d3_schedule_meta(d3, num_layers, steps, main=d3 is cfg,
+                                                          short_names=presentation)}
     title = title if title is not None else f"Depth decay · {label} · L = {num_layers}"
     return make_figure(data, layout, title=title, presentation=presentation, height=height or 460)
 

@@ -19,7 +19,6 @@ from viz.layout import (
     core_shapes,
     decode_plan,
     display_core,
-    fit_title,
     font_size,
     layer_kinds,
     make_figure,
@@ -29,6 +28,7 @@ from viz.layout import (
     strategy_label,
     tick_subset,
 )
+from viz.titles import fit_title
 
 assert CELL_CODES == tuple(range(len(CELL_CODES))), "the discrete colour scale assumes codes 0..n-1"
 

@@ -16,7 +16,6 @@ from viz.layout import (
     CELL_COLORS,
     STRATEGY_COLORS,
     core_shapes,
-    fit_title,
     font_size,
     layer_kinds,
     make_figure,
@@ -25,6 +24,7 @@ from viz.layout import (
     readable_token,
     strategy_label,
 )
+from viz.titles import fit_title
 from viz.lens import prediction_depth
 from viz.stream import layer_range_text
 

@@ -123,15 +123,18 @@ def _render(session: Session, setup: RunSetup, update: LiveUpdate, view: ViewOpt
     return ordered(GENERATE_OUTPUTS, **out)
 
 
-def _first_outputs(session: Session, setup: RunSetup, view: ViewOptions) -> tuple[Any, ...]:
-    """Clear what the previous run left in the views, and name the strategy over the D3 pane."""
+def _first_outputs(session: Session, setup: RunSetup, view: ViewOptions, *, clear_fills: bool = True) -> tuple[Any, ...]:
+    """Clear what the previous run left in the views, and name the strategy over the D3 pane. The fill view is
+    sent only when it showed a comparison: it already says what Compare does otherwise, and a placeholder sent to
+    a view whose tab was never opened is drawn by gradio as an empty box with an icon."""
     p = view.presentation
     blank = "<div class='d3-tokens'>(waiting for the first token…)</div>"
     return ordered(GENERATE_OUTPUTS, session=session, status=views.status_html(None, None, "streaming"),
                    d3_title=f"### {views.pane_title(setup.strategy, 'D3')}", d3_tokens=blank, full_tokens=blank,
                    d3_counters="", full_counters="", flow=views.flow_view(None, None, presentation=p),
                    attention=views.attention_view(None, None, 0, 0, presentation=p),
-                   errors=views.error_view(None, presentation=p), fills=views.fills_view(None, presentation=p))
+                   errors=views.error_view(None, presentation=p),
+                   fills=views.fills_view(None, presentation=p) if clear_fills else gr.skip())
 
 
 def _time_limit_note(limit_s: int) -> str:
@@ -175,9 +178,10 @@ def generate(pool: ModelPool, session: Session | None, controls: Controls) -> It
                 setup = prepare_run(pool, controls)
             except ValueError as err:  # a prompt over the token limit is only known once the tokenizer is there
                 yield from _refuse(GENERATE_OUTPUTS, err, session)
+            had_fills = bool(session.fills)
             session.clear()
             session.problem = None
-            yield _first_outputs(session, setup, controls.view)
+            yield _first_outputs(session, setup, controls.view, clear_fills=had_fills)
             yield from _stream(session, run_id, setup, controls.view, pool.caps)
         finally:
             session.end(run_id)

@@ -189,6 +189,15 @@ def test_a_cold_page_says_what_to_press_in_every_view(page, view) -> None:
                            timeout=15_000)
 
 
+def test_after_a_run_a_fill_view_never_opened_still_says_what_compare_does(page) -> None:
+    """A placeholder sent to a plot whose tab was never opened is drawn as an empty box with an icon: a run leaves
+    the fill view alone unless it showed a comparison."""
+    generate(page, tokens=6)
+    open_view(page, "Fill strategies")
+    page.wait_for_function("() => Array.from(document.querySelectorAll('#plot-fills .annotation-text'))"
+                           ".some(a => a.textContent.includes('Press'))", timeout=15_000)
+
+
 # ---------------------------------------------------------------- 5: the core scenario's findings
 
 

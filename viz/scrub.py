@@ -24,9 +24,9 @@ from viz.layout import (
     readable_token,
     strategy_label,
 )
-from viz.titles import fit_title
 from viz.lens import prediction_depth
 from viz.stream import layer_range_text
+from viz.titles import fit_title
 
 
 def full_context_agrees(trace: Trace, reference: Trace | None, index: int) -> bool:

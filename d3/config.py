@@ -11,7 +11,7 @@ FILLS = ("copy", "propagate", "none")  # the fills the page offers and compares
 # mixed sliding / global layers showed the problem); only from the CLI and the API, it equals copy on one-type models.
 FILL_VARIANTS = (*FILLS, "copy_any_type")
 DROP_ORDERS = ("middle_out", "top_down", "bottom_up", "strided", "calibrated")
-# calibrated: the order is data, measured per model (`d3.calibrate`): D3Config.layer_order names it.
+# calibrated: the order is data, measured per model (`d3.orders`, measured by `d3.research.calibrate`): D3Config.layer_order names it.
 CONFIDENCE_MEASURES = ("softmax_gap", "cosine")
 UNIFIED_SPACINGS = ("even", "integer")
 
@@ -120,7 +120,7 @@ class D3Config(StrategyConfig):
         `layer_order`).
     layer_order: with drop_order="calibrated", the flex layers in the order they are dropped (first = dropped first):
         a permutation of this model's flex layers for this core split (checked by `check_layers`), or the name of
-        a cached calibration ("agreement", "task:arithmetic_1_digit_addition", ...) that `d3.calibrate.resolve`
+        a cached calibration ("agreement", "task:arithmetic_1_digit_addition", ...) that `d3.orders.resolve`
         turns into that tuple for a loaded model.
     fill: copy (default) copies the nearest lower layer that ran of the same attention type, so on Gemma 3 a
         global layer never gets a sliding-window layer's keys (another rope base); no effect with the nested
@@ -156,7 +156,7 @@ class D3Config(StrategyConfig):
 
     @property
     def resolved(self) -> bool:
-        """False while layer_order is a calibration's name that `d3.calibrate.resolve` has not turned into layers."""
+        """False while layer_order is a calibration's name that `d3.orders.resolve` has not turned into layers."""
         return not isinstance(self.layer_order, str)
 
     def core(self, num_layers: int) -> tuple[int, int]:
@@ -181,7 +181,7 @@ def check_layer_order(order: Any, num_layers: int, head: int, tail: int) -> None
     """A calibrated order must be a permutation of the flex layers head .. L - tail - 1; the error names what is off."""
     if isinstance(order, str):
         raise ValueError(f"layer_order={order!r} is a calibration's name: resolve it for a loaded model first "
-                         "(d3.calibrate.resolve), or give the layers as a tuple")
+                         "(d3.orders.resolve), or give the layers as a tuple")
     flex = set(range(head, num_layers - tail))
     given = list(order)
     problems = []
@@ -289,7 +289,7 @@ class EarlyExitConfig(StrategyConfig):
 class StaticSkipConfig(StrategyConfig):
     """Static layer removal (SLEB-style): every generated token after the first (the prompt's prefill runs at full
     depth) skips exactly the layers in `skip`. What a nested drop order's prefix removes at a fixed budget; the
-    calibration's `task` signal (`d3.calibrate`) scores candidate removals with it. Not offered on the page."""
+    calibration's `task` signal (`d3.research.calibrate`) scores candidate removals with it. Not offered on the page."""
 
     name: ClassVar[str] = "static"
     skip: tuple[int, ...] = ()

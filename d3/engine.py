@@ -146,9 +146,9 @@ class Engine:
     # -- the loop --------------------------------------------------------------------------------
     def resolve(self, strategy: StrategyConfig) -> StrategyConfig:
         """`strategy` with a calibrated order named by a calibration ("agreement", "measured", ...) turned into this
-        model's layers (`d3.calibrate.resolve`); any other strategy as it is."""
+        model's layers (`d3.orders.resolve`); any other strategy as it is."""
         if isinstance(strategy, D3Config) and not strategy.resolved:
-            from d3.calibrate import resolve
+            from d3.orders import resolve
 
             return resolve(strategy, self)
         return strategy

@@ -95,7 +95,7 @@ def order_key(cfg: D3Config) -> str | tuple[int, ...]:
         return cfg.drop_order
     if not isinstance(cfg.layer_order, tuple):
         raise ValueError(f"layer_order={cfg.layer_order!r} is a calibration's name: resolve it for a loaded model "
-                         "first (d3.calibrate.resolve)")
+                         "first (d3.orders.resolve)")
     return cfg.layer_order
 
 

@@ -21,7 +21,7 @@ from d3.config import (
     UnifiedConfig,
     default_core,
 )
-from d3.calibrate import MEASURED
+from d3.orders import MEASURED
 from d3.models import DEFAULT_MODEL
 from d3.schedule import plan
 from explorer.caps import Caps

@@ -1,7 +1,7 @@
 """The "Which layers matter" view: for the current prompt and model, each flex layer's single-drop effect on full
 depth's own answer (agreement and KL, teacher-forced), the greedy calibrated order with its removal curve beside
 the order in use, and "Use this order", which sets the drop order to the calibrated one. Components, handlers and
-wiring live here; the measuring is `d3.calibrate`."""
+wiring live here; the measuring is `d3.research.calibrate`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import gradio as gr
 import plotly.graph_objects as go
 
-from d3.calibrate import Calibration, calibrate_and_compare, prompt_set
+from d3.research.calibrate import Calibration, calibrate_and_compare, prompt_set
 from d3.config import D3Config
 from d3.schedule import flex_drop_order, order_key
 from explorer.controls import CONTROL_NAMES, Controls, layer_order_text, takes_controls

@@ -9,9 +9,9 @@ import gradio as gr
 import pandas as pd
 
 from d3.config import DROP_ORDERS, FILLS, default_core
-from d3.data import example_prompts
+from d3.research.data import example_prompts
 from d3.models import ModelFacts
-from d3.sweep import BUILTIN_PROMPTS
+from d3.research.sweep import BUILTIN_PROMPTS
 from explorer import views
 from explorer.controls import (
     ALPHA_RANGE,

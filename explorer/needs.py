@@ -13,8 +13,8 @@ import gradio as gr
 import plotly.graph_objects as go
 
 from d3.config import D3Config
-from d3.oracle import measure
-from d3.oracle_fit import fit_alpha, underserved_fraction
+from d3.research.oracle import measure
+from d3.research.oracle_fit import fit_alpha, underserved_fraction
 from explorer.controls import CONTROL_NAMES, Controls, takes_controls
 from explorer.pool import ModelPool
 from explorer.runs import check_run, prepare_run

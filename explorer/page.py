@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import gradio as gr
 
-from d3.data import ASSETS
+from d3.research.data import ASSETS
 from d3.engine import Engine
 from d3.models import KNOWN_MODELS
 from explorer.caps import Caps, is_public

@@ -21,7 +21,7 @@ class Scenario:
 
 
 # A question whose answer can be checked: 3-shot worked arithmetic, as the generation-accuracy measure asks it
-# (d3/gentasks.py), raw text. Full depth on SmolLM2 answers "8 times 7 is 56. So the answer is 56."
+# (d3/research/gentasks.py), raw text. Full depth on SmolLM2 answers "8 times 7 is 56. So the answer is 56."
 ARITHMETIC = ("Q: What is 4 plus 3?\nA: 4 plus 3 is 7. So the answer is 7.\n\n"
               "Q: What is 6 times 2?\nA: 6 times 2 is 12. So the answer is 12.\n\n"
               "Q: What is 9 plus 5?\nA: 9 plus 5 is 14. So the answer is 14.\n\n"

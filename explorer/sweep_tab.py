@@ -15,8 +15,8 @@ import pandas as pd
 
 from d3.config import D3Config, SkipDecodeConfig, UnifiedConfig, strategy_from_dict
 from d3.engine import Engine
-from d3.sweep import SweepSpec
-from d3.sweep.run import run_sweep as run_sweep_file
+from d3.research.sweep import SweepSpec
+from d3.research.sweep.run import run_sweep as run_sweep_file
 from explorer import views
 from explorer.caps import Caps
 from explorer.controls import CONTROL_NAMES, STRATEGY_LABELS, layer_order_text
@@ -192,7 +192,7 @@ def _sweep_figure(df: pd.DataFrame, presentation: bool = False) -> Any:
 
 def run_sweep(pool: ModelPool, model: str, chat_template: bool, sweep_prompts: str, sweep_settings: list[str],
               sweep_tokens: int, progress: gr.Progress = gr.Progress()) -> tuple[Any, ...]:
-    """A small bounded sweep (d3.sweep.run_sweep) on the chosen model: the table, its Pareto view, a note."""
+    """A small bounded sweep (d3.research.sweep.run_sweep) on the chosen model: the table, its Pareto view, a note."""
     with user_errors():
         name = pool.check_name(model)
         spec = sweep_spec(name, sweep_prompts, sweep_settings, sweep_tokens, chat_template, pool.caps)

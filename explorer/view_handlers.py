@@ -9,7 +9,7 @@ from typing import Any
 import gradio as gr
 
 from d3.config import default_core
-from d3.data import example_prompts
+from d3.research.data import example_prompts
 from d3.models import ModelFacts
 from explorer import views
 from explorer.controls import (

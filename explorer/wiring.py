@@ -7,7 +7,7 @@ from typing import Any
 
 import gradio as gr
 
-from d3.data import ASSETS
+from d3.research.data import ASSETS
 from explorer.controls import CONTROL_NAMES, REDRAW_NAMES
 from explorer.explain import wire_explain
 from explorer.export import export_figure, export_sweep, export_trace

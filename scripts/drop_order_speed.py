@@ -13,7 +13,7 @@ import statistics
 import time
 
 from d3.config import TRACE_OFF, FullConfig, GenerationConfig
-from d3.data import example_prompts
+from d3.research.data import example_prompts
 from d3.engine import Engine
 from d3.models import get_model
 from explorer.caps import Caps

@@ -2,7 +2,7 @@
 free-running on the test questions and rank-correlate each signal's single-drop scores with them.
 
 Usage: python scripts/drop_order_study.py [--model smollm2-135m] [--out results/drop_order_smollm2.json]
-Resumable: calibrations are cached (`d3.calibrate`), and the single-drop test scores are kept in --out as they come.
+Resumable: calibrations are cached (`d3.research.calibrate`), and the single-drop test scores are kept in --out as they come.
 The generation-accuracy sweep with every order at matched depth is `python -m d3 sweep --task-mode generate
 --task-split test --drop-orders ...` (see the README's "Drop order" section for the command).
 """
@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from d3 import calibrate as cal
+from d3.research import calibrate as cal
 from d3.cli import load_engine
 from d3.config import StaticSkipConfig
-from d3.gentasks import DEFAULT_GENERATION_TASKS, get_generation_task
-from d3.answers import PrefilledQuestions
+from d3.research.gentasks import DEFAULT_GENERATION_TASKS, get_generation_task
+from d3.research.answers import PrefilledQuestions
 from d3.config import D3Config, FullConfig
-from d3.sweep.generation import wilson
-from d3.sweep.grid import d3_for_depth, skipdecode_for_depth, unified_for_depth
+from d3.research.sweep.generation import wilson
+from d3.research.sweep.grid import d3_for_depth, skipdecode_for_depth, unified_for_depth
 
 # (signal, calibration set, greedy steps): the rest of each order follows by single-drop score.
 PLAN = (("agreement", "prompts", None), ("task", "task", 5), ("agreement", "task", 4), ("perplexity", "text", 6))
@@ -38,7 +38,7 @@ def _set(kind: str, tasks: tuple[str, ...]) -> cal.CalibrationSet:
 
 
 class TestQuestions:
-    """The test questions of the tasks, prefilled once (d3.answers)."""
+    """The test questions of the tasks, prefilled once (d3.research.answers)."""
 
     def __init__(self, engine, tasks) -> None:
         self.sets = [PrefilledQuestions(engine, get_generation_task(n), get_generation_task(n).split("test")) for n in tasks]
@@ -70,7 +70,7 @@ def main() -> int:
     out = Path(args.out)
     result = json.loads(out.read_text()) if out.is_file() else {}
     if parts == {"report"}:
-        from d3.report_drop_order import write_section
+        from d3.reports.drop_order import write_section
 
         print(f"wrote {write_section(args.summary, result)}", file=sys.stderr)
         return 0
@@ -133,7 +133,7 @@ def main() -> int:
                   f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
             save()
     if "report" in parts:
-        from d3.report_drop_order import write_section
+        from d3.reports.drop_order import write_section
 
         print(f"wrote {write_section(args.summary, result)}", file=sys.stderr)
     return 0

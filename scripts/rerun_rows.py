@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from d3.cli import build_parser  # noqa: E402
 from d3.cli.common import set_threads  # noqa: E402
 from d3.cli.sweep import spec_from_args  # noqa: E402
-from d3.sweep.grid import all_settings  # noqa: E402
-from d3.sweep.spec import setting_key  # noqa: E402
-from d3.sweep.table import read_results, sidecar, write_json  # noqa: E402
+from d3.research.sweep.grid import all_settings  # noqa: E402
+from d3.research.sweep.spec import setting_key  # noqa: E402
+from d3.research.sweep.table import read_results, sidecar, write_json  # noqa: E402
 
 
 def main(argv: list[str], engine: Any = None) -> int:
@@ -41,7 +41,7 @@ def main(argv: list[str], engine: Any = None) -> int:
     set_threads(args.threads)
     from d3.engine import Engine
     from d3.models import get_model
-    from d3.sweep.run import run_sweep
+    from d3.research.sweep.run import run_sweep
 
     engine = engine if engine is not None else Engine.from_loaded(get_model(spec.model))
     results = Path(args.out)

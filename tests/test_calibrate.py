@@ -61,7 +61,7 @@ def test_static_skip_runs_the_same_layers_after_the_first_token():
 
 
 def test_greedy_order_is_nested_and_records_the_curve():
-    from d3.calibrate import Score, greedy_order
+    from d3.research.calibrate import Score, greedy_order
 
     harm = {1: 0.05, 2: 0.3, 3: 0.01, 4: 0.2}
     calls = []
@@ -97,7 +97,7 @@ def identity_engine(tiny_tok):
 
 @pytest.fixture()
 def cache_dir(tmp_path, monkeypatch):
-    from d3.calibrate import CALIBRATION_ENV
+    from d3.research.calibrate import CALIBRATION_ENV
 
     monkeypatch.setenv(CALIBRATION_ENV, str(tmp_path / "cache"))
     return tmp_path / "cache"
@@ -107,7 +107,7 @@ PROMPTS = ("hello there, how are you", "the cat sat on a mat", "one two three")
 
 
 def test_agreement_drops_the_identity_layer_first(identity_engine, cache_dir):
-    from d3.calibrate import CalibrationSet, calibrate
+    from d3.research.calibrate import CalibrationSet, calibrate
 
     cal_set = CalibrationSet("prompts:test", PROMPTS)
     result = calibrate(identity_engine, "agreement", cal_set, core=(1, 1), tokens=12)
@@ -127,7 +127,7 @@ def test_parallel_pass_equals_teacher_forced_decoding(identity_engine):
     """The one-pass score of a fixed removal is what D3's own decode loop computes with that removal, teacher-forced."""
     import torch
 
-    from d3.calibrate import CalibrationSet, _own_answers
+    from d3.research.calibrate import CalibrationSet, _own_answers
     from d3.config import GenerationConfig
 
     tf = _own_answers(identity_engine, CalibrationSet("p", PROMPTS[:2]), 10)
@@ -145,7 +145,7 @@ def test_parallel_pass_equals_teacher_forced_decoding(identity_engine):
 
 
 def test_resolve_a_name_and_generate_with_it(identity_engine, cache_dir):
-    from d3.calibrate import CalibrationSet, calibrate, resolve
+    from d3.research.calibrate import CalibrationSet, calibrate, resolve
     from d3.config import GenerationConfig
 
     with pytest.raises(ValueError, match="python -m d3 calibrate"):
@@ -162,7 +162,7 @@ def test_resolve_a_name_and_generate_with_it(identity_engine, cache_dir):
 
 
 def test_perplexity_signal_reads_prose(identity_engine, cache_dir):
-    from d3.calibrate import CalibrationSet, calibrate
+    from d3.research.calibrate import CalibrationSet, calibrate
 
     text = "the cat sat on the mat. " * 12
     result = calibrate(identity_engine, "perplexity", CalibrationSet("text:t", text=text), core=(1, 1), tokens=16, steps=1)
@@ -205,7 +205,7 @@ def test_cli_calibrate_refuses_a_mismatched_set_in_one_line(capsys):
 
 @pytest.mark.integration
 def test_agreement_on_smollm2_one_prompt(smol_engine, cache_dir):
-    from d3.calibrate import calibrate, prompt_set
+    from d3.research.calibrate import calibrate, prompt_set
 
     result = calibrate(smol_engine, "agreement", prompt_set("What is 3 plus 4?"), steps=2, tokens=12)
     assert sorted(result.order) == list(range(3, 27)) and len(result.single) == 24
@@ -215,8 +215,8 @@ def test_agreement_on_smollm2_one_prompt(smol_engine, cache_dir):
 
 def test_prefilled_answers_equal_the_engines_own(identity_engine):
     """One shared prefill, copied per strategy, answers exactly as the engine's own loop (answer_batch) does."""
-    from d3.answers import PrefilledQuestions
-    from d3.sweep.generation import answer_batch
+    from d3.research.answers import PrefilledQuestions
+    from d3.research.sweep.generation import answer_batch
 
     class Echo:
         name, max_new_tokens = "echo", 12
@@ -241,7 +241,7 @@ def test_prefilled_answers_equal_the_engines_own(identity_engine):
 
 def test_the_oracle_runs_under_a_calibrated_order(identity_engine):
     """Dropping the identity layer first never costs a token its top-1: every need fits in L - 1 layers."""
-    from d3.oracle import measure
+    from d3.research.oracle import measure
 
     first = D3Config(drop_order="calibrated", layer_order=(4, 1, 2, 3, 5, 6), core_head=1, core_tail=1)
     last = D3Config(drop_order="calibrated", layer_order=(1, 2, 3, 5, 6, 4), core_head=1, core_tail=1)

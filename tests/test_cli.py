@@ -58,7 +58,7 @@ def _must_not_run(*args, **kwargs):
 
 @pytest.mark.parametrize("command", ["sweep", "report", "bench"])
 def test_an_output_path_that_is_a_directory_fails_before_any_work(command, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr("d3.sweep.run.run_sweep", _must_not_run)
+    monkeypatch.setattr("d3.research.sweep.run.run_sweep", _must_not_run)
     monkeypatch.setattr("d3.models.get_model", _must_not_run)
     monkeypatch.setattr("viz.report.write_report", _must_not_run)
     results = tmp_path / "x.csv"
@@ -71,7 +71,7 @@ def test_an_output_path_that_is_a_directory_fails_before_any_work(command, tmp_p
 
 
 def test_an_output_under_a_file_fails_before_any_work(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr("d3.sweep.run.run_sweep", _must_not_run)
+    monkeypatch.setattr("d3.research.sweep.run.run_sweep", _must_not_run)
     blocker = tmp_path / "file"
     blocker.write_text("")
     assert cli.main(["sweep", "--out", str(blocker / "sweep.csv")]) == 2

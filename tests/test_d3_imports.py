@@ -1,4 +1,5 @@
-"""Layering: the engine (d3/) never imports viz or gradio, and its pure parts never import torch."""
+"""Layering: the engine (d3/) never imports viz or gradio, its pure parts never import torch, and its core (the
+modules directly in d3/) imports neither the research tools (d3.research), the reports (d3.reports) nor the CLI."""
 
 from __future__ import annotations
 
@@ -48,6 +49,48 @@ def test_importing_every_d3_module_and_building_the_cli_loads_neither_viz_nor_gr
 
 
 def test_configs_schedules_traces_sweep_specs_and_the_report_load_without_torch() -> None:
-    loaded = _loaded_after("import d3, d3.sweep, d3.sweep.grid, d3.report, d3.cli.common")
+    loaded = _loaded_after("import d3, d3.research.sweep, d3.research.sweep.grid, d3.reports.sweep, d3.cli.common")
     assert "d3" in loaded and "pandas" in loaded
     assert "torch" not in loaded and "transformers" not in loaded
+
+
+ABOVE_THE_CORE = ("d3.research", "d3.reports", "d3.cli", "explorer", "viz", "gradio")
+
+
+def _core_modules() -> list[Path]:
+    return sorted(p for p in D3.glob("*.py") if p.name != "__main__.py")
+
+
+def test_the_core_imports_nothing_above_it() -> None:
+    assert {p.stem for p in _core_modules()} >= {"config", "schedule", "engine", "decoder", "trace", "compare"}
+    for path in _core_modules():
+        bad = {m for m in _imported_anywhere(path) if m.startswith(ABOVE_THE_CORE)}
+        assert not bad, f"d3/{path.name} imports {sorted(bad)}: the core must not reach up"
+
+
+def _imported_anywhere(path: Path) -> set[str]:
+    """Every absolute import in the file, also those inside functions, plus `from d3 import research`-style ones."""
+    names = _imported(path)
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module == "d3":
+            names |= {f"d3.{a.name}" for a in node.names}
+    return names
+
+
+def test_the_core_rule_catches_a_core_module_that_reaches_up(tmp_path: Path) -> None:
+    bad = tmp_path / "engine.py"
+    bad.write_text("def f():\n    from d3.research.calibrate import resolve\n    from d3 import reports\n")
+    assert {"d3.research.calibrate", "d3.reports"} <= _imported_anywhere(bad)
+
+
+def test_loading_the_engine_loads_no_research_tool() -> None:
+    loaded = _loaded_after_full("import d3.engine, d3.compare, d3.models, d3.orders")
+    assert "d3.engine" in loaded
+    assert not {m for m in loaded if m.startswith(("d3.research", "d3.reports", "d3.cli"))}
+
+
+def _loaded_after_full(code: str) -> set[str]:
+    probe = code + "\nimport sys, json; print(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                         cwd=D3.parent, timeout=300)
+    return set(json.loads(out.stdout.strip().splitlines()[-1]))

@@ -1,4 +1,4 @@
-"""Tests for d3.data: task parsing on tiny fake task.json files; one test on the real fetched data."""
+"""Tests for d3.research.data: task parsing on tiny fake task.json files; one test on the real fetched data."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from d3 import data
-from d3.data import Example, TaskInfo
+from d3.research import data
+from d3.research.data import Example, TaskInfo
 
 
 def write_task(data_dir: Path, path: str, task: dict) -> None:

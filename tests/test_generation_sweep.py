@@ -1,4 +1,4 @@
-"""Generation accuracy (d3.sweep.generation, d3.report_generation, `sweep --task-mode generate`) on a tiny random
+"""Generation accuracy (d3.research.sweep.generation, d3.reports.generation, `sweep --task-mode generate`) on a tiny random
 Llama: answers scored end to end, one row per setting, resume, the interval, the paper's criterion."""
 
 from __future__ import annotations
@@ -9,15 +9,15 @@ import math
 import pandas as pd
 import pytest
 
-from d3 import data, gentasks
+from d3.research import data, gentasks
 from d3.cli import main as cli_main
 from d3.config import D3Config, FullConfig
-from d3.data import TaskInfo
+from d3.research.data import TaskInfo
 from d3.engine import Engine
-from d3.gentasks import GenerationTask, worked_arithmetic
-from d3.report_generation import best_within, generation_markdown, headline_lines
-from d3.sweep import SweepSpec
-from d3.sweep.generation import GEN_COLUMNS, answer_batch, read_generation, reply, run_generation_sweep, wilson
+from d3.research.gentasks import GenerationTask, worked_arithmetic
+from d3.reports.generation import best_within, generation_markdown, headline_lines
+from d3.research.sweep import SweepSpec
+from d3.research.sweep.generation import GEN_COLUMNS, answer_batch, read_generation, reply, run_generation_sweep, wilson
 from tests.test_data import write_task
 from tests.tiny import tiny_llama, tiny_tokenizer
 

@@ -1,13 +1,13 @@
-"""Generation tasks (d3.gentasks): the answer read out of generated text, worked shots that agree with their
+"""Generation tasks (d3.research.gentasks): the answer read out of generated text, worked shots that agree with their
 targets, disjoint splits without the shots; on tiny fake BIG-bench files, plus one test on the fetched ones."""
 
 from __future__ import annotations
 
 import pytest
 
-from d3 import data, gentasks
-from d3.data import Example, TaskInfo
-from d3.gentasks import GENERATION_TASKS, GenerationTask, answer_text, is_correct, worked_arithmetic, worked_counting
+from d3.research import data, gentasks
+from d3.research.data import Example, TaskInfo
+from d3.research.gentasks import GENERATION_TASKS, GenerationTask, answer_text, is_correct, worked_arithmetic, worked_counting
 from tests.test_data import write_task
 
 

@@ -69,7 +69,7 @@ def test_comparison_against_full_depth(smol_engine):
 
 
 def test_perplexity_rises_under_skipping(smol_engine):
-    from d3.data import ppl_text
+    from d3.research.data import ppl_text
 
     text = ppl_text()
     full = perplexity(smol_engine, text, FullConfig(), max_tokens=96)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from d3.config import D3Config, EarlyExitConfig, FullConfig, GenerationConfig, SkipDecodeConfig, TraceConfig, UnifiedConfig
-from d3.data import example_prompts
+from d3.research.data import example_prompts
 from d3.trace import Trace
 from explorer.caps import Caps, is_public
 from explorer.controls import Controls, other_schedules, parse_controls

@@ -7,7 +7,7 @@ import pytest
 
 from d3.config import D3Config
 from d3.models import unknown_name_message
-from d3.oracle_fit import schedule_budgets, underserved_fraction
+from d3.research.oracle_fit import schedule_budgets, underserved_fraction
 from d3.schedule import budgets
 from explorer import needs as view
 from explorer.caps import Caps

@@ -13,8 +13,8 @@ import torch
 from d3 import cli
 from d3.config import D3Config
 from d3.decoder import decode_one_token, prefill
-from d3.oracle import _check_window, budget_logprobs, lens_depth, lens_top1, measure
-from d3.oracle_fit import need_and_stable, prediction_depth
+from d3.research.oracle import _check_window, budget_logprobs, lens_depth, lens_top1, measure
+from d3.research.oracle_fit import need_and_stable, prediction_depth
 from d3.schedule import LayerPlan, d3_layers, plan
 
 PROMPT = "hello there"

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from d3.config import D3Config
-from d3.oracle_fit import (
+from d3.research.oracle_fit import (
     budget_grid,
     fit_alpha,
     position_summary,

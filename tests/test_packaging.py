@@ -65,7 +65,7 @@ def test_pip_install_into_a_fresh_venv_gives_working_commands(tmp_path):
     pip = run(sys.executable, "-m", "pip", "--python", str(bin_dir / "python"), "install", "--quiet", "--no-deps",
               "--no-build-isolation", "--disable-pip-version-check", str(src))
     assert pip.returncode == 0, pip.stderr
-    where = run(str(bin_dir / "python"), "-c", "import d3, explorer, viz; from d3.data import ASSETS; "
+    where = run(str(bin_dir / "python"), "-c", "import d3, explorer, viz; from d3.research.data import ASSETS; "
                 "print(d3.__file__); print(ASSETS); print((ASSETS / 'prompts.json').is_file())")
     assert where.returncode == 0, where.stderr
     d3_file, assets, has_prompts = where.stdout.split()

@@ -11,7 +11,7 @@ import pytest
 
 from d3.config import D3Config, FullConfig, GenerationConfig
 from d3.schedule import plan
-from d3.sweep.grid import d3_for_depth, planned_mean_layers
+from d3.research.sweep.grid import d3_for_depth, planned_mean_layers
 from explorer import views
 from explorer.caps import Caps
 from explorer.controls import Controls, default_attention_layer
@@ -152,7 +152,7 @@ def test_the_core_floor_label_sits_clear_of_the_d3_line(presentation) -> None:
 def test_the_core_scenario_shows_what_its_text_claims(smol_engine) -> None:
     """Core 3 + 3 keeps D3 on full depth's text for longer than core 0 + 0 (first divergence and agreement), on the
     prompt the page opens with (measured: first divergence at token 9 against 1, agreement 0.31 against 0.06)."""
-    from d3.data import example_prompts
+    from d3.research.data import example_prompts
     from explorer.scenarios import SCENARIOS, scenario_controls
 
     scenario = SCENARIOS["core"]

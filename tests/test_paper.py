@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from d3.config import D3Config, FullConfig
-from d3.paper import CSV_COLUMNS, Addition, BigBenchExactMatch, PaperRow, Scored, select, start_steps, write_csv
+from d3.research.paper import CSV_COLUMNS, Addition, BigBenchExactMatch, PaperRow, Scored, select, start_steps, write_csv
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMING = {"full_s", "d3_s", "measured_speedup"}
@@ -55,7 +55,7 @@ def test_addition_splits_are_disjoint_and_scored_on_the_first_word():
 
 @pytest.mark.data
 def test_object_counting_shots_validation_and_test_are_disjoint():
-    from d3.data import task_file
+    from d3.research.data import task_file
 
     if not task_file("object_counting").is_file():
         pytest.skip("BIG-bench data not fetched (run `python -m d3 fetch-data`)")

@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from d3 import report
+from d3.reports import sweep as report
 from d3.cli import report as report_cli
-from d3.sweep import COLUMNS, table
+from d3.research.sweep import COLUMNS, table
 from viz import report as viz_report
 
 
@@ -217,8 +217,8 @@ def test_committed_unified_rows_were_measured_with_even_spacing() -> None:
 def test_committed_generation_accuracy_is_summarised() -> None:
     """The committed generation sweep: every strategy at matched depth, the paper's criterion in SUMMARY.md's
     headline and a section whose heading starts with "Generation accuracy", each accuracy beside its zero line."""
-    from d3.report_generation import generation_markdown, headline_lines
-    from d3.sweep.generation import read_generation
+    from d3.reports.generation import generation_markdown, headline_lines
+    from d3.research.sweep.generation import read_generation
 
     root = Path(__file__).resolve().parent.parent / "results"
     gen = read_generation(root / "smollm2_generation.csv")
@@ -233,7 +233,7 @@ def test_committed_generation_accuracy_is_summarised() -> None:
 
 
 def test_drop_order_section_answers_from_the_study(tmp_path):
-    from d3.report_drop_order import HEADING, best_within, section, write_section
+    from d3.reports.drop_order import HEADING, best_within, section, write_section
 
     row = lambda acc, layers: {"accuracy": acc, "mean_layers": layers, "asked": 100, "right": int(acc * 100),  # noqa: E731
                                "ci": [acc - 0.08, acc + 0.08]}

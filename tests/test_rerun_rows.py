@@ -12,7 +12,7 @@ import pytest
 from d3.cli import build_parser
 from d3.cli import sweep as sweep_cli
 from d3.engine import Engine
-from d3.sweep import table
+from d3.research.sweep import table
 from tests.tiny import tiny_llama, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,8 +8,8 @@ import pytest
 
 from d3.compare import compare
 from d3.config import TRACE_OFF, FullConfig
-from d3.data import example_prompts
-from d3.gentasks import answer_text
+from d3.research.data import example_prompts
+from d3.research.gentasks import answer_text
 from d3.trace import token_agreement
 from explorer.caps import Caps
 from explorer.controls import Controls, model_defaults, parse_controls

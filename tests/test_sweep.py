@@ -13,7 +13,7 @@ from d3.cli import sweep as sweep_cli
 from d3.config import D3Config, FullConfig, UnifiedConfig
 from d3.engine import Engine
 from d3.schedule import planned_mean_layers
-from d3.sweep import COLUMNS, Setting, SweepSpec, grid, measure, run, setting_key, table, tasks
+from d3.research.sweep import COLUMNS, Setting, SweepSpec, grid, measure, run, setting_key, table, tasks
 from tests.tiny import tiny_llama, tiny_tokenizer
 
 SMALL = SweepSpec(prompts=("hello there", "the sky is"), max_new_tokens=3, repeats=1, depths=(0.5,),
@@ -224,11 +224,11 @@ def test_task_accuracy_per_task(engine: Engine, tmp_path: Path, monkeypatch, sco
 
 
 def test_loglik_scoring_sums_only_each_options_own_tokens(engine: Engine) -> None:
-    from d3.data import Example
+    from d3.research.data import Example
 
     ex = Example("t", "pick", ("a bb ccc", "d"), "d", 1, ("d",))
     # the padded batch must score each option exactly as it scores alone
-    from d3.data import format_prompt
+    from d3.research.data import format_prompt
 
     prompt = engine.tokenizer(format_prompt(ex, show_choices=False))["input_ids"]
     assert "Options" not in format_prompt(ex, show_choices=False)

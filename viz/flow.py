@@ -102,7 +102,7 @@ def _translucent(hex_color: str, alpha: float = 0.18) -> str:
 
 def generated_means(trace: Trace, name: str) -> tuple[np.ndarray, np.ndarray]:
     """(nan-mean over decode steps [L], decode steps that ran each layer [L]) of one LAYER_STATS value.
-    Step 0 is left out: its statistics are the full-depth prefill's last position (as `d3.sweep.table.block_rows`)."""
+    Step 0 is left out: its statistics are the full-depth prefill's last position (as `d3.research.sweep.table.block_rows`)."""
     decode = np.array([s.step > 0 for s in trace.steps], dtype=bool)
     return nanmean_count(trace.stat(name)[decode], axis=0)
 

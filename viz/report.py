@@ -1,5 +1,5 @@
 """The sweep's self-contained HTML report: its figures (Pareto fronts, per-task accuracy, layers vs step, Fig. 3)
-and the page around them, built from `d3.report`'s tables and headline (`python -m d3 report`)."""
+and the page around them, built from `d3.reports.sweep`'s tables and headline (`python -m d3 report`)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from typing import Any, Iterable
 import pandas as pd
 from plotly.offline import get_plotlyjs
 
-from d3.report import (ACC_LIMIT, MATCHED_COLUMNS, PARETO_METRICS, TABLE_COLUMNS, block_frame, context_text, headline,
+from d3.reports.sweep import (ACC_LIMIT, MATCHED_COLUMNS, PARETO_METRICS, TABLE_COLUMNS, block_frame, context_text, headline,
                        layer_traces, load_records, matched_table, task_frame, task_table)
-from d3.report_generation import HEADING as GENERATION_HEADING
-from d3.report_generation import headline_lines as generation_headline
-from d3.report_generation import matched_table as generation_table
-from d3.sweep.table import read_results
+from d3.reports.generation import HEADING as GENERATION_HEADING
+from d3.reports.generation import headline_lines as generation_headline
+from d3.reports.generation import matched_table as generation_table
+from d3.research.sweep.table import read_results
 from viz.depth import layers_vs_step
 from viz.flow import block_change
 from viz.results import pareto, task_accuracy_delta
@@ -82,7 +82,7 @@ def _markdown_html(text: str) -> str:
 def render_html(df: pd.DataFrame, records: list[dict[str, Any]], *, title: str = "D3 sweep report",
                 generation: pd.DataFrame | None = None) -> str:
     """The whole report as one HTML string; plotly.js is embedded once, in the head. `generation`: a generation
-    accuracy sweep's table (d3.sweep.generation), shown in a section of its own."""
+    accuracy sweep's table (d3.research.sweep.generation), shown in a section of its own."""
     h = headline(df)
     parts = [f"<h1>{html.escape(title)}</h1>", _context(df), "<section><h2>Headline</h2>", _markdown_html(h["text"]),
              "</section>"]

@@ -61,7 +61,7 @@ def _quality_direction(y: str, higher_is_better: bool | None) -> bool:
 def target_quality(df: pd.DataFrame, y: str, loss: float, higher: bool) -> float | None:
     """The quality bound of "at most `loss` quality lost", against the full-depth rows if `df` has them
     (for accuracy also its `accuracy_full` column), else a perfect run (agreement 1, ppl ratio 1, KL 0).
-    Fractions (agreement, accuracy) lose `loss` points (0.01 = 1 point, as `d3.report`), ratios lose
+    Fractions (agreement, accuracy) lose `loss` points (0.01 = 1 point, as `d3.reports.sweep`), ratios lose
     `loss` relative, KL gains `loss` nats."""
     full = df[df["strategy"] == "full"][y].dropna() if "strategy" in df else pd.Series(dtype=float)
     if not len(full) and y == "accuracy" and "accuracy_full" in df:
@@ -154,7 +154,7 @@ def task_accuracy_delta(df: pd.DataFrame, *, reference: str = "full", title: str
     per setting (`label` if present, else `strategy`).
 
     df: columns `task`, `strategy`, `accuracy` (fraction or percent), optional `label`, `chance`; the
-    reference is the `reference` rows, else an `accuracy_full` column (as `d3.report.task_frame` gives)."""
+    reference is the `reference` rows, else an `accuracy_full` column (as `d3.reports.sweep.task_frame` gives)."""
     need = {"task", "strategy", "accuracy"}
     if df.empty or not need <= set(df.columns):
         return empty_figure(f"Need columns {', '.join(sorted(need))} to compare accuracy per task.", title=title,
@@ -162,7 +162,7 @@ def task_accuracy_delta(df: pd.DataFrame, *, reference: str = "full", title: str
     scale = 1.0 if df["accuracy"].max() > 1.0 else 100.0  # show percentage points either way
     by = "label" if "label" in df else "strategy"
     ref = df[df["strategy"] == reference].groupby("task")["accuracy"].mean() * scale
-    if ref.empty and "accuracy_full" in df:  # `d3.report.task_frame` carries the reference on every row
+    if ref.empty and "accuracy_full" in df:  # `d3.reports.sweep.task_frame` carries the reference on every row
         ref = df.groupby("task")["accuracy_full"].mean() * scale
     if ref.empty:
         return empty_figure(f"No {reference!r} rows to compare against.", title=title, presentation=presentation,

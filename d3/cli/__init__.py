@@ -12,7 +12,7 @@ from d3.config import (FILL_VARIANTS, DROP_ORDERS, STRATEGIES, UNIFIED_SPACINGS,
                        strategy_from_dict)
 
 from d3.cli.common import CliError
-from d3.data import fetch
+from d3.research.data import fetch
 
 # Subcommands that live in their own modules, each exposing add_parser(subparsers) and main(args) -> int.
 # The handlers below and those modules import torch and the model code only when a command runs, so building

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from d3.cli.common import check_output_file, set_threads
-from d3.sweep.spec import load_prompts
+from d3.research.sweep.spec import load_prompts
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -39,7 +39,7 @@ def main(args: argparse.Namespace, engine: Any = None) -> int:
         check_output_file(args.json, "--json")
     set_threads(args.threads)
     # Loaded here, not at the top: the parser is built for every command, and the bench needs torch.
-    from d3.bench import d3_two_thirds, interleaved, load_time, profile_load, profile_misses, results, table
+    from d3.research.bench import d3_two_thirds, interleaved, load_time, profile_load, profile_misses, results, table
     from d3.engine import Engine
     from d3.models import get_model
 

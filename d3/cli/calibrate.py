@@ -40,7 +40,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def calibration_set(args: argparse.Namespace) -> Any:
     """The set the flags name, checked before the model loads."""
-    from d3 import calibrate as cal
+    from d3.research import calibrate as cal
 
     chat = not args.no_chat_template
     if args.prompt is not None:
@@ -68,7 +68,7 @@ def _check_pairing(signal: str, cal_set: Any) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from d3.cli import load_engine
-    from d3 import calibrate as cal
+    from d3.research import calibrate as cal
 
     cal_set = calibration_set(args)
     _check_pairing(args.signal, cal_set)

@@ -11,8 +11,8 @@ from typing import Any
 from d3.cli.common import CliError, check_input_file, check_output_file, set_threads
 from d3.cli import layer_order_arg
 from d3.config import DROP_ORDERS, GenerationConfig, D3Config
-from d3.data import example_prompts
-from d3.oracle_fit import PAPER_ALPHAS
+from d3.research.data import example_prompts
+from d3.research.oracle_fit import PAPER_ALPHAS
 
 # The sweep's D3 settings (results/smollm2_sweep.csv) besides the paper-like alphas: "alpha" or "alpha@start".
 SWEEP_ALPHAS = "0.999999,0.9982,0.9954,0.9892,0.9792,0.9199@16"
@@ -110,7 +110,7 @@ def main(args: argparse.Namespace, engine: Any = None) -> int:
     prompts, cfg, report_at = _check(args)
     set_threads(args.threads)
     from d3.cli import load_engine
-    from d3.oracle import study
+    from d3.research.oracle import study
 
     engine = engine or load_engine(argparse.Namespace(model=args.model, device="auto", dtype="float32"))
     cfg = engine.resolve(cfg)

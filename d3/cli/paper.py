@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from d3.cli.common import CliError, check_output_file, set_threads
-from d3.paper import ALPHAS, DROP_ORDER_CHOICES, SELECTION_RULE, START_FRACTIONS, TASKS
+from d3.research.paper import ALPHAS, DROP_ORDER_CHOICES, SELECTION_RULE, START_FRACTIONS, TASKS
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -94,7 +94,7 @@ def _engine(args: argparse.Namespace, shards: Any) -> Any:
 
 
 def main(args: argparse.Namespace) -> int:
-    from d3.paper import RunSettings, Shards, get_task, run_task, table, write_csv
+    from d3.research.paper import RunSettings, Shards, get_task, run_task, table, write_csv
 
     tasks = _check(args)
     set_threads(args.threads)

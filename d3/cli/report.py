@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from d3.cli.common import check_input_file, check_output_file
-from d3.report import headline, summary_markdown
-from d3.sweep.table import read_results
+from d3.reports.sweep import headline, summary_markdown
+from d3.research.sweep.table import read_results
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -52,8 +52,8 @@ def _generation(path: str | None) -> tuple[Any, str, list[str]]:
     """A generation sweep's table, its summary section and its headline line (None, "", [] without one)."""
     if not path:
         return None, "", []
-    from d3.report_generation import generation_markdown, headline_lines
-    from d3.sweep.generation import read_generation
+    from d3.reports.generation import generation_markdown, headline_lines
+    from d3.research.sweep.generation import read_generation
 
     gen = read_generation(path)
     criterion = "Generation accuracy (the paper's measure, section below): " + headline_lines(gen)[1].replace("**", "")

@@ -8,13 +8,13 @@ from typing import Any, Callable
 
 from tqdm import tqdm
 
-import d3.sweep
+import d3.research.sweep
 from d3.cli.common import check_output_file, set_threads
 from d3.config import DROP_ORDERS
-from d3.data import DEFAULT_TASKS
-from d3.gentasks import DEFAULT_GENERATION_TASKS
-from d3.sweep.spec import BASELINES, TASK_MODES, TASK_SCORINGS, Progress, SweepSpec, load_prompts
-from d3.sweep.table import sidecar
+from d3.research.data import DEFAULT_TASKS
+from d3.research.gentasks import DEFAULT_GENERATION_TASKS
+from d3.research.sweep.spec import BASELINES, TASK_MODES, TASK_SCORINGS, Progress, SweepSpec, load_prompts
+from d3.research.sweep.table import sidecar
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -44,7 +44,7 @@ def _words(text: str) -> tuple[str, ...]:
 
 def _task_names(text: str, mode: str = "score") -> tuple[str, ...]:
     """Comma-separated task names; "default" stands for the tasks the embedded model is above chance (or zero)
-    on: d3.data.DEFAULT_TASKS, or d3.gentasks.DEFAULT_GENERATION_TASKS with --task-mode generate."""
+    on: d3.research.data.DEFAULT_TASKS, or d3.research.gentasks.DEFAULT_GENERATION_TASKS with --task-mode generate."""
     names = _words(text)
     if names != ("default",):
         return names
@@ -54,7 +54,7 @@ def _task_names(text: str, mode: str = "score") -> tuple[str, ...]:
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register `sweep` on an argparse subparsers object."""
     p = subparsers.add_parser("sweep", help="run a grid of D3 settings and baselines at matched depth",
-                              description=d3.sweep.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=d3.research.sweep.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--out", default="results/sweep.csv", help="CSV appended row by row; a rerun resumes")
     p.add_argument("--prompts", type=int, default=4, help="how many prompts of assets/prompts.json")
@@ -75,12 +75,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--baseline-depths", default="", help="depths for baselines (default: --depths)")
     p.add_argument("--early-exit-measures", default="softmax_gap", help="softmax_gap,cosine")
     p.add_argument("--early-exit-depths", default="", help="depths for early exit (default: baseline depths)")
-    p.add_argument("--tasks", default="", help="BIG-bench tasks (d3.data.TASKS), comma separated; 'default' for "
-                   "d3.data.DEFAULT_TASKS, the ones the embedded model is above chance on")
+    p.add_argument("--tasks", default="", help="BIG-bench tasks (d3.research.data.TASKS), comma separated; 'default' for "
+                   "d3.research.data.DEFAULT_TASKS, the ones the embedded model is above chance on")
     p.add_argument("--task-limit", type=int, default=30)
     p.add_argument("--task-scoring", default="loglik", choices=TASK_SCORINGS)
     p.add_argument("--task-mode", default="score", choices=TASK_MODES,
-                   help="generate: generation accuracy (the paper's measure): --tasks are d3.gentasks tasks, answered "
+                   help="generate: generation accuracy (the paper's measure): --tasks are d3.research.gentasks tasks, answered "
                    "in full by greedy generation and scored by exact match; each setting timed against full depth "
                    "on --repeats batches per task; --new-tokens is the answer length depths are matched over")
     p.add_argument("--ppl-chunks", type=int, default=4)
@@ -122,12 +122,12 @@ def main(args: argparse.Namespace, engine: Any = None) -> int:
     spec = spec_from_args(args)
     set_threads(args.threads)
     # Loaded here, not at the top: the parser is built for every command, and the run needs torch.
-    from d3.sweep.run import load_engine, run_sweep
+    from d3.research.sweep.run import load_engine, run_sweep
 
     progress, close = tqdm_progress()
     try:
         if spec.task_mode == "generate":
-            from d3.sweep.generation import run_generation_sweep
+            from d3.research.sweep.generation import run_generation_sweep
 
             engine = engine if engine is not None else load_engine(spec.model)
             df = run_generation_sweep(spec, args.out, engine=engine, progress=progress, limit=args.limit)

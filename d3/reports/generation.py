@@ -1,4 +1,4 @@
-"""What a generation-accuracy sweep says (`d3.sweep.generation`): exact match on generated answers beside its zero
+"""What a generation-accuracy sweep says (`d3.research.sweep.generation`): exact match on generated answers beside its zero
 line and its 95% interval, at matched mean depth, and the paper's criterion: the largest measured speedup
 within 1 point of full depth's accuracy. Markdown for results/SUMMARY.md; pure pandas."""
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from d3.report import STRATEGY_ORDER, markdown_table
+from d3.reports.sweep import STRATEGY_ORDER, markdown_table
 
 POINTS = 1.0  # the paper's criterion: within 1 exact-match point of full depth
 HEADING = "Generation accuracy"
@@ -103,7 +103,7 @@ def generation_markdown(df: pd.DataFrame, *, title: str = "") -> str:
     """The SUMMARY.md section: its heading starts with "Generation accuracy"."""
     model = df["model"].iloc[0] if len(df) else "?"
     parts = [f"## {HEADING} ({title or model}): exact match on generated answers", "",
-             "Each question is asked few-shot with worked answers (d3/gentasks.py): the model writes its own "
+             "Each question is asked few-shot with worked answers (d3/research/gentasks.py): the model writes its own "
              "tokens under the schedule before it states the answer, which is read out of the text and scored by "
              "exact match. Accuracy is pooled over the tasks, with its 95% Wilson interval; the zero line is "
              "always giving the most common answer. Measured speedup: full depth and the setting answer the same "

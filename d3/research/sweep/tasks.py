@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 
 from d3.config import TRACE_OFF, GenerationConfig, StrategyConfig
-from d3.data import format_answer, format_prompt, load_task, score_exact
-from d3.sweep.spec import SweepSpec
+from d3.research.data import format_answer, format_prompt, load_task, score_exact
+from d3.research.sweep.spec import SweepSpec
 
 
 def load_examples(spec: SweepSpec) -> dict[str, list[Any]]:
@@ -21,7 +21,7 @@ def _loglik_correct(engine: Any, cfg: StrategyConfig, example: Any, chat_templat
     The prompt is prefilled once and shared by all options (`Engine.score_continuations`)."""
     tok = engine.tokenizer
     # The options stay out of the prompt: the embedded model is above chance on the chosen tasks only
-    # when it ranks the answers without seeing them listed (see d3/data.py TASKS).
+    # when it ranks the answers without seeing them listed (see d3/research/data.py TASKS).
     prompt_ids = tok(format_prompt(example, show_choices=False))["input_ids"]
     options = [tok(format_answer(c), add_special_tokens=False)["input_ids"] or [tok.unk_token_id or 0]
                for c in example.choices]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from d3.data import ASSETS, ppl_text
+from d3.research.data import ASSETS, ppl_text
 
 DEFAULT_PROMPTS = ASSETS / "prompts.json"
 
@@ -24,7 +24,7 @@ class CalibrationSet:
     chat_template: bool = True
     tasks: tuple[str, ...] = ()
     text: str = ""
-    task_objects: tuple[Any, ...] = ()  # tasks that are not d3.gentasks' (d3.paper's), with their validation questions
+    task_objects: tuple[Any, ...] = ()  # tasks that are not d3.research.gentasks' (d3.research.paper's), with their validation questions
     val_limit: int | None = None
 
 
@@ -54,8 +54,8 @@ def prompt_set(prompt: str, chat_template: bool = True) -> CalibrationSet:
 
 
 def task_set(tasks: Sequence[str]) -> CalibrationSet:
-    """Generation tasks (`d3.gentasks`); every signal reads their validation split only, never the test split."""
-    from d3.gentasks import get_generation_task
+    """Generation tasks (`d3.research.gentasks`); every signal reads their validation split only, never the test split."""
+    from d3.research.gentasks import get_generation_task
 
     for t in tasks:
         get_generation_task(t)
@@ -63,7 +63,7 @@ def task_set(tasks: Sequence[str]) -> CalibrationSet:
 
 
 def paper_task_set(task: Any, val_limit: int | None = None) -> CalibrationSet:
-    """Any task with `split("validation")`, `prompt`, `score` and `max_new_tokens` (d3.paper's): its first
+    """Any task with `split("validation")`, `prompt`, `score` and `max_new_tokens` (d3.research.paper's): its first
     `val_limit` validation questions."""
     suffix = f":{val_limit}" if val_limit is not None else ""
     return CalibrationSet(f"task:{task.name}{suffix}", tasks=(task.name,), chat_template=False, task_objects=(task,),
@@ -79,14 +79,14 @@ def text_set(path: str | Path | None = None) -> CalibrationSet:
 
 
 def default_set(signal: str) -> CalibrationSet:
-    from d3.gentasks import DEFAULT_GENERATION_TASKS
+    from d3.research.gentasks import DEFAULT_GENERATION_TASKS
 
     return {"agreement": prompts_set, "perplexity": text_set}.get(signal, lambda: task_set(DEFAULT_GENERATION_TASKS))()
 
 
 def task_prompts(cal_set: CalibrationSet) -> list[tuple[Any, Any]]:
     """(task, example) for every validation question of the set's tasks."""
-    from d3.gentasks import get_generation_task
+    from d3.research.gentasks import get_generation_task
 
     tasks = cal_set.task_objects or tuple(map(get_generation_task, cal_set.tasks))
     return [(task, ex) for task in tasks for ex in task.split("validation")[:cal_set.val_limit]]

@@ -24,7 +24,7 @@ from transformers.cache_utils import DynamicCache
 from d3.adapter import Adapter
 from d3.config import TRACE_OFF, D3Config, FullConfig, GenerationConfig
 from d3.engine import Engine
-from d3.oracle_fit import fit_alpha, judge, need_and_stable, position_summary, underserved_fraction
+from d3.research.oracle_fit import fit_alpha, judge, need_and_stable, position_summary, underserved_fraction
 from d3.schedule import d3_layers, order_key, plan
 
 
@@ -154,7 +154,7 @@ class BudgetScan:
     kl: np.ndarray
 
     def depths(self) -> tuple[list[int], list[int]]:
-        """(need, stable) per token: see `d3.oracle_fit.need_and_stable`."""
+        """(need, stable) per token: see `d3.research.oracle_fit.need_and_stable`."""
         pairs = [need_and_stable(row, self.floor) for row in self.keeps]
         return [a for a, _ in pairs], [b for _, b in pairs]
 

@@ -10,7 +10,7 @@ from typing import Any, Iterable, Sequence
 from d3.config import TRACE_OFF, D3Config, drop_order_fields, drop_order_word, EarlyExitConfig, FullConfig, GenerationConfig, SkipDecodeConfig, \
     StrategyConfig, UnifiedConfig
 from d3.schedule import alpha_for_mean_depth, planned_mean_layers, unified_layers
-from d3.sweep.spec import Setting, SweepSpec
+from d3.research.sweep.spec import Setting, SweepSpec
 
 # ---------------------------------------------------------------- matching depths (pure)
 

@@ -21,7 +21,7 @@ SELECTION_RULE = (
     "alpha, start and the drop order are chosen on the validation split: every alpha in the grid is paired with "
     "every start (a fraction of the mean full-depth output length, in tokens) and every drop order (middle_out, "
     "bottom_up, top_down, and `task`: the greedy order calibrated by exact match on that same validation split, "
-    "d3.calibrate); among the settings whose validation exact match is within 1 point of full depth, the one with "
+    "d3.research.calibrate); among the settings whose validation exact match is within 1 point of full depth, the one with "
     "the fewest mean layers is kept (ties: higher exact match, then larger alpha); if none is within 1 point, the "
     "one with the best validation exact match.")
 
@@ -48,7 +48,7 @@ class PaperTask(Protocol):
 @lru_cache(maxsize=8)
 def _shuffled_task(name: str, seed: int) -> tuple[Any, ...]:
     """A BIG-bench task's examples in a fixed shuffled order (read once: prompt() needs the shots every call)."""
-    from d3.data import load_task
+    from d3.research.data import load_task
 
     examples = load_task(name)
     random.Random(f"paper:{seed}:{name}").shuffle(examples)
@@ -57,7 +57,7 @@ def _shuffled_task(name: str, seed: int) -> tuple[Any, ...]:
 
 @dataclass(frozen=True)
 class BigBenchExactMatch:
-    """A BIG-bench exact-match task (d3.data), few-shot, its shots and two disjoint splits drawn with a fixed seed."""
+    """A BIG-bench exact-match task (d3.research.data), few-shot, its shots and two disjoint splits drawn with a fixed seed."""
 
     name: str = "object_counting"
     max_new_tokens: int = 8
@@ -73,12 +73,12 @@ class BigBenchExactMatch:
         return rest[:self.val_size] if name == "validation" else rest[self.val_size:]
 
     def prompt(self, example: Any) -> str:
-        from d3.data import format_prompt
+        from d3.research.data import format_prompt
 
         return format_prompt(example, few_shot=self._examples()[:self.shots])
 
     def score(self, example: Any, generated: str) -> bool:
-        from d3.data import score_exact
+        from d3.research.data import score_exact
 
         return score_exact(example, generated)
 
@@ -109,8 +109,8 @@ class Addition:
 
 
 def _generation_tasks() -> dict[str, Callable[[], PaperTask]]:
-    """d3.gentasks' tasks (worked answers, the answer stated last): the paper's setting of long generated answers."""
-    from d3.gentasks import GENERATION_TASKS
+    """d3.research.gentasks' tasks (worked answers, the answer stated last): the paper's setting of long generated answers."""
+    from d3.research.gentasks import GENERATION_TASKS
 
     return {name: (lambda task=task: task) for name, task in GENERATION_TASKS.items()}
 
@@ -154,7 +154,7 @@ def run_batch(engine: Any, task: PaperTask, batch: Sequence[tuple[int, Any]], st
     """Greedy answers for a batch of (index, example), each up to the end of its reply (the blank line before the
     next question, or end of sequence; decoding stops once every reply has ended, as a stop string does in a
     serving pipeline): the outcomes and the wall-clock seconds."""
-    from d3.sweep.generation import answer_batch
+    from d3.research.sweep.generation import answer_batch
 
     answers, timed = answer_batch(engine, task, [ex for _, ex in batch], strategy, chat_template=chat_template)
     return [Outcome(i, a.correct, a.tokens, a.layers) for (i, _), a in zip(batch, answers)], timed.seconds
@@ -207,7 +207,7 @@ def order_choices(engine: Any, task: PaperTask, words: Sequence[str], settings: 
         if word != "task":
             out.append({"drop_order": word})
             continue
-        from d3.calibrate import calibrate, paper_task_set
+        from d3.research.calibrate import calibrate, paper_task_set
 
         cal = calibrate(engine, "task", paper_task_set(task, settings.val_limit), steps=settings.calibrate_steps)
         log(f"{task.name}: task-calibrated order on the validation split {cal.order[:8]}… ({cal.seconds:.0f} s)")

@@ -13,10 +13,10 @@ import numpy as np
 
 from d3.compare import Recorded, compare, perplexity, run_recorded
 from d3.config import TRACE_OFF, FullConfig, StrategyConfig, TraceConfig
-from d3.data import chance_level, ppl_text
+from d3.research.data import chance_level, ppl_text
 from d3.schedule import planned_mean_layers, theoretical_speedup
-from d3.sweep.spec import Progress, Setting, SweepSpec
-from d3.sweep.tasks import load_examples, scoring_note, task_accuracy
+from d3.research.sweep.spec import Progress, Setting, SweepSpec
+from d3.research.sweep.tasks import load_examples, scoring_note, task_accuracy
 
 
 @dataclass

@@ -120,7 +120,7 @@ print(buf.getvalue())
 
 def profile_load(model: str, top: int = 25) -> str:
     """cProfile of a cache-warm load_model() in a fresh subprocess (after its imports), by cumulative time."""
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])
     out = subprocess.run([sys.executable, "-c", PROFILE_LOAD_CODE.format(name=model, top=top)], cwd=root,
                          capture_output=True, text=True, check=True)
     return out.stdout
@@ -129,7 +129,7 @@ def profile_load(model: str, top: int = 25) -> str:
 def load_time(model: str, repeats: int = 2) -> dict[str, float]:
     """Cache-warm load in fresh subprocesses: one untimed warm-up (converts and fills the OS cache), then
     `repeats` timed ones; medians of load_model() alone and of imports + load."""
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])
     runs = []
     for _ in range(repeats + 1):
         out = subprocess.run([sys.executable, "-c", LOAD_CODE.format(name=model)], cwd=root, capture_output=True,

@@ -4,7 +4,7 @@ The paper measures D3 on generated answers (BBH and GSM8K exact match, chain-of-
 of later tokens counts. Here every shot answers in words first and states the answer last ("... So the answer
 is 109."), so the model writes its own worked tokens under the schedule before the answer, and the answer's
 tokens come at decayed depth. The questions, the answers and the shots come from the BIG-bench files that
-`python -m d3 fetch-data` caches (`d3.data.TASKS`); the worked answers of the shots are written from each shot
+`python -m d3 fetch-data` caches (`d3.research.data.TASKS`); the worked answers of the shots are written from each shot
 by a rule, as BBH's chain-of-thought exemplars were written by hand. Pure Python: no torch.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable
 
-from d3.data import Example, chance_level, load_task, normalize
+from d3.research.data import Example, chance_level, load_task, normalize
 
 STOP = "\n\n"  # the shots are separated by a blank line: an answer ends where the next question would begin
 _ANSWER = re.compile(r"answer is\s*([^\n]*?)\s*\.?\s*(?:$|\n)", re.IGNORECASE)
@@ -36,7 +36,7 @@ def answer_text(generated: str) -> str:
 
 
 def is_correct(example: Example, generated: str) -> bool:
-    """Exact match of the stated answer against any accepted answer, after `d3.data.normalize`."""
+    """Exact match of the stated answer against any accepted answer, after `d3.research.data.normalize`."""
     return normalize(answer_text(generated)) in {normalize(t) for t in example.targets or (example.target,)}
 
 
@@ -97,7 +97,7 @@ class GenerationTask:
     """
 
     name: str
-    source: str  # a key of d3.data.TASKS
+    source: str  # a key of d3.research.data.TASKS
     worked: Callable[[Example], str]
     max_new_tokens: int
     summary: str

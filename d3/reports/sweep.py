@@ -10,7 +10,7 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from d3.sweep.table import sidecar
+from d3.research.sweep.table import sidecar
 from d3.trace import Trace
 
 STRATEGY_ORDER = ("d3", "skipdecode", "unified", "early_exit")

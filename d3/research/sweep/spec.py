@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from d3.config import DROP_ORDERS, FILLS, GenerationConfig, StrategyConfig, _check, drop_order_fields
-from d3.data import ASSETS, example_prompts
+from d3.research.data import ASSETS, example_prompts
 
 TASK_SPLITS = ("all", "test")
 
@@ -37,15 +37,15 @@ class SweepSpec:
       the other values are run one at a time at `variants_at` depth only (a one-factor-at-a-time grid). With a
       nested drop order (middle_out, top_down, bottom_up) no later token reads a skipped entry, so fills make
       no difference there: when "strided" is among drop_orders, the other fills run with it instead.
-    tasks: BIG-bench task names (d3.data.TASKS), `task_limit` examples each; scored by `task_scoring`:
+    tasks: BIG-bench task names (d3.research.data.TASKS), `task_limit` examples each; scored by `task_scoring`:
       "loglik" picks the multiple-choice option with the highest summed log-likelihood under the schedule
       (exact-match tasks always use greedy generation + `score_exact`), "generate" uses greedy generation
       + `score_exact` for every task.
     task_mode: "score" (the sweep: speed and quality on prompts, tasks scored by `task_scoring`) or "generate"
-      (generation accuracy, `d3.sweep.generation`: `tasks` are `d3.gentasks` tasks answered in full by greedy
+      (generation accuracy, `d3.research.sweep.generation`: `tasks` are `d3.research.gentasks` tasks answered in full by greedy
       generation, `task_limit` questions each, timed against full depth on `repeats` batches per task;
       `max_new_tokens` is then the answer length the depths are matched over).
-    ppl_chunks: how many windows of `d3.data.ppl_text()` (each `ppl_prefix` + `max_new_tokens` tokens) perplexity
+    ppl_chunks: how many windows of `d3.research.data.ppl_text()` (each `ppl_prefix` + `max_new_tokens` tokens) perplexity
       is measured on; 0 turns perplexity off.
     """
 
@@ -100,7 +100,7 @@ class SweepSpec:
         _check(self.task_scoring in TASK_SCORINGS, "task_scoring", self.task_scoring, f"one of {TASK_SCORINGS}")
         _check(self.task_mode in TASK_MODES, "task_mode", self.task_mode, f"one of {TASK_MODES}")
         if self.task_mode == "generate":
-            from d3.gentasks import GENERATION_TASKS
+            from d3.research.gentasks import GENERATION_TASKS
 
             _check(len(self.tasks) >= 1 and all(t in GENERATION_TASKS for t in self.tasks), "tasks", self.tasks,
                    f"one or more of {', '.join(GENERATION_TASKS)} (generation tasks)")

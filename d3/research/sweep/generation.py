@@ -1,8 +1,8 @@
-"""Generation accuracy, the paper's measure: each setting answers the generation tasks (`d3.gentasks`) greedily,
+"""Generation accuracy, the paper's measure: each setting answers the generation tasks (`d3.research.gentasks`) greedily,
 its stated answers are scored by exact match, and its speed is timed on those answers against full depth.
 
 `python -m d3 sweep --task-mode generate` runs the same grid as the sweep (D3 and the baselines at matched mean
-depth, `d3.sweep.grid`) and appends one row per setting to its own CSV (`GEN_COLUMNS`), so a rerun resumes.
+depth, `d3.research.sweep.grid`) and appends one row per setting to its own CSV (`GEN_COLUMNS`), so a rerun resumes.
 Per setting and task, the first `spec.repeats` batches are answered by full depth and by the setting in turn
 (which goes first alternates), and measured speedup is full depth's seconds over the setting's on them: time to
 answer, so a setting whose replies run on past where full depth's end pays for it. step_speedup is the same
@@ -23,10 +23,10 @@ from typing import Any, Sequence
 import pandas as pd
 
 from d3.config import TRACE_OFF, FullConfig, GenerationConfig, StrategyConfig
-from d3.gentasks import STOP, GenerationTask, answer_text, get_generation_task
+from d3.research.gentasks import STOP, GenerationTask, answer_text, get_generation_task
 from d3.schedule import theoretical_speedup
-from d3.sweep.grid import all_settings
-from d3.sweep.spec import Progress, Setting, SweepSpec, setting_key
+from d3.research.sweep.grid import all_settings
+from d3.research.sweep.spec import Progress, Setting, SweepSpec, setting_key
 
 GEN_COLUMNS = (
     "key", "model", "num_layers", "strategy", "label", "params", "target_depth", "tasks", "questions",
@@ -75,7 +75,7 @@ def answer_batch(engine: Any, task: Any, examples: Sequence[Any], strategy: Stra
     """Greedy replies to a batch of questions, stopped once every reply is complete; the answers and the time.
 
     task: anything with `prompt(example)`, `score(example, reply)` and `max_new_tokens` (a GenerationTask, or
-    one of d3.paper's tasks), whose few-shot prompt separates questions by a blank line."""
+    one of d3.research.paper's tasks), whose few-shot prompt separates questions by a blank line."""
     gen = GenerationConfig(max_new_tokens=task.max_new_tokens)
     started, steps = time.perf_counter(), 0
     traces: list[Any] = []

@@ -283,11 +283,66 @@ class Trace:
         return pd.DataFrame(rows)
 
 
+def _speedup_fields(speedup: "Speedup | None") -> dict[str, Any]:
+    nan = float("nan")
+    return {"measured_speedup": speedup.ratio if speedup else nan, "measured_speedup_low": speedup.low if speedup else nan,
+            "measured_speedup_high": speedup.high if speedup else nan,
+            "speedup_resolvable": bool(speedup and speedup.resolvable)}
+
+
 def own_perplexity(trace: Trace) -> float:
     """A run's perplexity of its own text (each token's log-prob under the run that wrote it); NaN if not recorded."""
     lp = np.array([s.logprob for s in trace.steps], dtype=np.float64)
     lp = lp[np.isfinite(lp)]
     return float(np.exp(-lp.mean())) if lp.size else float("nan")
+
+
+@dataclass(frozen=True)
+class Speedup:
+    """Measured speedup of a skipping run over full depth, from the two runs' own step times.
+
+    ratio: median full-depth decode-step time over the skipping run's, on the positions both reached (the first step,
+      the prompt's prefill at full depth in both, left out).  low / high: its 95% interval, a bootstrap over the
+      paired steps (the runs interleave token by token in one process, so step k of each saw the same machine load).
+    theoretical: L / mean layers of the skipping run.  steps: paired steps measured.
+    resolvable: the interval excludes 1, so the run measured a difference at all. A 1.04x theoretical speedup on a
+      shared CPU usually isn't: then say so (`describe`) rather than show a number noise made."""
+
+    ratio: float
+    low: float
+    high: float
+    theoretical: float
+    steps: int
+
+    @property
+    def resolvable(self) -> bool:
+        return self.low > 1.0 or self.high < 1.0
+
+    def describe(self) -> str:
+        if not self.resolvable:
+            return f"too small to measure here: theoretical {self.theoretical:.2f}x"
+        return f"{self.ratio:.2f}x measured (95% {self.low:.2f}–{self.high:.2f}; theoretical {self.theoretical:.2f}x)"
+
+
+MIN_TIMED_STEPS = 4  # fewer paired steps than this measure nothing
+
+
+def measured_speedup(skip: Trace | None, full: Trace | None, *, resamples: int = 1000, seed: int = 0) -> Speedup | None:
+    """`Speedup` of `skip` over `full` from their step times (None when fewer than MIN_TIMED_STEPS pairs exist)."""
+    if skip is None or full is None:
+        return None
+    n = min(len(skip.steps), len(full.steps))
+    if n - 1 < MIN_TIMED_STEPS:
+        return None
+    s = np.array([x.wall_ms for x in skip.steps[1:n]], dtype=np.float64)
+    f = np.array([x.wall_ms for x in full.steps[1:n]], dtype=np.float64)
+    if not (np.all(np.isfinite(s)) and np.all(np.isfinite(f))) or np.median(s) <= 0:
+        return None
+    idx = np.random.default_rng(seed).integers(0, len(s), size=(resamples, len(s)))  # paired: one index, both runs
+    boot = np.median(f[idx], axis=1) / np.maximum(np.median(s[idx], axis=1), 1e-12)
+    low, high = np.quantile(boot, [0.025, 0.975])
+    return Speedup(ratio=float(np.median(f) / np.median(s)), low=float(low), high=float(high),
+                   theoretical=skip.theoretical_speedup(), steps=len(s))
 
 
 @dataclass(frozen=True, eq=False)
@@ -335,6 +390,11 @@ class Comparison:
     def agreement(self) -> float:
         return self.tokens.agreement
 
+    @property
+    def speedup(self) -> Speedup | None:
+        """Measured speedup of the skipping run over full depth (`measured_speedup`), with its interval."""
+        return measured_speedup(self.skip, self.full)
+
     def filled_kv_error(self) -> float:
         """Mean relative KV error over filled entries (NaN if nothing was filled)."""
         vals = self.kv_error[self.filled_mask]
@@ -347,6 +407,7 @@ class Comparison:
             "tokens": len(self.skip.steps),
             "mean_layers": self.skip.mean_layers,
             "theoretical_speedup": self.skip.theoretical_speedup(),
+            **_speedup_fields(self.speedup),
             "agreement": self.agreement,
             "first_divergence": self.first_divergence,
             "kl_teacher_mean": float(np.nanmean(self.kl_teacher)) if self.kl_teacher.size else float("nan"),

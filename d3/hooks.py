@@ -140,8 +140,3 @@ def recording(adapter: Adapter, recorder: StatsRecorder, batch: int,
     finally:
         for handle in handles:
             handle.remove()
-
-
-def count_hooks(module: torch.nn.Module) -> int:
-    """Number of forward (pre-)hooks registered anywhere under `module` (0 after every call)."""
-    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in module.modules())

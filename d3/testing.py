@@ -41,3 +41,8 @@ def tiny_llama(num_layers: int = 4, seed: int = 0, vocab_size: int = 99, **overr
     model.generation_config.eos_token_id = 2
     model.generation_config.pad_token_id = 0
     return model
+
+
+def count_hooks(module: torch.nn.Module) -> int:
+    """Number of forward (pre-)hooks registered anywhere under `module` (0 after every call: hooks must not leak)."""
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in module.modules())

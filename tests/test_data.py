@@ -9,13 +9,8 @@ from pathlib import Path
 import pytest
 
 from d3.research import data
+from tests.bigbench import write_task
 from d3.research.data import Example, TaskInfo
-
-
-def write_task(data_dir: Path, path: str, task: dict) -> None:
-    file = data.task_file(path, data_dir)
-    file.parent.mkdir(parents=True, exist_ok=True)
-    file.write_text(json.dumps(task), encoding="utf-8")
 
 
 MC = {
@@ -161,18 +156,6 @@ def test_ppl_text_is_real_shipped_text() -> None:
     if not topics.get("objects", "").startswith("Objects, values and types"):
         pytest.skip(f"this Python {sys.version.split()[0]} ships a different reference text")
     assert text.split("\n\n")[2] in topics["objects"]  # verbatim from the Python Language Reference
-
-
-def test_ppl_texts_without_fetched_data(tmp_path: Path) -> None:
-    assert data.ppl_texts(tmp_path) == [data.ppl_text()]
-
-
-def test_ppl_texts_with_fetched_data(tmp_path: Path) -> None:
-    articles = [{"input": "short", "target": "s"}] + [{"input": f"Article {i}. " + "x " * 600, "target": "s"}
-                                                       for i in range(3)]
-    write_task(tmp_path, data.TEXT_SOURCES["xsum"], {"examples": articles})
-    texts = data.ppl_texts(tmp_path, count=2)
-    assert len(texts) == 3 and texts[1].startswith("Article 0.") and texts[2].startswith("Article 1.")
 
 
 def test_prompts_asset() -> None:

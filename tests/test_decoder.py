@@ -18,7 +18,8 @@ from d3.config import (
     UnifiedConfig,
 )
 from d3.engine import Engine
-from d3.hooks import HOOK_POINTS, StatsRecorder, count_hooks, recording
+from d3.hooks import HOOK_POINTS, StatsRecorder, recording
+from d3.testing import count_hooks
 from d3.schedule import plan
 from d3.trace import FILLED_COPY, HOLE, LAYER_STATS, RAN, Trace
 from tests.tiny import GEMMA_TYPES, tiny_llama  # tiny_gemma's layer types (the fixture: conftest.py)

@@ -18,7 +18,7 @@ from d3.research.gentasks import GenerationTask, worked_arithmetic
 from d3.reports.generation import best_within, generation_markdown, headline_lines
 from d3.research.sweep import SweepSpec
 from d3.research.sweep.generation import GEN_COLUMNS, answer_batch, read_generation, reply, run_generation_sweep, wilson
-from tests.test_data import write_task
+from tests.bigbench import write_task
 from tests.tiny import tiny_llama, tiny_tokenizer
 
 QUESTIONS = [{"input": f"What is {a} plus {b}?", "target": str(a + b)} for a in range(1, 5) for b in range(1, 4)]

@@ -17,7 +17,7 @@ from d3.config import (
     UnifiedConfig,
 )
 from d3.engine import Engine
-from d3.hooks import count_hooks
+from d3.testing import count_hooks
 from d3.schedule import plan
 
 pytestmark = pytest.mark.integration

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from explorer import export, live, page, view_handlers
 import d3.models
 from d3.decoder import DecodeState
-from d3.hooks import count_hooks
+from d3.testing import count_hooks
 from d3.trace import Trace
 from explorer import loadtest
 from explorer.caps import Caps, is_public

@@ -235,16 +235,6 @@ def ppl_text() -> str:
     return "\n".join(lines).strip() + "\n"
 
 
-def ppl_texts(data_dir: str | Path | None = None, *, count: int = 8, min_chars: int = 1000) -> list[str]:
-    """ppl_text(), then (if fetched) the first `count` BBC articles of XSum with at least `min_chars`."""
-    texts = [ppl_text()]
-    file = task_file(TEXT_SOURCES["xsum"], data_dir)
-    if file.is_file():
-        examples = json.loads(file.read_text(encoding="utf-8"))["examples"]
-        texts += [ex["input"].strip() for ex in examples if len(ex["input"]) >= min_chars][:count]
-    return texts
-
-
 def _members(paths: Iterable[str]) -> dict[str, str]:
     """Sdist member name -> task path, for the task.json of each task path."""
     root = f"bigbench-{BIGBENCH_VERSION}/bigbench/benchmark_tasks"

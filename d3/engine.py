@@ -25,7 +25,7 @@ from d3.decoder import DecodeState, StepOutput, decode_one_token, prefill, sampl
 from d3.hooks import StatsRecorder
 from d3.schedule import LayerPlan, plan
 from d3.trace import Trace
-from d3.tracing import TraceBuilder, token_text
+from d3.trace_builder import TraceBuilder, token_text
 
 def check_prompt(prompt: Any) -> str:
     """A prompt must be non-empty text without control characters (newlines and tabs are fine)."""
@@ -140,7 +140,7 @@ class Engine:
         return self.tokenizer(text, add_special_tokens=not chat_template or not self.has_chat_template)["input_ids"]
 
     def token_text(self, ids: list[int], i: int) -> str:
-        """Text that token i adds (see `d3.tracing.token_text`)."""
+        """Text that token i adds (see `d3.trace_builder.token_text`)."""
         return token_text(self.tokenizer, ids, i)
 
     # -- the loop --------------------------------------------------------------------------------

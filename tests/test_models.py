@@ -351,9 +351,11 @@ def test_smollm2_chat_prompt_generates_text(d3_cache_dir: Path):
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_gemma3_loads_with_18_layers():
+def test_gemma3_loads_with_18_layers(monkeypatch):
     """Through the shared conversion cache, like every other test of the real Gemma 3 (one conversion, about a
-    minute, per machine rather than one more per test run; the conversion itself is tested on SmolLM2 above)."""
+    minute, per machine rather than one more per test run; the conversion itself is tested on SmolLM2 above).
+    The session's SmolLM2 conversion cache (d3_cache_dir) may still be set: this test reads the shared one."""
+    monkeypatch.delenv(models.CACHE_ENV, raising=False)
     loaded = get_model("gemma3-270m")
     assert (loaded.arch, loaded.num_layers, type(loaded.model).__name__) == ("gemma3_text", 18, "Gemma3ForCausalLM")
     assert describe(loaded)["default_core"] == (2, 2)

@@ -55,7 +55,7 @@ def test_all_heads_of_one_layer_in_three_columns_over_the_positions_both_runs_re
         assert len(drawn) == HEADS
         for head, heat in enumerate(drawn):
             np.testing.assert_array_equal(np.asarray(heat.z, dtype=np.float32), expected(run_, 1, head))
-    assert [a.text for a in fig.layout.annotations] == ["D3", "full depth", "D3 − full depth"]
+    assert [a.text for a in fig.layout.annotations] == ["D3", "full", "D3 − full"]
     assert "all heads of layer 1" in title_text(fig)
 
 
@@ -74,6 +74,8 @@ def test_the_difference_panel_is_d3_minus_full_on_a_symmetric_diverging_scale() 
     # D3 and full depth share one weight scale, from 0 to the largest weight shown.
     assert {h.coloraxis for h in panels(fig, "d3") + panels(fig, "full")} == {"coloraxis"}
     assert fig.layout.coloraxis.cmin == 0
+    shown = np.concatenate([np.asarray(h.z, dtype=np.float32).ravel() for h in panels(fig, "d3") + panels(fig, "full")])
+    assert fig.layout.coloraxis.cmax == pytest.approx(np.nanpercentile(shown, 99), rel=1e-3)
 
 
 def test_rows_where_d3_skipped_the_layer_are_grey_in_its_panels() -> None:

@@ -59,6 +59,13 @@ def test_one_frame_per_token_with_play_pause_and_a_step_slider_on_the_scrubbed_t
     assert layer_stack(TRACE).layout.sliders[0].active == 2
 
 
+def test_without_animation_only_the_shown_token_is_drawn() -> None:
+    still, animated = layer_stack(TRACE, 1, animate=False), layer_stack(TRACE, 1)
+    assert not still.frames and not still.layout.sliders and not still.layout.updatemenus
+    assert list(boxes(still.data).marker.color) == list(boxes(animated.frames[1].data).marker.color)
+    assert sorted((a.ay, a.y) for a in arrows(still.layout.annotations)) == [(1, 2), (1, 3)]
+
+
 @pytest.mark.parametrize("index", range(3))
 def test_boxes_are_coloured_for_exactly_the_layers_that_ran(index: int) -> None:
     frame = layer_stack(TRACE).frames[index]

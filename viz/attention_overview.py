@@ -17,6 +17,7 @@ DIVERGING = "RdBu_r"  # red: D3 attends more than full depth; blue: less; white:
 COLUMNS = ("d3", "full", "difference")
 COLUMN_GAP = 0.04
 ROW_GAP = 0.035
+WEIGHT_PERCENTILE = 99  # the top of the weight scale; larger weights draw in its darkest colour
 
 
 def compared_weights(d3: Trace, full: Trace, layer: int, head: int) -> tuple[np.ndarray, np.ndarray]:
@@ -126,7 +127,8 @@ def _axes(domains, rows: list[tuple[int, int, str]], prompt_len: int, divergence
             x_dom, y_dom = domains[r][c]
             layout["xaxis" + xref[1:]] = dict(domain=x_dom, anchor=yref, showgrid=False, nticks=4, tickfont=small,
                                               showticklabels=r == len(rows) - 1,
-                                              title=dict(text="key position") if r == len(rows) - 1 else None)
+                                              # once, under the middle column: three side by side overlap on a phone
+                                              title=dict(text="key position") if (r, c) == (len(rows) - 1, 1) else None)
             layout["yaxis" + yref[1:]] = dict(domain=y_dom, anchor=xref, autorange="reversed", showgrid=False,
                                               nticks=3, tickfont=small, showticklabels=c == 0,
                                               title=dict(text=label, font=dict(size=font_size(presentation, delta=-2)))
@@ -139,16 +141,18 @@ def _axes(domains, rows: list[tuple[int, int, str]], prompt_len: int, divergence
 
 
 def _column_titles(domains, presentation: bool) -> list[dict]:
-    names = ["D3", "full depth", "D3 − full depth"]
+    names = ["D3", "full", "D3 − full"]  # short: on a phone each panel is about 70 px wide
     return [dict(text=name, x=sum(domains[0][c][0]) / 2, xref="paper", xanchor="center", y=1, yref="paper",
-                 yanchor="bottom", yshift=4, showarrow=False, font=dict(size=font_size(presentation)))
+                 yanchor="bottom", yshift=4, showarrow=False, font=dict(size=font_size(presentation, delta=-1)))
             for c, name in enumerate(names)]
 
 
 def _color_axes(weights: list[np.ndarray], diffs: list[np.ndarray], presentation: bool) -> dict[str, Any]:
-    """One scale for D3's and full depth's weights (0 to the largest), one diverging scale centred at 0 for the
-    difference (symmetric: -m to m)."""
-    top = max([float(np.nanmax(w)) for w in weights if np.isfinite(w).any()] + [1e-3])
+    """One scale for D3's and full depth's weights (0 to their 99th percentile: the few weights on an attention sink,
+    near 1, would leave the rest of the scale pale), one diverging scale centred at 0 for the difference (symmetric:
+    -m to m, m the largest |difference|)."""
+    finite = np.concatenate([w[np.isfinite(w)] for w in weights])
+    top = max(float(np.percentile(finite, WEIGHT_PERCENTILE)) if finite.size else 0.0, 1e-3)
     m = symmetric_range(diffs)
     bar = dict(thickness=14, len=0.45, x=1.02, tickfont=dict(size=font_size(presentation, delta=-4)))
     return dict(coloraxis=dict(colorscale=SEQUENTIAL, cmin=0, cmax=top,

@@ -142,29 +142,30 @@ def _arrows(step: TokenStep, slot_width: float) -> list[dict[str, Any]]:
     return notes
 
 
-def _path(cells: np.ndarray, presentation: bool) -> go.Scatter:
+def _path(cells: np.ndarray, presentation: bool) -> dict[str, Any]:
     """The token's hidden state going up: through the middle of each layer that ran, around the skipped ones."""
     layers = np.arange(len(cells))
     ran = cells == RAN
-    return go.Scatter(x=np.where(ran, PATH_X, DETOUR_X), y=layers, mode="lines+markers", hoverinfo="skip",
-                      line=dict(color=PATH_COLOR, width=3 if presentation else 2.5),
-                      marker=dict(size=np.where(ran, 9 if presentation else 7, 0), color=PATH_COLOR),
-                      showlegend=False, meta={"role": "path"})
+    return dict(type="scatter", x=np.where(ran, PATH_X, DETOUR_X), y=layers, mode="lines+markers", hoverinfo="skip",
+                line=dict(color=PATH_COLOR, width=3 if presentation else 2.5),
+                marker=dict(size=np.where(ran, 9 if presentation else 7, 0), color=PATH_COLOR),
+                showlegend=False, meta={"role": "path"})
 
 
-def _markers(step: TokenStep, presentation: bool) -> go.Scatter:
+def _markers(step: TokenStep, presentation: bool) -> dict[str, Any]:
     """A marker in the lane for each filled layer without an arrow: propagate (a dot in a ring: the entry made from
     the layer's own passed-through input), a hole (a cross), a copy whose source the trace did not record."""
     marks = [f for f in fills(step) if f.how != "copy" or f.source is None]
-    return go.Scatter(x=[LANE_X] * len(marks), y=[f.layer for f in marks], mode="markers", showlegend=False,
-                      marker=dict(symbol=[FILL_SYMBOLS[f.how] for f in marks], color=[FILL_COLORS[f.how] for f in marks],
-                                  size=14 if presentation else 11, line=dict(width=2.5)),
-                      hovertext=[f"layer {f.layer}: {FILL_PHRASES[f.how]}" for f in marks],
-                      hovertemplate="%{hovertext}<extra></extra>", meta={"role": "fill-markers"})
+    return dict(type="scatter", x=[LANE_X] * len(marks), y=[f.layer for f in marks], mode="markers", showlegend=False,
+                marker=dict(symbol=[FILL_SYMBOLS[f.how] for f in marks], color=[FILL_COLORS[f.how] for f in marks],
+                            size=14 if presentation else 11, line=dict(width=2.5)),
+                hovertext=[f"layer {f.layer}: {FILL_PHRASES[f.how]}" for f in marks],
+                hovertemplate="%{hovertext}<extra></extra>", meta={"role": "fill-markers"})
 
 
-def _frame(trace: Trace, index: int, slot_width: float, presentation: bool) -> tuple[list, list[dict]]:
-    """The traces (boxes, path, markers) and annotations (arrows, caption) of token `index`."""
+def _frame(trace: Trace, index: int, slot_width: float, presentation: bool) -> tuple[list[dict], list[dict]]:
+    """The traces (boxes, path, markers) and annotations (arrows, caption) of token `index`, as plain dicts: the
+    figure validates them once (plotly objects per frame cost about as much again)."""
     step = trace.steps[index]
     num_layers = trace.num_layers
     cells = stack_cells(step, num_layers)
@@ -174,14 +175,14 @@ def _frame(trace: Trace, index: int, slot_width: float, presentation: bool) -> t
     colors = [CELL_COLORS[RAN] if c == RAN else CELL_COLORS[SKIPPED] for c in cells]
     edges = [CELL_COLORS[RAN] if c == RAN else FILL_COLORS.get(by_layer[k].how, "#9CA3AF") if k in by_layer
              else "#9CA3AF" for k, c in enumerate(cells)]
-    boxes = go.Bar(y=np.arange(num_layers), x=np.full(num_layers, BOX_RIGHT), base=0, orientation="h", width=0.82,
-                   marker=dict(color=colors, line=dict(color=edges, width=2)), text=labels, textposition="inside",
-                   insidetextanchor="end", textangle=0, cliponaxis=False,
-                   insidetextfont=dict(color=["#FFFFFF" if c == RAN else "#374151" for c in cells],
-                                       size=font_size(presentation, delta=-4)),
-                   hovertext=[_box_hover(k, kinds[k], int(cells[k]), by_layer.get(k)) for k in range(num_layers)],
-                   hovertemplate="%{hovertext}<extra></extra>", showlegend=False,
-                   meta={"role": "layer-boxes", "step": step.step})
+    boxes = dict(type="bar", y=np.arange(num_layers), x=np.full(num_layers, BOX_RIGHT), base=0, orientation="h",
+                 width=0.82, marker=dict(color=colors, line=dict(color=edges, width=2)), text=labels,
+                 textposition="inside", insidetextanchor="end", textangle=0, cliponaxis=False,
+                 insidetextfont=dict(color=["#FFFFFF" if c == RAN else "#374151" for c in cells],
+                                     size=font_size(presentation, delta=-4)),
+                 hovertext=[_box_hover(k, kinds[k], int(cells[k]), by_layer.get(k)) for k in range(num_layers)],
+                 hovertemplate="%{hovertext}<extra></extra>", showlegend=False,
+                 meta={"role": "layer-boxes", "step": step.step})
     note = dict(text=wrap_message(caption(trace, index), CAPTION_CHARS), x=0, y=1, xref="paper",
                 yref="paper", xanchor="left", yanchor="bottom", yshift=6, showarrow=False, align="left",
                 font=dict(size=font_size(presentation, delta=-1)), name="caption")
@@ -196,7 +197,7 @@ def _slider(trace: Trace, index: int, presentation: bool) -> dict[str, Any]:
                   args=[[str(i)], dict(mode="immediate", frame=dict(duration=0, redraw=True), transition=dict(duration=0))])
              for i, s in enumerate(trace.steps)]
     return dict(active=index, steps=steps, x=0.0, len=1.0, y=0, yanchor="top", pad=dict(t=50, b=0),
-                currentvalue=dict(prefix="token ", font=dict(size=font_size(presentation, delta=-2))),
+                currentvalue=dict(prefix="token ", font=dict(size=font_size(presentation, delta=-2), color="#1F2937")),
                 font=dict(size=font_size(presentation, delta=-5), color="#374151" if few else "rgba(0,0,0,0)"),
                 ticklen=4 if few else 2)
 
@@ -211,12 +212,13 @@ def _buttons(presentation: bool) -> dict[str, Any]:
                 pad=dict(t=8, r=8), showactive=False, font=dict(size=font_size(presentation, delta=-2)))
 
 
-def layer_stack(trace: Trace, index: int | None = None, *, title: str | None = None, presentation: bool = False,
-                height: int | None = None) -> go.Figure:
-    """The layer stack of `trace`, one animation frame per generated token (frames named "0", "1", ...), showing
-    token `index` (default: the last, e.g. while streaming) with the step slider on it.
+def layer_stack(trace: Trace, index: int | None = None, *, animate: bool = True, title: str | None = None,
+                presentation: bool = False, height: int | None = None) -> go.Figure:
+    """The layer stack of `trace` showing token `index` (default: the last, e.g. while streaming): with `animate`,
+    one animation frame per generated token (frames named "0", "1", ...), play / pause buttons and a step slider
+    on `index`; without, token `index` alone (cheap enough to redraw on every streamed token).
 
-    Per frame: layers 0..L-1 as boxes bottom to top (ran in colour, skipped grey, edged in their fill's colour), the
+    Per token: layers 0..L-1 as boxes bottom to top (ran in colour, skipped grey, edged in their fill's colour), the
     token's path as a line through the layers that ran and around the skipped ones, an arrow from the source layer
     for each copied KV entry whose source the trace recorded, a marker for propagate / a hole, core layers banded,
     and a caption (`caption`)."""
@@ -226,26 +228,33 @@ def layer_stack(trace: Trace, index: int | None = None, *, title: str | None = N
     index = len(trace.steps) - 1 if index is None else index
     if not 0 <= index < len(trace.steps):
         raise ValueError(f"token={index} is not allowed: token must be in [0, {len(trace.steps) - 1}]")
-    deepest = max([max(_nesting(_copies(s)).values(), default=0) for s in trace.steps])
-    slot_width = LANE_WIDTH / max(deepest, 3)
-    built = [_frame(trace, i, slot_width, presentation) for i in range(len(trace.steps))]  # [(traces, notes)] per token
-    frames = [go.Frame(name=str(i), data=data, layout=dict(annotations=notes), traces=[0, 1, 2])
-              for i, (data, notes) in enumerate(built)]
+    # One lane width for every frame, so that the picture does not jump while it plays.
+    slots = max(3, max(max(_nesting(_copies(s)).values(), default=0) for s in trace.steps))
+    slot_width = LANE_WIDTH / slots
+    shown = range(len(trace.steps)) if animate else [index]
+    built = {i: _frame(trace, i, slot_width, presentation) for i in shown}  # token -> (traces, annotations)
     num_layers = trace.num_layers
     kinds = layer_kinds(num_layers, trace.core)
     title = title if title is not None else fit_title("Layer stack", "each token's path up through the layers")
-    caption_px = CAPTION_LINES * round(1.3 * font_size(presentation, delta=-1)) + 8
     layout = dict(
-        xaxis=dict(visible=False, range=[DETOUR_X - 0.08, LANE_X + slot_width * max(deepest, 3) + 0.06], fixedrange=True),
+        xaxis=dict(visible=False, range=[DETOUR_X - 0.08, LANE_X + slot_width * slots + 0.06], fixedrange=True),
         yaxis=dict(tickmode="array", tickvals=list(range(num_layers)), range=[-0.6, num_layers - 0.4], fixedrange=True,
                    ticktext=[f"{k} {kinds[k]}" for k in range(num_layers)], showgrid=False, zeroline=False,
                    tickfont=dict(size=font_size(presentation, delta=-4)), title=dict(text="layer")),
         shapes=core_shapes(num_layers, trace.core, axis="y"), bargap=0.1, annotations=built[index][1],
-        sliders=[_slider(trace, index, presentation)], updatemenus=[_buttons(presentation)],
-        margin=dict(b=150 if presentation else 130, r=10, l=10),
+        # Box labels at their font size even where a box is a little lower than the text (30 layers on a projector):
+        # plotly would otherwise shrink each label to its box.
+        uniformtext=dict(minsize=font_size(presentation, delta=-4), mode="show"),
+        margin=dict(b=(150 if presentation else 130) if animate else 30, r=10, l=10),
     )
+    if animate:
+        layout.update(sliders=[_slider(trace, index, presentation)], updatemenus=[_buttons(presentation)])
+    controls = (120 if presentation else 100) if animate else 0
     fig = make_figure(built[index][0], layout, title=title, presentation=presentation, legend=False,
-                      height=height or int(np.clip(22 * num_layers + 330, 480, 1100)))
+                      height=height or int(np.clip(22 * num_layers + 230 + controls, 380, 1100)))
+    caption_px = CAPTION_LINES * round(1.3 * font_size(presentation, delta=-1)) + 8
     fig.update_layout(margin_t=fig.layout.margin.t + caption_px - PANEL_TITLES)
-    fig.frames = frames
+    if animate:
+        fig.frames = [dict(name=str(i), data=data, layout=dict(annotations=notes), traces=[0, 1, 2])
+                      for i, (data, notes) in built.items()]
     return fig

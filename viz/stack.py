@@ -37,6 +37,7 @@ FRAME_MS = 700  # one token per 0.7 s while playing: slow enough to read the cap
 CAPTION_LINES = 3  # room kept above the plot for a frame's caption
 CAPTION_CHARS = 32  # per caption line: the plot, right of the layer labels, is about 290 px wide on a phone
 FILL_PHRASES = {"copy": "copied", "propagate": "propagated", "none": "hole"}
+HIDDEN = dict(visible=False, text="", showarrow=False, x=0, y=0, xref="paper", yref="paper", name="unused")
 FILL_SYMBOLS = {"propagate": "circle-open-dot", "none": "x-thin-open", "copy": "diamond-open"}
 
 
@@ -132,13 +133,13 @@ def _arrows(step: TokenStep, slot_width: float) -> list[dict[str, Any]]:
         outer = LANE_X + slot_width * max(slots[f.layer] for f in copies if f.source == source)
         notes.append(dict(x=outer, y=source, ax=BOX_RIGHT, ay=source, xref="x", yref="y", axref="x", ayref="y",
                           text="", showarrow=True, arrowhead=0, arrowwidth=2.5, arrowcolor=FILL_COLORS["copy"],
-                          name=f"copy source {source}"))
+                          name=f"copy source {source}", visible=True))
     for fill in copies:
         x = LANE_X + slot_width * slots[fill.layer]
         notes.append(dict(x=x, y=fill.layer, ax=x, ay=fill.source, xref="x", yref="y", axref="x", ayref="y",
                           text="", showarrow=True, arrowhead=2, arrowsize=1.1, arrowwidth=2.5,
                           arrowcolor=FILL_COLORS["copy"], standoff=4, startstandoff=2, name=f"copy {fill.source}->{fill.layer}",
-                          hovertext=f"layer {fill.layer}: KV entry copied from layer {fill.source}"))
+                          hovertext=f"layer {fill.layer}: KV entry copied from layer {fill.source}", visible=True))
     return notes
 
 
@@ -146,9 +147,9 @@ def _path(cells: np.ndarray, presentation: bool) -> dict[str, Any]:
     """The token's hidden state going up: through the middle of each layer that ran, around the skipped ones."""
     layers = np.arange(len(cells))
     ran = cells == RAN
-    return dict(type="scatter", x=np.where(ran, PATH_X, DETOUR_X), y=layers, mode="lines+markers", hoverinfo="skip",
+    return dict(type="scatter", x=np.where(ran, PATH_X, DETOUR_X).tolist(), y=layers.tolist(), mode="lines+markers", hoverinfo="skip",
                 line=dict(color=PATH_COLOR, width=3 if presentation else 2.5),
-                marker=dict(size=np.where(ran, 9 if presentation else 7, 0), color=PATH_COLOR),
+                marker=dict(size=np.where(ran, 9 if presentation else 7, 0).tolist(), color=PATH_COLOR),
                 showlegend=False, meta={"role": "path"})
 
 
@@ -164,8 +165,9 @@ def _markers(step: TokenStep, presentation: bool) -> dict[str, Any]:
 
 
 def _frame(trace: Trace, index: int, slot_width: float, presentation: bool) -> tuple[list[dict], list[dict]]:
-    """The traces (boxes, path, markers) and annotations (arrows, caption) of token `index`, as plain dicts: the
-    figure validates them once (plotly objects per frame cost about as much again)."""
+    """The traces (boxes, path, markers) and annotations (caption, arrows) of token `index`, as plain JSON-ready dicts:
+    frames travel inside the slider's steps, which plotly does not validate or convert (and validating a plotly
+    object per frame would cost about as much again as building it)."""
     step = trace.steps[index]
     num_layers = trace.num_layers
     cells = stack_cells(step, num_layers)
@@ -175,7 +177,7 @@ def _frame(trace: Trace, index: int, slot_width: float, presentation: bool) -> t
     colors = [CELL_COLORS[RAN] if c == RAN else CELL_COLORS[SKIPPED] for c in cells]
     edges = [CELL_COLORS[RAN] if c == RAN else FILL_COLORS.get(by_layer[k].how, "#9CA3AF") if k in by_layer
              else "#9CA3AF" for k, c in enumerate(cells)]
-    boxes = dict(type="bar", y=np.arange(num_layers), x=np.full(num_layers, BOX_RIGHT), base=0, orientation="h",
+    boxes = dict(type="bar", y=list(range(num_layers)), x=[BOX_RIGHT] * num_layers, base=0, orientation="h",
                  width=0.82, marker=dict(color=colors, line=dict(color=edges, width=2)), text=labels,
                  textposition="inside", insidetextanchor="end", textangle=0, cliponaxis=False,
                  insidetextfont=dict(color=["#FFFFFF" if c == RAN else "#374151" for c in cells],
@@ -185,16 +187,31 @@ def _frame(trace: Trace, index: int, slot_width: float, presentation: bool) -> t
                  meta={"role": "layer-boxes", "step": step.step})
     note = dict(text=wrap_message(caption(trace, index), CAPTION_CHARS), x=0, y=1, xref="paper",
                 yref="paper", xanchor="left", yanchor="bottom", yshift=6, showarrow=False, align="left",
-                font=dict(size=font_size(presentation, delta=-1)), name="caption")
-    return [boxes, _path(cells, presentation), _markers(step, presentation)], [*_arrows(step, slot_width), note]
+                font=dict(size=font_size(presentation, delta=-1)), name="caption", visible=True)
+    return [boxes, _path(cells, presentation), _markers(step, presentation)], [note, *_arrows(step, slot_width)]
 
 
-def _slider(trace: Trace, index: int, presentation: bool) -> dict[str, Any]:
+def token_frames(built: dict[int, tuple[list[dict], list[dict]]]) -> list[dict[str, Any]]:
+    """One animation frame per token, as plotly frame objects (plain dicts) that the slider and the play button carry
+    themselves: gradio's plot draws a figure with `Plotly.react(data, layout)` and drops `figure.frames`, so frames
+    registered by name would leave play and the slider dead on the page. Each frame moves the slider with it, and
+    sets as many annotations as the busiest one: plotly.js merges a frame's annotations into the shown ones item by
+    item, so a token with fewer arrows hides the rest rather than leave the previous token's on screen."""
+    most = max(len(notes) for _, notes in built.values())
+    return [dict(data=data, traces=[0, 1, 2],
+                 layout=dict(annotations=notes + [HIDDEN] * (most - len(notes)), sliders=[dict(active=i)]))
+            for i, (data, notes) in sorted(built.items())]
+
+
+STEP = dict(mode="immediate", frame=dict(duration=0, redraw=True), transition=dict(duration=0))
+PLAY = dict(mode="immediate", frame=dict(duration=FRAME_MS, redraw=True), transition=dict(duration=0))
+
+
+def _slider(trace: Trace, frames: list[dict[str, Any]], index: int, presentation: bool) -> dict[str, Any]:
     """A step control: one step per token, on `index`; labels only where few enough to read (the current one always
     shows above it)."""
     few = len(trace.steps) <= 12
-    steps = [dict(method="animate", label=f"{i} {readable_token(s.text)[:12]}",
-                  args=[[str(i)], dict(mode="immediate", frame=dict(duration=0, redraw=True), transition=dict(duration=0))])
+    steps = [dict(method="animate", label=f"{i} {readable_token(s.text)[:12]}", args=[[frames[i]], STEP])
              for i, s in enumerate(trace.steps)]
     return dict(active=index, steps=steps, x=0.0, len=1.0, y=0, yanchor="top", pad=dict(t=50, b=0),
                 currentvalue=dict(prefix="token ", font=dict(size=font_size(presentation, delta=-2), color="#1F2937")),
@@ -202,10 +219,10 @@ def _slider(trace: Trace, index: int, presentation: bool) -> dict[str, Any]:
                 ticklen=4 if few else 2)
 
 
-def _buttons(presentation: bool) -> dict[str, Any]:
-    """Play (one token per FRAME_MS, from the one shown) and pause."""
-    play = dict(label="▶ play", method="animate",
-                args=[None, dict(frame=dict(duration=FRAME_MS, redraw=True), fromcurrent=True, transition=dict(duration=0))])
+def _buttons(frames: list[dict[str, Any]], index: int, presentation: bool) -> dict[str, Any]:
+    """Play (one token per FRAME_MS, from the token shown to the last; from the first when the last is shown) and
+    pause."""
+    play = dict(label="▶ play", method="animate", args=[frames[index if index < len(frames) - 1 else 0:], PLAY])
     pause = dict(label="❚❚ pause", method="animate",
                  args=[[None], dict(frame=dict(duration=0, redraw=False), mode="immediate", transition=dict(duration=0))])
     return dict(type="buttons", direction="left", buttons=[play, pause], x=0, xanchor="left", y=0, yanchor="top",
@@ -215,8 +232,8 @@ def _buttons(presentation: bool) -> dict[str, Any]:
 def layer_stack(trace: Trace, index: int | None = None, *, animate: bool = True, title: str | None = None,
                 presentation: bool = False, height: int | None = None) -> go.Figure:
     """The layer stack of `trace` showing token `index` (default: the last, e.g. while streaming): with `animate`,
-    one animation frame per generated token (frames named "0", "1", ...), play / pause buttons and a step slider
-    on `index`; without, token `index` alone (cheap enough to redraw on every streamed token).
+    one animation frame per generated token (`token_frames`, carried by the step slider, on `index`, and the play
+    button; pause stops); without, token `index` alone (cheap enough to redraw on every streamed token).
 
     Per token: layers 0..L-1 as boxes bottom to top (ran in colour, skipped grey, edged in their fill's colour), the
     token's path as a line through the layers that ran and around the skipped ones, an arrow from the source layer
@@ -248,13 +265,12 @@ def layer_stack(trace: Trace, index: int | None = None, *, animate: bool = True,
         margin=dict(b=(150 if presentation else 130) if animate else 30, r=10, l=10),
     )
     if animate:
-        layout.update(sliders=[_slider(trace, index, presentation)], updatemenus=[_buttons(presentation)])
+        frames = token_frames(built)
+        layout.update(sliders=[_slider(trace, frames, index, presentation)],
+                      updatemenus=[_buttons(frames, index, presentation)])
     controls = (120 if presentation else 100) if animate else 0
     fig = make_figure(built[index][0], layout, title=title, presentation=presentation, legend=False,
                       height=height or int(np.clip(22 * num_layers + 230 + controls, 380, 1100)))
     caption_px = CAPTION_LINES * round(1.3 * font_size(presentation, delta=-1)) + 8
     fig.update_layout(margin_t=fig.layout.margin.t + caption_px - PANEL_TITLES)
-    if animate:
-        fig.frames = [dict(name=str(i), data=data, layout=dict(annotations=notes), traces=[0, 1, 2])
-                      for i, (data, notes) in built.items()]
     return fig

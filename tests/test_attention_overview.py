@@ -107,6 +107,18 @@ def test_the_first_divergence_is_marked() -> None:
     assert not [s for s in attention_overview(D3, FULL, layer=2).layout.shapes if s.line.dash == "dash"]
 
 
+def test_long_runs_are_cut_to_max_tokens() -> None:
+    fig = attention_overview(D3, FULL, layer=2, max_tokens=2)
+    for column, run_ in (("d3", D3), ("full", FULL)):
+        for head, heat in enumerate(panels(fig, column)):
+            np.testing.assert_array_equal(np.asarray(heat.z, dtype=np.float32), expected(run_, 2, head, steps=2))
+    assert "the first 2 of 3 tokens" in title_text(fig)
+    d3 = run("d3", [5, 6, 8])  # differs at token 2, past the rows shown: no line
+    assert not [s for s in attention_overview(d3, FULL, layer=2, max_tokens=2).layout.shapes if s.line.dash == "dash"]
+    with pytest.raises(ValueError, match="max_tokens=0 .* >= 1"):
+        attention_overview(D3, FULL, layer=2, max_tokens=0)
+
+
 def test_presentation_mode_has_larger_text() -> None:
     plain, big = attention_overview(D3, FULL, layer=1), attention_overview(D3, FULL, layer=1, presentation=True)
     assert big.layout.annotations[0].font.size > plain.layout.annotations[0].font.size

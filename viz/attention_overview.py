@@ -17,14 +17,16 @@ DIVERGING = "RdBu_r"  # red: D3 attends more than full depth; blue: less; white:
 COLUMNS = ("d3", "full", "difference")
 COLUMN_GAP = 0.04
 ROW_GAP = 0.035
+MAX_TOKENS = 128  # rows per panel: 27 panels of 128 x ~200 keys stay under a few MB for the browser
 WEIGHT_PERCENTILE = 99  # the top of the weight scale; larger weights draw in its darkest colour
 
 
-def compared_weights(d3: Trace, full: Trace, layer: int, head: int) -> tuple[np.ndarray, np.ndarray]:
+def compared_weights(d3: Trace, full: Trace, layer: int, head: int,
+                     max_tokens: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(D3 [T, K], full depth [T, K]) attention weights of one layer and head over the positions both runs reached:
-    T = the shorter run's tokens, K = prompt + T - 1 keys (what the last compared token sees); NaN where a token
-    did not run the layer (or nothing was recorded) and right of each token's own keys."""
-    steps = min(len(d3.steps), len(full.steps))
+    T = the shorter run's tokens (at most `max_tokens`), K = prompt + T - 1 keys (what the last compared token
+    sees); NaN where a token did not run the layer (or nothing was recorded) and right of each token's own keys."""
+    steps = min(len(d3.steps), len(full.steps), max_tokens or len(full.steps))
     keys = prompt_length(full, layer) + steps - 1
     return tuple(attention_matrix(run, layer, head, min_width=keys)[:steps, :keys] for run in (d3, full))  # type: ignore[return-value]
 
@@ -100,9 +102,10 @@ def _grey(skipped: list[int], shape: tuple[int, int], index: int, layer: int) ->
                        hovertemplate=f"token %{{y}}: D3 skipped layer {layer}<extra></extra>")]
 
 
-def _row(d3: Trace, full: Trace, layer: int, head: int, label: str, first: int) -> tuple[list, list[np.ndarray]]:
+def _row(d3: Trace, full: Trace, layer: int, head: int, label: str, first: int,
+         max_tokens: int) -> tuple[list, list[np.ndarray]]:
     """The three heatmaps (and greyed rows) of one row of panels, numbered from `first`; and its difference [T, K]."""
-    mine, theirs = compared_weights(d3, full, layer, head)
+    mine, theirs = compared_weights(d3, full, layer, head, max_tokens)
     diff = difference(mine, theirs)
     skipped = [t for t, s in enumerate(d3.steps[: len(mine)]) if layer not in s.layers_run]
     where = f"{label}" if label.startswith("layer") else f"layer {layer}, {label}"
@@ -162,14 +165,17 @@ def _color_axes(weights: list[np.ndarray], diffs: list[np.ndarray], presentation
 
 
 def attention_overview(d3: Trace, full: Trace, *, layer: int | None = None, head: int | None = None,
-                       title: str | None = None, presentation: bool = False, height: int | None = None) -> go.Figure:
+                       max_tokens: int = MAX_TOKENS, title: str | None = None, presentation: bool = False,
+                       height: int | None = None) -> go.Figure:
     """Attention of the generated tokens (rows [T], down) over key positions (columns [K], prompt then generated):
     one row of three panels per head of `layer`, or per recorded layer for `head` (give one of the two): D3, full
-    depth, and D3 minus full depth, over the positions both runs reached (`compared_weights`). Weights share one
-    colour scale, the difference a diverging one centred at 0 (symmetric); rows of tokens where D3 skipped the
-    layer are grey, a dashed line marks where the two texts start to differ."""
+    depth, and D3 minus full depth, over the positions both runs reached (`compared_weights`; the first `max_tokens`
+    of them). Weights share one colour scale, the difference a diverging one centred at 0 (symmetric); rows of
+    tokens where D3 skipped the layer are grey, a dashed line marks where the two texts start to differ."""
     if d3.prompt != full.prompt:
         raise ValueError("the D3 run and the full-depth run must answer the same prompt to compare their attention")
+    if not (isinstance(max_tokens, int) and max_tokens >= 1):
+        raise ValueError(f"max_tokens={max_tokens!r} is not allowed: max_tokens must be an integer >= 1")
     rows = _panel_rows(d3, full, layer, head)
     shown = [k for k in {k for k, _, _ in rows} if any(k in s.attention for s in full.steps)]
     if not rows or not shown or min(len(d3.steps), len(full.steps)) == 0:
@@ -180,17 +186,20 @@ def attention_overview(d3: Trace, full: Trace, *, layer: int | None = None, head
     domains = _domains(len(rows))
     data, weights, diffs = [], [], []
     for r, (k, h, label) in enumerate(rows):
-        traces, (mine, theirs, diff) = _row(d3, full, k, h, label, r * len(COLUMNS) + 1)
+        traces, (mine, theirs, diff) = _row(d3, full, k, h, label, r * len(COLUMNS) + 1, max_tokens)
         data += traces
         weights += [mine, theirs]
         diffs.append(diff)
     divergence = token_agreement(d3.token_ids, full.token_ids).first_divergence
+    divergence = divergence if divergence is not None and divergence < len(weights[0]) else None  # among the rows
     layout, shapes = _axes(domains, rows, prompt_length(full, rows[0][0]), divergence, presentation)
     layout.update(_color_axes(weights, diffs, presentation), shapes=shapes,
                   annotations=_column_titles(domains, presentation), margin=dict(r=90))
     if title is None:
         what = f"all heads of layer {layer}" if layer is not None else f"head {head}, layer by layer"
-        notes = [f"{short_label(d3.strategy)} vs full depth, {len(weights[0])} tokens"]
+        both = min(len(d3.steps), len(full.steps))
+        shown_of = f"the first {len(weights[0])} of {both} tokens" if len(weights[0]) < both else f"{both} tokens"
+        notes = [f"{short_label(d3.strategy)} vs full depth, {shown_of}"]
         if any(k not in s.layers_run for k, _, _ in rows for s in d3.steps[: len(weights[0])]):
             notes.append(("grey rows: D3 skipped the layer", SKIPPED_TEXT))
         if divergence is not None:

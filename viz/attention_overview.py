@@ -28,7 +28,8 @@ def compared_weights(d3: Trace, full: Trace, layer: int, head: int,
     sees); NaN where a token did not run the layer (or nothing was recorded) and right of each token's own keys."""
     steps = min(len(d3.steps), len(full.steps), max_tokens or len(full.steps))
     keys = prompt_length(full, layer) + steps - 1
-    return tuple(attention_matrix(run, layer, head, min_width=keys)[:steps, :keys] for run in (d3, full))  # type: ignore[return-value]
+    mine, theirs = (attention_matrix(run, layer, head, min_width=keys)[:steps, :keys] for run in (d3, full))
+    return mine, theirs
 
 
 def difference(d3_weights: np.ndarray, full_weights: np.ndarray) -> np.ndarray:
@@ -72,14 +73,16 @@ def _panel_rows(d3: Trace, full: Trace, layer: int | None, head: int | None) -> 
     return [(k, head, f"layer {k}") for k in recorded_layers(d3, full)]
 
 
+def _span(lo: float, size: float) -> list[float]:
+    """[lo, lo + size] within [0, 1] (float error puts the bottom row's edge a hair below 0, which plotly refuses)."""
+    return [max(0.0, round(lo, 6)), min(1.0, round(lo + size, 6))]
+
+
 def _domains(rows: int) -> list[list[tuple[list[float], list[float]]]]:
     """[row][column] -> (x domain, y domain), row 0 at the top."""
     width = (1 - COLUMN_GAP * (len(COLUMNS) - 1)) / len(COLUMNS)
     height = (1 - ROW_GAP * (rows - 1)) / rows
-    def span(lo: float, size: float) -> list[float]:  # clipped: float error puts the last edge a hair below 0
-        return [max(0.0, round(lo, 6)), min(1.0, round(lo + size, 6))]
-
-    return [[(span(c * (width + COLUMN_GAP), width), span(1 - r * (height + ROW_GAP) - height, height))
+    return [[(_span(c * (width + COLUMN_GAP), width), _span(1 - r * (height + ROW_GAP) - height, height))
              for c in range(len(COLUMNS))] for r in range(rows)]
 
 
@@ -177,8 +180,8 @@ def attention_overview(d3: Trace, full: Trace, *, layer: int | None = None, head
     if not (isinstance(max_tokens, int) and max_tokens >= 1):
         raise ValueError(f"max_tokens={max_tokens!r} is not allowed: max_tokens must be an integer >= 1")
     rows = _panel_rows(d3, full, layer, head)
-    shown = [k for k in {k for k, _, _ in rows} if any(k in s.attention for s in full.steps)]
-    if not rows or not shown or min(len(d3.steps), len(full.steps)) == 0:
+    captured = [k for k in {k for k, _, _ in rows} if any(k in s.attention for s in full.steps)]
+    if not rows or not captured or min(len(d3.steps), len(full.steps)) == 0:
         where = f"layer {layer}" if layer is not None else "any layer"
         return empty_figure(f"No attention of full depth was captured for {where}. Add the layer to "
                             "TraceConfig.attention_layers and run both again.", title=title, presentation=presentation,

@@ -14,6 +14,7 @@ from d3.trace import FILL_CODES, RAN, SKIPPED, TokenStep, Trace
 from viz.layout import (
     CELL_COLORS,
     FILL_COLORS,
+    PANEL_TITLES,
     core_shapes,
     empty_figure,
     font_size,
@@ -23,7 +24,6 @@ from viz.layout import (
     readable_token,
     wrap_message,
 )
-from viz.layout import PANEL_TITLES
 from viz.titles import fit_title
 
 # x positions: the boxes span [0, 1]; the path detours left of them past skipped layers; fills sit in a lane right.
@@ -138,7 +138,8 @@ def _arrows(step: TokenStep, slot_width: float) -> list[dict[str, Any]]:
         x = LANE_X + slot_width * slots[fill.layer]
         notes.append(dict(x=x, y=fill.layer, ax=x, ay=fill.source, xref="x", yref="y", axref="x", ayref="y",
                           text="", showarrow=True, arrowhead=2, arrowsize=1.1, arrowwidth=2.5,
-                          arrowcolor=FILL_COLORS["copy"], standoff=4, startstandoff=2, name=f"copy {fill.source}->{fill.layer}",
+                          arrowcolor=FILL_COLORS["copy"], standoff=4, startstandoff=2,
+                          name=f"copy {fill.source}->{fill.layer}",
                           hovertext=f"layer {fill.layer}: KV entry copied from layer {fill.source}", visible=True))
     return notes
 
@@ -147,7 +148,8 @@ def _path(cells: np.ndarray, presentation: bool) -> dict[str, Any]:
     """The token's hidden state going up: through the middle of each layer that ran, around the skipped ones."""
     layers = np.arange(len(cells))
     ran = cells == RAN
-    return dict(type="scatter", x=np.where(ran, PATH_X, DETOUR_X).tolist(), y=layers.tolist(), mode="lines+markers", hoverinfo="skip",
+    return dict(type="scatter", x=np.where(ran, PATH_X, DETOUR_X).tolist(), y=layers.tolist(), mode="lines+markers",
+                hoverinfo="skip",
                 line=dict(color=PATH_COLOR, width=3 if presentation else 2.5),
                 marker=dict(size=np.where(ran, 9 if presentation else 7, 0).tolist(), color=PATH_COLOR),
                 showlegend=False, meta={"role": "path"})
@@ -191,7 +193,7 @@ def _frame(trace: Trace, index: int, slot_width: float, presentation: bool) -> t
     return [boxes, _path(cells, presentation), _markers(step, presentation)], [note, *_arrows(step, slot_width)]
 
 
-def token_frames(built: dict[int, tuple[list[dict], list[dict]]]) -> list[dict[str, Any]]:
+def _token_frames(built: dict[int, tuple[list[dict], list[dict]]]) -> list[dict[str, Any]]:
     """One animation frame per token, as plotly frame objects (plain dicts) that the slider and the play button carry
     themselves: gradio's plot draws a figure with `Plotly.react(data, layout)` and drops `figure.frames`, so frames
     registered by name would leave play and the slider dead on the page. Each frame moves the slider with it, and
@@ -232,7 +234,7 @@ def _buttons(frames: list[dict[str, Any]], index: int, presentation: bool) -> di
 def layer_stack(trace: Trace, index: int | None = None, *, animate: bool = True, title: str | None = None,
                 presentation: bool = False, height: int | None = None) -> go.Figure:
     """The layer stack of `trace` showing token `index` (default: the last, e.g. while streaming): with `animate`,
-    one animation frame per generated token (`token_frames`, carried by the step slider, on `index`, and the play
+    one animation frame per generated token (`_token_frames`, carried by the step slider, on `index`, and the play
     button; pause stops); without, token `index` alone (cheap enough to redraw on every streamed token).
 
     Per token: layers 0..L-1 as boxes bottom to top (ran in colour, skipped grey, edged in their fill's colour), the
@@ -265,7 +267,7 @@ def layer_stack(trace: Trace, index: int | None = None, *, animate: bool = True,
         margin=dict(b=(150 if presentation else 130) if animate else 30, r=10, l=10),
     )
     if animate:
-        frames = token_frames(built)
+        frames = _token_frames(built)
         layout.update(sliders=[_slider(trace, frames, index, presentation)],
                       updatemenus=[_buttons(frames, index, presentation)])
     controls = (120 if presentation else 100) if animate else 0

@@ -87,6 +87,10 @@ class TokenStep:
     exit_layer: int | None = None
     lens_states: np.ndarray | None = field(default=None, repr=False)
 
+    def __post_init__(self) -> None:
+        if any(len(f) != 3 for f in self.filled):  # (layer, how) from before sources were recorded: source unknown
+            object.__setattr__(self, "filled", tuple(_fill_entry(f) for f in self.filled))
+
     @property
     def n_layers(self) -> int:
         return len(self.layers_run)

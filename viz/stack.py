@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
-from d3.trace import FILL_CODES, RAN, SKIPPED, TokenStep, Trace
+from d3.trace import RAN, SKIPPED, TokenStep, Trace
 from viz.layout import (
     CELL_COLORS,
     FILL_COLORS,
@@ -52,24 +52,9 @@ class Fill:
 
 
 def fills(step: TokenStep) -> tuple[Fill, ...]:
-    """The step's filled layers, read from either shape of `TokenStep.filled`: (layer, how) or (layer, how, source).
-    The figure draws the source the engine recorded and never works it out again."""
-    out = []
-    for entry in step.filled:
-        layer, how, *rest = entry
-        source = rest[0] if rest and rest[0] is not None and how == "copy" else None
-        out.append(Fill(int(layer), str(how), None if source is None else int(source)))
-    return tuple(out)
-
-
-def stack_cells(step: TokenStep, num_layers: int) -> np.ndarray:
-    """int8 [num_layers]: RAN, SKIPPED, or the fill's code per layer (`TokenStep.cells`, for either shape of
-    `filled`)."""
-    row = np.full(num_layers, SKIPPED, dtype=np.int8)
-    row[list(step.layers_run)] = RAN
-    for fill in fills(step):
-        row[fill.layer] = FILL_CODES[fill.how]
-    return row
+    """The step's filled layers as the engine recorded them (`TokenStep.filled`: layer, how, source). The figure
+    draws the recorded source and never works it out again."""
+    return tuple(Fill(layer, how, source if how == "copy" else None) for layer, how, source in step.filled)
 
 
 def caption(trace: Trace, index: int) -> str:
@@ -172,7 +157,7 @@ def _frame(trace: Trace, index: int, slot_width: float, presentation: bool) -> t
     object per frame would cost about as much again as building it)."""
     step = trace.steps[index]
     num_layers = trace.num_layers
-    cells = stack_cells(step, num_layers)
+    cells = step.cells(num_layers)
     by_layer = {f.layer: f for f in fills(step)}
     kinds = layer_kinds(num_layers, trace.core)
     labels = [_box_label(int(cells[k]), by_layer.get(k)) for k in range(num_layers)]

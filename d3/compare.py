@@ -73,7 +73,7 @@ def kv_error(full: DecodeState, skip: DecodeState, steps: int) -> np.ndarray:
         ref = torch.cat([a.keys[..., -n:, :], a.values[..., -n:, :]], dim=-1)[0].float()  # [kv_heads, n, 2*hd]
         got = torch.cat([b.keys[..., -n:, :], b.values[..., -n:, :]], dim=-1)[0].float()
         err = (got - ref).norm(dim=(0, 2)) / ref.norm(dim=(0, 2)).clamp_min(1e-6)  # [n]
-        out[steps - n:, idx] = err.numpy()
+        out[steps - n:, idx] = err.cpu().numpy()
     return out
 
 

@@ -118,14 +118,15 @@ def _fill(adapter: Adapter, state: DecodeState, pending: list[tuple[int, torch.T
     for idx, hidden in pending:
         src = copy_source(ran, idx, adapter.layer_types, fill == "copy") if fill in ("copy", "copy_any_type") else None
         if src is not None:
-            keys, values = cache.layers[src].keys[..., -1:, :], cache.layers[src].values[..., -1:, :]
+            device = adapter.layer_device(idx)  # layers may sit on different devices (device_map="auto")
+            keys, values = cache.layers[src].keys[..., -1:, :].to(device), cache.layers[src].values[..., -1:, :].to(device)
             how = "copy"
         elif fill != "none":
             keys, values = adapter.project_kv(idx, hidden, ropes[adapter.layer_types[idx]])
             how = "propagate"
         else:  # none: a zero placeholder that the mask hides from every later query
             b = hidden.shape[0]
-            keys = hidden.new_zeros(b, adapter.num_kv_heads, 1, adapter.head_dim)
+            keys = hidden.new_zeros(b, adapter.num_kv_heads, 1, adapter.head_dim, device=adapter.layer_device(idx))
             values = torch.zeros_like(keys)
             state.mark_hole(idx)
             how = "none"

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from d3.config import default_core
+from d3.families import ALIASES, FAMILIES, family_of
 from d3.model_cache import CACHE_ENV, CACHE_VERSION, cache_root, cached_conversion  # noqa: F401 (CACHE_ENV, cache_root: re-exported)
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ KNOWN_MODELS: dict[str, KnownModel] = {
                               ModelFacts(num_layers=18, num_heads=4, chat_template=False)),
 }
 DEFAULT_MODEL = "smollm2-135m"
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "gemma3")
+SUPPORTED_ARCHS = (*FAMILIES, *ALIASES)  # from the one table of families (d3/families.py)
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Checked from the config alone, before anything is built: deeper than any released model (Llama 3.1 405B has 126
 # layers), and enough parameters for the paper's 70B runs (`device_map="auto"`). The page passes a smaller cap.
@@ -344,12 +345,8 @@ def _missing_keys_message(directory: str, missing: list[str]) -> str:
 
 def check_arch(config: dict[str, Any]) -> None:
     """Refuse architectures the skip-aware decoder does not handle (a model config as a dict), before any
-    weights are read."""
-    arch = config.get("model_type")
-    if arch not in SUPPORTED_ARCHS:
-        raise ValueError(f"architecture {arch!r} is not supported: supported architectures are {', '.join(SUPPORTED_ARCHS)}")
-    if arch == "gemma3" and "vision_config" in config:
-        raise ValueError("multimodal Gemma 3 checkpoints are not supported: use a text-only (gemma3_text) checkpoint")
+    weights are read: one line naming the family and what is missing (`d3.families.family_of`)."""
+    family_of(config)
 
 
 def _embedded_file(package: str, filename: str) -> Path | None:
@@ -434,7 +431,8 @@ def _from_pretrained(directory: str, dtype: torch.dtype, device_map: str | None,
         ) from err
     check_arch(config.to_dict())
     check_size(config.to_dict(), max_parameters)  # a hub id's config too, before its weights are fetched
-    kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": "sdpa", "trust_remote_code": False}
+    attention = family_of(config.get_text_config()).attn_implementation(config.get_text_config())
+    kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": attention, "trust_remote_code": False}
     if device_map is not None:
         kwargs["device_map"] = device_map
     from safetensors import SafetensorError

@@ -23,7 +23,7 @@ from d3.testing import tiny_family_model, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 CUSTOM = str(ROOT / "hub" / "d3-generate")
-PROMPT = [5, 9, 14, 20, 7, 33, 12, 40, 8, 17]  # 10 tokens: longer than every tiny sliding window (6)
+PROMPT = [5, 9, 14, 20, 7, 33, 12, 40, 8, 17, 25, 30, 11, 6, 44, 19]  # 16 tokens: over twice every tiny window (6)
 SHORT = [21, 22, 23, 24]
 N = 8
 
@@ -57,11 +57,17 @@ def tokens(engine: Engine, prompts, strategy, n: int = N) -> list[list[int]]:
 
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_full_depth_equals_generate_past_the_sliding_window(loaded, model_type):
+    """Same tokens and the same logits at every step (logits catch a difference that the argmax may hide)."""
     lm = loaded(model_type)
     assert lm.arch in (model_type, "gemma3_text")
     ids = torch.tensor([PROMPT])
+    ref = greedy(lm.model, ids, return_dict_in_generate=True, output_logits=True)
     engine = Engine.from_loaded(lm)
-    assert tokens(engine, [PROMPT], FullConfig())[0] == greedy(lm.model, ids)[0, len(PROMPT):].tolist()
+    logits = []
+    traces = list(engine.run([PROMPT], FullConfig(), GenerationConfig(max_new_tokens=N, stop_at_eos=False), TRACE_OFF,
+                             observer=lambda step, out, state: logits.append(out.logits)))[-1]
+    assert list(traces[0].token_ids) == ref.sequences[0, len(PROMPT):].tolist()
+    torch.testing.assert_close(torch.stack(logits), torch.stack(ref.logits).float())
 
 
 @pytest.mark.parametrize("model_type", FAMILIES)

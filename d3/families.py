@@ -109,6 +109,20 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in _TABLE}
 ALIASES = {"gemma3": "gemma3_text"}
 
 
+def fill_exactness(family: Family) -> dict[str, str]:
+    """How exact full depth and each fill is for `family` (what tests/test_families.py checks), one line each."""
+    copy = "approximate by design: the KV entry of the nearest lower layer that ran, of the same attention type"
+    if family.uses_rope is not _always:
+        copy += " (some layers here rotate their keys and others do not, so a copy may cross that line)"
+    return {
+        "full depth": "exact: equals model.generate token for token and logit for logit (tested)",
+        "propagate": "exact: the skipped layer's own keys and values of the hidden state it would have read (tested)",
+        "copy": copy,
+        "copy_any_type": "approximate by design: the nearest lower layer that ran, whatever its attention type",
+        "none": "no entry: the hole is masked out of attention (the paper's ablation)",
+    }
+
+
 def family_of(config: Any) -> Family:
     """The family describing a model config (a config object or its dict); ValueError in one line otherwise."""
     model_type = _get(config, "model_type")

@@ -260,7 +260,8 @@ def _config_int(config: dict[str, Any], key: str, default: int | None = None) ->
 
 def estimate_parameters(config: dict[str, Any]) -> int:
     """The parameters a Llama-family decoder of this config has, from arithmetic on the config alone (embeddings,
-    per layer attention, MLP and norms, the final norm, an untied output head); within a few percent."""
+    per layer attention, MLP (every expert of a MoE) and norms, the final norm, an untied output head); within a few
+    percent for dense models, an upper bound's order of magnitude for MoE ones."""
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     hidden, layers = _config_int(text, "hidden_size"), _config_int(text, "num_hidden_layers")
     heads = _config_int(text, "num_attention_heads")
@@ -269,6 +270,10 @@ def estimate_parameters(config: dict[str, Any]) -> int:
     head_dim = _config_int({"head_dim": head_dim}, "head_dim")
     vocab = _config_int(text, "vocab_size")
     intermediate = _config_int(text, "intermediate_size", 4 * hidden)
+    experts = text.get("num_local_experts") or text.get("num_experts") or 0  # MoE: every expert's MLP counts
+    if experts:
+        intermediate = _config_int(text, "moe_intermediate_size", intermediate) * _config_int(text, "num_experts", experts)
+        intermediate += text.get("shared_expert_intermediate_size") or 0
     attention = hidden * head_dim * (2 * heads + 2 * kv_heads)  # q and o; k and v
     per_layer = attention + 3 * hidden * intermediate + 2 * hidden  # gate, up, down; two norms
     tied = config.get("tie_word_embeddings", text.get("tie_word_embeddings", True))

@@ -33,3 +33,37 @@ def test_half_precision_on_cpu_runs_every_fill_and_says_how_far_it_is_from_float
 def test_the_same_model_is_no_distance_from_itself(tiny_model, tiny_tok):
     gap = dtype_gap(Engine(tiny_model, tiny_tok), Engine(tiny_model, tiny_tok), PROMPT, GEN)
     assert gap.token_agreement == 1.0 and gap.first_divergence is None and gap.max_logit_diff == 0.0
+
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on a lent GPU machine)")
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compare_and_the_traced_views_run_on_cuda(tiny_model, tiny_tok, dtype):
+    """compare() (filled-KV error, KL), the logit lens, attention capture and every fill, with the model on the GPU."""
+    from d3.compare import compare
+    from d3.config import TraceConfig
+
+    engine = Engine(copy.deepcopy(tiny_model).to("cuda", dtype), tiny_tok)
+    trace = TraceConfig(logit_lens=True, attention_layers=(1, 3))
+    for fill in ("copy", "propagate", "none"):
+        comp = compare(engine, "hello there", D3Config(alpha=0.7, drop_order="strided", fill=fill), GEN, trace)
+        assert comp.summary()
+
+
+@CUDA
+def test_layers_split_between_cuda_and_cpu_keep_each_fill_on_the_layers_device(tiny_model, tiny_tok, tmp_path):
+    """device_map puts half the layers on the GPU and half on the CPU: copy / propagate fills cross devices."""
+    from transformers import AutoModelForCausalLM
+
+    tiny_model.save_pretrained(tmp_path)
+    n = tiny_model.config.num_hidden_layers
+    device_map = {"model.embed_tokens": 0, "model.rotary_emb": 0, "model.norm": "cpu", "lm_head": "cpu",
+                  **{f"model.layers.{i}": 0 if i < n // 2 else "cpu" for i in range(n)}}
+    split = AutoModelForCausalLM.from_pretrained(tmp_path, device_map=device_map, dtype=torch.float32)
+    reference, engine = Engine(tiny_model, tiny_tok), Engine(split, tiny_tok)
+    for fill in ("copy", "propagate", "none"):
+        strategy = D3Config(alpha=0.7, drop_order="strided", fill=fill)
+        want = reference.generate_batch([PROMPT], strategy, GEN, TRACE_OFF)[0].token_ids
+        assert engine.generate_batch([PROMPT], strategy, GEN, TRACE_OFF)[0].token_ids == want

@@ -60,7 +60,7 @@ def tiny_family_model(model_type: str, seed: int = 0, scale: float = 4.0) -> Any
     config = AutoConfig.for_model(model_type, **{**TINY_FAMILY_BASE, **family.tiny})
     config._attn_implementation = family.attn_implementation(config)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config).eval()
+    model = AutoModelForCausalLM.from_config(config).eval().requires_grad_(False)
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:

@@ -97,6 +97,35 @@ def test_propagate_computes_each_layers_own_keys_and_values(loaded, model_type):
 
 
 @pytest.mark.parametrize("model_type", FAMILIES)
+def test_attention_capture_equals_the_librarys_own_attention_weights(model_type):
+    """The attention view's weights (queries from the family's description, over keys from project_kv) equal what
+    the model returns with output_attentions=True under eager attention, layer by layer, sliding windows included."""
+    model = tiny_family_model(model_type)
+    model.config._attn_implementation = "eager"  # the only implementation that returns attention weights
+    adapter = Engine(model, tiny_tokenizer()).adapter
+    inputs = {}
+    handles = [layer.register_forward_pre_hook(lambda m, args, i=i: inputs.__setitem__(i, args[0]))
+               for i, layer in enumerate(adapter.layers)]
+    ids = torch.tensor([PROMPT])
+    mask = torch.ones_like(ids)
+    try:
+        with torch.inference_mode():
+            out = model(input_ids=ids, attention_mask=mask, output_attentions=True)
+    finally:
+        for h in handles:
+            h.remove()
+    positions = left_padded_positions(mask)
+    ropes, masks = adapter.rope(inputs[0], positions), adapter.masks(inputs[0], mask, None, positions)
+    causal = torch.ones(1, 1, len(PROMPT), len(PROMPT), dtype=torch.bool).tril()  # where sdpa-style masks are None
+    for idx in range(adapter.num_layers):
+        kind = adapter.layer_types[idx]
+        keys, _ = adapter.project_kv(idx, inputs[idx], ropes[kind])
+        layer_mask = masks[kind] if masks[kind] is not None else causal
+        probs = adapter.attention_probs(idx, inputs[idx], ropes[kind], keys, layer_mask)
+        torch.testing.assert_close(probs, out.attentions[idx].float(), msg=f"{model_type} layer {idx}")
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
 def test_d3_runs_floor_l_alpha_i_layers_above_the_core(loaded, model_type):
     engine = Engine.from_loaded(loaded(model_type))
     trace = engine.generate_batch([PROMPT], D3Config(alpha=0.7, core_head=1, core_tail=1),

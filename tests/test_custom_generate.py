@@ -176,3 +176,23 @@ def test_smollm2_equals_the_engine_and_plain_generate_at_alpha_one(smol_engine):
     assert out[0, ids.shape[1]:].tolist() == engine_tokens(smol_engine, [ids[0].tolist()], settings, n)[0]
     ref = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False)
     assert torch.equal(custom(model, ids, alpha=1.0, max_new_tokens=n), ref)
+
+
+def test_a_streamer_sees_what_plain_generate_shows_it(tiny_engine):
+    from transformers.generation.streamers import BaseStreamer
+
+    class Collect(BaseStreamer):
+        def __init__(self):
+            self.puts, self.ended = [], False
+
+        def put(self, value):
+            self.puts.append(value.tolist())
+
+        def end(self):
+            self.ended = True
+
+    model, ids = tiny_engine.model, torch.tensor([[5, 6, 7]])
+    plain, ours = Collect(), Collect()
+    model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=N, do_sample=False, streamer=plain)
+    custom(model, ids, alpha=1.0, max_new_tokens=N, streamer=ours)
+    assert ours.puts == plain.puts and ours.ended and len(ours.puts) == 1 + N

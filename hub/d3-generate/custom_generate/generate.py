@@ -76,7 +76,7 @@ class _Loop:
                  generation_config: Any, tokenizer: Any = None, **model_kwargs: Any) -> Any:
         gen_cfg = generation_config
         _refuse_unhonoured(gen_cfg)
-        pad = gen_cfg._pad_token_tensor
+        pad = gen_cfg._pad_token_tensor  # what generate's own loop pads finished rows with (EOS when pad is unset)
         engine = Engine(model, tokenizer or _IdsOnly(int(pad) if pad is not None else 0),
                         name=model.config.name_or_path or "model", max_prompt_tokens=input_ids.shape[1])
         strategy = engine.resolve(self.strategy)

@@ -11,10 +11,12 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
-from d3.config import TRACE_OFF, D3Config, EarlyExitConfig, FullConfig, GenerationConfig, SkipDecodeConfig, UnifiedConfig
+from d3.config import (TRACE_OFF, D3Config, EarlyExitConfig, FullConfig, GenerationConfig, SkipDecodeConfig, TraceConfig,
+                       UnifiedConfig)
 from d3.decoder import left_padded_positions
 from d3.engine import Engine
 from d3.families import FAMILIES, TESTED_ON, TESTED_TRANSFORMERS, family_of
@@ -147,6 +149,19 @@ def test_every_fill_and_baseline_runs(loaded, model_type):
     for baseline in (SkipDecodeConfig(max_layers=3, min_layers=2), UnifiedConfig(ratio=2.0),
                      EarlyExitConfig(threshold=0.3)):
         assert len(tokens(engine, [PROMPT], baseline)[0]) == N
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_the_traced_views_record_every_layer_that_ran(loaded, model_type):
+    """Sublayer statistics (hooks at the family's resid_mid point), attention and the logit lens, as the page asks."""
+    engine = Engine.from_loaded(loaded(model_type))
+    trace = engine.generate_batch([PROMPT], D3Config(alpha=0.7, core_head=1, core_tail=1),
+                                  GenerationConfig(max_new_tokens=4, stop_at_eos=False),
+                                  TraceConfig(logit_lens=True, attention_layers=(0, 3)))[0]
+    for step in trace.steps[1:]:
+        ran = list(step.layers_run)
+        assert all(np.isfinite(step.stats[name][ran]).all() for name in ("attn_dist", "mlp_dist", "hidden_norm"))
+        assert np.allclose(step.attention[0].sum(-1), 1.0, atol=1e-3) and len(step.logit_lens) == engine.num_layers
 
 
 @pytest.mark.parametrize("model_type", FAMILIES)

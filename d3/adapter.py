@@ -8,9 +8,10 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers.cache_utils import get_layer_types_and_kwargs
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
-from d3.models import check_arch
+from d3.families import Family, family_of
 
 
 def _cache_keyword(fn: Any) -> str:
@@ -26,22 +27,24 @@ _MASK_CACHE_KW = _cache_keyword(create_causal_mask)
 class Adapter:
     """Public pieces of a decoder-only transformers model, called one layer at a time.
 
-    Works for models whose `model.model` has `embed_tokens`, `layers`, `norm`, `rotary_emb` and whose
-    decoder layers are pre-norm blocks with `input_layernorm`, `self_attn.{q,k,v}_proj` (Llama, Mistral,
-    Qwen2/3, Gemma 3). `layer_types` (sliding / full attention) are honoured.
+    Works for models whose `model.model` has `embed_tokens`, `layers`, `norm`, `rotary_emb` and whose decoder
+    layers have a `self_attn`; everything else that differs between families is read from their `Family`
+    description (d3/families.py). Attention types (full / sliding window) come from the library's own
+    `get_layer_types_and_kwargs`, so Mistral's model-wide `sliding_window` counts as sliding on every layer.
     """
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         self.base = model.model
         self.config = self.base.config
+        self.family: Family = family_of(self.config)
         self.layers: list[nn.Module] = list(self.base.layers)
         self.num_layers = len(self.layers)
-        n = self.num_layers
-        self.layer_types: list[str] = list(getattr(self.config, "layer_types", None) or ["full_attention"] * n)
+        self.layer_types: list[str] = list(get_layer_types_and_kwargs(self.config)[0])
         self._layer_cache_kw = _cache_keyword(type(self.layers[0]).forward)
         self._rotary_takes_type = "layer_type" in inspect.signature(self.base.rotary_emb.forward).parameters
-        self._softcap = getattr(self.config, "final_logit_softcapping", None)
+        self._embed_multiplier = getattr(self.config, self.family.embed_multiplier or "", None)
+        self._logit_ops = {op: getattr(self.config, op, None) for op in self.family.logit_ops}
         attn_module = sys.modules[type(self.layers[0].self_attn).__module__]
         self._apply_rotary = attn_module.apply_rotary_pos_emb
         self.head_dim = self.layers[0].self_attn.head_dim
@@ -50,7 +53,8 @@ class Adapter:
 
     # -- per-call pieces ---------------------------------------------------------------------
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.base.embed_tokens(input_ids)  # [batch, pos, d_model]
+        hidden = self.base.embed_tokens(input_ids)  # [batch, pos, d_model]
+        return hidden * self._embed_multiplier if self._embed_multiplier is not None else hidden  # Granite
 
     def masks(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None, cache: Any,
               position_ids: torch.Tensor) -> dict[str, Any]:
@@ -77,50 +81,89 @@ class Adapter:
                                 position_ids=position_ids, use_cache=True, **{self._layer_cache_kw: cache})
 
     def mid_norm(self, idx: int) -> nn.Module:
-        """The norm whose input is the residual stream between attention and MLP."""
+        """The module whose input is the residual stream between attention and MLP (the family's `mid_point`); for
+        a parallel block (no such stream) the layer itself, so `resid_mid` reads the layer's input."""
         layer = self.layers[idx]
-        return getattr(layer, "pre_feedforward_layernorm", None) or layer.post_attention_layernorm
+        return getattr(layer, self.family.mid_point) if self.family.mid_point else layer
+
+    def layer_device(self, idx: int) -> torch.device:
+        """Where layer idx's weights (and so its KV cache) live; differs per layer under device_map="auto"."""
+        return next(self.layers[idx].parameters()).device
 
     def logits(self, hidden_last: torch.Tensor) -> torch.Tensor:
-        """Final norm + LM head (+ Gemma's soft-capping) on [batch, d_model] -> float32 [batch, vocab]."""
-        logits = self.model.lm_head(self.base.norm(hidden_last)).float()
-        if self._softcap:
-            logits = torch.tanh(logits / self._softcap) * self._softcap
-        return logits
+        """Final norm + LM head + the family's own scaling on [batch, d_model] -> float32 [batch, vocab].
+
+        The scaling is done in the head's dtype as the model's forward does it, then cast (Cohere's
+        `logit_scale`, Granite's `logits_scaling`, Gemma 2/3's `final_logit_softcapping`)."""
+        logits = self.model.lm_head(self.base.norm(hidden_last))
+        ops = self._logit_ops
+        if ops.get("logit_scale") is not None:
+            logits = logits * ops["logit_scale"]
+        if ops.get("logits_scaling") is not None:
+            logits = logits / ops["logits_scaling"]
+        cap = ops.get("final_logit_softcapping")
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits.float()
 
     # -- filling and inspection ----------------------------------------------------------------
-    def _heads(self, attn: nn.Module, proj: nn.Module, normed: torch.Tensor, norm_name: str) -> torch.Tensor:
-        states = proj(normed).view(*normed.shape[:-1], -1, self.head_dim).transpose(1, 2)  # [b, heads, pos, hd]
-        norm = getattr(attn, norm_name, None)
-        return norm(states) if norm is not None else states
+    def _project(self, idx: int, hidden: torch.Tensor, which: str) -> torch.Tensor:
+        """Layer idx's queries ("q"), keys ("k") or values ("v") of `hidden`, as its attention computes them before
+        the rotary embedding: [b, heads, pos, hd]. The family says where the input norm, a fused QKV projection
+        and the q/k norms (per head, or over the whole projection) are."""
+        fam, layer = self.family, self.layers[idx]
+        attn = layer.self_attn
+        normed = getattr(layer, fam.attn_norm)(hidden) if fam.attn_norm else hidden
+        if fam.fused_qkv:
+            q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+            qkv = attn.qkv_proj(normed)
+            states = {"q": qkv[..., :q_size], "k": qkv[..., q_size:q_size + kv_size], "v": qkv[..., q_size + kv_size:]}[which]
+        else:
+            states = getattr(attn, f"{which}_proj")(normed)
+        norm = getattr(attn, f"{which}_norm", None) if which != "v" else None
+        if norm is not None and fam.flat_qk_norm:
+            states = norm(states)
+        states = states.view(*normed.shape[:-1], -1, self.head_dim)  # [b, pos, heads, hd]
+        if norm is not None and not fam.flat_qk_norm:
+            states = norm(states)  # per head (RMSNorm over hd; Cohere's LayerNorm over (heads, hd))
+        return states.transpose(1, 2)
+
+    def _rotate(self, idx: int, states: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        if not self.family.uses_rope(self.layers[idx].self_attn):
+            return states
+        cos, sin = (t.to(states.device) for t in rope)
+        return self._apply_rotary(states, states, cos, sin)[1]
 
     def project_kv(self, idx: int, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer idx's own keys/values computed from `hidden` (state propagation): [b, kv_heads, pos, hd] each."""
-        layer = self.layers[idx]
-        attn = layer.self_attn
-        normed = layer.input_layernorm(hidden)
-        keys = self._heads(attn, attn.k_proj, normed, "k_norm")
-        values = attn.v_proj(normed).view(*normed.shape[:-1], -1, self.head_dim).transpose(1, 2)
-        cos, sin = rope
-        _, keys = self._apply_rotary(keys, keys, cos, sin)
-        return keys, values
+        """Layer idx's own keys/values computed from `hidden` (state propagation): [b, kv_heads, pos, hd] each, on
+        the layer's device."""
+        hidden = hidden.to(self.layer_device(idx))
+        keys = self._rotate(idx, self._project(idx, hidden, "k"), rope)
+        return keys, self._project(idx, hidden, "v")
 
     def attention_probs(self, idx: int, hidden_in: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                         keys: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """Attention weights of layer idx for the queries of `hidden_in` over cached `keys`: [b, heads, q, kv]."""
-        layer = self.layers[idx]
-        attn = layer.self_attn
-        q = self._heads(attn, attn.q_proj, layer.input_layernorm(hidden_in), "q_norm")
-        cos, sin = rope
-        q, _ = self._apply_rotary(q, q, cos, sin)
-        k = keys.repeat_interleave(self.num_heads // self.num_kv_heads, dim=1)
+        attn = self.layers[idx].self_attn
+        q = self._rotate(idx, self._project(idx, hidden_in.to(self.layer_device(idx)), "q"), rope)
+        k = keys.to(q.device).repeat_interleave(self.num_heads // self.num_kv_heads, dim=1)
         scores = (q.float() @ k.float().transpose(-1, -2)) * attn.scaling  # [b, heads, q, kv]
+        cap = getattr(attn, "attn_logit_softcapping", None)
+        if cap:  # Gemma 2: the attention's own soft-capping
+            scores = torch.tanh(scores / cap) * cap
         if mask is not None:
-            m = mask[..., -scores.shape[-1]:]
+            m = mask[..., -scores.shape[-1]:].to(scores.device)
             scores = scores.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else scores + m.float()
         return torch.softmax(scores, dim=-1).nan_to_num(0.0)
 
 
 def check_supported(model: nn.Module) -> None:
-    """Raise ValueError if the model's architecture is not one the skip-aware loop handles."""
-    check_arch(model.config.to_dict())
+    """Raise ValueError if the model's architecture is not one the skip-aware loop handles, or if it was built with
+    an attention implementation that does not compute what the checkpoint means (Gemma 2 under sdpa)."""
+    config = model.config.get_text_config()
+    family = family_of(config)
+    needed, used = family.attn_implementation(config), getattr(config, "_attn_implementation", None)
+    if needed == "eager" and used != "eager":
+        raise ValueError(f"a {family.label} model needs attn_implementation='eager' (its attention soft-capping); it was "
+                         f"built with {used!r}: load it with d3.models.load_model / get_model, or pass "
+                         f"attn_implementation='eager'")

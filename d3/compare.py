@@ -73,7 +73,7 @@ def kv_error(full: DecodeState, skip: DecodeState, steps: int) -> np.ndarray:
         ref = torch.cat([a.keys[..., -n:, :], a.values[..., -n:, :]], dim=-1)[0].float()  # [kv_heads, n, 2*hd]
         got = torch.cat([b.keys[..., -n:, :], b.values[..., -n:, :]], dim=-1)[0].float()
         err = (got - ref).norm(dim=(0, 2)) / ref.norm(dim=(0, 2)).clamp_min(1e-6)  # [n]
-        out[steps - n:, idx] = err.numpy()
+        out[steps - n:, idx] = err.cpu().numpy()
     return out
 
 
@@ -132,3 +132,51 @@ def perplexity(engine: Engine, text: str | Sequence[int], strategy: StrategyConf
     traces = engine.generate_batch([ids[:prefix_tokens]], strategy, gen, TRACE_OFF, forced=[forced])
     nll = -np.array([s.logprob for s in traces[0].steps])
     return float(np.exp(nll.mean()))
+
+
+@dataclass(frozen=True)
+class DtypeGap:
+    """How far a lower-precision copy of a model is from the float32 one on one prompt, both at full depth.
+
+    token_agreement: share of the greedy tokens equal to float32's (free-running); first_divergence: where they first
+    differ (None: nowhere). max_logit_diff / mean_logit_diff: |logits - float32 logits| over the vocabulary, under
+    teacher forcing on float32's tokens (so every step compares the same context).
+    """
+
+    dtype: str
+    tokens: int
+    token_agreement: float
+    first_divergence: int | None
+    max_logit_diff: float
+    mean_logit_diff: float
+
+    def line(self) -> str:
+        where = "nowhere" if self.first_divergence is None else f"at token {self.first_divergence}"
+        return (f"{self.dtype} against float32 over {self.tokens} greedy tokens: {self.token_agreement:.0%} agree "
+                f"(first difference {where}), max |logit difference| {self.max_logit_diff:.3g}, "
+                f"mean {self.mean_logit_diff:.3g}")
+
+
+def _logits_of(engine: Engine, prompt: str | Sequence[int], gen: GenerationConfig, **kwargs: Any) -> tuple[list[int], torch.Tensor]:
+    logits: list[torch.Tensor] = []
+    observe = lambda step, out, state: logits.append(out.logits[0].float().cpu())  # noqa: E731  [vocab]
+    trace = None
+    for trace in engine.stream(prompt, FullConfig(), gen, TRACE_OFF, observer=observe, **kwargs):
+        pass
+    assert trace is not None
+    return list(trace.token_ids), torch.stack(logits)  # [T, vocab]
+
+
+def dtype_gap(reference: Engine, other: Engine, prompt: str | Sequence[int],
+              gen: GenerationConfig = GenerationConfig(max_new_tokens=32, stop_at_eos=False), *,
+              chat_template: bool = True) -> DtypeGap:
+    """`other` (the same model in bfloat16 / float16) measured against `reference` (float32) on `prompt`."""
+    ref_tokens, ref_logits = _logits_of(reference, prompt, gen, chat_template=chat_template)
+    own_tokens, _ = _logits_of(other, prompt, gen, chat_template=chat_template)
+    _, forced = _logits_of(other, prompt, gen, chat_template=chat_template, forced=[ref_tokens])
+    diff = (forced - ref_logits[:len(forced)]).abs()  # [T, vocab]
+    agreement = token_agreement(ref_tokens, own_tokens)
+    dtype = str(next(other.model.parameters()).dtype).removeprefix("torch.")
+    return DtypeGap(dtype=dtype, tokens=agreement.compared, token_agreement=agreement.agreement,
+                    first_divergence=agreement.first_divergence, max_logit_diff=float(diff.max()),
+                    mean_logit_diff=float(diff.mean()))

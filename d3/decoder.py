@@ -106,11 +106,13 @@ def _fill(adapter: Adapter, state: DecodeState, pending: list[tuple[int, torch.T
     for idx, how, src in decisions:
         hidden = hidden_of[idx]
         if how == "copy":
-            keys, values = cache.layers[src].keys[..., -1:, :], cache.layers[src].values[..., -1:, :]
+            device = adapter.layer_device(idx)  # layers may sit on different devices (device_map="auto")
+            keys, values = cache.layers[src].keys[..., -1:, :].to(device), cache.layers[src].values[..., -1:, :].to(device)
         elif how == "propagate":
             keys, values = adapter.project_kv(idx, hidden, ropes[adapter.layer_types[idx]])
         else:  # none: a zero placeholder that the mask hides from every later query
-            keys = hidden.new_zeros(hidden.shape[0], adapter.num_kv_heads, 1, adapter.head_dim)
+            keys = hidden.new_zeros(hidden.shape[0], adapter.num_kv_heads, 1, adapter.head_dim,
+                                    device=adapter.layer_device(idx))
             values = torch.zeros_like(keys)
             state.mark_hole(idx)
         cache.update(keys, values, idx)

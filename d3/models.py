@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from d3.config import default_core
+from d3.families import ALIASES, FAMILIES, family_of
 from d3.model_cache import CACHE_ENV, CACHE_VERSION, cache_root, cached_conversion  # noqa: F401 (CACHE_ENV, cache_root: re-exported)
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ KNOWN_MODELS: dict[str, KnownModel] = {
                               ModelFacts(num_layers=18, num_heads=4, chat_template=False)),
 }
 DEFAULT_MODEL = "smollm2-135m"
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "gemma3")
+SUPPORTED_ARCHS = (*FAMILIES, *ALIASES)  # from the one table of families (d3/families.py)
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Checked from the config alone, before anything is built: deeper than any released model (Llama 3.1 405B has 126
 # layers), and enough parameters for the paper's 70B runs (`device_map="auto"`). The page passes a smaller cap.
@@ -119,11 +120,10 @@ def resolve_device(device: str = "auto") -> torch.device:
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """Map a dtype name to torch; float16 is refused on CPU, where it is slow and lossy."""
+    """Map a dtype name to torch. bfloat16 and float16 run on CPU too (slowly; `d3.compare.dtype_gap` and
+    `python -m d3 info --dtype ...` say how far they are from float32)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r} is not allowed: dtype must be one of {', '.join(DTYPES)}")
-    if dtype == "float16" and device.type == "cpu":
-        raise ValueError("dtype='float16' is not supported on CPU: use 'float32' (exact) or 'bfloat16' (half the memory)")
     return DTYPES[dtype]
 
 
@@ -184,6 +184,7 @@ def describe(loaded: LoadedModel) -> dict[str, Any]:
     return {
         "name": loaded.name,
         "arch": loaded.arch,
+        "family": family_of(loaded.config).label,
         "num_layers": loaded.num_layers,
         "num_heads": loaded.num_heads,
         "num_kv_heads": loaded.num_kv_heads,
@@ -259,7 +260,8 @@ def _config_int(config: dict[str, Any], key: str, default: int | None = None) ->
 
 def estimate_parameters(config: dict[str, Any]) -> int:
     """The parameters a Llama-family decoder of this config has, from arithmetic on the config alone (embeddings,
-    per layer attention, MLP and norms, the final norm, an untied output head); within a few percent."""
+    per layer attention, MLP (every expert of a MoE) and norms, the final norm, an untied output head); within a few
+    percent for dense models, an upper bound's order of magnitude for MoE ones."""
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     hidden, layers = _config_int(text, "hidden_size"), _config_int(text, "num_hidden_layers")
     heads = _config_int(text, "num_attention_heads")
@@ -268,6 +270,10 @@ def estimate_parameters(config: dict[str, Any]) -> int:
     head_dim = _config_int({"head_dim": head_dim}, "head_dim")
     vocab = _config_int(text, "vocab_size")
     intermediate = _config_int(text, "intermediate_size", 4 * hidden)
+    experts = text.get("num_local_experts") or text.get("num_experts") or 0  # MoE: every expert's MLP counts
+    if experts:
+        intermediate = _config_int(text, "moe_intermediate_size", intermediate) * _config_int(text, "num_experts", experts)
+        intermediate += text.get("shared_expert_intermediate_size") or 0
     attention = hidden * head_dim * (2 * heads + 2 * kv_heads)  # q and o; k and v
     per_layer = attention + 3 * hidden * intermediate + 2 * hidden  # gate, up, down; two norms
     tied = config.get("tie_word_embeddings", text.get("tie_word_embeddings", True))
@@ -344,12 +350,8 @@ def _missing_keys_message(directory: str, missing: list[str]) -> str:
 
 def check_arch(config: dict[str, Any]) -> None:
     """Refuse architectures the skip-aware decoder does not handle (a model config as a dict), before any
-    weights are read."""
-    arch = config.get("model_type")
-    if arch not in SUPPORTED_ARCHS:
-        raise ValueError(f"architecture {arch!r} is not supported: supported architectures are {', '.join(SUPPORTED_ARCHS)}")
-    if arch == "gemma3" and "vision_config" in config:
-        raise ValueError("multimodal Gemma 3 checkpoints are not supported: use a text-only (gemma3_text) checkpoint")
+    weights are read: one line naming the family and what is missing (`d3.families.family_of`)."""
+    family_of(config)
 
 
 def _embedded_file(package: str, filename: str) -> Path | None:
@@ -434,7 +436,8 @@ def _from_pretrained(directory: str, dtype: torch.dtype, device_map: str | None,
         ) from err
     check_arch(config.to_dict())
     check_size(config.to_dict(), max_parameters)  # a hub id's config too, before its weights are fetched
-    kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": "sdpa", "trust_remote_code": False}
+    attention = family_of(config.get_text_config()).attn_implementation(config.get_text_config())
+    kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": attention, "trust_remote_code": False}
     if device_map is not None:
         kwargs["device_map"] = device_map
     from safetensors import SafetensorError

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import string
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, decoders
@@ -46,3 +47,29 @@ def tiny_llama(num_layers: int = 4, seed: int = 0, vocab_size: int = 99, **overr
 def count_hooks(module: torch.nn.Module) -> int:
     """Number of forward (pre-)hooks registered anywhere under `module` (0 after every call: hooks must not leak)."""
     return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in module.modules())
+
+
+TINY_FAMILY_BASE = dict(hidden_size=32, intermediate_size=37, num_hidden_layers=4, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=8, vocab_size=99, max_position_embeddings=256,
+                        pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=True)
+
+
+def tiny_family_model(model_type: str, seed: int = 0, scale: float = 4.0) -> Any:
+    """A tiny random model of one family in d3.families.FAMILIES (its `tiny` overrides on TINY_FAMILY_BASE), built
+    with the attention implementation the family needs; 2-D weights scaled up so that skipping a layer shows."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from d3.families import FAMILIES
+
+    family = FAMILIES[model_type]
+    config = AutoConfig.for_model(model_type, **{**TINY_FAMILY_BASE, **family.tiny})
+    config._attn_implementation = family.attn_implementation(config)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config).eval().requires_grad_(False)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(scale)
+    model.generation_config.eos_token_id = 2
+    model.generation_config.pad_token_id = 0
+    return model

@@ -110,7 +110,7 @@ class TraceBuilder:
             extra["attention"] = {layer: a[b, :, -1, row.pad:].to(torch.float16).numpy() for layer, a in out.attention.items()}
         if out.lens is not None:
             extra.update(lens_fields(self.tokenizer, self.num_layers, out.layers_run,
-                                     *read_logits(out.lens[:, b], torch.full((len(out.layers_run),), token))))
+                                     *read_logits(out.lens[:, b], torch.full((len(out.layers_run),), token, device=out.lens.device))))
         if out.lens_states is not None:
             extra["lens_states"] = out.lens_states[:, b].numpy().copy()  # [n_ran, d_model]
         return TokenStep(step=step, token_id=token, text=token_text(self.tokenizer, row.ids, len(row.ids) - 1),

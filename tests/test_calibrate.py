@@ -249,3 +249,16 @@ def test_the_oracle_runs_under_a_calibrated_order(identity_engine):
     need_last = measure(identity_engine, "hello there", last, 10).oracle_depth
     assert max(need_first) <= 7
     assert sum(need_first) <= sum(need_last)
+
+
+def test_calibration_announces_its_cost_before_the_first_removal(identity_engine, cache_dir):
+    from d3.research.calibrate import CalibrationSet, calibrate, removals
+
+    events = []
+    calibrate(identity_engine, "agreement", CalibrationSet("prompts:cost", PROMPTS), core=(1, 1), tokens=6, steps=2,
+              announce=lambda line: events.append(("announce", line)),
+              progress=lambda done, total, what: events.append(("progress", total)))
+    assert events[0][0] == "announce" and sum(kind == "announce" for kind, _ in events) == 1
+    count = removals(6, 2)  # 6 flex layers, 2 greedy steps: 6 + 5 scored removals
+    assert count == 11 and events[0][1].startswith(f"calibration: {count} scored removals x ")
+    assert events[1] == ("progress", count)  # the count announced is the count run

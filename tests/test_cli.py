@@ -118,3 +118,22 @@ def test_cli_on_the_embedded_model():
     assert trace["num_layers"] == 30 and 1 <= len(trace["steps"]) <= 8
     bad = run("generate", "--prompt", "hi", "--model", "no-such-model")
     assert bad.returncode == 2 and "unknown model" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_info_names_the_family_how_exact_each_fill_is_and_the_dtype_gap(tmp_path, capsys):
+    from d3.models import clear_model_cache
+    from d3.testing import tiny_family_model, tiny_tokenizer
+
+    tiny_family_model("qwen3").save_pretrained(tmp_path)
+    tiny_tokenizer().save_pretrained(tmp_path)
+    try:
+        assert cli.main(["info", "--model", str(tmp_path), "--device", "cpu"]) == 0
+        out = capsys.readouterr().out
+        assert "family: Qwen 3" in out and "propagate: exact" in out and "copy: approximate" in out
+        assert "dtype_gap" not in out
+        assert cli.main(["info", "--model", str(tmp_path), "--device", "cpu", "--dtype", "bfloat16", "--json"]) == 0
+        info = json.loads(capsys.readouterr().out)
+        assert info["dtype"] == "bfloat16" and info["dtype_gap"].startswith("bfloat16 against float32 over 16 greedy")
+        assert set(info["fills"]) == {"full depth", "propagate", "copy", "copy_any_type", "none"}
+    finally:
+        clear_model_cache()

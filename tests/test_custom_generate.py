@@ -76,11 +76,94 @@ def test_every_d3_config_field_is_a_keyword(tiny_engine):
     ({"strategy": "full", "alpha": 0.9}, ValueError, "alpha"),
     ({"alpha": 1.5}, ValueError, "alpha"),
     ({"num_beams": 2}, ValueError, "num_beams"),
-    ({"not_a_setting": 1}, TypeError, "not_a_setting"),
+    ({"not_a_setting": 1}, ValueError, "not_a_setting"),  # generate's own check of unused keyword arguments
+    ({"output_hidden_states": True, "return_dict_in_generate": True}, ValueError, "skipped layer has no hidden state"),
+    ({"output_attentions": True, "return_dict_in_generate": True}, ValueError, "output_attentions"),
+    ({"guidance_scale": 1.5}, ValueError, "guidance_scale"),
 ])
 def test_mistakes_are_clear_errors(tiny_engine, kwargs, error, match):
     with pytest.raises(error, match=match):
         custom(tiny_engine.model, torch.tensor([[5, 6, 7]]), max_new_tokens=2, **kwargs)
+
+
+def sampled(model, ids, global_seed=0, **kwargs):
+    """generate under torch.manual_seed(global_seed), as a user reproduces a sampled generation."""
+    torch.manual_seed(global_seed)
+    return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=N, do_sample=True, **kwargs)
+
+
+def test_sampling_at_alpha_one_equals_plain_generate_under_the_global_seed(tiny_engine):
+    """The issue's own check: top_k, repetition_penalty and num_return_sequences honoured, torch.manual_seed followed."""
+    model, ids = tiny_engine.model, torch.tensor([[5, 6, 7, 8, 9]])
+    kwargs = dict(top_k=50, repetition_penalty=1.2, num_return_sequences=2)
+    ref = sampled(model, ids, **kwargs)
+    out = sampled(model, ids, custom_generate=CUSTOM, trust_remote_code=True, alpha=1.0, **kwargs)
+    assert out.shape == (2, 5 + N) and torch.equal(out, ref)
+    assert not torch.equal(sampled(model, ids, global_seed=1, custom_generate=CUSTOM, trust_remote_code=True, alpha=1.0,
+                                   **kwargs), out)  # another global seed, other samples
+
+
+@pytest.mark.parametrize("processor", [
+    {"top_k": 5}, {"top_p": 0.6}, {"top_p": 0.0}, {"min_p": 0.2}, {"temperature": 0.5}, {"typical_p": 0.7},
+    {"repetition_penalty": 1.5}, {"no_repeat_ngram_size": 2}, {"bad_words_ids": [[20], [30]]},
+    {"suppress_tokens": list(range(40, 90))}, {"begin_suppress_tokens": list(range(3, 60))},
+    {"epsilon_cutoff": 0.01}, {"eta_cutoff": 0.01},
+], ids=lambda p: next(iter(p)))
+def test_each_logits_processor_at_alpha_one_equals_plain_generate(tiny_engine, processor):
+    model, ids = tiny_engine.model, torch.tensor([[11, 12, 13, 11, 12]])
+    ref = sampled(model, ids, **processor)
+    assert torch.equal(sampled(model, ids, custom_generate=CUSTOM, trust_remote_code=True, alpha=1.0, **processor), ref)
+
+
+def test_min_new_tokens_keeps_decoding_past_eos(tiny_engine):
+    model, ids = tiny_engine.model, torch.tensor([[5, 6, 7]])
+    first = int(custom(model, ids, alpha=1.0, max_new_tokens=1)[0, -1])  # make the first greedy token the EOS
+    stops = custom(model, ids, alpha=0.8, max_new_tokens=N, eos_token_id=first)
+    assert stops.shape[1] == 3 + 1
+    ref = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=N, min_new_tokens=5,
+                         eos_token_id=first, do_sample=False)
+    out = custom(model, ids, alpha=1.0, max_new_tokens=N, min_new_tokens=5, eos_token_id=first)
+    assert out.shape[1] >= 3 + 5 and torch.equal(out, ref)
+
+
+def test_callers_processors_and_stopping_criteria_are_honoured(tiny_engine):
+    from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList, SuppressTokensLogitsProcessor
+
+    class AfterThree(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.full((input_ids.shape[0],), input_ids.shape[1] >= 3 + 3, dtype=torch.bool)
+
+    model, ids = tiny_engine.model, torch.tensor([[5, 6, 7]])
+    banned = custom(model, ids, alpha=1.0, max_new_tokens=N)[0, 3:].tolist()
+    processors = LogitsProcessorList([SuppressTokensLogitsProcessor(banned)])
+    out = custom(model, ids, alpha=0.8, max_new_tokens=N, logits_processor=processors,
+                 stopping_criteria=StoppingCriteriaList([AfterThree()]))
+    assert out.shape == (1, 6) and not set(out[0, 3:].tolist()) & set(banned)
+
+
+def test_temperature_zero_with_sampling_is_refused_as_plain_generate_refuses_it(tiny_engine):
+    ids = torch.tensor([[5, 6, 7]])
+    with pytest.raises(ValueError, match="temperature") as plain:
+        sampled(tiny_engine.model, ids, temperature=0.0)
+    with pytest.raises(ValueError, match="temperature") as ours:
+        sampled(tiny_engine.model, ids, temperature=0.0, custom_generate=CUSTOM, trust_remote_code=True, alpha=0.9)
+    assert str(ours.value) == str(plain.value)
+
+
+def test_a_d3_run_returns_num_return_sequences_rows_per_prompt(tiny_engine):
+    ids = torch.tensor([[0, 21, 22], [31, 32, 33]])
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    torch.manual_seed(0)
+    out = tiny_engine.model.generate(input_ids=ids, attention_mask=mask, custom_generate=CUSTOM, trust_remote_code=True,
+                                     alpha=0.8, max_new_tokens=N, do_sample=True, num_return_sequences=3)
+    assert out.shape == (6, 3 + N) and torch.equal(out[:, :3], ids.repeat_interleave(3, dim=0))
+
+
+def test_seed_gives_the_same_sample_whatever_the_global_seed(tiny_engine):
+    model, ids = tiny_engine.model, torch.tensor([[5, 6, 7]])
+    a, b = (sampled(model, ids, global_seed=g, custom_generate=CUSTOM, trust_remote_code=True, alpha=0.9, seed=7)
+            for g in (0, 1))
+    assert torch.equal(a, b)
 
 
 @pytest.mark.integration
@@ -93,3 +176,23 @@ def test_smollm2_equals_the_engine_and_plain_generate_at_alpha_one(smol_engine):
     assert out[0, ids.shape[1]:].tolist() == engine_tokens(smol_engine, [ids[0].tolist()], settings, n)[0]
     ref = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False)
     assert torch.equal(custom(model, ids, alpha=1.0, max_new_tokens=n), ref)
+
+
+def test_a_streamer_sees_what_plain_generate_shows_it(tiny_engine):
+    from transformers.generation.streamers import BaseStreamer
+
+    class Collect(BaseStreamer):
+        def __init__(self):
+            self.puts, self.ended = [], False
+
+        def put(self, value):
+            self.puts.append(value.tolist())
+
+        def end(self):
+            self.ended = True
+
+    model, ids = tiny_engine.model, torch.tensor([[5, 6, 7]])
+    plain, ours = Collect(), Collect()
+    model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=N, do_sample=False, streamer=plain)
+    custom(model, ids, alpha=1.0, max_new_tokens=N, streamer=ours)
+    assert ours.puts == plain.puts and ours.ended and len(ours.puts) == 1 + N

@@ -152,17 +152,40 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_info(args: argparse.Namespace) -> int:
     from d3.models import describe, get_model
 
+    from d3.families import fill_exactness, family_of
+
     _quiet_transformers()
-    info = describe(get_model(args.model, device=args.device, dtype=args.dtype))
+    loaded = get_model(args.model, device=args.device, dtype=args.dtype)
+    info = describe(loaded)
+    info["fills"] = fill_exactness(family_of(loaded.config))
+    if args.dtype != "float32":
+        info["dtype_gap"] = _dtype_gap(loaded, args).line()
     if args.json:
         print(json.dumps(info, default=str))
         return 0
     for key, value in info.items():
-        print(f"{key:>16}: {value}")
+        if key != "fills":
+            print(f"{key:>16}: {value}")
     head, tail = info["default_core"]
     n = info["num_layers"]
     print(f"{'layers':>16}: core head 0..{head - 1}, flex {head}..{n - tail - 1}, core tail {n - tail}..{n - 1}")
+    for fill, how in info["fills"].items():
+        print(f"{fill:>16}: {how}")
     return 0
+
+
+DTYPE_GAP_PROMPT = "The three primary colors are"
+
+
+def _dtype_gap(loaded: Any, args: argparse.Namespace) -> Any:
+    """The model in args.dtype against itself in float32 on one prompt (`d3.compare.dtype_gap`)."""
+    from d3.compare import dtype_gap
+    from d3.engine import Engine
+    from d3.models import get_model
+
+    reference = get_model(args.model, device=args.device, dtype="float32")
+    return dtype_gap(Engine.from_loaded(reference), Engine.from_loaded(loaded), DTYPE_GAP_PROMPT,
+                     GenerationConfig(max_new_tokens=16, stop_at_eos=False))
 
 
 def cmd_fetch_data(args: argparse.Namespace) -> int:
@@ -182,7 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_strategy_args(gen)
     _add_model_args(gen)
     gen.set_defaults(func=cmd_generate)
-    info = sub.add_parser("info", help="the model, its layers and the default core split")
+    info = sub.add_parser("info", help="the model, its family, how exact each fill is for it, its layers and the default "
+                          "core split; with --dtype bfloat16 / float16, how far that dtype is from float32")
     info.add_argument("--json", action="store_true")
     _add_model_args(info)
     info.set_defaults(func=cmd_info)

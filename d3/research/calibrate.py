@@ -23,6 +23,7 @@ import json
 import math
 import os
 import re
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -47,6 +48,24 @@ from d3.orders import (  # noqa: F401  (what a calibration is and where it is ke
 from d3.teacher_forced import Score, TeacherForced
 
 Progress = Callable[[int, int, str], None]  # (done, total, what) after each scored removal
+Announce = Callable[[str], None]  # one line saying what the calibration will cost, before its removals start
+
+
+def announce_to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def removals(flex: int, steps: int) -> int:
+    """Scored removals of a greedy nested order over `flex` layers with `steps` greedy steps."""
+    steps = max(1, min(steps, flex))
+    return sum(flex - k for k in range(steps))
+
+
+def cost_line(count: int, seconds_each: float) -> str:
+    total = count * seconds_each
+    when = f"{total / 60:.1f} min" if total >= 60 else f"{total:.0f} s"
+    return (f"calibration: {count} scored removals x {seconds_each:.2f} s each (measured on full depth) = about {when}; "
+            f"fewer with --steps (steps=)")
 
 
 # ------------------------------------------------------------------ greedy nested removal
@@ -64,7 +83,7 @@ def greedy_order(flex: Sequence[int], score: Callable[[tuple[int, ...]], Score],
 
     The layers left after `steps` follow in the order of their single-drop scores (least harmful first)."""
     steps = max(1, min(steps, len(flex)))
-    total = sum(len(flex) - k for k in range(steps))
+    total = removals(len(flex), steps)
     done, removed, curve = 0, [], []
     single: dict[int, Score] = {}
     for k in range(steps):
@@ -171,11 +190,12 @@ def _as_perplexity(score: Score) -> Score:
 
 def calibrate(engine: Any, signal: str, cal_set: CalibrationSet | None = None, *, core: tuple[int, int] | None = None,
               steps: int | None = None, tokens: int = 32, progress: Progress | None = None,
-              use_cache: bool = True) -> Calibration:
+              use_cache: bool = True, announce: Announce | None = announce_to_stderr) -> Calibration:
     """Measure the greedy nested drop order of `engine`'s model under `signal` on `cal_set` (default: the signal's
     own set), cached per (model, signal, set, core, tokens, steps) in the model cache folder.
 
-    steps: greedy removals (default: every flex layer); the rest follow by single-drop score."""
+    steps: greedy removals (default: every flex layer); the rest follow by single-drop score.
+    announce: told one line of the cost (removals x the measured time of one pass) before the removals start."""
     cal_set = cal_set or default_set(signal)
     L = engine.num_layers
     head, tail = core if core is not None else D3Config().core(L)
@@ -195,7 +215,7 @@ def calibrate(engine: Any, signal: str, cal_set: CalibrationSet | None = None, *
             return Calibration.from_dict(json.loads(path.read_text(encoding="utf-8")))
         except (ValueError, KeyError, TypeError):
             pass  # a damaged cache file: measure again
-    result, _ = _measure(engine, signal, cal_set, (head, tail), steps, tokens, progress, {})
+    result, _ = _measure(engine, signal, cal_set, (head, tail), steps, tokens, progress, {}, announce)
     _write(path, result)
     return result
 
@@ -212,12 +232,17 @@ def calibrate_and_compare(engine: Any, signal: str, cal_set: CalibrationSet, ord
 
 
 def _measure(engine: Any, signal: str, cal_set: CalibrationSet, core: tuple[int, int], steps: int, tokens: int,
-             progress: Progress | None, orders: dict[str, Sequence[int]]) -> tuple[Calibration, dict[str, list[float]]]:
+             progress: Progress | None, orders: dict[str, Sequence[int]],
+             announce: Announce | None = None) -> tuple[Calibration, dict[str, list[float]]]:
     t0 = time.perf_counter()
     head, tail = core
     flex = list(range(head, engine.num_layers - tail))
     score = scorer(engine, signal, cal_set, tokens)
+    t_full = time.perf_counter()
     full = score(())
+    if announce is not None:  # one removal costs about what full depth's pass did
+        count = removals(len(flex), steps) + sum(min(steps, len(o)) for o in orders.values())
+        announce(cost_line(count, time.perf_counter() - t_full))
     order, single, curve = greedy_order(flex, score, higher=HIGHER_IS_BETTER[signal], steps=steps, progress=progress)
     compared = {name: [round(score(tuple(o[:k])).value, 6) for k in range(1, min(steps, len(o)) + 1)]
                 for name, o in orders.items()}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable
 
@@ -35,6 +36,16 @@ STRATEGY_LABELS: dict[str, str] = {
     "early_exit": "Confidence early exit (CALM-style)",
 }
 DECODINGS = ("greedy", "sample")
+# Each control as the page labels it (layout.py uses these; messages on the page name fields by them).
+LABELS: dict[str, str] = {
+    "alpha": "α", "core_head": "Core head", "core_tail": "Core tail", "start": "Start",
+    "max_new_tokens": "Max new tokens", "temperature": "Temperature", "seed": "Seed",
+    "unified_ratio": "Unified skipping: target speedup r", "skipdecode_max": "SkipDecode: max layers",
+    "skipdecode_min": "SkipDecode: min layers", "threshold": "Early exit: confidence threshold",
+    "attention_layer": "Attention layer", "attention_head": "Attention head", "layer_order": "Calibrated order",
+    "drop_order": "Drop order", "fill": "Fill", "strategy": "Strategy", "decoding": "Decoding", "prompt": "Prompt",
+    "model": "Model",
+}
 ALPHA_RANGE = (0.8, 1.0)  # the α slider's range: the part of (0, 1] where a decay leaves anything to look at
 TEMPERATURE_RANGE = (0.05, 2.0)
 METRICS = ("both", "cos", "dist")
@@ -220,8 +231,9 @@ def model_defaults(model: Any) -> Controls:
     return DEFAULTS.with_(**MODEL_DEFAULTS.get(str(model), {}))
 
 
-def _drop_order(c: Controls) -> dict[str, Any]:
+def _drop_order(c: Controls, num_layers: int) -> dict[str, Any]:
     order = as_choice("drop_order", c.drop_order, DROP_ORDERS)
+    c, _ = fitted(c, num_layers)
     if order != "calibrated":
         return {"drop_order": order}
     return {"drop_order": order, "layer_order": parse_layer_order(c.layer_order)}
@@ -238,7 +250,7 @@ def parse_strategy(c: Controls, num_layers: int, caps: Caps) -> StrategyConfig:
             core_head=_core_layer("core_head", c.core_head, head, num_layers),
             core_tail=_core_layer("core_tail", c.core_tail, tail, num_layers),
             start=int(as_number("start", c.start, 0, caps.max_new_tokens, integer=True)),
-            fill=fill, **_drop_order(c))
+            fill=fill, **_drop_order(c, num_layers))
     elif name == "skipdecode":
         cfg = SkipDecodeConfig(max_layers=_optional_layers("skipdecode_max", c.skipdecode_max, num_layers),
                                min_layers=_optional_layers("skipdecode_min", c.skipdecode_min, num_layers),
@@ -252,21 +264,85 @@ def parse_strategy(c: Controls, num_layers: int, caps: Caps) -> StrategyConfig:
     return cfg
 
 
-def slider_ranges(num_layers: int, caps: Caps) -> dict[str, tuple[float, float, bool]]:
-    """The page's sliders: name -> (min, max, integer). A value typed into a slider's box outside its range is
-    clamped back by the browser when the box loses focus, so the page says so as it is typed (`check_sliders`)."""
+def slider_ranges(c: Controls, num_layers: int, caps: Caps) -> dict[str, tuple[float, float, bool]]:
+    """The page's sliders: name -> (min, max, integer), derived from the one state of the controls: each core
+    slider reaches as far as the other leaves at least one flex layer (head + tail < L). The page sets the
+    sliders' maxima from this (`derived`) and checks a typed value against it (`check_sliders`)."""
     top = num_layers - 1
-    return {"alpha": (*ALPHA_RANGE, False), "core_head": (0, top, True), "core_tail": (0, top, True),
-            "start": (0, caps.max_new_tokens, True), "temperature": (*TEMPERATURE_RANGE, False),
-            "attention_layer": (0, top, True)}
+    head, tail = _core_or_default(c, num_layers)
+    return {"alpha": (*ALPHA_RANGE, False), "core_head": (0, max(top - tail, 0), True),
+            "core_tail": (0, max(top - head, 0), True), "start": (0, caps.max_new_tokens, True),
+            "temperature": (*TEMPERATURE_RANGE, False), "attention_layer": (0, top, True)}
+
+
+def _core_or_default(c: Controls, num_layers: int) -> tuple[int, int]:
+    """The core the controls ask for, each side read leniently (a bad value counts as the model's default)."""
+    head, tail = default_core(num_layers)
+    top = num_layers - 1
+    h = head if c.core_head is None else min(max(whole(c.core_head, head), 0), top)
+    t = tail if c.core_tail is None else min(max(whole(c.core_tail, tail), 0), top)
+    return h, t
+
+
+def page_words(message: str) -> str:
+    """A message worded for the API (fields by parameter name) worded for the page (fields as the page labels
+    them): `core_head=99 ...` -> `Core head=99 ...`."""
+    pattern = "|".join(sorted(map(re.escape, LABELS), key=len, reverse=True))
+    return re.sub(rf"\b({pattern})(?==| must| is |:)", lambda m: LABELS[m.group(1)], message)
 
 
 def check_sliders(c: Controls, num_layers: int, caps: Caps) -> None:
-    """ValueError, worded like the API's, for a slider value outside the slider's range (None: the default)."""
-    for name, (lo, hi, integer) in slider_ranges(num_layers, caps).items():
+    """ValueError naming the slider as the page labels it, with its real range (None: the default)."""
+    for name, (lo, hi, integer) in slider_ranges(c, num_layers, caps).items():
         value = getattr(c, name)
         if value is not None:
-            as_number(name, value, lo, hi, integer=integer)
+            as_number(LABELS[name], value, lo, hi, integer=integer)
+
+
+def refit_order(order: tuple[int, ...], model: Any, num_layers: int, head: int, tail: int) -> tuple[int, ...]:
+    """A calibrated order made to fit the core (head, tail): the order measured for that core on this model where
+    one ships (d3.orders.MEASURED), else `order` restricted to the new flex layers in the same order, followed by
+    the layers the core gave up (nearest the middle first: they were kept, so they go last)."""
+    flex = range(head, num_layers - tail)
+    measured = MEASURED.get(str(model), {}).get((head, tail))
+    if measured is not None and sorted(measured) == list(flex):
+        return tuple(measured)
+    kept = [layer for layer in order if layer in flex]
+    middle = (num_layers - 1) / 2
+    freed = sorted((layer for layer in flex if layer not in kept), key=lambda layer: (abs(layer - middle), layer))
+    return (*kept, *freed)
+
+
+def fitted(c: Controls, num_layers: int) -> tuple[Controls, str]:
+    """The controls with a calibrated order that fits their core, and one line saying what changed ("" when
+    nothing did). Only an order of distinct layers is re-fitted (one calibrated for another core or model);
+    anything else is left for the parse to refuse with what to type."""
+    if c.drop_order != "calibrated":
+        return c, ""
+    try:
+        order = parse_layer_order(c.layer_order)
+        head = int(as_number("core_head", default_core(num_layers)[0] if c.core_head is None else c.core_head,
+                             0, num_layers - 1, integer=True))
+        tail = int(as_number("core_tail", default_core(num_layers)[1] if c.core_tail is None else c.core_tail,
+                             0, num_layers - 1, integer=True))
+    except ValueError:
+        return c, ""
+    if len(set(order)) != len(order) or head + tail >= num_layers or sorted(order) == list(range(head, num_layers - tail)):
+        return c, ""
+    new = refit_order(order, c.model, num_layers, head, tail)
+    how = ("the order measured for this core" if tuple(MEASURED.get(str(c.model), {}).get((head, tail), ())) == new
+           else "the same order over the new flex layers")
+    note = (f"Calibrated order re-fitted to core {head} + {tail} ({how}: flex layers {head}–{num_layers - tail - 1}, "
+            f"starting {layer_order_text(new[:4])}, …).")
+    return c.with_(layer_order=layer_order_text(new)), note
+
+
+def derived(c: Controls, num_layers: int, caps: Caps) -> dict[str, Any]:
+    """What the page shows that follows from the controls: the core sliders' maxima (head + tail < L). A dict of
+    component updates, set by the server and listened to by nothing, so it can start no other update."""
+    ranges = slider_ranges(c, num_layers, caps)
+    return {name: {"maximum": max(int(ranges[name][1]), 1), "interactive": ranges[name][1] > 0}
+            for name in ("core_head", "core_tail")}
 
 
 def parse_controls(c: Controls, num_layers: int, caps: Caps) -> tuple[StrategyConfig, GenerationConfig]:

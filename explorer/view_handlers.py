@@ -17,6 +17,9 @@ from explorer.controls import (
     Controls,
     check_sliders,
     default_attention_layer,
+    derived,
+    fitted,
+    page_words,
     model_defaults,
     parse_controls,
     parse_schedule,
@@ -117,47 +120,58 @@ def load_model(pool: ModelPool, model: str) -> tuple[Any, ...]:
                    status=views.status_html(None, None, f"Model {name} is loaded: press Generate."))
 
 
-def bound_core(pool: ModelPool, model: str, value: Any, other: Any) -> Any:
-    """The other core slider's maximum after a person moved (or typed into, or reset) one of them to `value`, so
-    that head + tail stays below the model's L layers (at least one flex layer): the sliders cannot ask for a
-    schedule the server would refuse. Wired to the slider's input and release only: a model switch, link, scenario
-    or sweep row sets both sliders and their bounds together (`core_sliders`), and a bound answered late from such a
-    change could carry the previous model's core (a maximum of 27 beside a core of 3 on 30 layers). A typed value
-    above the slider's own maximum is taken as that maximum, which the browser clamps it to."""
-    try:
-        facts = pool.known_facts(model)
-    except ValueError:
-        facts = None
-    if facts is None:
-        return gr.skip()
-    if value is None or value == "":
-        return gr.skip()  # a box emptied while typing: the bound stays until a number is there
-    top = facts.num_layers - 1
-    return gr.update(**slider_range(top - max(0, min(whole(value), top - whole(other)))))
+SETTLE_OUTPUTS = ("status", "core_head", "core_tail", "layer_order")
 
 
 @takes_controls
-def check_controls(pool: ModelPool, session: Session | None, controls: Controls) -> Any:
-    """As a control changes, say at once in the status line what is wrong with the controls (the message Generate
-    and the API give, or that a number typed into a slider's box is outside the slider, which the browser then
-    clamps), and take such a message back as soon as every control is valid again. Nothing otherwise: the status
-    line stays the run's."""
+def settle_controls(pool: ModelPool, session: Session | None, controls: Controls) -> tuple[Any, ...]:
+    """After a person's move of a control: what follows from the one state of the controls, set once, by the
+    server, on components nothing listens to (so it starts no other update): the core sliders' maxima (head + tail
+    below L), a calibrated order re-fitted to a new core (said in one line), and in the status line what is wrong
+    with the controls, named as the page labels it with its real range, or that message taken back once every
+    control is valid again. Nothing runs."""
     try:
         facts = pool.known_facts(controls.model)
-        if facts is None:
-            return gr.skip()  # not loaded yet: Generate checks it after the load
-        check_sliders(controls, facts.num_layers, pool.caps)
-        parse_controls(controls, facts.num_layers, pool.caps)
+    except ValueError:
+        facts = None
+    if facts is None:
+        return ordered(SETTLE_OUTPUTS)  # not loaded yet: Generate checks it after the load
+    layers = facts.num_layers
+    out: dict[str, Any] = {k: gr.update(**v) for k, v in derived(controls, layers, pool.caps).items()}
+    controls, note = fitted(controls, layers)
+    if note:
+        out["layer_order"] = controls.layer_order
+    try:
+        check_sliders(controls, layers, pool.caps)
+        parse_controls(controls, layers, pool.caps)
     except ValueError as err:
+        message = page_words(str(err))
         if session is not None:
-            session.problem = str(err)
-        return views.problem_html(str(err))
-    if session is None or session.problem is None or session.running is not None:
-        return gr.skip()
-    session.problem = None
-    if session.d3 is None:
-        return views.status_html(None, None, "Ready: press Generate.")
-    return views.status_html(session.d3, session.full, "done", comparison=session.comparison)
+            session.problem = message
+        return ordered(SETTLE_OUTPUTS, **out, status=views.problem_html(message))
+    if session is not None and session.running is not None:
+        return ordered(SETTLE_OUTPUTS, **out)  # the status line is the run's
+    had_problem = session is not None and session.problem is not None
+    if session is not None:
+        session.problem = None
+    if not note and not had_problem:
+        return ordered(SETTLE_OUTPUTS, **out)
+    s = session or Session()
+    phase = "done" if s.d3 is not None else "Ready: press Generate."
+    return ordered(SETTLE_OUTPUTS, **out, status=views.status_html(s.d3, s.full, phase, comparison=s.comparison,
+                                                                     note=note))
+
+
+@takes_controls
+def check_release(pool: ModelPool, session: Session | None, controls: Controls) -> None:
+    """A slider let go runs only on a valid value: otherwise nothing runs (and `settle_controls` says why)."""
+    try:
+        facts = pool.known_facts(controls.model)
+        if facts is not None:
+            check_sliders(controls, facts.num_layers, pool.caps)
+            parse_controls(fitted(controls, facts.num_layers)[0], facts.num_layers, pool.caps)
+    except ValueError as err:
+        raise refused(ValueError(page_words(str(err)))) from None
 
 
 @takes_controls

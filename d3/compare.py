@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -11,7 +11,7 @@ import torch
 from d3.config import FullConfig, GenerationConfig, StrategyConfig, TraceConfig, TRACE_OFF
 from d3.decoder import DecodeState, StepOutput
 from d3.engine import Engine
-from d3.trace import RAN, Comparison, Trace, token_agreement
+from d3.trace import RAN, Comparison, Speedup, Trace, measured_speedup, token_agreement  # noqa: F401
 
 
 @dataclass
@@ -77,15 +77,26 @@ def kv_error(full: DecodeState, skip: DecodeState, steps: int) -> np.ndarray:
     return out
 
 
+def _never() -> bool:
+    return False
+
+
 def compare(engine: Engine, prompt: str, strategy: StrategyConfig, gen: GenerationConfig = GenerationConfig(),
             trace: TraceConfig = TraceConfig(), *, chat_template: bool = True, full: Recorded | None = None,
-            skip: Recorded | None = None) -> Comparison:
-    """Measure a skipping strategy against full depth on one prompt (runs whatever was not passed in)."""
-    kw = dict(chat_template=chat_template)
+            skip: Recorded | None = None, should_stop: Callable[[], bool] = _never) -> Comparison | None:
+    """Measure a skipping strategy against full depth on one prompt (runs whatever was not passed in).
+
+    should_stop(): checked before every decode step of the runs this makes (a Stop button, a closed tab); True ends
+    them and the comparison is None. The measured speedup is `Comparison.speedup`."""
+    kw: dict[str, Any] = dict(chat_template=chat_template, should_stop=should_stop)
     full = full or run_recorded(engine, prompt, FullConfig(), gen, trace, **kw)
     skip = skip or run_recorded(engine, prompt, strategy, gen, trace, **kw)
+    if should_stop():
+        return None
     assert full.trace is not None and skip.trace is not None
     teacher = run_recorded(engine, prompt, strategy, gen, TRACE_OFF, forced=[full.trace.token_ids], **kw)
+    if should_stop():
+        return None
     free_ref = engine.full_depth_logprobs(prompt, skip.trace.token_ids, chat_template=chat_template).cpu()
     n = token_agreement(full.trace.token_ids, skip.trace.token_ids).compared
     agree = np.array(full.trace.token_ids[:n]) == np.array(skip.trace.token_ids[:n])  # bool [n], per position
@@ -100,7 +111,7 @@ def compare(engine: Engine, prompt: str, strategy: StrategyConfig, gen: Generati
         kv_error=kv_error(full.state, teacher.state, steps) if steps else np.zeros((0, engine.num_layers)),
         filled_mask=teacher_grid != RAN,
         teacher_grid=teacher_grid,
-        full_logprob=free_ref.gather(1, torch.tensor(skip.trace.token_ids)[:, None])[:, 0].numpy().astype(np.float64)
+        full_logprob=free_ref.gather(1, torch.tensor(skip.trace.token_ids)[:, None])[:, 0].double().numpy()
         if len(skip.trace.token_ids) else np.zeros(0),
     )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, ClassVar
@@ -34,11 +35,85 @@ def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
     _check(value in choices, name, value, "one of " + ", ".join(choices))
 
 
-def _check_optional_int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
-    if value is None:
-        return
-    allowed = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
-    _check(_is_int(value) and value >= lo and (hi is None or value <= hi), name, value, allowed + " (or None for auto)")
+# ---------------------------------------------------------------- the registry: each field's facts, said once
+
+
+@dataclass(frozen=True)
+class Param:
+    """What one config field allows, said once. The configs validate with it; the page's controls, the CLI's flags,
+    custom_generate's keywords, share links, sweep specs and report labels are derived from it (`params`).
+
+    lo / hi: the range (open at an end with lo_open / hi_open); integer: whole numbers only; choices: the allowed
+    words; optional: None is allowed and means auto; unit: said after the range ("tokens"); default: the field's
+    own default, filled in by `params` (the dataclass field is the one place it is written)."""
+
+    label: str
+    help: str
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    integer: bool = False
+    choices: tuple[str, ...] = ()
+    optional: bool = False
+    unit: str = ""
+    default: Any = None
+
+    def allowed(self) -> str:
+        """What is allowed, in the words of an error message: "a number in (0, 1]", "one of copy, none"."""
+        if self.choices:
+            return "one of " + ", ".join(self.choices)
+        kind = "an integer" if self.integer else "a number"
+        if self.lo is not None and self.hi is not None:
+            text = f"{kind} in {'(' if self.lo_open else '['}{_num(self.lo)}, {_num(self.hi)}{')' if self.hi_open else ']'}"
+        elif self.lo is not None:
+            text = f"{kind} {'>' if self.lo_open else '>='} {_num(self.lo)}"
+        elif self.hi is not None:
+            text = f"{kind} {'<' if self.hi_open else '<='} {_num(self.hi)}"
+        else:
+            text = kind
+        text += f" ({self.unit})" if self.unit else ""
+        return text + (" (or None for auto)" if self.optional else "")
+
+    def ok(self, value: Any) -> bool:
+        if value is None:
+            return self.optional
+        if self.choices:
+            return value in self.choices
+        if not (_is_int(value) if self.integer else _is_number(value)):
+            return False
+        above = self.lo is None or (value > self.lo if self.lo_open else value >= self.lo)
+        below = self.hi is None or (value < self.hi if self.hi_open else value <= self.hi)
+        return above and below
+
+    def check(self, name: str, value: Any) -> None:
+        """Raise ValueError naming the field, the value and what is allowed."""
+        _check(self.ok(value), name, value, self.allowed())
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
+
+
+def param(default: Any, label: str, help: str, **allowed: Any) -> Any:
+    """A config field with its facts: `alpha: float = param(0.99, "α (decay rate)", "...", lo=0, hi=1, lo_open=True)`."""
+    return field(default=default, metadata={"param": Param(label, help, **allowed)})
+
+
+def params(cls: type) -> dict[str, Param]:
+    """Every registered field of a config class, in field order, with its default filled in."""
+    return dict(_params(cls))
+
+
+@functools.lru_cache(maxsize=None)
+def _params(cls: type) -> tuple[tuple[str, Param], ...]:
+    return tuple((f.name, replace(f.metadata["param"], default=f.default)) for f in fields(cls) if "param" in f.metadata)
+
+
+def check_params(cfg: Any) -> None:
+    """Validate every registered field of a config instance against its Param."""
+    for name, p in params(type(cfg)).items():
+        p.check(name, getattr(cfg, name))
 
 
 def drop_order_fields(word: str) -> dict[str, Any]:
@@ -83,10 +158,14 @@ class StrategyConfig:
     """
 
     name: ClassVar[str] = "base"
-    fill: str = "copy"
+    short: ClassVar[str] = "base"  # in legends and tables
+    label: ClassVar[str] = "base"
+    fill: str = param("copy", "Fill", "how a skipped layer's key/value entry is filled for later tokens: copy the "
+                      "nearest lower layer that ran (of the same attention type), propagate (the layer's own K/V of "
+                      "the state that skipped it), or none (a masked hole)", choices=FILL_VARIANTS)
 
     def __post_init__(self) -> None:
-        _check_choice("fill", self.fill, FILL_VARIANTS)
+        check_params(self)
 
     def to_dict(self) -> dict[str, Any]:
         return {"strategy": self.name, **asdict(self)}
@@ -104,6 +183,8 @@ class FullConfig(StrategyConfig):
     """Full depth: every layer for every token (the reference)."""
 
     name: ClassVar[str] = "full"
+    short: ClassVar[str] = "full depth"  # in legends and tables
+    label: ClassVar[str] = "Full depth"
 
 
 @dataclass(frozen=True)
@@ -128,20 +209,22 @@ class D3Config(StrategyConfig):
     """
 
     name: ClassVar[str] = "d3"
-    alpha: float = 0.99
-    core_head: int | None = None
-    core_tail: int | None = None
-    start: int = 0
-    drop_order: str = "middle_out"
-    layer_order: tuple[int, ...] | str | None = None
+    short: ClassVar[str] = "D3"  # in legends and tables
+    label: ClassVar[str] = "D3 (depth decay)"
+    alpha: float = param(0.99, "α (decay rate)", "token i runs floor(L·α^i) layers: 1 keeps full depth, lower "
+                         "decays faster", lo=0, hi=1, lo_open=True)
+    core_head: int | None = param(None, "Core head", "layers at the bottom that always run (auto: L // 8)", lo=0,
+                                  integer=True, optional=True)
+    core_tail: int | None = param(None, "Core tail", "layers at the top that always run (auto: L // 8)", lo=0,
+                                  integer=True, optional=True)
+    start: int = param(0, "Start", "the step the decay counts from: tokens 0..start run at full depth", lo=0,
+                       integer=True, unit="tokens")
+    drop_order: str = param("middle_out", "Drop order", "which flex layers go first as the budget shrinks "
+                            "(calibrated: a measured order, named or given by layer_order)", choices=DROP_ORDERS)
+    layer_order: tuple[int, ...] | str | None = None  # checked below: a tuple of layers or a calibration's name
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check(_is_number(self.alpha) and 0 < self.alpha <= 1, "alpha", self.alpha, "a number in (0, 1]")
-        _check_optional_int("core_head", self.core_head, 0)
-        _check_optional_int("core_tail", self.core_tail, 0)
-        _check(_is_int(self.start) and self.start >= 0, "start", self.start, "an integer >= 0 (tokens)")
-        _check_choice("drop_order", self.drop_order, DROP_ORDERS)
         if isinstance(self.layer_order, list):  # JSON and keyword callers hand a list; the config keeps a tuple
             object.__setattr__(self, "layer_order", tuple(self.layer_order))
         if self.drop_order != "calibrated":
@@ -209,17 +292,18 @@ class SkipDecodeConfig(StrategyConfig):
     """
 
     name: ClassVar[str] = "skipdecode"
-    max_layers: int | None = None
-    min_layers: int | None = None
-    warmup: int = 1
-    horizon: int = 128
+    short: ClassVar[str] = "SkipDecode"  # in legends and tables
+    label: ClassVar[str] = "SkipDecode"
+    max_layers: int | None = param(None, "SkipDecode max layers", "the budget at the first token (auto: ceil(2L/3))",
+                                   lo=1, integer=True, optional=True)
+    min_layers: int | None = param(None, "SkipDecode min layers", "the lowest budget, reached after `horizon` tokens "
+                                   "(auto: L // 3)", lo=1, integer=True, optional=True)
+    warmup: int = param(1, "Warm-up layers", "bottom layers every token runs", lo=0, integer=True)
+    horizon: int = param(128, "Horizon", "tokens over which the budget falls linearly", lo=1, integer=True,
+                         unit="tokens")
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_optional_int("max_layers", self.max_layers, 1)
-        _check_optional_int("min_layers", self.min_layers, 1)
-        _check(_is_int(self.warmup) and self.warmup >= 0, "warmup", self.warmup, "an integer >= 0")
-        _check(_is_int(self.horizon) and self.horizon >= 1, "horizon", self.horizon, "an integer >= 1 (tokens)")
         if self.max_layers is not None and self.min_layers is not None:
             _check(self.min_layers <= self.max_layers, "min_layers", self.min_layers, f"<= max_layers ({self.max_layers})")
 
@@ -246,13 +330,12 @@ class UnifiedConfig(StrategyConfig):
     """
 
     name: ClassVar[str] = "unified"
-    ratio: float = 1.5
-    spacing: str = "even"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _check(_is_number(self.ratio) and 1 <= self.ratio <= 64, "ratio", self.ratio, "a number in [1, 64]")
-        _check_choice("spacing", self.spacing, UNIFIED_SPACINGS)
+    short: ClassVar[str] = "Unified"  # in legends and tables
+    label: ClassVar[str] = "Unified Layer Skipping"
+    ratio: float = param(1.5, "Unified ratio", "target speedup: keep floor(L / ratio) layers, first and last always",
+                         lo=1, hi=64)
+    spacing: str = param("even", "Spacing", "kept layers evenly spaced (even) or every floor(L / (N - 1))-th (integer, "
+                         "the paper's literal rule)", choices=UNIFIED_SPACINGS)
 
     def check_layers(self, num_layers: int) -> None:
         super().check_layers(num_layers)
@@ -269,16 +352,17 @@ class EarlyExitConfig(StrategyConfig):
     """
 
     name: ClassVar[str] = "early_exit"
-    fill: str = "propagate"
-    threshold: float = 0.9
-    measure: str = "softmax_gap"
-    min_layers: int = 4
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _check(_is_number(self.threshold) and 0 < self.threshold <= 1, "threshold", self.threshold, "a number in (0, 1]")
-        _check_choice("measure", self.measure, CONFIDENCE_MEASURES)
-        _check(_is_int(self.min_layers) and self.min_layers >= 1, "min_layers", self.min_layers, "an integer >= 1")
+    short: ClassVar[str] = "early exit"  # in legends and tables
+    label: ClassVar[str] = "Confidence early exit (CALM-style)"
+    # propagate: CALM's own state propagation (an exited token's skipped layers get their K/V from its last state);
+    # the page, the CLI and custom_generate all read this one default.
+    fill: str = param("propagate", "Fill", "how the layers above an exit get their key/value entry: propagate (CALM's "
+                      "state propagation), copy, or none", choices=FILL_VARIANTS)
+    threshold: float = param(0.9, "Confidence threshold", "exit once the confidence passes this", lo=0, hi=1,
+                             lo_open=True)
+    measure: str = param("softmax_gap", "Confidence measure", "softmax_gap: top-1 minus top-2 probability through the "
+                         "LM head; cosine: similarity of consecutive hidden states", choices=CONFIDENCE_MEASURES)
+    min_layers: int = param(4, "Min layers", "layers every token runs before it may exit", lo=1, integer=True)
 
     def check_layers(self, num_layers: int) -> None:
         super().check_layers(num_layers)
@@ -292,6 +376,8 @@ class StaticSkipConfig(StrategyConfig):
     calibration's `task` signal (`d3.research.calibrate`) scores candidate removals with it. Not offered on the page."""
 
     name: ClassVar[str] = "static"
+    short: ClassVar[str] = "static"  # in legends and tables
+    label: ClassVar[str] = "Static removal"
     skip: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
@@ -307,9 +393,12 @@ class StaticSkipConfig(StrategyConfig):
                f"distinct layers among 0..{num_layers - 1}, leaving at least one to run")
 
 
+# The strategies a person can run, in the order every list, menu and table shows them: full depth (the reference),
+# D3, then the baselines.
 STRATEGIES: dict[str, type[StrategyConfig]] = {
     cls.name: cls for cls in (FullConfig, D3Config, SkipDecodeConfig, UnifiedConfig, EarlyExitConfig)
 }
+BASELINES: tuple[str, ...] = tuple(n for n in STRATEGIES if n not in ("full", "d3"))
 
 
 def strategy_from_dict(data: dict[str, Any]) -> StrategyConfig:
@@ -327,6 +416,9 @@ def strategy_from_dict(data: dict[str, Any]) -> StrategyConfig:
 
 MAX_NEW_TOKENS_CAP = 1024
 MAX_PROMPT_TOKENS_CAP = 4096
+# Seeds up to 2**32 - 1: numpy's and most tools' seed range, and exact in a browser's number box (a JavaScript number
+# holds integers exactly only up to 2**53), so a seed shown on the page is the seed that ran.
+SEED_MAX = 2**32 - 1
 MAX_ATTENTION_LAYERS = 4  # bounds a trace: 4 layers x heads x (prompt + 1024) x 1024 tokens in float16
 
 
@@ -334,22 +426,17 @@ MAX_ATTENTION_LAYERS = 4  # bounds a trace: 4 layers x heads x (prompt + 1024) x
 class GenerationConfig:
     """How tokens are picked and when to stop. temperature 0 means greedy."""
 
-    max_new_tokens: int = 64
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int = 0
+    max_new_tokens: int = param(64, "New tokens", "how many tokens each run generates at most", lo=1,
+                                hi=MAX_NEW_TOKENS_CAP, integer=True)
+    temperature: float = param(0.0, "Temperature", "sampling temperature; 0 picks the most likely token (greedy)",
+                               lo=0, hi=5, unit="0 = greedy")
+    top_p: float = param(1.0, "Top-p", "sample from the smallest set of tokens whose probability reaches this", lo=0,
+                         hi=1, lo_open=True)
+    seed: int = param(0, "Seed", "the sampling seed (same seed, same text)", lo=0, hi=SEED_MAX, integer=True)
     stop_at_eos: bool = True
 
     def __post_init__(self) -> None:
-        _check(
-            _is_int(self.max_new_tokens) and 1 <= self.max_new_tokens <= MAX_NEW_TOKENS_CAP,
-            "max_new_tokens",
-            self.max_new_tokens,
-            f"an integer in [1, {MAX_NEW_TOKENS_CAP}]",
-        )
-        _check(_is_number(self.temperature) and 0 <= self.temperature <= 5, "temperature", self.temperature, "a number in [0, 5] (0 = greedy)")
-        _check(_is_number(self.top_p) and 0 < self.top_p <= 1, "top_p", self.top_p, "a number in (0, 1]")
-        _check(_is_int(self.seed) and 0 <= self.seed < 2**63, "seed", self.seed, "an integer in [0, 2**63)")
+        check_params(self)
 
     @property
     def greedy(self) -> bool:

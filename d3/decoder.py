@@ -17,7 +17,7 @@ from transformers.cache_utils import DynamicCache
 from d3.adapter import Adapter
 from d3.config import EarlyExitConfig, GenerationConfig
 from d3.hooks import StatsRecorder, recording
-from d3.schedule import LayerPlan
+from d3.schedule import Fill, LayerPlan, fill_plan
 
 
 @dataclass
@@ -67,7 +67,7 @@ class StepOutput:
 
     logits: torch.Tensor
     layers_run: tuple[int, ...]
-    filled: tuple[tuple[int, str], ...]
+    filled: tuple[Fill, ...]  # (layer, how, source layer or None) per skipped layer, as fill_plan decided
     stats: dict[str, torch.Tensor] = field(default_factory=dict)
     attention: dict[int, torch.Tensor] = field(default_factory=dict)
     confidence: tuple[float, ...] = ()
@@ -96,42 +96,25 @@ def _layer_mask(state: DecodeState, idx: int, base: Any) -> Any:
     return base.masked_fill(~allowed, torch.finfo(base.dtype).min)
 
 
-def copy_source(ran: list[int], idx: int, layer_types: list[str], same_type: bool = True) -> int | None:
-    """The layer whose KV a skipped layer `idx` copies: the nearest lower layer that ran (the official ULS rule),
-    else the nearest higher one; with `same_type`, only among layers of idx's attention type (Gemma 3's
-    sliding-window layers use rope base 10k, its global layers 1M, so a sliding layer's keys are rotated
-    wrongly for a global layer). None when no candidate ran."""
-    candidates = [r for r in ran if layer_types[r] == layer_types[idx]] if same_type else ran
-    if not candidates:
-        return None
-    lower = [r for r in candidates if r < idx]
-    return lower[-1] if lower else min(candidates, key=lambda r: abs(r - idx))
-
-
 def _fill(adapter: Adapter, state: DecodeState, pending: list[tuple[int, torch.Tensor]], ran: list[int],
-          fill: str, ropes: dict[str, Any]) -> tuple[tuple[int, str], ...]:
-    """Give every skipped layer a KV entry at the newest position; returns (layer, how it was filled) per layer.
-
-    copy / copy_any_type fall back to propagation where nothing fit to copy from (then recorded as propagate)."""
+          fill: str, ropes: dict[str, Any]) -> tuple[Fill, ...]:
+    """Give every skipped layer a KV entry at the newest position, as `d3.schedule.fill_plan` decides (the one place
+    that decides how, and from which layer, an entry is filled); returns those decisions for the trace."""
     cache = state.cache
-    filled = []
-    for idx, hidden in pending:
-        src = copy_source(ran, idx, adapter.layer_types, fill == "copy") if fill in ("copy", "copy_any_type") else None
-        if src is not None:
+    hidden_of = dict(pending)
+    decisions = fill_plan(ran, list(hidden_of), fill, adapter.layer_types)
+    for idx, how, src in decisions:
+        hidden = hidden_of[idx]
+        if how == "copy":
             keys, values = cache.layers[src].keys[..., -1:, :], cache.layers[src].values[..., -1:, :]
-            how = "copy"
-        elif fill != "none":
+        elif how == "propagate":
             keys, values = adapter.project_kv(idx, hidden, ropes[adapter.layer_types[idx]])
-            how = "propagate"
         else:  # none: a zero placeholder that the mask hides from every later query
-            b = hidden.shape[0]
-            keys = hidden.new_zeros(b, adapter.num_kv_heads, 1, adapter.head_dim)
+            keys = hidden.new_zeros(hidden.shape[0], adapter.num_kv_heads, 1, adapter.head_dim)
             values = torch.zeros_like(keys)
             state.mark_hole(idx)
-            how = "none"
         cache.update(keys, values, idx)
-        filled.append((idx, how))
-    return tuple(filled)
+    return decisions
 
 
 def _confidence(adapter: Adapter, cfg: EarlyExitConfig, hidden: torch.Tensor,

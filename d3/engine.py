@@ -201,7 +201,8 @@ class Engine:
         core = strategy.core(self.num_layers) if isinstance(strategy, D3Config) else default_core(self.num_layers)
         text = prompt if isinstance(prompt, str) else self.tokenizer.decode(list(prompt))
         return Trace(model=self.name, num_layers=self.num_layers, strategy=strategy.to_dict(), prompt=text, core=core,
-                     num_heads=self.adapter.num_heads, fixed_cost_layers=self.fixed_cost_layers)
+                     num_heads=self.adapter.num_heads, fixed_cost_layers=self.fixed_cost_layers,
+                     layer_types=tuple(self.adapter.layer_types))
 
     # -- conveniences ----------------------------------------------------------------------------
     def stream(self, prompt: str, strategy: StrategyConfig, gen: GenerationConfig = GenerationConfig(),

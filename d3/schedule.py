@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Sequence
 
 from d3.config import (
     D3Config,
@@ -236,3 +237,45 @@ def alpha_for_mean_depth(target_fraction: float, num_layers: int, steps: int, co
     # rounding can turn 0.9999999 (skip one layer per token) into 1.0 (skip nothing).
     candidates = (round(best[1], 6), math.floor(best[1] * 1e6) / 1e6, math.ceil(best[1] * 1e6) / 1e6)
     return min(candidates, key=lambda a: abs(mean_fraction(a) - target_fraction))
+
+
+# ---------------------------------------------------------------- how skipped layers are filled
+
+Fill = tuple[int, str, "int | None"]  # (skipped layer, how: copy / propagate / none, the layer copied from or None)
+
+
+def copy_source(ran: Sequence[int], idx: int, layer_types: Sequence[str], same_type: bool = True) -> int | None:
+    """The layer whose KV a skipped layer `idx` copies: the nearest lower layer that ran (the official ULS rule),
+    else the nearest higher one; with `same_type`, only among layers of idx's attention type (Gemma 3's
+    sliding-window layers use rope base 10k, its global layers 1M, so a sliding layer's keys are rotated
+    wrongly for a global layer). None when no candidate ran."""
+    candidates = [r for r in ran if layer_types[r] == layer_types[idx]] if same_type else list(ran)
+    if not candidates:
+        return None
+    lower = [r for r in candidates if r < idx]
+    return lower[-1] if lower else min(candidates, key=lambda r: abs(r - idx))
+
+
+def fill_plan(ran: Sequence[int], skipped: Sequence[int], fill: str, layer_types: Sequence[str]) -> tuple[Fill, ...]:
+    """How each skipped layer's KV entry at this position is filled, and from where: the decoder does exactly this
+    and the trace records it, so a figure draws the decision and never works it out again.
+
+    copy / copy_any_type copy `copy_source`'s entry; where nothing fits they fall back to propagate. none leaves a
+    hole. layer_types: each layer's attention type ("full_attention", "sliding_attention"); one type on Llama."""
+    out = []
+    for idx in skipped:
+        src = copy_source(ran, idx, layer_types, fill == "copy") if fill in ("copy", "copy_any_type") else None
+        how = "copy" if src is not None else ("none" if fill == "none" else "propagate")
+        out.append((idx, how, src))
+    return tuple(out)
+
+
+def planned_fills(cfg: StrategyConfig, num_layers: int, steps: int,
+                  layer_types: Sequence[str] | None = None) -> list[tuple[Fill, ...]]:
+    """Per planned step, `fill_plan` for the layers the schedule skips (what a run of `cfg` would record)."""
+    types = list(layer_types) if layer_types else ["full_attention"] * num_layers
+    rows = []
+    for i in range(steps):
+        run = plan(cfg, num_layers, i).run
+        rows.append(fill_plan(run, [x for x in range(num_layers) if x not in set(run)], cfg.fill, types))
+    return rows

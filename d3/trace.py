@@ -52,7 +52,8 @@ class TokenStep:
     """What happened when one sequence generated its `step`-th token (0 = first generated token).
 
     layers_run: ascending layer indices that ran.
-    filled: (layer, how) for each skipped layer whose KV entry was filled; how in copy/propagate/none.
+    filled: (layer, how, source) for each skipped layer whose KV entry was filled, as the decoder decided
+      (`d3.schedule.fill_plan`): how in copy/propagate/none; source is the layer copied from (None otherwise).
     stats: LAYER_STATS name -> float32 array [num_layers] (NaN for layers that did not run).
       attn_cos / mlp_cos: cosine between a sublayer's residual input and output.
       attn_dist / mlp_dist: ||out - in|| / ||in|| for that sublayer.  hidden_norm: ||layer output||.
@@ -70,7 +71,7 @@ class TokenStep:
     token_id: int
     text: str
     layers_run: tuple[int, ...]
-    filled: tuple[tuple[int, str], ...]
+    filled: tuple[tuple[int, str, int | None], ...]
     planned: int
     entropy: float
     wall_ms: float
@@ -94,8 +95,16 @@ class TokenStep:
         """int8 [num_layers]: RAN, SKIPPED, or a FILLED_* / HOLE code per layer."""
         row = np.full(num_layers, SKIPPED, dtype=np.int8)
         row[list(self.layers_run)] = RAN
-        for layer, how in self.filled:
+        for layer, how, _ in self.filled:
             row[layer] = FILL_CODES[how]
+        return row
+
+    def fill_sources(self, num_layers: int) -> np.ndarray:
+        """int16 [num_layers]: the layer each copied KV entry was copied from, -1 where nothing was copied."""
+        row = np.full(num_layers, -1, dtype=np.int16)
+        for layer, how, source in self.filled:
+            if how == "copy" and source is not None:
+                row[layer] = source
         return row
 
     def to_dict(self) -> dict[str, Any]:
@@ -110,7 +119,7 @@ class TokenStep:
     def from_dict(cls, d: dict[str, Any]) -> "TokenStep":
         d = dict(d)
         d["layers_run"] = tuple(d["layers_run"])
-        d["filled"] = tuple((int(a), str(b)) for a, b in d["filled"])
+        d["filled"] = tuple(_fill_entry(f) for f in d["filled"])
         d["topk"] = tuple((int(a), str(b), float(c)) for a, b, c in d.get("topk", ()))
         d["logit_lens"] = tuple(d.get("logit_lens", ()))
         d["lens_prob"] = tuple(_unfloat(x) for x in d.get("lens_prob", ()))
@@ -121,6 +130,12 @@ class TokenStep:
         for key in ("entropy", "logprob", "wall_ms"):
             d[key] = _unfloat(d.get(key))
         return cls(**d)
+
+
+def _fill_entry(f: Sequence[Any]) -> tuple[int, str, int | None]:
+    """(layer, how, source); traces saved before sources were recorded hold (layer, how): source unknown (None)."""
+    source = f[2] if len(f) > 2 else None
+    return int(f[0]), str(f[1]), None if source is None else int(source)
 
 
 def _floats(values: Iterable[float]) -> list[float | None]:
@@ -164,6 +179,7 @@ class Trace:
     finish_reason: str = ""
     num_heads: int = 0
     fixed_cost_layers: float = 0.0
+    layer_types: tuple[str, ...] = ()  # each layer's attention type (full_attention, sliding_attention); () unknown
 
     def with_steps(self, steps: Iterable[TokenStep], **changes: Any) -> "Trace":
         return replace(self, steps=tuple(steps), **changes)
@@ -200,6 +216,12 @@ class Trace:
             return np.zeros((0, self.num_layers), dtype=np.int8)
         return np.stack([s.cells(self.num_layers) for s in self.steps])
 
+    def fill_sources(self) -> np.ndarray:
+        """int16 [T, num_layers]: where each copied KV entry came from (`TokenStep.fill_sources`), -1 elsewhere."""
+        if not self.steps:
+            return np.zeros((0, self.num_layers), dtype=np.int16)
+        return np.stack([s.fill_sources(self.num_layers) for s in self.steps])
+
     def stat(self, name: str) -> np.ndarray:
         """float32 [T, num_layers] of one LAYER_STATS value (NaN where a layer did not run or was not traced)."""
         rows = [s.stats.get(name, _nan_layers(self.num_layers)) for s in self.steps]
@@ -230,6 +252,7 @@ class Trace:
             "finish_reason": self.finish_reason,
             "num_heads": self.num_heads,
             "fixed_cost_layers": self.fixed_cost_layers,
+            "layer_types": list(self.layer_types),
             "prompt_stats": {
                 "tokens": list(self.prompt_stats.tokens),
                 "stats": {k: _floats(v) for k, v in self.prompt_stats.stats.items()},
@@ -259,6 +282,7 @@ class Trace:
             finish_reason=d.get("finish_reason", ""),
             num_heads=int(d.get("num_heads", 0)),
             fixed_cost_layers=float(d.get("fixed_cost_layers", 0.0)),
+            layer_types=tuple(d.get("layer_types", ())),
         )
 
     @classmethod
@@ -283,11 +307,85 @@ class Trace:
         return pd.DataFrame(rows)
 
 
+def _speedup_fields(speedup: "Speedup | None") -> dict[str, Any]:
+    nan = float("nan")
+    return {"measured_speedup": speedup.ratio if speedup else nan, "measured_speedup_low": speedup.low if speedup else nan,
+            "measured_speedup_high": speedup.high if speedup else nan,
+            "speedup_resolvable": bool(speedup and speedup.resolvable)}
+
+
+def prediction_depth(rank: np.ndarray) -> np.ndarray:
+    """float [T]: per token, the first column from which the logit lens ranks the chosen token first at every column
+    after it that ran; NaN where even the last column that ran does not (a sampled token, or nothing ran).
+
+    rank: int [T, K], the lens's rank of the chosen token at each column (0 = top-1, -1 = the layer did not run).
+    For a trace the columns are layers (`TokenStep.lens_rank`); for the oracle, column k is the lens after k layers
+    (column 0: the embedding), so the depth is a number of layers. The one definition; `d3.research.oracle.lens_depth`
+    computes the same on the model, top-down, and is tested equal to it."""
+    rank = np.asarray(rank)
+    out = np.full(rank.shape[0], np.nan)
+    for t, row in enumerate(rank):
+        ran = np.flatnonzero(row >= 0)
+        if not ran.size or row[ran[-1]] != 0:
+            continue
+        misses = ran[row[ran] != 0]
+        out[t] = ran[ran > misses[-1]][0] if misses.size else ran[0]
+    return out
+
+
 def own_perplexity(trace: Trace) -> float:
     """A run's perplexity of its own text (each token's log-prob under the run that wrote it); NaN if not recorded."""
     lp = np.array([s.logprob for s in trace.steps], dtype=np.float64)
     lp = lp[np.isfinite(lp)]
     return float(np.exp(-lp.mean())) if lp.size else float("nan")
+
+
+@dataclass(frozen=True)
+class Speedup:
+    """Measured speedup of a skipping run over full depth, from the two runs' own step times.
+
+    ratio: median full-depth decode-step time over the skipping run's, on the positions both reached (the first step,
+      the prompt's prefill at full depth in both, left out).  low / high: its 95% interval, a bootstrap over the
+      paired steps (the runs interleave token by token in one process, so step k of each saw the same machine load).
+    theoretical: L / mean layers of the skipping run.  steps: paired steps measured.
+    resolvable: the interval excludes 1, so the run measured a difference at all. A 1.04x theoretical speedup on a
+      shared CPU usually isn't: then say so (`describe`) rather than show a number noise made."""
+
+    ratio: float
+    low: float
+    high: float
+    theoretical: float
+    steps: int
+
+    @property
+    def resolvable(self) -> bool:
+        return self.low > 1.0 or self.high < 1.0
+
+    def describe(self) -> str:
+        if not self.resolvable:
+            return f"too small to measure here: theoretical {self.theoretical:.2f}x"
+        return f"{self.ratio:.2f}x measured (95% {self.low:.2f}–{self.high:.2f}; theoretical {self.theoretical:.2f}x)"
+
+
+MIN_TIMED_STEPS = 4  # fewer paired steps than this measure nothing
+
+
+def measured_speedup(skip: Trace | None, full: Trace | None, *, resamples: int = 1000, seed: int = 0) -> Speedup | None:
+    """`Speedup` of `skip` over `full` from their step times (None when fewer than MIN_TIMED_STEPS pairs exist)."""
+    if skip is None or full is None:
+        return None
+    n = min(len(skip.steps), len(full.steps))
+    if n - 1 < MIN_TIMED_STEPS:
+        return None
+    s = np.array([x.wall_ms for x in skip.steps[1:n]], dtype=np.float64)
+    f = np.array([x.wall_ms for x in full.steps[1:n]], dtype=np.float64)
+    if not (np.all(np.isfinite(s)) and np.all(np.isfinite(f))) or np.median(s) <= 0:
+        return None
+    idx = np.random.default_rng(seed).integers(0, len(s), size=(resamples, len(s)))  # paired: one index, both runs
+    boot = np.median(f[idx], axis=1) / np.maximum(np.median(s[idx], axis=1), 1e-12)
+    low, high = np.quantile(boot, [0.025, 0.975])
+    return Speedup(ratio=float(np.median(f) / np.median(s)), low=float(low), high=float(high),
+                   theoretical=skip.theoretical_speedup(), steps=len(s))
 
 
 @dataclass(frozen=True, eq=False)
@@ -335,6 +433,11 @@ class Comparison:
     def agreement(self) -> float:
         return self.tokens.agreement
 
+    @property
+    def speedup(self) -> Speedup | None:
+        """Measured speedup of the skipping run over full depth (`measured_speedup`), with its interval."""
+        return measured_speedup(self.skip, self.full)
+
     def filled_kv_error(self) -> float:
         """Mean relative KV error over filled entries (NaN if nothing was filled)."""
         vals = self.kv_error[self.filled_mask]
@@ -347,6 +450,7 @@ class Comparison:
             "tokens": len(self.skip.steps),
             "mean_layers": self.skip.mean_layers,
             "theoretical_speedup": self.skip.theoretical_speedup(),
+            **_speedup_fields(self.speedup),
             "agreement": self.agreement,
             "first_divergence": self.first_divergence,
             "kl_teacher_mean": float(np.nanmean(self.kl_teacher)) if self.kl_teacher.size else float("nan"),

@@ -56,6 +56,15 @@ def tiny_engine(tiny_model, tiny_tok):
 
 
 @pytest.fixture(scope="session")
+def tiny_gemma(tiny_tok):
+    """A random 6-layer Gemma 3 (tests.tiny.GEMMA_TYPES: global layers 1 and 4 among sliding ones)."""
+    from d3.engine import Engine
+    from tests.tiny import tiny_gemma3
+
+    return Engine(tiny_gemma3(), tiny_tok, name="tiny-gemma")
+
+
+@pytest.fixture(scope="session")
 def smol_engine():
     """The embedded SmolLM2-135M-Instruct (30 layers), loaded once per session from the local cache."""
     from d3.engine import Engine

@@ -94,3 +94,83 @@ def test_d3_start_docstring_matches_the_schedule():
 
     assert "start=5 keeps steps 0-5 at full depth" in D3Config.__doc__.replace("\n", " ")
     assert budgets(D3Config(alpha=0.5, start=5, core_head=0, core_tail=0), 30, 8) == [30] * 6 + [15, 7]
+
+
+# ---------------------------------------------------------------- the registry: each field's facts said once
+
+
+def test_every_strategy_field_but_the_layer_order_declares_its_facts_once() -> None:
+    from d3.config import STRATEGIES, params
+
+    for cls in STRATEGIES.values():
+        declared = set(params(cls))
+        assert declared == {f.name for f in dataclasses.fields(cls)} - {"layer_order"}, cls.name
+        for name, p in params(cls).items():
+            assert p.label and p.help and p.allowed(), (cls.name, name)
+            assert p.ok(p.default), f"{cls.name}.{name}: its default {p.default!r} is outside what it allows"
+    assert params(GenerationConfig)["seed"].hi == 2**32 - 1
+
+
+@pytest.mark.parametrize("cls,name,bad", [
+    (D3Config, "alpha", 1.5), (D3Config, "start", -1), (UnifiedConfig, "ratio", 0.5), (EarlyExitConfig, "threshold", 0),
+    (SkipDecodeConfig, "warmup", 1.5), (GenerationConfig, "seed", 2**32), (GenerationConfig, "top_p", 0.0),
+])
+def test_a_config_refuses_what_its_param_refuses_in_the_params_own_words(cls, name, bad) -> None:
+    from d3.config import params
+
+    p = params(cls)[name]
+    assert not p.ok(bad)
+    with pytest.raises(ValueError) as err:
+        cls(**{name: bad})
+    assert str(err.value) == f"{name}={bad!r} is not allowed: {name} must be {p.allowed()}"
+
+
+def test_early_exit_runs_with_calms_own_fill_everywhere() -> None:
+    """The page once ran early exit with fill copy while the config said propagate: one default now."""
+    from d3.cli import build_parser, strategy_from_args
+
+    assert EarlyExitConfig().fill == "propagate"
+    args = build_parser().parse_args(["generate", "--prompt", "x", "--strategy", "early_exit"])
+    assert strategy_from_args(args).fill == "propagate"
+
+
+CHANGED_DEFAULT = """
+import dataclasses, json, sys
+import d3.config as c
+
+@dataclasses.dataclass(frozen=True)
+class D3(c.D3Config):  # the one place a default is written, changed
+    alpha: float = c.param(0.955, "α (decay rate)", "a changed default", lo=0, hi=1, lo_open=True)
+    start: int = c.param(7, "Start", "a changed default", lo=0, integer=True, unit="tokens")
+
+c.D3Config = D3
+c.STRATEGIES["d3"] = D3
+sys.path.insert(0, "hub/d3-generate")
+from d3.cli import build_parser, strategy_from_args
+from custom_generate import generate as hub
+
+parser = build_parser()
+args = parser.parse_args(["generate", "--prompt", "x"])
+sub = next(a for a in parser._subparsers._group_actions[0].choices["generate"]._actions if a.dest == "alpha")
+cli = strategy_from_args(args)
+kw = hub.strategy_from_dict({"strategy": "d3", **{k: v for k, v in {"fill": "copy"}.items() if k in hub.STRATEGY_FIELDS}})
+print(json.dumps({"cli": [cli.alpha, cli.start], "cli_help": sub.help, "hub": [kw.alpha, kw.start],
+                  "hub_knows": sorted(n for n in ("alpha", "start") if n in hub.STRATEGY_FIELDS)}))
+"""
+
+
+def test_a_default_changed_in_the_config_reaches_the_cli_and_custom_generate() -> None:
+    """Change D3's defaults in the one place they are written (d3.config), and the CLI's flags (their values and
+    help) and custom_generate's keywords follow without another edit. (The page's controls: tests/test_controls.py.)"""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", CHANGED_DEFAULT], cwd=root, capture_output=True, text=True,
+                         timeout=300, check=True)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["cli"] == [0.955, 7] and got["hub"] == [0.955, 7]
+    assert "default 0.955" in got["cli_help"] and "a changed default" in got["cli_help"]
+    assert got["hub_knows"] == ["alpha", "start"]

@@ -21,7 +21,7 @@ from d3.engine import Engine
 from d3.hooks import HOOK_POINTS, StatsRecorder, count_hooks, recording
 from d3.schedule import plan
 from d3.trace import FILLED_COPY, HOLE, LAYER_STATS, RAN, Trace
-from tests.tiny import tiny_llama
+from tests.tiny import GEMMA_TYPES, tiny_llama  # tiny_gemma's layer types (the fixture: conftest.py)
 
 GREEDY = GenerationConfig(max_new_tokens=24, stop_at_eos=False)
 PROMPT = "hello world"
@@ -65,8 +65,8 @@ def test_layers_run_are_exactly_the_schedule(tiny_engine, strategy):
     for s in trace.steps:
         expected = plan(strategy, 6, s.step).run
         assert s.layers_run == expected
-        assert {layer for layer, _ in s.filled} == set(range(6)) - set(expected)
-        assert all(how == strategy.fill for _, how in s.filled)
+        assert {layer for layer, _, _ in s.filled} == set(range(6)) - set(expected)
+        assert all(how == strategy.fill for _, how, _ in s.filled)
         assert s.planned == plan(strategy, 6, s.step).budget
 
 
@@ -109,7 +109,7 @@ def test_copy_fill_writes_the_lower_layers_kv(tiny_engine):
     tiny_engine.generate(PROMPT, cfg, GenerationConfig(max_new_tokens=6, stop_at_eos=False), TRACE_OFF,
                          observer=lambda i, o, s: states.append((o, s)))
     out, state = states[-1]
-    skipped = [layer for layer, _ in out.filled]
+    skipped = [layer for layer, _, _ in out.filled]
     assert skipped, "alpha 0.7 must skip at step 5"
     for layer in skipped:
         src = max(r for r in out.layers_run if r < layer)
@@ -129,20 +129,6 @@ def test_copy_any_type_equals_copy_on_one_attention_type(tiny_engine):
     assert torch.equal(logits["copy"], logits["copy_any_type"])
 
 
-GEMMA_TYPES = ("sliding_attention", "full_attention", "sliding_attention", "sliding_attention", "full_attention",
-               "sliding_attention")
-
-
-@pytest.fixture(scope="module")
-def tiny_gemma(tiny_tok):
-    """A random 6-layer Gemma 3 with sliding layers (rope base 10k) and global layers 1 and 4 (rope base 1M)."""
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-
-    torch.manual_seed(0)
-    cfg = Gemma3TextConfig(vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=6,
-                           num_attention_heads=4, num_key_value_heads=2, head_dim=8, layer_types=list(GEMMA_TYPES),
-                           sliding_window=4, max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    return Engine(Gemma3ForCausalLM(cfg).eval(), tiny_tok, name="tiny-gemma")
 
 
 def _one_step(engine: Engine, run: tuple[int, ...], fill: str):
@@ -168,7 +154,7 @@ def test_gemma3_copy_fills_from_a_layer_of_the_same_attention_type(tiny_gemma, r
     types = tiny_gemma.adapter.layer_types
     assert tuple(types) == GEMMA_TYPES
     out, cache = _one_step(tiny_gemma, run, "copy")
-    assert out.filled == ((skipped, "copy"),) and types[source_copy] == types[skipped]
+    assert out.filled == ((skipped, "copy", source_copy),) and types[source_copy] == types[skipped]
     assert torch.equal(_newest_keys(cache, skipped), _newest_keys(cache, source_copy))
     assert not torch.equal(_newest_keys(cache, skipped), _newest_keys(cache, source_any)) or source_any == source_copy
     out, cache = _one_step(tiny_gemma, run, "copy_any_type")  # the old rule stays selectable
@@ -177,9 +163,9 @@ def test_gemma3_copy_fills_from_a_layer_of_the_same_attention_type(tiny_gemma, r
 
 def test_gemma3_copy_propagates_when_no_layer_of_the_type_ran(tiny_gemma):
     out, cache = _one_step(tiny_gemma, (0, 2, 3, 5), "copy")  # both global layers skipped
-    assert out.filled == ((1, "propagate"), (4, "propagate"))
+    assert out.filled == ((1, "propagate", None), (4, "propagate", None))
     out_any, _ = _one_step(tiny_gemma, (0, 2, 3, 5), "copy_any_type")
-    assert out_any.filled == ((1, "copy"), (4, "copy"))
+    assert out_any.filled == ((1, "copy", 0), (4, "copy", 3))
 
 
 @pytest.mark.parametrize("fill", ["copy", "propagate", "none"])
@@ -203,10 +189,10 @@ def test_gemma3_d3_generation_copies_within_type(tiny_gemma):
     types = tiny_gemma.adapter.layer_types
     copied = 0
     for out, keys in steps:
-        for layer, how in out.filled:
-            if how == "copy":
-                same = [r for r in out.layers_run if types[r] == types[layer]]
-                assert any(torch.equal(keys[layer], keys[r]) for r in same)
+        for layer, how, source in out.filled:
+            if how == "copy":  # the recorded source is a same-type layer that ran, and the entry is its entry
+                assert source in out.layers_run and types[source] == types[layer]
+                assert torch.equal(keys[layer], keys[source])
                 copied += 1
     assert copied > 0
 
@@ -241,7 +227,7 @@ def test_early_exit_is_dynamic_and_fills_by_propagation(tiny_engine):
         if s.exit_layer is not None:
             assert s.layers_run == tuple(range(s.exit_layer + 1))
             assert s.confidence[-1] >= 0.05 and all(c < 0.05 for c in s.confidence[:-1])
-            assert all(how == "propagate" for _, how in s.filled)
+            assert all(how == "propagate" for _, how, _ in s.filled)
     cos = tiny_engine.generate(PROMPT, EarlyExitConfig(threshold=0.5, min_layers=2, measure="cosine"), GREEDY, TRACE_OFF)
     assert cos.mean_layers <= 6
 

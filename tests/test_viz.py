@@ -19,48 +19,9 @@ from d3.trace import FILL_CODES, FILLED_COPY, HOLE, RAN, SKIPPED, Comparison, Pr
 import viz
 from viz.layout import plot_text, readable_token
 from tests.figures import message, title_text
+from tests.traces import WORDS, make_trace  # noqa: F401
 
 pytestmark = pytest.mark.filterwarnings("error::RuntimeWarning")  # e.g. numpy's "mean of empty slice"
-
-WORDS = ["The", " cat", " sat", " on", "\n", " the", " <b>mat</b>", "\t", " and", " purred", ".", " It"]
-
-
-# -- synthetic traces ------------------------------------------------------------------------------
-def make_trace(cfg: StrategyConfig, num_layers: int = 12, steps: int = 20, *, seed: int = 0,
-               token_ids: list[int] | None = None, attention_layers: tuple[int, ...] = (), heads: int = 2,
-               prompt_len: int = 5, texts: list[str] | None = None) -> Trace:
-    """A trace whose layer sets follow `plan(cfg)`: skipped layers filled with cfg.fill, random stats
-    (NaN where a layer did not run), attention [heads, prompt_len + step] at `attention_layers`."""
-    rng = np.random.default_rng(seed)
-    token_ids = token_ids if token_ids is not None else [i % len(WORDS) for i in range(steps)]
-    texts = texts if texts is not None else [WORDS[t % len(WORDS)] for t in token_ids]
-    out = []
-    for i in range(steps):
-        layer_plan = plan(cfg, num_layers, i)
-        run = layer_plan.run
-        ran = np.zeros(num_layers, dtype=bool)
-        ran[list(run)] = True
-        stats = {}
-        for name in ("attn_cos", "mlp_cos"):
-            stats[name] = np.where(ran, rng.uniform(0.5, 1.0, num_layers), np.nan).astype(np.float32)
-        for name in ("attn_dist", "mlp_dist", "hidden_norm"):
-            stats[name] = np.where(ran, rng.uniform(0.0, 1.0, num_layers), np.nan).astype(np.float32)
-        attention = {layer: rng.dirichlet(np.ones(prompt_len + i), size=heads).astype(np.float16)
-                     for layer in attention_layers if ran[layer]}
-        out.append(TokenStep(step=i, token_id=token_ids[i], text=texts[i], layers_run=run,
-                             filled=tuple((layer, cfg.fill) for layer in range(num_layers) if not ran[layer]),
-                             planned=layer_plan.budget, entropy=float(rng.uniform(0, 3)), wall_ms=10.0,
-                             logprob=float(np.log(rng.uniform(0.1, 1))), stats=stats, attention=attention,
-                             topk=((token_ids[i], texts[i], 0.6), (1, " dog", 0.2))))
-    prompt_stats = PromptStats(
-        tokens=tuple(f"p{k}" for k in range(prompt_len)),
-        stats={name: rng.uniform(0.5, 1.0, num_layers).astype(np.float32) for name in ("attn_cos", "mlp_cos")}
-        | {name: rng.uniform(0.0, 1.0, num_layers).astype(np.float32) for name in ("attn_dist", "mlp_dist")},
-    )
-    core = cfg.core(num_layers) if isinstance(cfg, D3Config) else default_core(num_layers)
-    return Trace(model="fake", num_layers=num_layers, strategy=cfg.to_dict(), prompt="p", core=core, steps=tuple(out),
-                 prompt_stats=prompt_stats, num_heads=heads)
-
 
 def make_comparison(full: Trace, skip: Trace, *, seed: int = 0) -> Comparison:
     rng = np.random.default_rng(seed)
@@ -152,15 +113,19 @@ def test_layer_grid_hover_explains_each_cell(d3_trace: Trace) -> None:
     assert "layer 0 (core) · ran" in hover[-1, 0]
 
 
-def test_cell_hover_names_the_copy_source_as_the_decoder_picks_it() -> None:
+def test_cell_hover_names_the_copy_source_the_decoder_recorded() -> None:
+    """The hover reads the recorded source and works nothing out: here layer 3 was (say, on Gemma 3, by type) copied
+    from layer 0, not from layer 2, the nearest lower layer that ran; with no record it names no layer."""
     from viz.grid import cell_hover
 
-    codes = np.array([[FILLED_COPY, FILLED_COPY, RAN, FILLED_COPY, SKIPPED]], dtype=np.int8)
-    hover = cell_hover(codes, ["token 'a' (step 1)"], ["core", "flex", "flex", "flex", "core"])
+    codes = np.array([[RAN, FILLED_COPY, RAN, FILLED_COPY, SKIPPED]], dtype=np.int8)
+    sources = np.array([[-1, 2, -1, 0, -1]])
+    hover = cell_hover(codes, ["token 'a' (step 1)"], ["core", "flex", "flex", "flex", "core"], sources=sources)
     assert hover.shape == (1, 5)
-    assert hover[0, 0].endswith("copying layer 2 (no lower layer ran)")
-    assert hover[0, 3].endswith("skipped: KV filled by copying layer 2")
+    assert hover[0, 1].endswith("copying layer 2 (no lower layer of its type ran)")
+    assert hover[0, 3].endswith("skipped: KV filled by copying layer 0")
     assert hover[0, 4] == "token 'a' (step 1) · layer 4 (core) · skipped: no KV entry written"
+    assert cell_hover(codes, ["t"], ["flex"] * 5)[0, 3].endswith("skipped: KV filled by copy")
 
 
 def test_layer_grid_max_tokens_truncates(d3_trace: Trace) -> None:
@@ -640,3 +605,26 @@ def test_a_placeholder_message_is_wrapped_to_fit_a_phone() -> None:
     assert all(len(line) <= MESSAGE_WIDTH for line in text.split("<br>")), text
     assert message(fig) == said.replace("<br>", " ")  # only line breaks were added
     assert wrap_message("a-very-long-unbreakable-word-" * 3) == "a-very-long-unbreakable-word-" * 3  # never split
+
+
+def test_on_gemma3_the_grid_hover_names_the_layer_the_decoder_copied_from(tiny_gemma) -> None:
+    """Gemma 3 with fill copy: a skipped global layer copies a global layer, not the nearest lower layer that ran.
+    The hover of the usage grid (and of the lens heatmap) names the layer the decoder recorded, in every copied
+    cell; at least one of them is a cell where the nearest-lower rule the figures once re-derived would be wrong."""
+    from d3.config import GenerationConfig, TRACE_OFF
+
+    cfg = D3Config(alpha=0.8, core_head=1, core_tail=1, drop_order="strided", fill="copy")
+    trace = tiny_gemma.generate("hello world", cfg, GenerationConfig(max_new_tokens=8, stop_at_eos=False), TRACE_OFF)
+    assert trace.layer_types == tuple(tiny_gemma.adapter.layer_types)
+    hover = np.asarray(one(viz.layer_grid(trace), "grid").text, dtype=object)  # [T, L]
+    checked, would_have_been_wrong = 0, 0
+    for t, step in enumerate(trace.steps):
+        for layer, how, source in step.filled:
+            if how != "copy":
+                continue
+            assert trace.layer_types[source] == trace.layer_types[layer]
+            assert f"copying layer {source}" in hover[t, layer] and hover[t, layer].count("copying layer") == 1
+            nearest_lower = max((r for r in step.layers_run if r < layer), default=None)
+            would_have_been_wrong += nearest_lower is not None and nearest_lower != source
+            checked += 1
+    assert checked and would_have_been_wrong

@@ -11,10 +11,11 @@ import pytest
 from d3.config import D3Config, FullConfig
 from d3.trace import FILLED_COPY, RAN, SKIPPED, Trace
 from tests.figures import title_text
-from tests.test_viz import make_trace
+from tests.traces import make_trace
 from viz.layout import CELL_COLORS
-from viz.lens import has_lens, lens_arrays, logit_lens_heatmap, prediction_depth
-from viz.scrub import copy_source, full_context_agrees, scrub_html, token_layers, topk_compare
+from d3.trace import prediction_depth
+from viz.lens import has_lens, lens_arrays, logit_lens_heatmap
+from viz.scrub import full_context_agrees, scrub_html, token_layers, topk_compare
 
 pytestmark = pytest.mark.filterwarnings("error::RuntimeWarning")
 
@@ -102,8 +103,8 @@ def test_heatmap_prediction_depth_line_and_hover(d3_trace):
     assert "mean prediction depth" in fig.layout.title.text
     hover = np.array(trace_by_role(fig, "lens").text)  # [L, T]
     t, layer = next((t, l) for t, s in enumerate(d3_trace.steps) for l in range(L) if s.cells(L)[l] == FILLED_COPY)
-    cells = d3_trace.steps[t].cells(L)
-    assert f"copying layer {copy_source(cells, layer)}" in hover[layer, t]
+    source = d3_trace.steps[t].fill_sources(L)[layer]
+    assert source >= 0 and f"copying layer {source}" in hover[layer, t]
     t, layer = 0, L - 1
     assert "lens top-1" in hover[layer, t] and f"rank {rank[t, layer] + 1}" in hover[layer, t]
 
@@ -119,12 +120,6 @@ def test_heatmap_marks_first_divergence_and_selected_token(d3_trace, full_trace)
 
 
 # -- the scrubber -------------------------------------------------------------------------------------
-def test_copy_source_is_nearest_lower_layer_that_ran_else_nearest_higher():
-    cells = np.array([SKIPPED, RAN, FILLED_COPY, FILLED_COPY, RAN, FILLED_COPY], dtype=np.int8)
-    assert [copy_source(cells, layer) for layer in (0, 2, 3, 5)] == [1, 1, 1, 4]
-    assert copy_source(np.zeros(3, dtype=np.int8), 1) is None
-
-
 def test_token_layers_colours_and_labels_each_layer(d3_trace):
     index = len(d3_trace.steps) - 1
     step = d3_trace.steps[index]
@@ -134,7 +129,7 @@ def test_token_layers_colours_and_labels_each_layer(d3_trace):
     assert list(bars.marker.color) == [CELL_COLORS[int(c)] for c in cells]
     for layer in range(L):
         if cells[layer] == FILLED_COPY:
-            assert f"copied from layer {copy_source(cells, layer)}" in bars.text[layer]
+            assert f"copied from layer {step.fill_sources(L)[layer]}" in bars.text[layer]
         elif cells[layer] == RAN:
             assert f"p = {step.lens_prob[layer]:.2f}" in bars.text[layer]
     assert f"{step.n_layers} of {L} layers ran" in fig.layout.title.text
@@ -166,8 +161,8 @@ def test_scrub_html_names_layers_fills_and_reference(d3_trace, full_trace):
     card = scrub_html(d3_trace, index, full_trace)
     assert f'data-step="{step.step}"' in card
     assert f"Ran {step.n_layers} of {L} layers" in card
-    copied = [layer for layer, how in step.filled if how == "copy"]
-    assert copied and f"copied from layer {copy_source(step.cells(L), copied[0])}" in card
+    copied = [(layer, source) for layer, how, source in step.filled if how == "copy"]
+    assert copied and f"copied from layer {copied[0][1]}" in card
     assert "prediction depth" in card and "different text from token 6" in card
     assert "First divergence" in scrub_html(d3_trace, 6, full_trace)
     assert "the same token" in scrub_html(d3_trace, 2, full_trace)

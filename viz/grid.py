@@ -8,7 +8,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from d3.config import StrategyConfig
-from d3.schedule import planned_grid
+from d3.schedule import planned_fills, planned_grid
 from d3.trace import FILL_CODES, FILLED_COPY, FILLED_PROPAGATE, HOLE, RAN, SKIPPED, Trace
 from viz.layout import (
     CELL_CODES,
@@ -52,45 +52,56 @@ STATE_PHRASES = {
 }
 
 
-def cell_hover(codes: np.ndarray, row_labels: Sequence[str], kinds: Sequence[str], *, planned: bool = False) -> np.ndarray:
+def cell_hover(codes: np.ndarray, row_labels: Sequence[str], kinds: Sequence[str], *,
+               sources: np.ndarray | None = None, planned: bool = False) -> np.ndarray:
     """Hover text [T, L] for a grid of cell codes [T, L]; `row_labels` [T] name each row, `kinds` [L]
-    is "core"/"flex" per layer. A copied cell names the layer it was copied from (nearest lower layer
-    that ran, else nearest higher, as `d3.decoder` copies). Built with
-    elementwise object-array ops: a planned grid of 512 x 32 cells is redrawn on every slider move."""
+    is "core"/"flex" per layer. `sources` (int [T, L], -1 where unknown) is where each copied cell's KV entry came
+    from, as the decoder recorded it (`Trace.fill_sources`): a copied cell names that layer and nothing is worked out
+    here. Built with elementwise object-array ops: a planned grid of 512 x 32 cells is redrawn on every slider move."""
     num_layers = codes.shape[1]
-    layer_ids = np.arange(num_layers)
-    ran = codes == RAN
-    # The copy source, as the decoder picks it: the nearest lower layer that ran (a running max over
-    # the indices of the layers that ran), else the nearest higher one (a running min from the top).
-    below = np.maximum.accumulate(np.where(ran, layer_ids, -1), axis=1)
-    above = np.minimum.accumulate(np.where(ran, layer_ids, num_layers)[:, ::-1], axis=1)[:, ::-1]
+    src = np.full(codes.shape, -1, dtype=np.int64) if sources is None else np.asarray(sources, dtype=np.int64)
     state = np.empty(codes.shape, dtype=object)
     for code, phrase in STATE_PHRASES.items():
         state[codes == code] = phrase
     copied = codes == FILLED_COPY
-    from_below = copied & (below >= 0)
-    from_above = copied & (below < 0) & (above < num_layers)
+    layer_ids = np.broadcast_to(np.arange(num_layers), codes.shape)
+    known = copied & (src >= 0)
+    from_below = known & (src < layer_ids)
+    from_above = known & (src > layer_ids)
     state[from_below] = np.array([f"skipped: KV filled by copying layer {k}" for k in range(num_layers)],
-                                 dtype=object)[below[from_below]]
-    state[from_above] = np.array([f"skipped: KV filled by copying layer {k} (no lower layer ran)"
-                                  for k in range(num_layers)], dtype=object)[above[from_above]]
-    state[copied & ~from_below & ~from_above] = "skipped: KV filled (no layer ran to copy from)"
+                                 dtype=object)[src[from_below]]
+    state[from_above] = np.array([f"skipped: KV filled by copying layer {k} (no lower layer of its type ran)"
+                                  for k in range(num_layers)], dtype=object)[src[from_above]]
+    state[copied & ~known] = "skipped: KV filled by copy"
     prefix = " · planned: " if planned else " · "
     rows = np.array([f"{label} · " for label in row_labels], dtype=object)[:, None]  # [T, 1]
     layers = np.array([f"layer {layer} ({kinds[layer]}){prefix}" for layer in range(num_layers)], dtype=object)
     return rows + layers[None, :] + state  # [T, L]
 
 
+def fill_grid(fills: Sequence[Sequence[tuple[int, str, int | None]]], ran: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(codes int8 [T, L], sources int16 [T, L]) from per-row fill decisions (`d3.schedule.planned_fills`) and the
+    layers that ran (bool [T, L])."""
+    codes = np.where(ran, RAN, SKIPPED).astype(np.int8)
+    sources = np.full(ran.shape, -1, dtype=np.int16)
+    for t, row in enumerate(fills):
+        for layer, how, source in row:
+            codes[t, layer] = FILL_CODES[how]
+            if source is not None:
+                sources[t, layer] = source
+    return codes, sources
+
+
 def _grid_panel(codes: np.ndarray, ys: Sequence[int], row_labels: Sequence[str], core: tuple[int, int], *,
                 index: int, tick_text: Sequence[str] | None, planned: bool, max_labels: int, name: str,
-                max_layer_ticks: int = 16) -> tuple[go.Heatmap, list[dict], dict, dict]:
+                max_layer_ticks: int = 16, sources: np.ndarray | None = None) -> tuple[go.Heatmap, list[dict], dict, dict]:
     """One tokens x layers heatmap (z = codes [T, L]) for panel `index` (1-based): the trace, its core
     shapes, and its x / y axis settings."""
     num_layers = codes.shape[1]
     xref, yref = axis_ref(index)
     heat = go.Heatmap(
         z=codes, x=np.arange(num_layers), y=np.asarray(ys), coloraxis="coloraxis", name=name, xaxis=xref, yaxis=yref,
-        text=cell_hover(codes, row_labels, layer_kinds(num_layers, core), planned=planned),
+        text=cell_hover(codes, row_labels, layer_kinds(num_layers, core), sources=sources, planned=planned),
         hovertemplate="%{text}<extra></extra>", xgap=1, ygap=1 if len(ys) <= 128 else 0,
         meta={"role": "grid", "name": name},
     )
@@ -126,24 +137,25 @@ def _grid_height(rows: int, height: int | None) -> int:
     return height or int(np.clip(16 * rows + 160, 360, 1600))
 
 
-def _trace_rows(trace: Trace, max_tokens: int | None) -> tuple[np.ndarray, list[int], list[str], list[str]]:
-    """(codes [T, L], steps [T], hover row labels [T], tick labels [T]) for the first `max_tokens` tokens."""
+def _trace_rows(trace: Trace, max_tokens: int | None) -> tuple[np.ndarray, list[int], list[str], list[str], np.ndarray]:
+    """(codes [T, L], steps [T], hover row labels [T], tick labels [T], fill sources [T, L]) for the first
+    `max_tokens` tokens."""
     steps = trace.steps[:max_tokens]
     codes = trace.grid()[: len(steps)]
     ys = [s.step for s in steps]
     hover_rows = [f"token {quoted(s.text)} (step {s.step}) · {s.n_layers}/{trace.num_layers} layers" for s in steps]
-    return codes, ys, hover_rows, [plot_text(s.text) for s in steps]
+    return codes, ys, hover_rows, [plot_text(s.text) for s in steps], trace.fill_sources()[: len(steps)]
 
 
 def layer_grid(trace: Trace, *, title: str | None = None, max_tokens: int | None = None, token_labels: bool = True,
                max_labels: int = 80, presentation: bool = False, height: int | None = None) -> go.Figure:
     """Per-token layer usage: a heatmap of `trace.grid()` (int8 [T, L] cell codes), one row per generated
     token (labelled with its text) and one column per layer, core bands marked."""
-    codes, ys, hover_rows, ticks = _trace_rows(trace, max_tokens)
+    codes, ys, hover_rows, ticks, sources = _trace_rows(trace, max_tokens)
     if presentation:  # rows are 16 px high and the labels 22 px: every other row is labelled, so none overlap
         max_labels = min(max_labels, (len(ys) + 1) // 2)
     panel = _grid_panel(codes, ys, hover_rows, trace.core, index=1, tick_text=ticks if token_labels else None,
-                        planned=False, max_labels=max_labels, name=strategy_label(trace.strategy))
+                        planned=False, max_labels=max_labels, name=strategy_label(trace.strategy), sources=sources)
     title = title if title is not None else fit_title(
         "Layers per token", f"{strategy_label(trace.strategy)} · {trace.mean_layers:.1f}/{trace.num_layers} on average")
     return _grid_figure([panel], titles=None, y_title="generated token" if token_labels else "step", title=title,
@@ -151,20 +163,21 @@ def layer_grid(trace: Trace, *, title: str | None = None, max_tokens: int | None
 
 
 def planned_grid_figure(cfg: StrategyConfig, num_layers: int, steps: int, *, show_fill: bool = False,
-                        title: str | None = None, max_labels: int = 40, presentation: bool = False,
-                        height: int | None = None) -> go.Figure:
+                        layer_types: Sequence[str] | None = None, title: str | None = None, max_labels: int = 40,
+                        presentation: bool = False, height: int | None = None) -> go.Figure:
     """The planned grid from `d3.schedule.planned_grid` (bool [steps, L]) without running a model.
-    `show_fill` colours planned skips with the config's fill, the state a skipped layer's KV gets when
-    a later token reads it (the decoder fills only where needed, so a real trace may show fewer)."""
+    `show_fill` colours planned skips as the decoder would fill them (`d3.schedule.planned_fills`, with the model's
+    `layer_types`: on Gemma 3 a global layer copies a global one)."""
     cfg.check_layers(num_layers)
     ran = np.array(planned_grid(cfg, num_layers, steps), dtype=bool).reshape(steps, num_layers)
-    skip_code = FILL_CODES[cfg.fill] if show_fill else SKIPPED
-    codes = np.where(ran, RAN, skip_code).astype(np.int8)  # [steps, L]
+    codes, sources = np.where(ran, RAN, SKIPPED).astype(np.int8), None  # [steps, L]
+    if show_fill:
+        codes, sources = fill_grid(planned_fills(cfg, num_layers, steps, layer_types), ran)
     ys = list(range(steps))
     counts = ran.sum(axis=1)
     hover_rows = [f"step {i} · {counts[i]}/{num_layers} layers" for i in ys]
     panel = _grid_panel(codes, ys, hover_rows, display_core(cfg, num_layers), index=1, tick_text=None, planned=True,
-                        max_labels=max_labels, name=strategy_label(cfg))
+                        max_labels=max_labels, name=strategy_label(cfg), sources=sources)
     first = decode_plan(cfg, num_layers)
     if title is None:
         notes = [strategy_label(cfg)]
@@ -185,9 +198,9 @@ def fig1_panels(traces: dict[str, Trace], *, max_tokens: int | None = 64, title:
     names = list(traces)
     built = []
     for index, name in enumerate(names, start=1):
-        codes, ys, hover_rows, _ = _trace_rows(traces[name], max_tokens)
+        codes, ys, hover_rows, _, sources = _trace_rows(traces[name], max_tokens)
         built.append(_grid_panel(codes, ys, hover_rows, traces[name].core, index=index, tick_text=None, planned=False,
-                                 max_labels=16, name=name, max_layer_ticks=max(2, 24 // len(names))))
+                                 max_labels=16, name=name, max_layer_ticks=max(2, 24 // len(names)), sources=sources))
     longest = max(min(len(t.steps), max_tokens or len(t.steps)) for t in traces.values())
     title = title if title is not None else "Which layers each token ran (paper Fig. 1)"
     return _grid_figure(built, titles=names, y_title="generated token (step)", title=title, presentation=presentation,

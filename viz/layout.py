@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from d3.config import StrategyConfig, default_core
+from d3.config import STRATEGIES, StrategyConfig, default_core
 from d3.schedule import LayerPlan, plan
 from d3.trace import CELL_NAMES, FILLED_COPY, FILLED_PROPAGATE, HOLE, RAN, SKIPPED
 
@@ -236,7 +236,7 @@ def strategy_label(strategy: Mapping[str, Any] | StrategyConfig) -> str:
     return str(name)
 
 
-SHORT_LABELS = {"full": "full depth", "d3": "D3", "skipdecode": "SkipDecode", "unified": "Unified", "early_exit": "early exit"}
+SHORT_LABELS = {name: cls.short for name, cls in STRATEGIES.items()}
 
 
 def short_label(strategy: Mapping[str, Any] | StrategyConfig) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from d3.trace import SKIPPED, Trace, token_agreement
+from d3.trace import SKIPPED, Trace, prediction_depth, token_agreement
 from viz.grid import cell_hover
 from viz.layout import (
     CELL_COLORS,
@@ -44,26 +44,12 @@ def lens_arrays(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     return prob, rank
 
 
-def prediction_depth(rank: np.ndarray) -> np.ndarray:
-    """float [T] from ranks int [T, L] (-1 = did not run): per token, the first layer from which the lens's
-    top-1 is the picked token at every layer that ran; NaN where even the last layer that ran did not rank
-    it first (a sampled token, or no layer ran)."""
-    out = np.full(rank.shape[0], np.nan)
-    for t, row in enumerate(rank):
-        ran = np.flatnonzero(row >= 0)
-        if not ran.size or row[ran[-1]] != 0:
-            continue
-        misses = ran[row[ran] != 0]
-        out[t] = ran[ran > misses[-1]][0] if misses.size else ran[0]
-    return out
-
-
 def _hover(trace: Trace, prob: np.ndarray, rank: np.ndarray) -> np.ndarray:
     """Hover text [L, T] (transposed like z): the lens reading where a layer ran, the cell's fate where not."""
     num_layers = trace.num_layers
     kinds = layer_kinds(num_layers, trace.core)
     rows = [f"token {quoted(s.text)} (step {s.step})" for s in trace.steps]
-    text = cell_hover(trace.grid(), rows, kinds)  # [T, L], names the copy source of copied cells
+    text = cell_hover(trace.grid(), rows, kinds, sources=trace.fill_sources())  # [T, L], names each copy's recorded source
     for t, s in enumerate(trace.steps):
         for layer in range(num_layers):
             if rank[t, layer] >= 0:

@@ -24,7 +24,7 @@ from viz.layout import (
     readable_token,
     strategy_label,
 )
-from viz.lens import prediction_depth
+from d3.trace import prediction_depth
 from viz.stream import layer_range_text
 from viz.titles import fit_title
 
@@ -37,14 +37,9 @@ def full_context_agrees(trace: Trace, reference: Trace | None, index: int) -> bo
     return token_agreement(trace.token_ids[:index], reference.token_ids[:index]).first_divergence is None
 
 
-def copy_source(cells: np.ndarray, layer: int) -> int | None:
-    """The layer a copied KV entry came from, as `d3.decoder` picks it: the nearest lower layer that ran,
-    else the nearest higher one (cells: int8 [L] of one token)."""
-    ran = np.flatnonzero(cells == RAN)
-    if not ran.size:
-        return None
-    lower = ran[ran < layer]
-    return int(lower[-1]) if lower.size else int(ran[np.argmin(np.abs(ran - layer))])
+def _recorded_source(step: TokenStep, layer: int) -> int | None:
+    """The layer this step's entry at `layer` was copied from, as the decoder recorded it."""
+    return next((source for filled, how, source in step.filled if filled == layer and how == "copy"), None)
 
 
 def _cell_label(step: TokenStep, cells: np.ndarray, layer: int) -> str:
@@ -54,7 +49,7 @@ def _cell_label(step: TokenStep, cells: np.ndarray, layer: int) -> str:
             return f"ran · lens top-1 {quoted(step.logit_lens[layer])}, p = {step.lens_prob[layer]:.2f}"
         return "ran"
     if code == FILLED_COPY:
-        source = copy_source(cells, layer)
+        source = _recorded_source(step, layer)
         return f"skipped · KV copied from layer {source}" if source is not None else "skipped · KV copied"
     return {FILLED_PROPAGATE: "skipped · KV from the passed-through state (propagate)",
             HOLE: "skipped · no KV: a hole masked out of attention",
@@ -69,7 +64,8 @@ def token_layers(trace: Trace, index: int, *, title: str | None = None, presenta
     num_layers = trace.num_layers
     cells = step.cells(num_layers)
     kinds = layer_kinds(num_layers, trace.core)
-    hover = cell_hover(cells[None, :], [f"token {quoted(step.text)} (step {step.step})"], kinds)[0]
+    hover = cell_hover(cells[None, :], [f"token {quoted(step.text)} (step {step.step})"], kinds,
+                       sources=step.fill_sources(num_layers)[None, :])[0]
     bars = go.Bar(y=np.arange(num_layers), x=np.ones(num_layers), orientation="h", width=0.9,
                   marker=dict(color=[CELL_COLORS[int(c)] for c in cells]),
                   text=[_cell_label(step, cells, layer) for layer in range(num_layers)],
@@ -155,9 +151,9 @@ def _no_reference_note(trace: Trace, reference: Trace, index: int, *, short: boo
 def _fills_text(step: TokenStep, cells: np.ndarray) -> list[str]:
     """Where the skipped layers' KV entries at this position came from, grouped by source."""
     groups: dict[str, list[int]] = defaultdict(list)
-    for layer, how in step.filled:
+    for layer, how, source in step.filled:
         if how == "copy":
-            groups[f"copied from layer {copy_source(cells, layer)}"].append(layer)
+            groups[f"copied from layer {source}" if source is not None else "copied"].append(layer)
         elif how == "propagate":
             groups["projected from the hidden state passed through unchanged (propagate)"].append(layer)
         else:

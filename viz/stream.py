@@ -60,7 +60,7 @@ def _token_title(step: TokenStep, num_layers: int, other: TokenStep | None) -> s
     lines = [f"step {step.step} · token '{readable_token(step.text)}' (id {step.token_id})",
              f"{step.n_layers}/{num_layers} layers (planned {step.planned}) · skipped: {layer_range_text(skipped)}"]
     fills: dict[str, int] = {}
-    for _, how in step.filled:
+    for _, how, _ in step.filled:
         fills[how] = fills.get(how, 0) + 1
     if fills:
         lines.append("KV filled: " + ", ".join(f"{how} ×{n}" for how, n in fills.items()))

@@ -8,8 +8,7 @@ import json
 import sys
 from typing import Any, Sequence
 
-from d3.config import (FILL_VARIANTS, DROP_ORDERS, STRATEGIES, UNIFIED_SPACINGS, GenerationConfig, TraceConfig, TRACE_OFF,
-                       strategy_from_dict)
+from d3.config import STRATEGIES, TRACE_OFF, GenerationConfig, Param, TraceConfig, params, strategy_from_dict
 
 from d3.cli.common import CliError
 from d3.research.data import fetch
@@ -31,36 +30,48 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
 
 
+def strategy_params() -> dict[str, list[tuple[type, Param]]]:
+    """Each strategy field (the registry in d3.config) -> the strategies that have it, with its Param."""
+    found: dict[str, list[tuple[type, Param]]] = {}
+    for cls in STRATEGIES.values():
+        for name, p in params(cls).items():
+            found.setdefault(name, []).append((cls, p))
+    return found
+
+
+def _flag_help(owners: list[tuple[type, Param]]) -> str:
+    """One clause per distinct Param, naming the strategies it belongs to: "D3 (depth decay): token i runs ...
+    (a number in (0, 1]; default 0.99)"."""
+    groups: dict[Param, list[str]] = {}
+    for cls, p in owners:
+        groups.setdefault(p, []).append(cls.label)
+    return "; ".join(f"{', '.join(labels)}: {_describe(p)}" for p, labels in groups.items())
+
+
+def _describe(p: Param) -> str:
+    default = "auto" if p.default is None else p.default
+    return f"{p.help} ({p.allowed()}; default {default})".replace("%", "%%")
+
+
+def add_generation_args(p: argparse.ArgumentParser) -> None:
+    """--max-new-tokens, --temperature, --top-p, --seed: one per GenerationConfig field of the registry."""
+    for name, prm in params(GenerationConfig).items():
+        p.add_argument("--" + name.replace("_", "-"), type=int if prm.integer else float, default=prm.default,
+                       help=_describe(prm))
+
+
 def add_strategy_args(p: argparse.ArgumentParser) -> None:
-    """Strategy flags shared by generate and the measurement commands."""
+    """Strategy flags shared by generate and the measurement commands, one per registered strategy field (d3.config:
+    a field added there is a flag here, with its range, choices, default and help)."""
     p.add_argument("--strategy", default="d3", choices=sorted(STRATEGIES))
-    p.add_argument("--alpha", type=float, help="D3 decay rate in (0, 1] (default 0.99)")
-    p.add_argument("--core-head", type=int, help="D3 core layers at the bottom (default L // 8)")
-    p.add_argument("--core-tail", type=int, help="D3 core layers at the top (default L // 8)")
-    p.add_argument("--start", type=int, help="D3: the step the decay counts from (steps 0..start run at full depth)")
-    p.add_argument("--drop-order", choices=DROP_ORDERS, help="D3: order in which flex layers are dropped (calibrated: "
-                   "the measured order named by --layer-order)")
+    for name, owners in strategy_params().items():
+        first = owners[0][1]
+        kind: dict[str, Any] = ({"choices": first.choices} if first.choices
+                                else {"type": int if first.integer else float})
+        p.add_argument("--" + name.replace("_", "-"), help=_flag_help(owners), **kind)
     p.add_argument("--layer-order", type=layer_order_arg, help="D3 with --drop-order calibrated: the flex layers in "
                    "drop order (comma-separated), or a calibration's name (agreement, task@task:..., measured: the "
                    "model's measured best; default measured)")
-    p.add_argument("--fill", choices=FILL_VARIANTS, help="how skipped layers' KV entries are filled (default copy: the "
-                   "nearest lower layer that ran, of the same attention type)")
-    p.add_argument("--max-layers", type=int, help="SkipDecode: budget at the first token")
-    p.add_argument("--min-layers", type=int, help="SkipDecode / early exit: lowest budget")
-    p.add_argument("--warmup", type=int, help="SkipDecode: bottom layers always run")
-    p.add_argument("--ratio", type=float, help="Unified Layer Skipping: target speedup ratio")
-    p.add_argument("--spacing", choices=UNIFIED_SPACINGS, help="Unified Layer Skipping: kept layers evenly spaced "
-                   "(default) or every floor(L / (N - 1))-th (the paper's literal rule)")
-    p.add_argument("--threshold", type=float, help="early exit: confidence threshold in (0, 1]")
-    p.add_argument("--measure", choices=("softmax_gap", "cosine"), help="early exit: confidence measure")
-
-
-_STRATEGY_FIELDS = {
-    "alpha": "alpha", "core_head": "core_head", "core_tail": "core_tail", "start": "start", "drop_order": "drop_order",
-    "layer_order": "layer_order",
-    "fill": "fill", "max_layers": "max_layers", "min_layers": "min_layers", "warmup": "warmup", "ratio": "ratio",
-    "spacing": "spacing", "threshold": "threshold", "measure": "measure",
-}
 
 
 def layer_order_arg(text: str) -> tuple[int, ...] | str:
@@ -76,7 +87,8 @@ def layer_order_arg(text: str) -> tuple[int, ...] | str:
 def strategy_from_args(args: argparse.Namespace) -> Any:
     """The strategy config the flags describe; flags that don't apply to the strategy are an error."""
     cls = STRATEGIES[args.strategy]
-    given = {f: getattr(args, a) for a, f in _STRATEGY_FIELDS.items() if getattr(args, a, None) is not None}
+    names = [*strategy_params(), "layer_order"]
+    given = {f: getattr(args, f) for f in names if getattr(args, f, None) is not None}
     if given.get("drop_order") == "calibrated":
         given.setdefault("layer_order", "measured")
     elif "layer_order" in given:
@@ -163,10 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     gen = sub.add_parser("generate", help="generate text with a skipping strategy and show per-token layer usage")
     gen.add_argument("--prompt", required=True)
-    gen.add_argument("--max-new-tokens", type=int, default=64)
-    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--seed", type=int, default=0)
+    add_generation_args(gen)
     gen.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
     gen.add_argument("--json", action="store_true", help="print the whole trace as JSON")
     gen.add_argument("--quiet", action="store_true", help="print only the generated text")

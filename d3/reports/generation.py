@@ -9,12 +9,12 @@ from typing import Any
 
 import pandas as pd
 
+from d3.config import STRATEGIES
 from d3.reports.sweep import STRATEGY_ORDER, markdown_table
 
 POINTS = 1.0  # the paper's criterion: within 1 exact-match point of full depth
 HEADING = "Generation accuracy"
-STRATEGY_NAMES = {"d3": "D3", "skipdecode": "SkipDecode", "unified": "Unified Layer Skipping",
-                  "early_exit": "early exit"}
+STRATEGY_NAMES = {name: cls.short for name, cls in STRATEGIES.items()}
 
 
 def _skips(df: pd.DataFrame) -> pd.Series:

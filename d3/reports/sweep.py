@@ -10,10 +10,11 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
+from d3.config import STRATEGIES
 from d3.research.sweep.table import sidecar
 from d3.trace import Trace
 
-STRATEGY_ORDER = ("d3", "skipdecode", "unified", "early_exit")
+STRATEGY_ORDER = tuple(n for n in STRATEGIES if n != "full")
 PPL_LIMIT = 0.01  # perplexity within 1% of full depth
 ACC_LIMIT = 0.01  # task accuracy within 1 point of full depth (accuracy is a fraction)
 PARETO_METRICS = ("agreement", "kl_teacher", "kl_free", "ppl_ratio", "accuracy")

@@ -14,6 +14,7 @@ import numpy as np
 
 from d3.config import D3Config
 from d3.schedule import budgets
+from d3.trace import prediction_depth as trace_prediction_depth
 
 Needs = Sequence[Sequence[int]]  # one list per prompt, one int per generated token
 
@@ -155,10 +156,9 @@ def prediction_depth(lens_top1: np.ndarray, final_top1: np.ndarray) -> np.ndarra
     lens_top1: int [L + 1, T], the lens's top-1 after k layers (row 0: the embedding). The last row is the
     model's own output, so the answer is at most L (when it differs, L + 1 says the lens never settles).
     """
-    agree = np.asarray(lens_top1) == np.asarray(final_top1)[None, :]  # [L+1, T]
-    stays = np.flip(np.logical_and.accumulate(np.flip(agree, 0), axis=0), 0)  # stays[k]: agrees at k and after
-    depth = len(agree) - stays.sum(0)  # stays is a block of Trues at the bottom
-    return depth.astype(np.int64)
+    miss = (np.asarray(lens_top1) != np.asarray(final_top1)[None, :]).T.astype(np.int64)  # [T, L+1]: rank 0 or not
+    depth = trace_prediction_depth(miss)  # column k = after k layers, so the first stable column is a layer count
+    return np.nan_to_num(depth, nan=miss.shape[1]).astype(np.int64)
 
 
 def need_and_stable(keeps: Sequence[bool], floor: int) -> tuple[int, int]:

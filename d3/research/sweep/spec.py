@@ -8,13 +8,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from d3.config import DROP_ORDERS, FILLS, GenerationConfig, StrategyConfig, _check, drop_order_fields
+from d3.config import BASELINES, DROP_ORDERS, FILLS, GenerationConfig, StrategyConfig, _check, drop_order_fields
 from d3.research.data import ASSETS, example_prompts
 
 TASK_SPLITS = ("all", "test")
 
 Progress = Callable[[float, str], None]
-BASELINES = ("skipdecode", "unified", "early_exit")
 TASK_SCORINGS = ("loglik", "generate")
 TASK_MODES = ("score", "generate")
 BUILTIN_PROMPTS = (

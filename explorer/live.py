@@ -14,7 +14,8 @@ from explorer import views
 from explorer.caps import Caps
 from explorer.controls import Controls, ViewOptions, takes_controls
 from explorer.pool import ModelPool
-from explorer.runs import LiveUpdate, RunSetup, check_run, fill_comparison, measured_speedup, prepare_run, side_by_side
+from d3.trace import measured_speedup
+from explorer.runs import LiveUpdate, RunSetup, check_run, fill_comparison, prepare_run, side_by_side
 from explorer.session import Session
 from explorer.ui import ordered, refused, user_errors
 from viz import counters_html, token_html
@@ -105,9 +106,9 @@ def _render(session: Session, setup: RunSetup, update: LiveUpdate, view: ViewOpt
         session=session, status=views.status_html(d3, full, update.phase, comparison=update.comparison, note=note),
         d3_tokens=token_html(d3, reference=full, full_prob=_full_prob(update), full_ppl=_full_ppl(update))
         if d3 else gr.skip(),
-        d3_counters=counters_html(d3, reference=full, measured_speedup=measured) if d3 else gr.skip(),
+        d3_counters=counters_html(d3, reference=full, speedup=measured) if d3 else gr.skip(),
         full_tokens=token_html(full) if full else gr.skip(),
-        full_counters=counters_html(full, measured_speedup=1.0 if measured else None) if full else gr.skip())
+        full_counters=counters_html(full, paired=d3) if full else gr.skip())
     if figures:
         cfg, steps, layers = setup.strategy, setup.gen.max_new_tokens, setup.engine.num_layers
         out.update(usage=views.usage_view(d3, presentation=p),

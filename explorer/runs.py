@@ -3,7 +3,6 @@ after them, and the fill comparison."""
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
@@ -78,22 +77,6 @@ class LiveUpdate:
         return self.phase in ("done", "stopped")
 
 
-class _StopAware:
-    """An engine view whose streams honour `should_stop`. Workaround: `d3.compare.compare` takes no
-    should_stop, so without this its teacher-forced run could not be interrupted."""
-
-    def __init__(self, engine: Engine, should_stop: Callable[[], bool]) -> None:
-        self._engine = engine
-        self._should_stop = should_stop
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)
-
-    def stream(self, *args: Any, **kwargs: Any) -> Iterator[Trace]:
-        kwargs.setdefault("should_stop", self._should_stop)
-        return self._engine.stream(*args, **kwargs)
-
-
 def _round_robin(streams: dict[str, Iterator[Any]]) -> Iterator[tuple[str, Any]]:
     """One item from each stream in turn until all are exhausted; closes them all on the way out."""
     live = dict(streams)
@@ -134,41 +117,23 @@ def side_by_side(engine: Engine, prompt: str, strategy: StrategyConfig, gen: Gen
         yield LiveUpdate(latest["d3"], latest["full"], phase="stopped" if should_stop() else "done")
         return
     yield LiveUpdate(latest["d3"], latest["full"], phase="comparing")
-    comparison = compare(_StopAware(engine, should_stop), prompt, strategy, gen, trace, chat_template=chat_template,
-                         full=recs["full"], skip=recs["d3"])  # type: ignore[arg-type]
+    comparison = compare(engine, prompt, strategy, gen, trace, chat_template=chat_template, full=recs["full"],
+                         skip=recs["d3"], should_stop=should_stop)  # None when stopped
     recs.clear()
-    stopped = should_stop()
-    yield LiveUpdate(latest["d3"], latest["full"], phase="stopped" if stopped else "done",
-                     comparison=None if stopped else comparison)
+    yield LiveUpdate(latest["d3"], latest["full"], phase="stopped" if comparison is None else "done",
+                     comparison=comparison)
 
 
 def fill_comparison(engine: Engine, prompt: str, strategy: StrategyConfig, gen: GenerationConfig, *,
                     chat_template: bool = True, should_stop: Callable[[], bool] = _never,
                     fills: tuple[str, ...] = FILLS) -> Iterator[tuple[str, Comparison]]:
     """The same prompt and schedule under each fill strategy, each against one shared full-depth run."""
-    stoppable = _StopAware(engine, should_stop)
-    kw = dict(chat_template=chat_template)
-    full = run_recorded(stoppable, prompt, FullConfig(), gen, TRACE_OFF, **kw)  # type: ignore[arg-type]
+    kw: dict[str, Any] = dict(chat_template=chat_template, should_stop=should_stop)
+    full = run_recorded(engine, prompt, FullConfig(), gen, TRACE_OFF, **kw)
     for fill in fills:
         if should_stop():
             return
-        comparison = compare(stoppable, prompt, strategy.with_(fill=fill), gen, TRACE_OFF, full=full,  # type: ignore[arg-type]
-                             **kw)
-        if should_stop():
+        comparison = compare(engine, prompt, strategy.with_(fill=fill), gen, TRACE_OFF, full=full, **kw)
+        if comparison is None:
             return
         yield fill, comparison
-
-
-def measured_speedup(skip: Trace | None, full: Trace | None) -> float | None:
-    """Median decode-step time at full depth over the skipping run's, on the positions both reached.
-
-    The first step (the prompt's prefill, full depth in both) is left out; the two runs interleave token
-    by token in one process, so they see the same machine load."""
-    if skip is None or full is None:
-        return None
-    n = min(len(skip.steps), len(full.steps))
-    if n < 3:
-        return None
-    skip_ms = statistics.median(s.wall_ms for s in skip.steps[1:n])
-    full_ms = statistics.median(s.wall_ms for s in full.steps[1:n])
-    return full_ms / skip_ms if skip_ms > 0 else None

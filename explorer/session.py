@@ -12,7 +12,8 @@ from typing import Any, Callable
 import pandas as pd
 
 from d3.trace import Comparison, Trace, token_agreement
-from explorer.runs import LiveUpdate, measured_speedup
+from d3.trace import measured_speedup
+from explorer.runs import LiveUpdate
 
 HISTORY_COLUMNS = ["run", "strategy", "tokens", "mean layers", "theoretical ×", "measured ×", "agreement",
                    "first divergence", "KL teacher", "KL free"]
@@ -25,7 +26,7 @@ class RunRecord:
 
     label: str
     summary: dict[str, Any]
-    measured: float | None
+    measured: float | None  # the measured speedup where the run could measure one (its interval excludes 1)
     text: str = ""  # what the skipping run wrote
     layers: tuple[int, ...] = ()  # layers it ran per token
     agree: tuple[bool, ...] = ()  # per position, whether its token equals full depth's
@@ -105,7 +106,9 @@ class Session:
             summary = update.comparison.summary() if update.comparison else _stream_summary(update.d3, update.full)
             d3, full = update.d3, update.full
             agree = tuple(a == b for a, b in zip(d3.token_ids, full.token_ids))
-            self.history.append(RunRecord(label, summary, measured_speedup(d3, full), text=d3.text,
+            speedup = measured_speedup(d3, full)
+            measured = speedup.ratio if speedup is not None and speedup.resolvable else None
+            self.history.append(RunRecord(label, summary, measured, text=d3.text,
                                           layers=tuple(int(n) for n in d3.layers_used), agree=agree))
             del self.history[:-HISTORY_LIMIT]
 

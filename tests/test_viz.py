@@ -561,12 +561,41 @@ def test_token_html_title_attribute_cannot_break_out() -> None:
     assert '" onmouseover="x' not in out and "&quot; onmouseover=&quot;x" in out
 
 
+def _timed(trace: Trace, ms: list[float]) -> Trace:
+    return trace.with_steps([replace(s, wall_ms=m) for s, m in zip(trace.steps, ms)])
+
+
 def test_counters_html_reports_speed_depth_and_agreement(d3_cfg: D3Config) -> None:
+    from d3.trace import measured_speedup
+
     full, skip = _diverging_pair(d3_cfg, at=15)
-    out = viz.counters_html(skip, reference=full, measured_speedup=1.23)
-    assert "1.23×" in out and f"{skip.theoretical_speedup():.2f}×" in out
+    rng = np.random.default_rng(0)
+    full = _timed(full, list(20 + rng.random(20)))
+    skip = _timed(skip, list(10 + rng.random(20)))
+    speedup = measured_speedup(skip, full)
+    assert speedup.resolvable
+    out = viz.counters_html(skip, reference=full, speedup=speedup)
+    assert f"{speedup.ratio:.2f}×" in out and f"{skip.theoretical_speedup():.2f}×" in out
     assert f"{skip.mean_layers:.1f} / 12" in out and "15 / 20" in out and "first divergence at position 15" in out
-    assert "—" in viz.counters_html(skip)  # measured speedup not known yet
+    # tokens/s beside it agree with the ratio: the same steps, the same statistic
+    d3_rate, full_rate = viz.step_rate(skip, full), viz.step_rate(full, skip)
+    assert d3_rate / full_rate == pytest.approx(speedup.ratio)
+    assert f"{d3_rate:.1f}" in out and f"{full_rate:.1f}" in viz.counters_html(full, paired=skip)
+    assert "measured" not in viz.counters_html(full, paired=skip)  # the full-depth pane shows no speedup of its own
+
+
+def test_a_speedup_a_run_cannot_resolve_is_said_so_with_the_theoretical_one(d3_cfg: D3Config) -> None:
+    """Issue 24, item 5: two runs whose step times are the same up to noise show no measured ratio at all."""
+    from d3.trace import measured_speedup
+
+    full, skip = _diverging_pair(d3_cfg, at=15)
+    rng = np.random.default_rng(1)
+    noise = list(10 + 3 * rng.random(20))
+    speedup = measured_speedup(_timed(skip, noise), _timed(full, noise[::-1]))
+    assert not speedup.resolvable
+    out = viz.counters_html(skip, reference=full, speedup=speedup)
+    assert "too small" in out and f"theoretical {skip.theoretical_speedup():.2f}×" in out
+    assert f"{speedup.ratio:.2f}×" not in out
 
 
 # -- shared look and export ------------------------------------------------------------------------------------

@@ -175,6 +175,12 @@ ATTENTION_RUN_SHARE = 0.75  # the default attention layer runs for about this sh
 
 
 def default_attention_layer(num_layers: int, model: Any = None) -> int:
+    """The default attention layer of a model (see `_default_attention_layer`), worked out once per model."""
+    return _default_attention_layer(num_layers, None if model is None else str(model))
+
+
+@functools.lru_cache(maxsize=64)
+def _default_attention_layer(num_layers: int, model: str | None) -> int:
     """The flex layer the page's default D3 run keeps for about three quarters of its tokens: most D3 rows of the
     attention view show the head at work next to full depth, and the last rows, where the decay dropped the
     layer, are grey. (The first layer the schedule drops is skipped from the first tokens on: a blank panel.)"""
@@ -362,7 +368,12 @@ class Schedule:
 
 def parse_schedule(c: Controls, num_layers: int, caps: Caps) -> Schedule:
     """The planned schedule of the controls; ValueError like `parse_controls`."""
-    strategy = parse_strategy(c, num_layers, caps)
+    return schedule_of(c, parse_strategy(c, num_layers, caps), num_layers, caps)
+
+
+def schedule_of(c: Controls, strategy: StrategyConfig, num_layers: int, caps: Caps) -> Schedule:
+    """The planned schedule of `strategy`, already parsed from `c` (D3's own is parsed only when another strategy
+    runs: it is drawn beside it)."""
     steps = c.new_tokens(caps)
     d3 = strategy if isinstance(strategy, D3Config) else parse_strategy(c.with_(strategy="d3"), num_layers, caps)
     return Schedule(strategy, num_layers, steps, other_schedules(strategy, d3, num_layers, steps))

@@ -12,7 +12,7 @@ import gradio as gr
 from d3.config import FILLS
 from explorer import views
 from explorer.caps import Caps
-from explorer.controls import Controls, ViewOptions, takes_controls
+from explorer.controls import Controls, ViewOptions, page_words, takes_controls
 from explorer.pool import ModelPool
 from d3.trace import measured_speedup
 from explorer.runs import LiveUpdate, RunSetup, check_run, fill_comparison, prepare_run, side_by_side
@@ -46,7 +46,7 @@ def _refuse(outputs: tuple[str, ...], err: ValueError, session: Session | None =
     it, so that fixing the control takes it back (view_handlers.check_controls)."""
     if session is not None:
         session.problem = str(err)
-    yield ordered(outputs, status=views.problem_html(str(err)))
+    yield ordered(outputs, status=views.problem_html(page_words(str(err))))
     raise refused(err)
 
 
@@ -176,7 +176,7 @@ def generate(pool: ModelPool, session: Session | None, controls: Controls) -> It
             if not pool.is_loaded(checked.model):
                 yield ordered(GENERATE_OUTPUTS, session=session, status=views.status_html(None, None, "loading"))
             try:
-                setup = prepare_run(pool, controls)
+                setup = prepare_run(pool, checked)  # the controls parsed once, by check_run
             except ValueError as err:  # a prompt over the token limit is only known once the tokenizer is there
                 yield from _refuse(GENERATE_OUTPUTS, err, session)
             had_fills = bool(session.fills)
@@ -194,13 +194,13 @@ def compare_fills(pool: ModelPool, session: Session | None, controls: Controls) 
     session = session or Session()
     with user_errors():
         try:
-            check_run(pool, controls)
+            checked = check_run(pool, controls)
             run_id = session.begin()
         except ValueError as err:
             yield from _refuse(FILLS_OUTPUTS, err)
         try:
             try:
-                setup = prepare_run(pool, controls)
+                setup = prepare_run(pool, checked)
             except ValueError as err:
                 yield from _refuse(FILLS_OUTPUTS, err)
             yield from _fills(session, run_id, setup, controls.view.presentation, pool.caps.max_run_s)

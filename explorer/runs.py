@@ -10,7 +10,7 @@ from d3.compare import Recorded, compare, record, run_recorded
 from d3.config import FILLS, TRACE_OFF, FullConfig, GenerationConfig, StrategyConfig, TraceConfig
 from d3.engine import Engine
 from d3.trace import Comparison, Trace
-from explorer.controls import Controls, parse_controls, parse_schedule
+from explorer.controls import Controls, parse_controls, schedule_of
 from explorer.parse import as_flag, check_prompt_tokens, clean_prompt
 from explorer.pool import ModelPool
 
@@ -47,12 +47,13 @@ def check_run(pool: ModelPool, c: Controls) -> RunSetup:
     strategy, gen = parse_controls(c, layers, caps)
     trace = TraceConfig(attention_layers=(c.attention_layer_index(layers),),
                         lens_states=as_flag("logit_lens", c.logit_lens))
-    return RunSetup(None, prompt, chat, strategy, gen, trace, 0, parse_schedule(c, layers, caps).others, model)
+    return RunSetup(None, prompt, chat, strategy, gen, trace, 0, schedule_of(c, strategy, layers, caps).others, model)
 
 
-def prepare_run(pool: ModelPool, c: Controls) -> RunSetup:
-    """`check_run`, then the engine (loading the model on first use) and the prompt's token count."""
-    setup = check_run(pool, c)
+def prepare_run(pool: ModelPool, c: Controls | RunSetup) -> RunSetup:
+    """The engine (loading the model on first use) and the prompt's token count for a checked run (`check_run`,
+    whose parse is not repeated: a click parses the controls once), or for controls not checked yet."""
+    setup = c if isinstance(c, RunSetup) else check_run(pool, c)
     engine = pool.engine(setup.model)
     return replace(setup, engine=engine, prompt_tokens=check_prompt_tokens(engine, setup.prompt, setup.chat_template,
                                                                             pool.caps))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable
@@ -13,6 +14,7 @@ import numpy as np
 
 from d3.config import (
     DROP_ORDERS,
+    Param,
     FILLS,
     D3Config,
     EarlyExitConfig,
@@ -21,6 +23,7 @@ from d3.config import (
     StrategyConfig,
     UnifiedConfig,
     default_core,
+    params,
 )
 from d3.orders import MEASURED
 from d3.models import DEFAULT_MODEL
@@ -28,24 +31,35 @@ from d3.schedule import plan
 from explorer.caps import Caps
 from explorer.parse import as_choice, as_number, whole
 
-# Strategies a person can put against full depth, with the names the page shows.
-STRATEGY_LABELS: dict[str, str] = {
-    "d3": "D3 (depth decay)",
-    "skipdecode": "SkipDecode",
-    "unified": "Unified Layer Skipping",
-    "early_exit": "Confidence early exit (CALM-style)",
-}
+# Strategies a person can put against full depth, with the names the page shows (each strategy's own label).
+STRATEGIES: tuple[type[StrategyConfig], ...] = (D3Config, SkipDecodeConfig, UnifiedConfig, EarlyExitConfig)
+STRATEGY_LABELS: dict[str, str] = {cls.name: cls.label for cls in STRATEGIES}
 DECODINGS = ("greedy", "sample")
-# Each control as the page labels it (layout.py uses these; messages on the page name fields by them).
-LABELS: dict[str, str] = {
-    "alpha": "α", "core_head": "Core head", "core_tail": "Core tail", "start": "Start",
-    "max_new_tokens": "Max new tokens", "temperature": "Temperature", "seed": "Seed",
-    "unified_ratio": "Unified skipping: target speedup r", "skipdecode_max": "SkipDecode: max layers",
-    "skipdecode_min": "SkipDecode: min layers", "threshold": "Early exit: confidence threshold",
-    "attention_layer": "Attention layer", "attention_head": "Attention head", "layer_order": "Calibrated order",
-    "drop_order": "Drop order", "fill": "Fill", "strategy": "Strategy", "decoding": "Decoding", "prompt": "Prompt",
-    "model": "Model",
+# The controls that are a config field (d3.config's registry): the page's name (the API's parameter) -> (config
+# class, field). Their defaults, ranges, labels and help come from the field's `Param`, said once in d3/config.py.
+FIELDS: dict[str, tuple[type, str]] = {
+    "alpha": (D3Config, "alpha"), "core_head": (D3Config, "core_head"), "core_tail": (D3Config, "core_tail"),
+    "start": (D3Config, "start"), "drop_order": (D3Config, "drop_order"), "fill": (D3Config, "fill"),
+    "unified_ratio": (UnifiedConfig, "ratio"), "skipdecode_max": (SkipDecodeConfig, "max_layers"),
+    "skipdecode_min": (SkipDecodeConfig, "min_layers"), "threshold": (EarlyExitConfig, "threshold"),
+    "max_new_tokens": (GenerationConfig, "max_new_tokens"), "temperature": (GenerationConfig, "temperature"),
+    "seed": (GenerationConfig, "seed"),
 }
+
+
+def param_of(name: str) -> Param:
+    cls, key = FIELDS[name]
+    return params(cls)[key]
+
+
+# Each control as the page labels it: a config field's own label, the page's own controls' here. Messages on the
+# page name fields by these (`page_words`).
+LABELS: dict[str, str] = {
+    **{name: param_of(name).label for name in FIELDS},
+    "attention_layer": "Attention layer to record", "attention_head": "Head", "layer_order": "Calibrated order",
+    "strategy": "Strategy", "decoding": "Decoding", "prompt": "Prompt", "model": "Model",
+}
+HELP: dict[str, str] = {name: param_of(name).help for name in FIELDS}
 ALPHA_RANGE = (0.8, 1.0)  # the α slider's range: the part of (0, 1] where a decay leaves anything to look at
 TEMPERATURE_RANGE = (0.05, 2.0)
 METRICS = ("both", "cos", "dist")
@@ -70,18 +84,18 @@ class Controls:
     alpha: Any = control(D3Config.alpha, redraws=True)  # the engine's default decay: the page's one source of it
     core_head: Any = control(None, redraws=True)
     core_tail: Any = control(None, redraws=True)
-    start: Any = control(0, redraws=True)
-    drop_order: Any = control("middle_out", redraws=True)
+    start: Any = control(param_of("start").default, redraws=True)
+    drop_order: Any = control(param_of("drop_order").default, redraws=True)
     layer_order: Any = control("", redraws=True)  # with drop_order "calibrated": the flex layers, dropped first first
-    fill: Any = control("copy", redraws=True)
-    max_new_tokens: Any = control(64, redraws=True)
+    fill: Any = control(param_of("fill").default, redraws=True)
+    max_new_tokens: Any = control(param_of("max_new_tokens").default, redraws=True)
     decoding: Any = "greedy"
     temperature: Any = 0.8
-    seed: Any = 0
-    unified_ratio: Any = control(1.5, redraws=True)
+    seed: Any = param_of("seed").default
+    unified_ratio: Any = control(param_of("unified_ratio").default, redraws=True)
     skipdecode_max: Any = control(0, redraws=True)
     skipdecode_min: Any = control(0, redraws=True)
-    threshold: Any = control(0.9, redraws=True)
+    threshold: Any = control(param_of("threshold").default, redraws=True)
     attention_layer: Any = None
     attention_head: Any = 0
     logit_lens: Any = True  # record the lens while generating (the Logit lens and Token scrubber views read it)
@@ -100,11 +114,11 @@ class Controls:
         sampling = as_choice("decoding", self.decoding, DECODINGS) == "sample"
         return GenerationConfig(
             max_new_tokens=self.new_tokens(caps),
-            temperature=as_number("temperature", self.temperature, 0, 5, lo_open=True) if sampling else 0.0,
-            seed=int(as_number("seed", self.seed, 0, 2**31 - 1, integer=True)))
+            temperature=as_param("temperature", self.temperature, lo_open=True) if sampling else 0.0,
+            seed=int(as_param("seed", self.seed)))
 
     def new_tokens(self, caps: Caps) -> int:
-        return int(as_number("max_new_tokens", self.max_new_tokens, 1, caps.max_new_tokens, integer=True))
+        return int(as_param("max_new_tokens", self.max_new_tokens, hi=caps.max_new_tokens))
 
     def attention_layer_index(self, num_layers: int) -> int:
         """The layer whose attention is recorded: validated, since it changes what a run records."""
@@ -197,6 +211,17 @@ def _default_attention_layer(num_layers: int, model: str | None) -> int:
     return min(flex, key=lambda layer: (abs(counts[layer] - ATTENTION_RUN_SHARE * tokens), layer))
 
 
+def as_param(name: str, value: Any, *, hi: float | None = None, lo_open: bool | None = None) -> Any:
+    """A control's value converted to a number and checked against its config field's range (d3.config's registry),
+    narrowed where the server allows less (`hi`, the server's cap) or the page asks more (`lo_open`); ValueError
+    naming the control by its API name (the page words it with its label: `page_words`)."""
+    p = param_of(name)
+    top = p.hi if p.hi is not None else math.inf
+    number = as_number(name, value, -math.inf if p.lo is None else p.lo, top if hi is None else min(top, hi),
+                       integer=p.integer, lo_open=p.lo_open if lo_open is None else lo_open)
+    return int(number) if p.integer else number
+
+
 def _optional_layers(name: str, value: Any, num_layers: int) -> int | None:
     """0 (or empty) means auto for SkipDecode's bounds."""
     if value in (None, "", 0, 0.0, "0"):
@@ -252,7 +277,7 @@ def parse_strategy(c: Controls, num_layers: int, caps: Caps) -> StrategyConfig:
     if name == "d3":
         head, tail = default_core(num_layers)
         cfg: StrategyConfig = D3Config(
-            alpha=as_number("alpha", c.alpha, 0, 1, lo_open=True),
+            alpha=as_param("alpha", c.alpha),
             core_head=_core_layer("core_head", c.core_head, head, num_layers),
             core_tail=_core_layer("core_tail", c.core_tail, tail, num_layers),
             start=int(as_number("start", c.start, 0, caps.max_new_tokens, integer=True)),
@@ -262,10 +287,10 @@ def parse_strategy(c: Controls, num_layers: int, caps: Caps) -> StrategyConfig:
                                min_layers=_optional_layers("skipdecode_min", c.skipdecode_min, num_layers),
                                horizon=c.new_tokens(caps), fill=fill)
     elif name == "unified":
-        cfg = UnifiedConfig(ratio=as_number("unified_ratio", c.unified_ratio, 1, 64), fill=fill)
+        cfg = UnifiedConfig(ratio=as_param("unified_ratio", c.unified_ratio), fill=fill)
     else:
-        cfg = EarlyExitConfig(threshold=as_number("threshold", c.threshold, 0, 1, lo_open=True),
-                              min_layers=min(4, num_layers), fill=fill)
+        cfg = EarlyExitConfig(threshold=as_param("threshold", c.threshold),
+                              min_layers=min(params(EarlyExitConfig)["min_layers"].default, num_layers), fill=fill)
     cfg.check_layers(num_layers)
     return cfg
 

@@ -17,6 +17,8 @@ from explorer.controls import (
     ALPHA_RANGE,
     DECODINGS,
     DEFAULTS,
+    HELP,
+    LABELS,
     STRATEGY_LABELS,
     TEMPERATURE_RANGE,
     default_attention_layer,
@@ -48,16 +50,19 @@ def _key_controls(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> Non
     """The controls a lesson turns most: α, the core split and the length, beside the prompt."""
     layers = facts.num_layers
     head, tail = default_core(layers)
-    ui["alpha"] = gr.Slider(*ALPHA_RANGE, value=model_defaults(pool.names[0]).alpha, step=0.001, label="α: token i runs floor(L·α^i) layers",
-                            elem_id="alpha")
+    ui["alpha"] = gr.Slider(*ALPHA_RANGE, value=model_defaults(pool.names[0]).alpha, step=0.001, label=LABELS["alpha"],
+                            info=HELP["alpha"], elem_id="alpha")
     with gr.Row(elem_id="core-row"):
         # head + tail stays below L: each slider's maximum follows the other (wiring.bound_core)
-        ui["core_head"] = gr.Slider(0, value=head, step=1, label="Core head (first layers)", elem_id="core-head",
+        ui["core_head"] = gr.Slider(0, value=head, step=1, label=LABELS["core_head"], elem_id="core-head",
+                                    info=HELP["core_head"],
                                     min_width=120, **slider_range(layers - 1 - tail))
-        ui["core_tail"] = gr.Slider(0, value=tail, step=1, label="Core tail (last layers)", elem_id="core-tail",
+        ui["core_tail"] = gr.Slider(0, value=tail, step=1, label=LABELS["core_tail"], elem_id="core-tail",
+                                    info=HELP["core_tail"],
                                     min_width=120, **slider_range(layers - 1 - head))
     ui["max_new_tokens"] = gr.Number(min(DEFAULTS.max_new_tokens, pool.caps.max_new_tokens), precision=0,
-                                     label=f"Max new tokens (1–{pool.caps.max_new_tokens})", elem_id="max-new-tokens")
+                                     label=LABELS["max_new_tokens"], elem_id="max-new-tokens",
+                                     info=f"{HELP['max_new_tokens']} (1–{pool.caps.max_new_tokens} here)")
 
 
 def _more_controls(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> None:
@@ -66,31 +71,37 @@ def _more_controls(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> No
     ui["strategy"] = gr.Dropdown([(label, key) for key, label in STRATEGY_LABELS.items()], value=DEFAULTS.strategy,
                                  label="Strategy (against full depth)")
     with gr.Row():
-        ui["drop_order"] = gr.Dropdown(list(DROP_ORDERS), value=model_defaults(pool.names[0]).drop_order, label="Drop order of flex layers",
-                                       info="calibrated: measured on this model (the default; docs/drop_order.md). middle_out, the paper's literal "
+        ui["drop_order"] = gr.Dropdown(list(DROP_ORDERS), value=model_defaults(pool.names[0]).drop_order, label=LABELS["drop_order"],
+                                       info=HELP["drop_order"] + ". calibrated: measured on this model (the default; docs/drop_order.md). middle_out, the paper's literal "
                                        "reading, keeps 22.7% of SmolLM2's arithmetic at 29 layers (calibrated 75-79%, full 83%); "
                                        "strided is not nested: filling matters", min_width=140)
-        ui["fill"] = gr.Dropdown(list(FILLS), value=DEFAULTS.fill, label="Fill for skipped layers' KV",
-                                 info="copy · propagate · none (masked hole)", min_width=140)
+        ui["fill"] = gr.Dropdown(list(FILLS), value=DEFAULTS.fill, label=LABELS["fill"],
+                                 info=HELP["fill"], min_width=140)
     ui["layer_order"] = gr.Textbox(model_defaults(pool.names[0]).layer_order, label="Calibrated order (drop order 'calibrated'): flex "
                                    "layers, dropped first → last", elem_id="layer-order", max_lines=2,
                                    placeholder="e.g. 3, 4, 17, … (Which layers matter → Use this order)")
-    ui["start"] = gr.Slider(0, caps.max_new_tokens, value=DEFAULTS.start, step=1, label="Start (tokens at full depth)",
+    ui["start"] = gr.Slider(0, caps.max_new_tokens, value=DEFAULTS.start, step=1, label=LABELS["start"], info=HELP["start"],
                             elem_id="start")
     ui["attention_layer"] = gr.Slider(0, value=default_attention_layer(layers, pool.names[0]), step=1,
-                                      label="Attention layer to record (before generating)", **slider_range(layers - 1))
+                                      label=LABELS["attention_layer"],
+                                      info="the layer whose attention a run records (set before generating)", **slider_range(layers - 1))
     with gr.Row():
         ui["decoding"] = gr.Radio(list(DECODINGS), value=DEFAULTS.decoding, label="Decoding", min_width=140)
         ui["chat_template"] = gr.Checkbox(facts.chat_template, label="Chat template (instruct models)", min_width=140)
     with gr.Row():
         ui["temperature"] = gr.Slider(*TEMPERATURE_RANGE, value=DEFAULTS.temperature, step=0.05,
-                                      label="Temperature (sampling only)", min_width=140)
-        ui["seed"] = gr.Number(DEFAULTS.seed, label="Seed (sampling only)", min_width=100)
-    ui["unified_ratio"] = gr.Number(DEFAULTS.unified_ratio, label="Unified skipping: target speedup r (keeps floor(L/r) layers)")
+                                      label=LABELS["temperature"], info=HELP["temperature"] + " (sampling only)",
+                                      min_width=140)
+        ui["seed"] = gr.Number(DEFAULTS.seed, label=LABELS["seed"], info=HELP["seed"] + " (sampling only)",
+                               min_width=100)
+    ui["unified_ratio"] = gr.Number(DEFAULTS.unified_ratio, label=LABELS["unified_ratio"],
+                                    info=HELP["unified_ratio"])
     with gr.Row():
-        ui["skipdecode_max"] = gr.Number(DEFAULTS.skipdecode_max, label="SkipDecode: max layers (0 = auto)", min_width=120)
-        ui["skipdecode_min"] = gr.Number(DEFAULTS.skipdecode_min, label="SkipDecode: min layers (0 = auto)", min_width=120)
-    ui["threshold"] = gr.Number(DEFAULTS.threshold, label="Early exit: confidence threshold (0, 1]")
+        ui["skipdecode_max"] = gr.Number(DEFAULTS.skipdecode_max, label=LABELS["skipdecode_max"],
+                                          info=HELP["skipdecode_max"] + " (0 = auto)", min_width=120)
+        ui["skipdecode_min"] = gr.Number(DEFAULTS.skipdecode_min, label=LABELS["skipdecode_min"],
+                                          info=HELP["skipdecode_min"] + " (0 = auto)", min_width=120)
+    ui["threshold"] = gr.Number(DEFAULTS.threshold, label=LABELS["threshold"], info=HELP["threshold"])
     gr.HTML(caps_html(pool.caps.describe(), pool.public))
 
 

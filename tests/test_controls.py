@@ -71,4 +71,47 @@ def test_a_value_typed_out_of_range_is_said_with_the_pages_label_and_the_sliders
         check_sliders(model_defaults(SMOL).with_(core_head=99, core_tail=3), 30, Caps())
     assert str(err.value) == "Core head=99 is out of range: Core head must be an integer in [0, 26]"
     assert page_words("max_new_tokens=0 is out of range: max_new_tokens must be an integer in [1, 64]") == \
-        "Max new tokens=0 is out of range: Max new tokens must be an integer in [1, 64]"
+        "New tokens=0 is out of range: New tokens must be an integer in [1, 64]"
+
+
+# ---------------------------------------------------------------- derived from d3.config's registry (issue 23)
+
+
+def test_the_pages_defaults_labels_help_and_strategies_come_from_the_configs(tiny_engine) -> None:
+    """Each control that is a config field takes its default, label and help from the field's Param (d3.config),
+    and the strategy picker's names from each strategy's label: nothing is restated on the page."""
+    from d3.config import params
+    from explorer.controls import DEFAULTS, FIELDS, STRATEGIES, STRATEGY_LABELS
+    from explorer.page import build_demo
+
+    demo = build_demo(lambda _: tiny_engine, model_names=("tiny",), public=False)
+    page_auto = {"skipdecode_max": 0, "skipdecode_min": 0}  # the page's number box says 0 for the config's None
+    for name, (cls, key) in FIELDS.items():
+        p = params(cls)[key]
+        if name not in ("temperature", "core_head", "core_tail"):  # sampling's own default; the model's core
+            assert getattr(DEFAULTS, name) == page_auto.get(name, p.default), name
+        component = demo.ui[name]
+        assert component.label == p.label and component.info.startswith(p.help[:40]), name
+    assert STRATEGY_LABELS == {cls.name: cls.label for cls in STRATEGIES}
+    assert [label for label, _ in demo.ui["strategy"].choices] == list(STRATEGY_LABELS.values())
+
+
+@pytest.mark.parametrize("name, value", [("seed", 2**32), ("seed", 2**31), ("unified_ratio", 65), ("threshold", 0),
+                                         ("alpha", 1.01)])
+def test_a_values_range_is_the_configs(name, value) -> None:
+    """The page's checks are the config's ranges (the seed once stopped at 2**31 - 1 on the page, 2**63 in the
+    config): a value the config takes, the page takes; one it refuses, the page refuses with the same range."""
+    from d3.config import params
+    from explorer.controls import FIELDS, param_of
+
+    cls, key = FIELDS[name]
+    p = param_of(name)
+    c = model_defaults(SMOL).with_(**{name: value}, strategy={"unified_ratio": "unified", "threshold": "early_exit"}
+                                   .get(name, "d3"), decoding="sample")
+    try:
+        parse_strategy(c, 30, Caps()), c.generation(Caps())
+        accepted = True
+    except ValueError as err:
+        accepted = False
+        assert p.allowed().split(" (")[0].split(" in ")[-1] in str(err), (str(err), p.allowed())
+    assert accepted == p.ok(value)

@@ -103,7 +103,7 @@ def test_a_typed_alpha_out_of_range_is_said_and_the_run_uses_what_the_curve_show
     box = page.locator("#alpha input[type=number]")
     box.fill(typed)
     box.press("Enter")
-    wait_for_status(page, f"alpha={typed} is out of range: alpha must be a number in [0.8, 1]")
+    wait_for_status(page, f"α (decay rate)={typed} is out of range: α (decay rate) must be a number in [0.8, 1]")
     page.wait_for_function("(t) => document.querySelector('#plot-decay .js-plotly-plot').data"
                            ".some(d => (d.name || '').startsWith(`D3 (${t}`))", arg=runs)
     generate(page, tokens=6)

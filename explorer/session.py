@@ -52,6 +52,7 @@ class Session:
     triggered_at: float | None = None  # when the page last asked for a run that has not begun yet
     running: int | None = None  # the run streaming now, if any (what Stop would stop)
     problem: str | None = None  # what the status line says is wrong with the controls, until it is fixed
+    typed_out_of_range: bool = False  # a value typed into a slider's box outside its range, not yet fixed
     view: str = "usage"  # the view tab open on the page (the lens and scrubber draw only while theirs is open)
     exports: deque[float] = field(default_factory=deque, repr=False)  # when this session last downloaded
     _since: dict[int, float] = field(default_factory=dict, repr=False)

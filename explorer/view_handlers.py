@@ -125,6 +125,21 @@ SETTLE_OUTPUTS = ("status", "core_head", "core_tail", "layer_order")
 
 @takes_controls
 def settle_controls(pool: ModelPool, session: Session | None, controls: Controls) -> tuple[Any, ...]:
+    """After a person's move of a control (see `_settle`)."""
+    return _settle(pool, session, controls)
+
+
+@takes_controls
+def settle_released(pool: ModelPool, session: Session | None, controls: Controls) -> tuple[Any, ...]:
+    """After a person let go of a slider: as `settle_controls`, except that a value just typed out of the slider's
+    range keeps its message: the browser has clamped the box to the slider's end as it lost focus, and that
+    clamped value is not what the person asked for (`check_release` then runs nothing)."""
+    if session is not None and session.typed_out_of_range:
+        return ordered(SETTLE_OUTPUTS)
+    return _settle(pool, session, controls)
+
+
+def _settle(pool: ModelPool, session: Session | None, controls: Controls) -> tuple[Any, ...]:
     """After a person's move of a control: what follows from the one state of the controls, set once, by the
     server, on components nothing listens to (so it starts no other update): the core sliders' maxima (head + tail
     below L), a calibrated order re-fitted to a new core (said in one line), and in the status line what is wrong
@@ -142,7 +157,14 @@ def settle_controls(pool: ModelPool, session: Session | None, controls: Controls
     if note:
         out["layer_order"] = controls.layer_order
     try:
-        check_sliders(controls, layers, pool.caps)
+        try:
+            check_sliders(controls, layers, pool.caps)
+        except ValueError:
+            if session is not None:
+                session.typed_out_of_range = True
+            raise
+        if session is not None:
+            session.typed_out_of_range = False
         parse_controls(controls, layers, pool.caps)
     except ValueError as err:
         message = page_words(str(err))
@@ -164,7 +186,12 @@ def settle_controls(pool: ModelPool, session: Session | None, controls: Controls
 
 @takes_controls
 def check_release(pool: ModelPool, session: Session | None, controls: Controls) -> None:
-    """A slider let go runs only on a valid value: otherwise nothing runs (and `settle_controls` says why)."""
+    """A slider let go runs only on a valid value: otherwise nothing runs (and `settle_controls` says why). A value
+    typed out of the slider's range runs nothing either, though the browser clamped it as the box lost focus: the
+    person asked for another value (the message says which range; Generate runs what the slider shows)."""
+    if session is not None and session.typed_out_of_range:
+        session.typed_out_of_range = False
+        raise refused(ValueError("a value typed out of the slider's range: press Generate to run what it shows"))
     try:
         facts = pool.known_facts(controls.model)
         if facts is not None:

@@ -41,6 +41,7 @@ from explorer.view_handlers import (
     render_flow,
     set_presentation,
     settle_controls,
+    settle_released,
     show_finding,
     use_example,
 )
@@ -84,10 +85,12 @@ def _wire_generation(pool: ModelPool, ui: dict[str, Any], triggers: list[Any], s
                      checked: bool = False) -> Any:
     """Stop this session's running generation out of the queue, then generate in the queue. `checked`: only on
     valid controls (a slider let go on a value typed out of its range runs nothing; `settle_controls` says why)."""
-    if checked:
-        check = gr.on(triggers, functools.partial(check_release, pool), _with_controls(ui, "session"), None,
-                      queue=False, show_progress="hidden", api_name=f"check{suffix}", preprocess=False,
-                      trigger_mode="always_last")
+    if checked:  # what follows from the released value first, then whether it may run
+        settled = gr.on(triggers, functools.partial(settle_released, pool), _with_controls(ui, "session"),
+                        _pick(ui, SETTLE_OUTPUTS), queue=False, show_progress="hidden", api_name=False,
+                        preprocess=False, trigger_mode="always_last")
+        check = settled.success(functools.partial(check_release, pool), _with_controls(ui, "session"), None,
+                                queue=False, show_progress="hidden", api_name=f"check{suffix}", preprocess=False)
         first = check.success(interrupt, [ui["session"]], None, queue=False, show_progress="hidden",
                               api_name=f"interrupt{suffix}")
     else:
@@ -157,7 +160,9 @@ def _wire_views(pool: ModelPool, ui: dict[str, Any]) -> None:
           functools.partial(redraw_schedule, pool), _with_controls(ui, "session"), [ui["decay"], ui["planned"]],
           api_name="redraw_schedule", trigger_mode="always_last", **instant)
     # What follows from the one state of the controls (bounds, a re-fitted order, a message), set once per move.
-    gr.on(person_moved(ui, SETTLED_CONTROLS), functools.partial(settle_controls, pool), _with_controls(ui, "session"),
+    moved = [ui[n].input for n in SETTLED_CONTROLS] + [ui[n].release for n in SETTLED_CONTROLS
+                                                         if isinstance(ui[n], gr.Slider) and n not in RELEASE_TRIGGERS]
+    gr.on(moved, functools.partial(settle_controls, pool), _with_controls(ui, "session"),
           _pick(ui, SETTLE_OUTPUTS), api_name=False, trigger_mode="always_last", **instant)
     ui["metric"].input(render_flow, _with_controls(ui, "session"), ui["flow"], api_name="render_flow", **instant)
     gr.on(person_moved(ui, ("attention_layer", "attention_head")), render_attention, _with_controls(ui, "session"),

@@ -18,8 +18,8 @@ from explorer.parse import as_number, whole
 from explorer.pool import ModelPool
 from explorer.session import Session
 from explorer.ui import ordered, user_errors
+from explorer import views
 from explorer.views import waiting
-from explorer.wording import VIEWS
 from viz.lens import has_lens, logit_lens_heatmap
 from viz.scrub import scrub_html, token_layers, topk_compare
 
@@ -172,7 +172,7 @@ def wire_explain(pool: ModelPool, ui: dict[str, Any], runs: dict[str, Any]) -> N
     for suffix, run in runs.items():
         run.then(show, with_index, outputs, api_name=f"show_run{suffix}", **instant)
     ui["presentation"].input(show, with_index, outputs, api_name=False, **instant)
-    for key in (k for k in VIEWS if f"tab_{k}" in ui):
+    for key in (k for k in views.titles() if f"tab_{k}" in ui):
         opened = ui[f"tab_{key}"].select(functools.partial(view_opened, key), ui["session"], None, api_name=False,
                                          **instant)
         if key in LAZY_VIEWS:

@@ -31,15 +31,15 @@ from explorer.pool import ModelPool
 from explorer.scenarios import SCENARIOS, fill_finding, scenario_controls, scenario_finding, scenario_text
 from explorer.session import Session
 from explorer.ui import core_sliders, ordered, refused, slider_range, user_errors
-from explorer.wording import EXPLAIN
 
-VIEW_OUTPUTS = ("usage", "flow", "attention", "errors", "fills", "root", *(f"explain_{k}" for k in EXPLAIN))
+# Presentation mode redraws every view drawn from the session's run, and hides every explanation.
+VIEW_OUTPUTS = (*views.drawn_from_session(), "root", *(f"explain_{v.key}" for v in views.registry() if v.tab))
 SCENARIO_OUTPUTS = (*CONTROL_NAMES, "scenario_text", "scenario_finding")
 SIZED_OUTPUTS = ("core_head", "core_tail", "attention_layer", "attention_head", "chat_template", "alpha", "drop_order",
                  "layer_order")
 # A model switch also empties the panes and the views: what they showed was a run of the other model.
-CLEARED_OUTPUTS = ("d3_title", "d3_tokens", "d3_counters", "full_tokens", "full_counters", "usage", "flow",
-                   "attention", "errors", "fills")
+CLEARED_OUTPUTS = ("d3_title", "d3_tokens", "d3_counters", "full_tokens", "full_counters",
+                   *views.drawn_from_session())
 MODEL_OUTPUTS = (*SIZED_OUTPUTS, "status", "session", *CLEARED_OUTPUTS)
 
 
@@ -81,9 +81,7 @@ def _cleared(session: Session | None, model: str, presentation: bool = False) ->
     blank = "<div class='d3-tokens'>(press Generate)</div>"
     p = presentation
     out = dict(session=session, d3_title="### D3", d3_tokens=blank, full_tokens=blank, d3_counters="",
-               full_counters="", usage=views.usage_view(None, presentation=p),
-               flow=views.flow_view(None, None, presentation=p), attention=views.attention_view(None, None, 0, 0, presentation=p),
-               errors=views.error_view(None, presentation=p), fills=views.fills_view(None, presentation=p))
+               full_counters="", **{key: views.empty(key, p) for key in views.drawn_from_session()})
     was = f" (the last run, of {previous}, is in Run history)" if previous and previous != model else ""
     out["status"] = views.status_html(None, None, f"Model {model}: press Generate.{was}")
     return out
@@ -244,17 +242,14 @@ def render_errors(session: Session | None, controls: Controls) -> Any:
 @takes_controls
 def set_presentation(session: Session | None, controls: Controls) -> tuple[Any, ...]:
     """Presentation mode: bigger fonts everywhere, explanations hidden so each view takes the full width."""
-    view, s = controls.view, session or Session()
+    view = controls.view
     p = view.presentation
     classes = ["d3-root", "d3-present"] if p else ["d3-root"]
-    explain = {f"explain_{k}": gr.update(visible=not p) for k in EXPLAIN}
+    explain = {f"explain_{v.key}": gr.update(visible=not p) for v in views.registry() if v.tab}
+    shown = views.Shown.of(session)
     with user_errors():
-        return ordered(VIEW_OUTPUTS, usage=views.usage_view(s.d3, presentation=p),
-                       flow=views.flow_view(s.d3, s.full, metric=view.metric, presentation=p),
-                       attention=views.attention_view(s.d3, s.full, view.layer, view.head, presentation=p),
-                       errors=views.error_view(s.comparison, log_kl=view.log_kl, presentation=p),
-                       fills=views.fills_view(s.fills, presentation=p), root=gr.update(elem_classes=classes),
-                       **explain)
+        return ordered(VIEW_OUTPUTS, **{key: views.draw(key, shown, view) for key in views.drawn_from_session()},
+                       root=gr.update(elem_classes=classes), **explain)
 
 
 def apply_scenario(pool: ModelPool, key: str, step: int, session: Session | None, model: str) -> tuple[Any, ...]:

@@ -25,7 +25,7 @@ from d3.config import (
     default_core,
     params,
 )
-from d3.orders import MEASURED
+from d3.orders import CHAT_ORDERS, MEASURED
 from d3.models import DEFAULT_MODEL
 from d3.schedule import plan
 from explorer.caps import Caps
@@ -248,18 +248,30 @@ def layer_order_text(order: tuple[int, ...] | None) -> str:
     return ", ".join(map(str, order or ()))
 
 
-# The page's D3 settings per embedded model: the measured best (docs/drop_order.md; results/SUMMARY.md, "Drop order").
-# Other models (a local directory, the tests' tiny one) and API calls that leave them out keep the engine's own
-# defaults (the paper's literal middle-out at α 0.99).
-MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
-    name: {"alpha": alpha, "drop_order": "calibrated", "layer_order": layer_order_text(MEASURED[name][core])}
-    for name, alpha, core in (("smollm2-135m", 0.998, (3, 3)), ("gemma3-270m", 0.998, (2, 2)))
-}
+# The page's D3 settings per embedded model and kind of text: the order calibrated on that kind of text
+# (d3/orders.py: CHAT_ORDERS on chat prompts, MEASURED on worked arithmetic; docs/drop_order.md), at the measured
+# α. The page's default prompt is chat text, so it starts with the chat order where one ships (on SmolLM2 the
+# arithmetic order sent the sky prompt into wrong physics at token 16; issue 24); the arithmetic scenarios ask for
+# the arithmetic one. Other models (a local directory, the tests' tiny one) and API calls that leave them out keep
+# the engine's own defaults (the paper's literal middle-out at α 0.99).
+TEXT_KINDS = ("chat", "arithmetic")
+PAGE_MODELS = {"smollm2-135m": (0.998, (3, 3)), "gemma3-270m": (0.998, (2, 2))}
 
 
-def model_defaults(model: Any) -> Controls:
-    """The page's controls for `model`: its measured D3 setting where there is one, else the engine's defaults."""
-    return DEFAULTS.with_(**MODEL_DEFAULTS.get(str(model), {}))
+def calibrated_order(model: str, core: tuple[int, int], kind: str = "chat") -> tuple[int, ...] | None:
+    """The order calibrated for `model` and `core` on `kind` of text (the arithmetic one where no chat one ships)."""
+    orders = CHAT_ORDERS if kind == "chat" else MEASURED
+    return orders.get(model, {}).get(core) or MEASURED.get(model, {}).get(core)
+
+
+def model_defaults(model: Any, kind: str = "chat") -> Controls:
+    """The page's controls for `model` and `kind` of text: its calibrated D3 setting where there is one, else the
+    engine's defaults."""
+    if str(model) not in PAGE_MODELS:
+        return DEFAULTS
+    alpha, core = PAGE_MODELS[str(model)]
+    return DEFAULTS.with_(alpha=alpha, drop_order="calibrated",
+                          layer_order=layer_order_text(calibrated_order(str(model), core, kind)))
 
 
 def _drop_order(c: Controls, num_layers: int) -> dict[str, Any]:

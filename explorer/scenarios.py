@@ -70,10 +70,11 @@ def scenario_controls(key: str, step: int, num_layers: int, model: Any = None) -
     """The control values of run `step` of scenario `key`: the page's D3 setting for `model` with the scenario's
     changes."""
     scenario = SCENARIOS[as_choice("scenario", key, tuple(SCENARIOS))]
+    run = scenario.runs[min(step, len(scenario.runs) - 1)]
     head, tail = default_core(num_layers)
-    page = model_defaults(model)
+    page = model_defaults(model, "arithmetic" if run.get("prompt") == ARITHMETIC else "chat")  # the text's own order
     defaults = {name: getattr(page, name) for name in SCENARIO_CONTROLS} | {"core_head": head, "core_tail": tail}
-    return {**defaults, **scenario.runs[min(step, len(scenario.runs) - 1)]}
+    return {**defaults, **run}
 
 
 def scenario_text(key: str, step: int) -> str:

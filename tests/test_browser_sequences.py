@@ -41,7 +41,7 @@ class Watched:
     """A page and every request it sends."""
 
     def __init__(self, page) -> None:
-        self.page, self.requests = page, []
+        self.page, self.requests, self.moves = page, [], []
         page.on("request", lambda r: self.requests.append((time.monotonic(), r.url)))
 
     def settle(self) -> None:
@@ -60,8 +60,11 @@ class Watched:
         return self.page.evaluate("() => document.querySelector('#status').innerText")
 
     def wait_status(self, *texts: str) -> str:
-        self.page.wait_for_function("(ts) => ts.some(t => document.querySelector('#status')?.innerText.includes(t))",
-                                    arg=list(texts), timeout=GUARD_S * 1000)
+        try:
+            self.page.wait_for_function("(ts) => ts.some(t => document.querySelector('#status')?.innerText"
+                                        ".includes(t))", arg=list(texts), timeout=GUARD_S * 1000)
+        except playwright_api.TimeoutError:
+            pytest.fail(f"the status line never said any of {texts}: it says {self.status()!r} (moves: {self.moves})")
         return self.status()
 
     def answers_a_click(self) -> None:
@@ -209,7 +212,9 @@ def test_a_seeded_random_walk_over_the_controls(watched) -> None:
         lambda: switch_model(page, rng.choice(("gemma3-270m", "smollm2-135m"))),
     ]
     for step in range(30):
-        rng.choice(moves)()
+        move = rng.randrange(len(moves))
+        watched.moves.append(move)
+        moves[move]()
         if step % 6 == 5:
             watched.check(f"random move {step}")
     watched.check("end of the walk")

@@ -77,12 +77,12 @@ def test_each_embedded_model_starts_on_its_measured_order(model):
     and a switch to the model sets it."""
     from d3.models import KNOWN_MODELS
     from explorer import view_handlers
-    from explorer.controls import MODEL_DEFAULTS, model_defaults
+    from explorer.controls import PAGE_MODELS, model_defaults
 
     facts = KNOWN_MODELS[model].facts
     page = model_defaults(model)
     cfg = parse_strategy(page.with_(model=model), facts.num_layers, Caps())
-    assert cfg.drop_order == "calibrated" and cfg.alpha == MODEL_DEFAULTS[model]["alpha"] < 1
+    assert cfg.drop_order == "calibrated" and cfg.alpha == PAGE_MODELS[model][0] < 1
     sized = view_handlers._sized(facts, model)
     assert (sized["drop_order"], sized["layer_order"], sized["alpha"]) == (page.drop_order, page.layer_order, page.alpha)
     assert model_defaults("some/local-dir").drop_order == DEFAULTS.drop_order == "middle_out"  # others: the engine's

@@ -657,3 +657,16 @@ def test_on_gemma3_the_grid_hover_names_the_layer_the_decoder_copied_from(tiny_g
             would_have_been_wrong += nearest_lower is not None and nearest_lower != source
             checked += 1
     assert checked and would_have_been_wrong
+
+
+def test_the_token_colours_tell_28_29_and_30_layers_apart() -> None:
+    """Issue 24: at 28-29 of 30 layers every token was the same navy as 30. The scale spans the run's own range."""
+    from plotly.colors import unlabel_rgb
+
+    trace = make_trace(FullConfig(), num_layers=30, steps=3)
+    trace = trace.with_steps([replace(s, layers_run=tuple(range(n))) for s, n in zip(trace.steps, (30, 29, 28))])
+    out = viz.token_html(trace)
+    colours = {n: re.search(rf'data-layers="{n}" [^>]*background:(rgb\([^)]*\))', out).group(1) for n in (28, 29, 30)}
+    assert len(set(colours.values())) == 3
+    light, dark = (np.array(unlabel_rgb(colours[n])) for n in (28, 30))
+    assert np.abs(light - dark).sum() > 200  # far apart, not two shades of navy

@@ -38,9 +38,11 @@ def differing_positions(trace: Trace, reference: Trace | None) -> list[int]:
 
 
 def _depth_scale(trace: Trace) -> tuple[int, int]:
-    """(few, many) layers the colour scale spans: the core floor (or the fewest used) up to all layers."""
+    """(few, many) layers the colour scale spans: the fewest layers a token of this run used up to all layers, so
+    that a gentle decay (28 to 30 of 30) spans the whole scale, light to dark, instead of the top 8% of one that
+    starts at the core floor (every token the same navy; issue 24). The legend says the range."""
     used = trace.layers_used
-    few = min(sum(trace.core), int(used.min())) if used.size else sum(trace.core)
+    few = int(used.min()) if used.size else trace.num_layers
     return max(1, few), trace.num_layers
 
 

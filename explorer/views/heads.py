@@ -9,7 +9,7 @@ from viz.attention_overview import attention_overview
 EXPLAIN = """**Every attention head of the recorded layer at once** (one row per head): D3, full depth, and
 D3 minus full depth, for each generated token (rows, down) over the prompt and the earlier tokens (columns). The
 weights share one colour scale; the difference is red where D3 attends more, blue where it attends less. Grey rows:
-tokens for which D3 skipped this layer. The dashed line is where the two texts first differ. Choose the layer
+tokens for which D3 skipped this layer. The dotted line is where the prompt ends, a dashed one where the two texts first differ. Choose the layer
 under *More controls* before generating.
 
 **What to look for:** a difference panel that stays pale up to the dashed line: skipping other layers left this

@@ -41,3 +41,11 @@ def test_a_calibrated_order_follows_a_core_move_in_one_line(pool) -> None:
     assert out["layer_order"] == "2, 3, 4"
     assert "Calibrated order re-fitted to core 2 + 1" in out["status"] and "Cannot" not in out["status"]
     assert out["core_head"]["maximum"] == 4 and out["core_tail"]["maximum"] == 3
+
+
+def test_a_model_switch_takes_back_the_note_of_an_order_it_reset(pool) -> None:
+    """Issue 24, item 10: "Drop order set to the calibrated order ..." stayed after Gemma 3 and back."""
+    from explorer.view_handlers import MODEL_OUTPUTS, model_changed
+
+    out = dict(zip(MODEL_OUTPUTS, model_changed(pool, "tiny", Session())))
+    assert out["layers_note"] == ""

@@ -670,3 +670,19 @@ def test_the_token_colours_tell_28_29_and_30_layers_apart() -> None:
     assert len(set(colours.values())) == 3
     light, dark = (np.array(unlabel_rgb(colours[n])) for n in (28, 30))
     assert np.abs(light - dark).sum() > 200  # far apart, not two shades of navy
+
+
+def test_error_propagation_names_masked_holes_as_holes(tiny_engine) -> None:
+    """Issue 24, item 9: with fill none the outlined cells are masked holes, which no later token reads; they were
+    labelled "filled, read by later tokens". With fill copy the same cells are read copies."""
+    from d3.compare import compare
+    from d3.config import GenerationConfig, TRACE_OFF
+
+    gen = GenerationConfig(max_new_tokens=8, stop_at_eos=False)
+    names = {}
+    for fill in ("none", "copy"):
+        cfg = D3Config(alpha=0.8, core_head=1, core_tail=1, drop_order="strided", fill=fill)
+        fig = viz.error_propagation(compare(tiny_engine, "hello world", cfg, gen, TRACE_OFF))
+        names[fill] = [t.name for t in fig.data if (t.meta or {}).get("role") == "filled" and len(t.x)]
+    assert names["none"] == ["masked holes (later tokens' attention skips them)"]
+    assert names["copy"] == ["filled, read by later tokens"]

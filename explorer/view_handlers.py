@@ -34,7 +34,7 @@ from explorer.ui import core_sliders, ordered, refused, slider_range, user_error
 
 # Presentation mode redraws every view drawn from the session's run, and hides every explanation.
 VIEW_OUTPUTS = (*views.drawn_from_session(), "root", *(f"explain_{v.key}" for v in views.registry() if v.tab))
-SCENARIO_OUTPUTS = (*CONTROL_NAMES, "scenario_text", "scenario_finding")
+SCENARIO_OUTPUTS = (*CONTROL_NAMES, "scenario_text", "scenario_finding", "example")
 SIZED_OUTPUTS = ("core_head", "core_tail", "attention_layer", "attention_head", "chat_template", "alpha", "drop_order",
                  "layer_order")
 # A model switch also empties the panes and the views: what they showed was a run of the other model.
@@ -260,7 +260,9 @@ def apply_scenario(pool: ModelPool, key: str, step: int, session: Session | None
         values = scenario_controls(key, step, layers, model)
     values.update(core_sliders(layers, values["core_head"], values["core_tail"]))
     finding = {"scenario_finding": "*Running… the numbers appear here when the scenario's runs are done.*"} if step == 0 else {}
-    return ordered(SCENARIO_OUTPUTS, scenario_text=scenario_text(key, step), **finding, **values)
+    titles = {p.prompt: p.title for p in example_prompts()}  # the picker names the scenario's prompt, or none
+    return ordered(SCENARIO_OUTPUTS, scenario_text=scenario_text(key, step), **finding, **values,
+                   example=gr.update(value=titles.get(values["prompt"])))
 
 
 def show_finding(pool: ModelPool, key: str, session: Session | None, model: str) -> str:

@@ -686,3 +686,12 @@ def test_error_propagation_names_masked_holes_as_holes(tiny_engine) -> None:
         names[fill] = [t.name for t in fig.data if (t.meta or {}).get("role") == "filled" and len(t.x)]
     assert names["none"] == ["masked holes (later tokens' attention skips them)"]
     assert names["copy"] == ["filled, read by later tokens"]
+
+
+def test_an_answer_that_opens_with_line_breaks_starts_on_the_panes_first_line() -> None:
+    """Issue 24: on Gemma 3 the answer starts with two line breaks, so the pane showed only those."""
+    trace = make_trace(FullConfig(), num_layers=12, steps=4)
+    texts = ("\n", "\n", "Hi", "\nthere")
+    trace = trace.with_steps([replace(s, text=t) for s, t in zip(trace.steps, texts)])
+    shown = re.findall(r'class="d3-tok"[^>]*>([^<]*)</span>', viz.token_html(trace))
+    assert shown == ["⏎", "⏎", "Hi", "⏎\nthere"]  # only the break inside the answer breaks the line

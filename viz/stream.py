@@ -121,6 +121,7 @@ def token_html(trace: Trace, *, reference: Trace | None = None, full_prob: Seque
     differ = set(differing_positions(trace, reference))
     first = token_agreement(trace.token_ids, reference.token_ids).first_divergence if reference is not None else None
     spans = []
+    started = False
     for i, step in enumerate(trace.steps):
         other = reference.steps[i] if reference is not None and i < len(reference.steps) else None
         background, color = _colors(int(step.n_layers), int(few), int(many))
@@ -133,7 +134,10 @@ def token_html(trace: Trace, *, reference: Trace | None = None, full_prob: Seque
             spans.append(f'<span class="d3-badge" title="first token that differs from full depth" style="background:'
                          f'{DIFF_COLOR};color:#fff;font-size:0.75em;font-weight:600;padding:1px 5px;border-radius:8px;'
                          f'margin:0 3px;white-space:nowrap">first divergence ▸</span>')
-        text = html.escape(step.text).replace("\n", "⏎\n")
+        # Line breaks before the answer's first visible character show as ⏎ only: an answer that opens with two
+        # (Gemma 3's does) would otherwise fill a three-line pane with empty lines.
+        text = html.escape(step.text).replace("\n", "⏎\n" if started else "⏎")
+        started = started or bool(step.text.strip())
         tip = _token_title(step, trace.num_layers, other)
         if full_prob is not None and i < len(full_prob):
             mark, word = plausibility(float(full_prob[i]))

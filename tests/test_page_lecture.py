@@ -115,7 +115,7 @@ def test_a_fixed_value_takes_its_error_back_without_generating(page) -> None:
     box = page.locator("#max-new-tokens input")
     box.fill("2.5")
     page.click("#generate")
-    wait_for_status(page, "max_new_tokens=2.5 is not allowed")
+    wait_for_status(page, "New tokens=2.5 is not allowed")  # named as the page labels it
     box.fill("6")
     box.press("Enter")
     page.wait_for_function("() => !document.querySelector('#status').innerText.includes('not allowed')")

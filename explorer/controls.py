@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
+import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable
 
@@ -12,6 +14,7 @@ import numpy as np
 
 from d3.config import (
     DROP_ORDERS,
+    Param,
     FILLS,
     D3Config,
     EarlyExitConfig,
@@ -20,21 +23,43 @@ from d3.config import (
     StrategyConfig,
     UnifiedConfig,
     default_core,
+    params,
 )
-from d3.orders import MEASURED
+from d3.orders import CHAT_ORDERS, MEASURED
 from d3.models import DEFAULT_MODEL
 from d3.schedule import plan
 from explorer.caps import Caps
 from explorer.parse import as_choice, as_number, whole
 
-# Strategies a person can put against full depth, with the names the page shows.
-STRATEGY_LABELS: dict[str, str] = {
-    "d3": "D3 (depth decay)",
-    "skipdecode": "SkipDecode",
-    "unified": "Unified Layer Skipping",
-    "early_exit": "Confidence early exit (CALM-style)",
-}
+# Strategies a person can put against full depth, with the names the page shows (each strategy's own label).
+STRATEGIES: tuple[type[StrategyConfig], ...] = (D3Config, SkipDecodeConfig, UnifiedConfig, EarlyExitConfig)
+STRATEGY_LABELS: dict[str, str] = {cls.name: cls.label for cls in STRATEGIES}
 DECODINGS = ("greedy", "sample")
+# The controls that are a config field (d3.config's registry): the page's name (the API's parameter) -> (config
+# class, field). Their defaults, ranges, labels and help come from the field's `Param`, said once in d3/config.py.
+FIELDS: dict[str, tuple[type, str]] = {
+    "alpha": (D3Config, "alpha"), "core_head": (D3Config, "core_head"), "core_tail": (D3Config, "core_tail"),
+    "start": (D3Config, "start"), "drop_order": (D3Config, "drop_order"), "fill": (D3Config, "fill"),
+    "unified_ratio": (UnifiedConfig, "ratio"), "skipdecode_max": (SkipDecodeConfig, "max_layers"),
+    "skipdecode_min": (SkipDecodeConfig, "min_layers"), "threshold": (EarlyExitConfig, "threshold"),
+    "max_new_tokens": (GenerationConfig, "max_new_tokens"), "temperature": (GenerationConfig, "temperature"),
+    "seed": (GenerationConfig, "seed"),
+}
+
+
+def param_of(name: str) -> Param:
+    cls, key = FIELDS[name]
+    return params(cls)[key]
+
+
+# Each control as the page labels it: a config field's own label, the page's own controls' here. Messages on the
+# page name fields by these (`page_words`).
+LABELS: dict[str, str] = {
+    **{name: param_of(name).label for name in FIELDS},
+    "attention_layer": "Attention layer to record", "attention_head": "Head", "layer_order": "Calibrated order",
+    "strategy": "Strategy", "decoding": "Decoding", "prompt": "Prompt", "model": "Model",
+}
+HELP: dict[str, str] = {name: param_of(name).help for name in FIELDS}
 ALPHA_RANGE = (0.8, 1.0)  # the α slider's range: the part of (0, 1] where a decay leaves anything to look at
 TEMPERATURE_RANGE = (0.05, 2.0)
 METRICS = ("both", "cos", "dist")
@@ -59,18 +84,18 @@ class Controls:
     alpha: Any = control(D3Config.alpha, redraws=True)  # the engine's default decay: the page's one source of it
     core_head: Any = control(None, redraws=True)
     core_tail: Any = control(None, redraws=True)
-    start: Any = control(0, redraws=True)
-    drop_order: Any = control("middle_out", redraws=True)
+    start: Any = control(param_of("start").default, redraws=True)
+    drop_order: Any = control(param_of("drop_order").default, redraws=True)
     layer_order: Any = control("", redraws=True)  # with drop_order "calibrated": the flex layers, dropped first first
-    fill: Any = control("copy", redraws=True)
-    max_new_tokens: Any = control(64, redraws=True)
+    fill: Any = control(param_of("fill").default, redraws=True)
+    max_new_tokens: Any = control(param_of("max_new_tokens").default, redraws=True)
     decoding: Any = "greedy"
     temperature: Any = 0.8
-    seed: Any = 0
-    unified_ratio: Any = control(1.5, redraws=True)
+    seed: Any = param_of("seed").default
+    unified_ratio: Any = control(param_of("unified_ratio").default, redraws=True)
     skipdecode_max: Any = control(0, redraws=True)
     skipdecode_min: Any = control(0, redraws=True)
-    threshold: Any = control(0.9, redraws=True)
+    threshold: Any = control(param_of("threshold").default, redraws=True)
     attention_layer: Any = None
     attention_head: Any = 0
     logit_lens: Any = True  # record the lens while generating (the Logit lens and Token scrubber views read it)
@@ -89,11 +114,11 @@ class Controls:
         sampling = as_choice("decoding", self.decoding, DECODINGS) == "sample"
         return GenerationConfig(
             max_new_tokens=self.new_tokens(caps),
-            temperature=as_number("temperature", self.temperature, 0, 5, lo_open=True) if sampling else 0.0,
-            seed=int(as_number("seed", self.seed, 0, 2**31 - 1, integer=True)))
+            temperature=as_param("temperature", self.temperature, lo_open=True) if sampling else 0.0,
+            seed=int(as_param("seed", self.seed)))
 
     def new_tokens(self, caps: Caps) -> int:
-        return int(as_number("max_new_tokens", self.max_new_tokens, 1, caps.max_new_tokens, integer=True))
+        return int(as_param("max_new_tokens", self.max_new_tokens, hi=caps.max_new_tokens))
 
     def attention_layer_index(self, num_layers: int) -> int:
         """The layer whose attention is recorded: validated, since it changes what a run records."""
@@ -164,6 +189,12 @@ ATTENTION_RUN_SHARE = 0.75  # the default attention layer runs for about this sh
 
 
 def default_attention_layer(num_layers: int, model: Any = None) -> int:
+    """The default attention layer of a model (see `_default_attention_layer`), worked out once per model."""
+    return _default_attention_layer(num_layers, None if model is None else str(model))
+
+
+@functools.lru_cache(maxsize=64)
+def _default_attention_layer(num_layers: int, model: str | None) -> int:
     """The flex layer the page's default D3 run keeps for about three quarters of its tokens: most D3 rows of the
     attention view show the head at work next to full depth, and the last rows, where the decay dropped the
     layer, are grey. (The first layer the schedule drops is skipped from the first tokens on: a blank panel.)"""
@@ -178,6 +209,17 @@ def default_attention_layer(num_layers: int, model: Any = None) -> int:
         counts[list(plan(cfg, num_layers, step).run)] += 1
     flex = [layer for layer in range(head, num_layers - tail) if counts[layer] < tokens] or [min(head, num_layers - 1)]
     return min(flex, key=lambda layer: (abs(counts[layer] - ATTENTION_RUN_SHARE * tokens), layer))
+
+
+def as_param(name: str, value: Any, *, hi: float | None = None, lo_open: bool | None = None) -> Any:
+    """A control's value converted to a number and checked against its config field's range (d3.config's registry),
+    narrowed where the server allows less (`hi`, the server's cap) or the page asks more (`lo_open`); ValueError
+    naming the control by its API name (the page words it with its label: `page_words`)."""
+    p = param_of(name)
+    top = p.hi if p.hi is not None else math.inf
+    number = as_number(name, value, -math.inf if p.lo is None else p.lo, top if hi is None else min(top, hi),
+                       integer=p.integer, lo_open=p.lo_open if lo_open is None else lo_open)
+    return int(number) if p.integer else number
 
 
 def _optional_layers(name: str, value: Any, num_layers: int) -> int | None:
@@ -206,22 +248,35 @@ def layer_order_text(order: tuple[int, ...] | None) -> str:
     return ", ".join(map(str, order or ()))
 
 
-# The page's D3 settings per embedded model: the measured best (docs/drop_order.md; results/SUMMARY.md, "Drop order").
-# Other models (a local directory, the tests' tiny one) and API calls that leave them out keep the engine's own
-# defaults (the paper's literal middle-out at α 0.99).
-MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
-    name: {"alpha": alpha, "drop_order": "calibrated", "layer_order": layer_order_text(MEASURED[name][core])}
-    for name, alpha, core in (("smollm2-135m", 0.998, (3, 3)), ("gemma3-270m", 0.998, (2, 2)))
-}
+# The page's D3 settings per embedded model and kind of text: the order calibrated on that kind of text
+# (d3/orders.py: CHAT_ORDERS on chat prompts, MEASURED on worked arithmetic; docs/drop_order.md), at the measured
+# α. The page's default prompt is chat text, so it starts with the chat order where one ships (on SmolLM2 the
+# arithmetic order sent the sky prompt into wrong physics at token 16; issue 24); the arithmetic scenarios ask for
+# the arithmetic one. Other models (a local directory, the tests' tiny one) and API calls that leave them out keep
+# the engine's own defaults (the paper's literal middle-out at α 0.99).
+TEXT_KINDS = ("chat", "arithmetic")
+PAGE_MODELS = {"smollm2-135m": (0.998, (3, 3)), "gemma3-270m": (0.998, (2, 2))}
 
 
-def model_defaults(model: Any) -> Controls:
-    """The page's controls for `model`: its measured D3 setting where there is one, else the engine's defaults."""
-    return DEFAULTS.with_(**MODEL_DEFAULTS.get(str(model), {}))
+def calibrated_order(model: str, core: tuple[int, int], kind: str = "chat") -> tuple[int, ...] | None:
+    """The order calibrated for `model` and `core` on `kind` of text (the arithmetic one where no chat one ships)."""
+    orders = CHAT_ORDERS if kind == "chat" else MEASURED
+    return orders.get(model, {}).get(core) or MEASURED.get(model, {}).get(core)
 
 
-def _drop_order(c: Controls) -> dict[str, Any]:
+def model_defaults(model: Any, kind: str = "chat") -> Controls:
+    """The page's controls for `model` and `kind` of text: its calibrated D3 setting where there is one, else the
+    engine's defaults."""
+    if str(model) not in PAGE_MODELS:
+        return DEFAULTS
+    alpha, core = PAGE_MODELS[str(model)]
+    return DEFAULTS.with_(alpha=alpha, drop_order="calibrated",
+                          layer_order=layer_order_text(calibrated_order(str(model), core, kind)))
+
+
+def _drop_order(c: Controls, num_layers: int) -> dict[str, Any]:
     order = as_choice("drop_order", c.drop_order, DROP_ORDERS)
+    c, _ = fitted(c, num_layers)
     if order != "calibrated":
         return {"drop_order": order}
     return {"drop_order": order, "layer_order": parse_layer_order(c.layer_order)}
@@ -234,39 +289,103 @@ def parse_strategy(c: Controls, num_layers: int, caps: Caps) -> StrategyConfig:
     if name == "d3":
         head, tail = default_core(num_layers)
         cfg: StrategyConfig = D3Config(
-            alpha=as_number("alpha", c.alpha, 0, 1, lo_open=True),
+            alpha=as_param("alpha", c.alpha),
             core_head=_core_layer("core_head", c.core_head, head, num_layers),
             core_tail=_core_layer("core_tail", c.core_tail, tail, num_layers),
             start=int(as_number("start", c.start, 0, caps.max_new_tokens, integer=True)),
-            fill=fill, **_drop_order(c))
+            fill=fill, **_drop_order(c, num_layers))
     elif name == "skipdecode":
         cfg = SkipDecodeConfig(max_layers=_optional_layers("skipdecode_max", c.skipdecode_max, num_layers),
                                min_layers=_optional_layers("skipdecode_min", c.skipdecode_min, num_layers),
                                horizon=c.new_tokens(caps), fill=fill)
     elif name == "unified":
-        cfg = UnifiedConfig(ratio=as_number("unified_ratio", c.unified_ratio, 1, 64), fill=fill)
+        cfg = UnifiedConfig(ratio=as_param("unified_ratio", c.unified_ratio), fill=fill)
     else:
-        cfg = EarlyExitConfig(threshold=as_number("threshold", c.threshold, 0, 1, lo_open=True),
-                              min_layers=min(4, num_layers), fill=fill)
+        cfg = EarlyExitConfig(threshold=as_param("threshold", c.threshold),
+                              min_layers=min(params(EarlyExitConfig)["min_layers"].default, num_layers), fill=fill)
     cfg.check_layers(num_layers)
     return cfg
 
 
-def slider_ranges(num_layers: int, caps: Caps) -> dict[str, tuple[float, float, bool]]:
-    """The page's sliders: name -> (min, max, integer). A value typed into a slider's box outside its range is
-    clamped back by the browser when the box loses focus, so the page says so as it is typed (`check_sliders`)."""
+def slider_ranges(c: Controls, num_layers: int, caps: Caps) -> dict[str, tuple[float, float, bool]]:
+    """The page's sliders: name -> (min, max, integer), derived from the one state of the controls: each core
+    slider reaches as far as the other leaves at least one flex layer (head + tail < L). The page sets the
+    sliders' maxima from this (`derived`) and checks a typed value against it (`check_sliders`)."""
     top = num_layers - 1
-    return {"alpha": (*ALPHA_RANGE, False), "core_head": (0, top, True), "core_tail": (0, top, True),
-            "start": (0, caps.max_new_tokens, True), "temperature": (*TEMPERATURE_RANGE, False),
-            "attention_layer": (0, top, True)}
+    head, tail = _core_or_default(c, num_layers)
+    return {"alpha": (*ALPHA_RANGE, False), "core_head": (0, max(top - tail, 0), True),
+            "core_tail": (0, max(top - head, 0), True), "start": (0, caps.max_new_tokens, True),
+            "temperature": (*TEMPERATURE_RANGE, False), "attention_layer": (0, top, True)}
+
+
+def _core_or_default(c: Controls, num_layers: int) -> tuple[int, int]:
+    """The core the controls ask for, each side read leniently (a bad value counts as the model's default)."""
+    head, tail = default_core(num_layers)
+    top = num_layers - 1
+    h = head if c.core_head is None else min(max(whole(c.core_head, head), 0), top)
+    t = tail if c.core_tail is None else min(max(whole(c.core_tail, tail), 0), top)
+    return h, t
+
+
+def page_words(message: str) -> str:
+    """A message worded for the API (fields by parameter name) worded for the page (fields as the page labels
+    them): `core_head=99 ...` -> `Core head=99 ...`."""
+    pattern = "|".join(sorted(map(re.escape, LABELS), key=len, reverse=True))
+    return re.sub(rf"\b({pattern})(?==| must| is |:)", lambda m: LABELS[m.group(1)], message)
 
 
 def check_sliders(c: Controls, num_layers: int, caps: Caps) -> None:
-    """ValueError, worded like the API's, for a slider value outside the slider's range (None: the default)."""
-    for name, (lo, hi, integer) in slider_ranges(num_layers, caps).items():
+    """ValueError naming the slider as the page labels it, with its real range (None: the default)."""
+    for name, (lo, hi, integer) in slider_ranges(c, num_layers, caps).items():
         value = getattr(c, name)
         if value is not None:
-            as_number(name, value, lo, hi, integer=integer)
+            as_number(LABELS[name], value, lo, hi, integer=integer)
+
+
+def refit_order(order: tuple[int, ...], model: Any, num_layers: int, head: int, tail: int) -> tuple[int, ...]:
+    """A calibrated order made to fit the core (head, tail): the order measured for that core on this model where
+    one ships (d3.orders.MEASURED), else `order` restricted to the new flex layers in the same order, followed by
+    the layers the core gave up (nearest the middle first: they were kept, so they go last)."""
+    flex = range(head, num_layers - tail)
+    measured = MEASURED.get(str(model), {}).get((head, tail))
+    if measured is not None and sorted(measured) == list(flex):
+        return tuple(measured)
+    kept = [layer for layer in order if layer in flex]
+    middle = (num_layers - 1) / 2
+    freed = sorted((layer for layer in flex if layer not in kept), key=lambda layer: (abs(layer - middle), layer))
+    return (*kept, *freed)
+
+
+def fitted(c: Controls, num_layers: int) -> tuple[Controls, str]:
+    """The controls with a calibrated order that fits their core, and one line saying what changed ("" when
+    nothing did). Only an order of distinct layers is re-fitted (one calibrated for another core or model);
+    anything else is left for the parse to refuse with what to type."""
+    if c.drop_order != "calibrated":
+        return c, ""
+    try:
+        order = parse_layer_order(c.layer_order)
+        head = int(as_number("core_head", default_core(num_layers)[0] if c.core_head is None else c.core_head,
+                             0, num_layers - 1, integer=True))
+        tail = int(as_number("core_tail", default_core(num_layers)[1] if c.core_tail is None else c.core_tail,
+                             0, num_layers - 1, integer=True))
+    except ValueError:
+        return c, ""
+    if len(set(order)) != len(order) or head + tail >= num_layers or sorted(order) == list(range(head, num_layers - tail)):
+        return c, ""
+    new = refit_order(order, c.model, num_layers, head, tail)
+    how = ("the order measured for this core" if tuple(MEASURED.get(str(c.model), {}).get((head, tail), ())) == new
+           else "the same order over the new flex layers")
+    note = (f"Calibrated order re-fitted to core {head} + {tail} ({how}: flex layers {head}–{num_layers - tail - 1}, "
+            f"starting {layer_order_text(new[:4])}, …).")
+    return c.with_(layer_order=layer_order_text(new)), note
+
+
+def derived(c: Controls, num_layers: int, caps: Caps) -> dict[str, Any]:
+    """What the page shows that follows from the controls: the core sliders' maxima (head + tail < L). A dict of
+    component updates, set by the server and listened to by nothing, so it can start no other update."""
+    ranges = slider_ranges(c, num_layers, caps)
+    return {name: {"maximum": max(int(ranges[name][1]), 1), "interactive": ranges[name][1] > 0}
+            for name in ("core_head", "core_tail")}
 
 
 def parse_controls(c: Controls, num_layers: int, caps: Caps) -> tuple[StrategyConfig, GenerationConfig]:
@@ -286,7 +405,12 @@ class Schedule:
 
 def parse_schedule(c: Controls, num_layers: int, caps: Caps) -> Schedule:
     """The planned schedule of the controls; ValueError like `parse_controls`."""
-    strategy = parse_strategy(c, num_layers, caps)
+    return schedule_of(c, parse_strategy(c, num_layers, caps), num_layers, caps)
+
+
+def schedule_of(c: Controls, strategy: StrategyConfig, num_layers: int, caps: Caps) -> Schedule:
+    """The planned schedule of `strategy`, already parsed from `c` (D3's own is parsed only when another strategy
+    runs: it is drawn beside it)."""
     steps = c.new_tokens(caps)
     d3 = strategy if isinstance(strategy, D3Config) else parse_strategy(c.with_(strategy="d3"), num_layers, caps)
     return Schedule(strategy, num_layers, steps, other_schedules(strategy, d3, num_layers, steps))

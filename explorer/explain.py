@@ -18,8 +18,8 @@ from explorer.parse import as_number, whole
 from explorer.pool import ModelPool
 from explorer.session import Session
 from explorer.ui import ordered, user_errors
+from explorer import views
 from explorer.views import waiting
-from explorer.wording import VIEWS
 from viz.lens import has_lens, logit_lens_heatmap
 from viz.scrub import scrub_html, token_layers, topk_compare
 
@@ -171,14 +171,17 @@ def wire_explain(pool: ModelPool, ui: dict[str, Any], runs: dict[str, Any]) -> N
     show = functools.partial(show_run, pool)
     for suffix, run in runs.items():
         run.then(show, with_index, outputs, api_name=f"show_run{suffix}", **instant)
-    ui["presentation"].change(show, with_index, outputs, api_name=False, **instant)
-    for key in (k for k in VIEWS if f"tab_{k}" in ui):
+    ui["presentation"].input(show, with_index, outputs, api_name=False, **instant)
+    for key in (k for k in views.titles() if f"tab_{k}" in ui):
         opened = ui[f"tab_{key}"].select(functools.partial(view_opened, key), ui["session"], None, api_name=False,
                                          **instant)
         if key in LAZY_VIEWS:
             opened.then(show, with_index, outputs, api_name=False, **instant)
-    ui["scrub_index"].change(render_scrub, with_index, [ui[n] for n in SCRUB_OUTPUTS], api_name="render_scrub",
-                             trigger_mode="always_last", **instant)
+    scrub = [ui[n] for n in SCRUB_OUTPUTS]  # a person's move of the slider; Play's ticks draw their own token
+    gr.on([ui["scrub_index"].input, ui["scrub_index"].release], render_scrub, with_index, scrub,
+          api_name="render_scrub", trigger_mode="always_last", **instant)
     play = [ui["session"], ui["scrub_index"], ui["scrub_playing"]]
-    ui["scrub_play"].click(toggle_play, play, [ui[n] for n in PLAY_OUTPUTS], api_name="scrub_play", **instant)
-    ui["scrub_timer"].tick(next_token, play, [ui[n] for n in PLAY_OUTPUTS], api_name="scrub_next", **instant)
+    played = ui["scrub_play"].click(toggle_play, play, [ui[n] for n in PLAY_OUTPUTS], api_name="scrub_play", **instant)
+    played.then(render_scrub, with_index, scrub, api_name=False, **instant)
+    tick = ui["scrub_timer"].tick(next_token, play, [ui[n] for n in PLAY_OUTPUTS], api_name="scrub_next", **instant)
+    tick.then(render_scrub, with_index, scrub, api_name=False, **instant)

@@ -40,7 +40,9 @@ EXPORT_MAX_BYTES = 256 * 2**20  # every export folder together; beyond it the ol
 EXPORTS_PER_MINUTE = 10  # per session
 SERVER_EXPORTS_PER_MINUTE = 20  # all sessions together, the sweep's CSV included
 PLOTLY_JS = "plotly.min.js"  # one copy in EXPORT_ROOT, downloaded beside each figure page
-FIGURES = ("usage", "decay", "planned", "flow", "attention", "errors", "fills", "lens")
+# Every view Export offers: the schedule preview's two, each view drawn from the session's run (the registry) and
+# the lens (read out of the run first).
+FIGURES = ("decay", "planned", *views.drawn_from_session(), "lens")
 
 
 _PRUNING = threading.Lock()  # one pruner at a time in this process: two would delete and stat the same folders
@@ -168,12 +170,7 @@ def export_figure(pool: ModelPool, session: Session | None, figure: str, control
             decay, planned = redraw_schedule(pool, s, **vars(controls))
             fig = decay if key == "decay" else planned
         else:
-            fig = {"usage": lambda: views.usage_view(s.d3, presentation=p),
-                   "flow": lambda: views.flow_view(s.d3, s.full, metric=view.metric, presentation=p),
-                   "attention": lambda: views.attention_view(s.d3, s.full, view.layer, view.head, presentation=p),
-                   "errors": lambda: views.error_view(s.comparison, log_kl=view.log_kl, presentation=p),
-                   "fills": lambda: views.fills_view(s.fills, presentation=p),
-                   "lens": lambda: lens_view(s.d3, s.full, presentation=p)}[key]()
+            fig = lens_view(s.d3, s.full, presentation=p) if key == "lens" else views.draw(key, views.Shown.of(s), view)
     page = to_html(fig, plotlyjs=PLOTLY_JS)
     path = export_dir(s, room=len(page)) / f"{key}.html"
     path.write_text(page, encoding="utf-8")

@@ -148,13 +148,24 @@ def layers_controls(ui: dict[str, Any]) -> None:
     ui["layers_note"] = gr.Markdown(elem_id="layers-note")
 
 
-def wire_layers(pool: ModelPool, ui: dict[str, Any]) -> None:
-    """Measure shares the model queue; Use this order and redraws run outside it."""
+def wire_layers(pool: ModelPool, ui: dict[str, Any]) -> Any:
+    """Measure shares the model queue; Use this order and redraws run outside it. Returns Use this order's event
+    (it sets the order, after which the page redraws what follows from the controls)."""
     inputs = [ui[n] for n in ("layers_state", *CONTROL_NAMES)]
     queued = model_queue(pool.caps.concurrency)
     ui["layers_measure"].click(functools.partial(measure_layers, pool), inputs, [ui[n] for n in LAYERS_OUTPUTS],
                                api_name="measure_layers", **queued)
-    ui["layers_use"].click(functools.partial(use_this_order, pool), inputs, [ui[n] for n in USE_OUTPUTS],
+    use = ui["layers_use"].click(functools.partial(use_this_order, pool), inputs, [ui[n] for n in USE_OUTPUTS],
                            api_name="use_calibrated_order", queue=False, preprocess=False)
-    gr.on([ui[n].change for n in REDRAW_ON], functools.partial(redraw_layers, pool), inputs, ui["layers"],
-          api_name=False, queue=False, preprocess=False, show_progress="hidden", trigger_mode="always_last")
+    gr.on([*(ui[n].input for n in REDRAW_ON), *(ui[n].release for n in REDRAW_ON if isinstance(ui[n], gr.Slider))],
+          functools.partial(redraw_layers, pool), inputs, ui["layers"], api_name=False, queue=False, preprocess=False,
+          show_progress="hidden", trigger_mode="always_last")
+    return use
+
+
+def redraw_layers_after(pool: ModelPool, ui: dict[str, Any], event: Any) -> Any:
+    """Redraw the view once `event` (a scenario, a model switch, a link, ...) has set the controls: the server's
+    own updates of the controls trigger no listener."""
+    inputs = [ui[n] for n in ("layers_state", *CONTROL_NAMES)]
+    return event.then(functools.partial(redraw_layers, pool), inputs, ui["layers"], api_name=False, queue=False,
+                      preprocess=False, show_progress="hidden")

@@ -17,16 +17,14 @@ from explorer.controls import (
     ALPHA_RANGE,
     DECODINGS,
     DEFAULTS,
+    HELP,
+    LABELS,
     STRATEGY_LABELS,
     TEMPERATURE_RANGE,
     default_attention_layer,
     model_defaults,
 )
-from explorer.explain import lens_switch, scrub_controls
 from explorer.export import FIGURES
-from explorer.layers_view import layers_controls, layers_placeholder
-from explorer.needs import cold_view as needs_cold_view
-from explorer.needs import needs_controls
 from explorer.pool import ModelPool
 from explorer.scenarios import SCENARIOS
 from explorer.session import HISTORY_COLUMNS
@@ -41,23 +39,26 @@ from explorer.sweep_tab import (
 )
 from explorer.ui import slider_range
 from explorer.views import caps_html, status_html
-from explorer.wording import EXPLAIN, INTRO, SWEEP_EXPLAIN, VIEWS
+from explorer.wording import INTRO, SWEEP_EXPLAIN
 
 
 def _key_controls(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> None:
     """The controls a lesson turns most: α, the core split and the length, beside the prompt."""
     layers = facts.num_layers
     head, tail = default_core(layers)
-    ui["alpha"] = gr.Slider(*ALPHA_RANGE, value=model_defaults(pool.names[0]).alpha, step=0.001, label="α: token i runs floor(L·α^i) layers",
-                            elem_id="alpha")
+    ui["alpha"] = gr.Slider(*ALPHA_RANGE, value=model_defaults(pool.names[0]).alpha, step=0.001, label=LABELS["alpha"],
+                            info=HELP["alpha"], elem_id="alpha")
     with gr.Row(elem_id="core-row"):
         # head + tail stays below L: each slider's maximum follows the other (wiring.bound_core)
-        ui["core_head"] = gr.Slider(0, value=head, step=1, label="Core head (first layers)", elem_id="core-head",
+        ui["core_head"] = gr.Slider(0, value=head, step=1, label=LABELS["core_head"], elem_id="core-head",
+                                    info=HELP["core_head"],
                                     min_width=120, **slider_range(layers - 1 - tail))
-        ui["core_tail"] = gr.Slider(0, value=tail, step=1, label="Core tail (last layers)", elem_id="core-tail",
+        ui["core_tail"] = gr.Slider(0, value=tail, step=1, label=LABELS["core_tail"], elem_id="core-tail",
+                                    info=HELP["core_tail"],
                                     min_width=120, **slider_range(layers - 1 - head))
     ui["max_new_tokens"] = gr.Number(min(DEFAULTS.max_new_tokens, pool.caps.max_new_tokens), precision=0,
-                                     label=f"Max new tokens (1–{pool.caps.max_new_tokens})", elem_id="max-new-tokens")
+                                     label=LABELS["max_new_tokens"], elem_id="max-new-tokens",
+                                     info=f"{HELP['max_new_tokens']} (1–{pool.caps.max_new_tokens} here)")
 
 
 def _more_controls(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> None:
@@ -66,31 +67,37 @@ def _more_controls(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> No
     ui["strategy"] = gr.Dropdown([(label, key) for key, label in STRATEGY_LABELS.items()], value=DEFAULTS.strategy,
                                  label="Strategy (against full depth)")
     with gr.Row():
-        ui["drop_order"] = gr.Dropdown(list(DROP_ORDERS), value=model_defaults(pool.names[0]).drop_order, label="Drop order of flex layers",
-                                       info="calibrated: measured on this model (the default; docs/drop_order.md). middle_out, the paper's literal "
+        ui["drop_order"] = gr.Dropdown(list(DROP_ORDERS), value=model_defaults(pool.names[0]).drop_order, label=LABELS["drop_order"],
+                                       info=HELP["drop_order"] + ". calibrated: measured on this model (the default; docs/drop_order.md). middle_out, the paper's literal "
                                        "reading, keeps 22.7% of SmolLM2's arithmetic at 29 layers (calibrated 75-79%, full 83%); "
                                        "strided is not nested: filling matters", min_width=140)
-        ui["fill"] = gr.Dropdown(list(FILLS), value=DEFAULTS.fill, label="Fill for skipped layers' KV",
-                                 info="copy · propagate · none (masked hole)", min_width=140)
+        ui["fill"] = gr.Dropdown(list(FILLS), value=DEFAULTS.fill, label=LABELS["fill"],
+                                 info=HELP["fill"], min_width=140)
     ui["layer_order"] = gr.Textbox(model_defaults(pool.names[0]).layer_order, label="Calibrated order (drop order 'calibrated'): flex "
                                    "layers, dropped first → last", elem_id="layer-order", max_lines=2,
                                    placeholder="e.g. 3, 4, 17, … (Which layers matter → Use this order)")
-    ui["start"] = gr.Slider(0, caps.max_new_tokens, value=DEFAULTS.start, step=1, label="Start (tokens at full depth)",
+    ui["start"] = gr.Slider(0, caps.max_new_tokens, value=DEFAULTS.start, step=1, label=LABELS["start"], info=HELP["start"],
                             elem_id="start")
     ui["attention_layer"] = gr.Slider(0, value=default_attention_layer(layers, pool.names[0]), step=1,
-                                      label="Attention layer to record (before generating)", **slider_range(layers - 1))
+                                      label=LABELS["attention_layer"],
+                                      info="the layer whose attention a run records (set before generating)", **slider_range(layers - 1))
     with gr.Row():
         ui["decoding"] = gr.Radio(list(DECODINGS), value=DEFAULTS.decoding, label="Decoding", min_width=140)
         ui["chat_template"] = gr.Checkbox(facts.chat_template, label="Chat template (instruct models)", min_width=140)
     with gr.Row():
         ui["temperature"] = gr.Slider(*TEMPERATURE_RANGE, value=DEFAULTS.temperature, step=0.05,
-                                      label="Temperature (sampling only)", min_width=140)
-        ui["seed"] = gr.Number(DEFAULTS.seed, label="Seed (sampling only)", min_width=100)
-    ui["unified_ratio"] = gr.Number(DEFAULTS.unified_ratio, label="Unified skipping: target speedup r (keeps floor(L/r) layers)")
+                                      label=LABELS["temperature"], info=HELP["temperature"] + " (sampling only)",
+                                      min_width=140)
+        ui["seed"] = gr.Number(DEFAULTS.seed, label=LABELS["seed"], info=HELP["seed"] + " (sampling only)",
+                               min_width=100)
+    ui["unified_ratio"] = gr.Number(DEFAULTS.unified_ratio, label=LABELS["unified_ratio"],
+                                    info=HELP["unified_ratio"])
     with gr.Row():
-        ui["skipdecode_max"] = gr.Number(DEFAULTS.skipdecode_max, label="SkipDecode: max layers (0 = auto)", min_width=120)
-        ui["skipdecode_min"] = gr.Number(DEFAULTS.skipdecode_min, label="SkipDecode: min layers (0 = auto)", min_width=120)
-    ui["threshold"] = gr.Number(DEFAULTS.threshold, label="Early exit: confidence threshold (0, 1]")
+        ui["skipdecode_max"] = gr.Number(DEFAULTS.skipdecode_max, label=LABELS["skipdecode_max"],
+                                          info=HELP["skipdecode_max"] + " (0 = auto)", min_width=120)
+        ui["skipdecode_min"] = gr.Number(DEFAULTS.skipdecode_min, label=LABELS["skipdecode_min"],
+                                          info=HELP["skipdecode_min"] + " (0 = auto)", min_width=120)
+    ui["threshold"] = gr.Number(DEFAULTS.threshold, label=LABELS["threshold"], info=HELP["threshold"])
     gr.HTML(caps_html(pool.caps.describe(), pool.public))
 
 
@@ -106,64 +113,34 @@ def _panes(ui: dict[str, Any]) -> None:
             ui["full_counters"] = gr.HTML(elem_id="full-counters")
 
 
-def _cold_views() -> dict[str, Any]:
-    """What each view shows before any run: what to press to fill it (an empty gr.Plot shows only plotly's icon).
-    The planned grid is drawn as the page opens, the lens and the scrubber when their tab is opened."""
-    return {"usage": views.usage_view(None), "flow": views.flow_view(None, None),
-            "attention": views.attention_view(None, None, 0, 0), "errors": views.error_view(None),
-            "fills": views.fills_view(None), "needs": needs_cold_view()}
-
-
-def _view_tab(key: str, ui: dict[str, Any], extra: Callable[[], None] | None = None, *, plot: bool = True,
-              value: Any = None) -> None:
-    """A view: `extra` components above its plot (`plot=False`: `extra` makes the view's plots itself), and its
-    explanation in a column on the right."""
-    with gr.Tab(VIEWS[key], id=key) as ui[f"tab_{key}"]:
+def _view_tab(view: views.View, ui: dict[str, Any], facts: ModelFacts) -> None:
+    """A view's tab: its own components above its plot (or its plots, `plot=False`), its empty state in the plot,
+    and its explanation in a column on the right."""
+    with gr.Tab(view.title, id=view.key) as ui[f"tab_{view.key}"]:
         with gr.Row():
             with gr.Column(scale=3):
-                if extra is not None:
-                    extra()
-                if plot:
-                    ui[key] = gr.Plot(value, show_label=False, elem_id=f"plot-{key}")
+                if view.controls is not None:
+                    view.controls(ui, facts)
+                if view.plot:
+                    empty = views.empty(view.key) if view.empty is not None or view.draw is not None else None
+                    ui[view.key] = gr.Plot(empty, show_label=False, elem_id=f"plot-{view.key}")
             with gr.Column(scale=1, min_width=240, elem_classes=["d3-explain"]) as column:
-                gr.Markdown(EXPLAIN[key])
-        ui[f"explain_{key}"] = column
+                gr.Markdown(view.explain)
+        ui[f"explain_{view.key}"] = column
 
 
 def _tabs(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> None:
-    def flow_extra() -> None:
-        ui["metric"] = gr.Radio([("both", "both"), ("1 − cosine", "cos"), ("relative distance", "dist")],
-                                value=DEFAULTS.metric, label="Measure of change")
-
-    def attention_extra() -> None:
-        ui["attention_head"] = gr.Slider(0, value=DEFAULTS.attention_head, step=1, label="Head",
-                                         **slider_range(facts.num_heads - 1))
-
-    def errors_extra() -> None:
-        ui["log_kl"] = gr.Checkbox(DEFAULTS.log_kl, label="Log scale for KL")
-
-    def fills_extra() -> None:
-        ui["fills_button"] = gr.Button("Compare fills (copy · propagate · none)", elem_id="fills-button")
-
-    cold = _cold_views()
     with gr.Tabs(elem_id="views"):
-        _view_tab("usage", ui, value=cold["usage"])
-        _view_tab("planned", ui)
-        _view_tab("flow", ui, flow_extra, value=cold["flow"])
-        _view_tab("attention", ui, attention_extra, value=cold["attention"])
-        _view_tab("errors", ui, errors_extra, value=cold["errors"])
-        _view_tab("fills", ui, fills_extra, value=cold["fills"])
-        _view_tab("needs", ui, lambda: needs_controls(ui), value=cold["needs"])
-        _view_tab("layers", ui, lambda: layers_controls(ui), value=layers_placeholder())
-        _view_tab("lens", ui, lambda: lens_switch(ui))
-        _view_tab("scrub", ui, lambda: scrub_controls(ui), plot=False)
+        for view in views.registry():
+            if view.tab:
+                _view_tab(view, ui, facts)
         with gr.Tab("Run history", id="history"):
             gr.Markdown("Every run of this session: compare scenarios here (only you see your runs).")
             ui["history"] = gr.Dataframe(pd.DataFrame(columns=HISTORY_COLUMNS), interactive=False)
         with gr.Tab("Export", id="export"):
             with gr.Row():
                 ui["export_trace"] = gr.Button("Download traces (JSON + CSV)")
-                ui["figure"] = gr.Dropdown([(VIEWS[k], k) for k in FIGURES], value="usage",
+                ui["figure"] = gr.Dropdown([(views.titles()[k], k) for k in FIGURES], value="usage",
                                            label="Figure to export")
                 ui["export_figure"] = gr.Button("Download figure (HTML + plotly.min.js: keep both in one folder)")
             ui["files"] = gr.File(label="Files", file_count="multiple", interactive=False)
@@ -235,7 +212,7 @@ def _live_tab(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> None:
             _panes(ui)
             ui["decay"] = gr.Plot(show_label=False, elem_id="plot-decay")
             with gr.Accordion("How to read the decay curve", open=False) as ui["explain_decay"]:
-                gr.Markdown(EXPLAIN["decay"])
+                gr.Markdown(views.by_key()["decay"].explain)
             _tabs(pool, facts, ui)
 
 

@@ -12,15 +12,19 @@ import gradio as gr
 from d3.config import FILLS
 from explorer import views
 from explorer.caps import Caps
-from explorer.controls import Controls, ViewOptions, takes_controls
+from explorer.controls import Controls, ViewOptions, page_words, takes_controls
 from explorer.pool import ModelPool
-from explorer.runs import LiveUpdate, RunSetup, check_run, fill_comparison, measured_speedup, prepare_run, side_by_side
+from d3.trace import measured_speedup
+from explorer.runs import LiveUpdate, RunSetup, check_run, fill_comparison, prepare_run, side_by_side
 from explorer.session import Session
 from explorer.ui import ordered, refused, user_errors
 from viz import counters_html, token_html
 
+# The panes, the decay curve, every view a run draws (the view registry), the fill view (emptied by a new run) and
+# the run history.
+RUN_VIEWS = views.drawn_after_run()
 GENERATE_OUTPUTS = ("session", "status", "d3_title", "d3_tokens", "d3_counters", "full_tokens", "full_counters",
-                    "usage", "decay", "flow", "attention", "errors", "fills", "history")
+                    "decay", *RUN_VIEWS, *(() if "fills" in RUN_VIEWS else ("fills",)), "history")
 FILLS_OUTPUTS = ("session", "status", "fills")
 
 
@@ -45,7 +49,7 @@ def _refuse(outputs: tuple[str, ...], err: ValueError, session: Session | None =
     it, so that fixing the control takes it back (view_handlers.check_controls)."""
     if session is not None:
         session.problem = str(err)
-    yield ordered(outputs, status=views.problem_html(str(err)))
+    yield ordered(outputs, status=views.problem_html(page_words(str(err))))
     raise refused(err)
 
 
@@ -105,20 +109,18 @@ def _render(session: Session, setup: RunSetup, update: LiveUpdate, view: ViewOpt
         session=session, status=views.status_html(d3, full, update.phase, comparison=update.comparison, note=note),
         d3_tokens=token_html(d3, reference=full, full_prob=_full_prob(update), full_ppl=_full_ppl(update))
         if d3 else gr.skip(),
-        d3_counters=counters_html(d3, reference=full, measured_speedup=measured) if d3 else gr.skip(),
+        d3_counters=counters_html(d3, reference=full, speedup=measured) if d3 else gr.skip(),
         full_tokens=token_html(full) if full else gr.skip(),
-        full_counters=counters_html(full, measured_speedup=1.0 if measured else None) if full else gr.skip())
+        full_counters=counters_html(full, paired=d3) if full else gr.skip())
+    shown = views.Shown(d3, full, update.comparison, session.fills, update.phase)
     if figures:
         cfg, steps, layers = setup.strategy, setup.gen.max_new_tokens, setup.engine.num_layers
-        out.update(usage=views.usage_view(d3, presentation=p),
-                   decay=views.decay_view(cfg, layers, steps, trace=d3, others=setup.others, presentation=p))
+        out.update(decay=views.decay_view(cfg, layers, steps, trace=d3, others=setup.others, presentation=p),
+                   **{v.key: views.draw(v.key, shown, view) for v in views.registry() if v.live and v.after_run})
     if update.phase == "comparing":  # the last tokens are in: the error view says it is being computed
-        out.update(errors=views.error_view(None, phase=update.phase, presentation=p))
+        out.update(errors=views.draw("errors", shown, view))
     if update.finished:  # the heavy views once, at the end (each costs the page a plotly render)
-        out.update(flow=views.flow_view(d3, full, metric=view.metric, presentation=p),
-                   attention=views.attention_view(d3, full, view.layer, view.head, presentation=p),
-                   errors=views.error_view(update.comparison, phase=update.phase, log_kl=view.log_kl, presentation=p))
-    if update.finished:
+        out.update({key: views.draw(key, shown, view) for key in RUN_VIEWS})
         out["history"] = session.history_frame()
     return ordered(GENERATE_OUTPUTS, **out)
 
@@ -129,12 +131,11 @@ def _first_outputs(session: Session, setup: RunSetup, view: ViewOptions, *, clea
     a view whose tab was never opened is drawn by gradio as an empty box with an icon."""
     p = view.presentation
     blank = "<div class='d3-tokens'>(waiting for the first token…)</div>"
+    emptied = {key: views.empty(key, p) for key in RUN_VIEWS if not views.by_key()[key].live}
     return ordered(GENERATE_OUTPUTS, session=session, status=views.status_html(None, None, "streaming"),
                    d3_title=f"### {views.pane_title(setup.strategy, 'D3')}", d3_tokens=blank, full_tokens=blank,
-                   d3_counters="", full_counters="", flow=views.flow_view(None, None, presentation=p),
-                   attention=views.attention_view(None, None, 0, 0, presentation=p),
-                   errors=views.error_view(None, presentation=p),
-                   fills=views.fills_view(None, presentation=p) if clear_fills else gr.skip())
+                   d3_counters="", full_counters="", **emptied,
+                   fills=views.empty("fills", p) if clear_fills else gr.skip())
 
 
 def _time_limit_note(limit_s: int) -> str:
@@ -175,7 +176,7 @@ def generate(pool: ModelPool, session: Session | None, controls: Controls) -> It
             if not pool.is_loaded(checked.model):
                 yield ordered(GENERATE_OUTPUTS, session=session, status=views.status_html(None, None, "loading"))
             try:
-                setup = prepare_run(pool, controls)
+                setup = prepare_run(pool, checked)  # the controls parsed once, by check_run
             except ValueError as err:  # a prompt over the token limit is only known once the tokenizer is there
                 yield from _refuse(GENERATE_OUTPUTS, err, session)
             had_fills = bool(session.fills)
@@ -193,13 +194,13 @@ def compare_fills(pool: ModelPool, session: Session | None, controls: Controls) 
     session = session or Session()
     with user_errors():
         try:
-            check_run(pool, controls)
+            checked = check_run(pool, controls)
             run_id = session.begin()
         except ValueError as err:
             yield from _refuse(FILLS_OUTPUTS, err)
         try:
             try:
-                setup = prepare_run(pool, controls)
+                setup = prepare_run(pool, checked)
             except ValueError as err:
                 yield from _refuse(FILLS_OUTPUTS, err)
             yield from _fills(session, run_id, setup, controls.view.presentation, pool.caps.max_run_s)

@@ -135,13 +135,24 @@ def needs_controls(ui: dict[str, Any]) -> None:
     ui["needs_note"] = gr.Markdown(elem_id="needs-note")
 
 
-def wire_needs(pool: ModelPool, ui: dict[str, Any]) -> None:
-    """The view's events: measure and fit share the model queue; redraws run outside it."""
+def wire_needs(pool: ModelPool, ui: dict[str, Any]) -> Any:
+    """The view's events: measure and fit share the model queue; redraws run outside it. Returns the fit's event
+    (it sets α, after which the page redraws what follows from the controls)."""
     inputs = [ui[n] for n in ("needs_state", *CONTROL_NAMES)]
     queued = model_queue(pool.caps.concurrency)
     ui["needs_measure"].click(functools.partial(measure_needs, pool), inputs, [ui[n] for n in NEEDS_OUTPUTS],
                               api_name="measure_needs", **queued)
-    ui["needs_fit"].click(functools.partial(fit_to_prompt, pool), inputs, [ui[n] for n in FIT_OUTPUTS],
+    fit = ui["needs_fit"].click(functools.partial(fit_to_prompt, pool), inputs, [ui[n] for n in FIT_OUTPUTS],
                           api_name="fit_alpha_to_prompt", **queued)
-    gr.on([ui[n].change for n in REDRAW_ON], functools.partial(redraw_needs, pool), inputs, ui["needs"],
-          api_name="redraw_needs", queue=False, preprocess=False, show_progress="hidden", trigger_mode="always_last")
+    gr.on([*(ui[n].input for n in REDRAW_ON), *(ui[n].release for n in REDRAW_ON if isinstance(ui[n], gr.Slider))],
+          functools.partial(redraw_needs, pool), inputs, ui["needs"], api_name="redraw_needs", queue=False, preprocess=False,
+          show_progress="hidden", trigger_mode="always_last")
+    return fit
+
+
+def redraw_needs_after(pool: ModelPool, ui: dict[str, Any], event: Any) -> Any:
+    """Redraw the view once `event` (a scenario, a model switch, a link, ...) has set the controls: the server's
+    own updates of the controls trigger no listener."""
+    inputs = [ui[n] for n in ("needs_state", *CONTROL_NAMES)]
+    return event.then(functools.partial(redraw_needs, pool), inputs, ui["needs"], api_name=False, queue=False,
+                      preprocess=False, show_progress="hidden")

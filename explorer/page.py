@@ -33,6 +33,7 @@ def build_demo(engine_factory: Callable[[str], Engine] | None = None, *, caps: C
         ui = build_layout(pool, facts)
         wire(pool, ui, demo)
     demo.pool = pool  # type: ignore[attr-defined]  (tests and scripts reach the shared engines through it)
+    demo.ui = ui  # type: ignore[attr-defined]  (the components by key, for tests of the wiring)
     return demo
 
 

@@ -3,7 +3,6 @@ after them, and the fill comparison."""
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
@@ -11,7 +10,7 @@ from d3.compare import Recorded, compare, record, run_recorded
 from d3.config import FILLS, TRACE_OFF, FullConfig, GenerationConfig, StrategyConfig, TraceConfig
 from d3.engine import Engine
 from d3.trace import Comparison, Trace
-from explorer.controls import Controls, parse_controls, parse_schedule
+from explorer.controls import Controls, parse_controls, schedule_of
 from explorer.parse import as_flag, check_prompt_tokens, clean_prompt
 from explorer.pool import ModelPool
 
@@ -48,12 +47,13 @@ def check_run(pool: ModelPool, c: Controls) -> RunSetup:
     strategy, gen = parse_controls(c, layers, caps)
     trace = TraceConfig(attention_layers=(c.attention_layer_index(layers),),
                         lens_states=as_flag("logit_lens", c.logit_lens))
-    return RunSetup(None, prompt, chat, strategy, gen, trace, 0, parse_schedule(c, layers, caps).others, model)
+    return RunSetup(None, prompt, chat, strategy, gen, trace, 0, schedule_of(c, strategy, layers, caps).others, model)
 
 
-def prepare_run(pool: ModelPool, c: Controls) -> RunSetup:
-    """`check_run`, then the engine (loading the model on first use) and the prompt's token count."""
-    setup = check_run(pool, c)
+def prepare_run(pool: ModelPool, c: Controls | RunSetup) -> RunSetup:
+    """The engine (loading the model on first use) and the prompt's token count for a checked run (`check_run`,
+    whose parse is not repeated: a click parses the controls once), or for controls not checked yet."""
+    setup = c if isinstance(c, RunSetup) else check_run(pool, c)
     engine = pool.engine(setup.model)
     return replace(setup, engine=engine, prompt_tokens=check_prompt_tokens(engine, setup.prompt, setup.chat_template,
                                                                             pool.caps))
@@ -76,22 +76,6 @@ class LiveUpdate:
     @property
     def finished(self) -> bool:
         return self.phase in ("done", "stopped")
-
-
-class _StopAware:
-    """An engine view whose streams honour `should_stop`. Workaround: `d3.compare.compare` takes no
-    should_stop, so without this its teacher-forced run could not be interrupted."""
-
-    def __init__(self, engine: Engine, should_stop: Callable[[], bool]) -> None:
-        self._engine = engine
-        self._should_stop = should_stop
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)
-
-    def stream(self, *args: Any, **kwargs: Any) -> Iterator[Trace]:
-        kwargs.setdefault("should_stop", self._should_stop)
-        return self._engine.stream(*args, **kwargs)
 
 
 def _round_robin(streams: dict[str, Iterator[Any]]) -> Iterator[tuple[str, Any]]:
@@ -134,41 +118,23 @@ def side_by_side(engine: Engine, prompt: str, strategy: StrategyConfig, gen: Gen
         yield LiveUpdate(latest["d3"], latest["full"], phase="stopped" if should_stop() else "done")
         return
     yield LiveUpdate(latest["d3"], latest["full"], phase="comparing")
-    comparison = compare(_StopAware(engine, should_stop), prompt, strategy, gen, trace, chat_template=chat_template,
-                         full=recs["full"], skip=recs["d3"])  # type: ignore[arg-type]
+    comparison = compare(engine, prompt, strategy, gen, trace, chat_template=chat_template, full=recs["full"],
+                         skip=recs["d3"], should_stop=should_stop)  # None when stopped
     recs.clear()
-    stopped = should_stop()
-    yield LiveUpdate(latest["d3"], latest["full"], phase="stopped" if stopped else "done",
-                     comparison=None if stopped else comparison)
+    yield LiveUpdate(latest["d3"], latest["full"], phase="stopped" if comparison is None else "done",
+                     comparison=comparison)
 
 
 def fill_comparison(engine: Engine, prompt: str, strategy: StrategyConfig, gen: GenerationConfig, *,
                     chat_template: bool = True, should_stop: Callable[[], bool] = _never,
                     fills: tuple[str, ...] = FILLS) -> Iterator[tuple[str, Comparison]]:
     """The same prompt and schedule under each fill strategy, each against one shared full-depth run."""
-    stoppable = _StopAware(engine, should_stop)
-    kw = dict(chat_template=chat_template)
-    full = run_recorded(stoppable, prompt, FullConfig(), gen, TRACE_OFF, **kw)  # type: ignore[arg-type]
+    kw: dict[str, Any] = dict(chat_template=chat_template, should_stop=should_stop)
+    full = run_recorded(engine, prompt, FullConfig(), gen, TRACE_OFF, **kw)
     for fill in fills:
         if should_stop():
             return
-        comparison = compare(stoppable, prompt, strategy.with_(fill=fill), gen, TRACE_OFF, full=full,  # type: ignore[arg-type]
-                             **kw)
-        if should_stop():
+        comparison = compare(engine, prompt, strategy.with_(fill=fill), gen, TRACE_OFF, full=full, **kw)
+        if comparison is None:
             return
         yield fill, comparison
-
-
-def measured_speedup(skip: Trace | None, full: Trace | None) -> float | None:
-    """Median decode-step time at full depth over the skipping run's, on the positions both reached.
-
-    The first step (the prompt's prefill, full depth in both) is left out; the two runs interleave token
-    by token in one process, so they see the same machine load."""
-    if skip is None or full is None:
-        return None
-    n = min(len(skip.steps), len(full.steps))
-    if n < 3:
-        return None
-    skip_ms = statistics.median(s.wall_ms for s in skip.steps[1:n])
-    full_ms = statistics.median(s.wall_ms for s in full.steps[1:n])
-    return full_ms / skip_ms if skip_ms > 0 else None

@@ -34,7 +34,10 @@ SCENARIOS: dict[str, Scenario] = {
         "Full depth vs D3",
         "The page's D3 setting for this model (on SmolLM2: α = 0.998 and the drop order measured best on its "
         "arithmetic, which drops layers 4, 5 and 6 first; see Which layers matter) on a worked arithmetic question. D3 runs fewer layers per token "
-        "and states the same answer as full depth: watch the D3 tokens get lighter while the text stays the same.",
+        "and states the same answer as full depth: watch the D3 tokens get lighter (the colour scale spans this "
+        "run's own depths, e.g. 28 to 30 of 30 layers) while the text stays the same. At so few skipped layers the "
+        "time saved is smaller than a shared CPU's noise: the counters say \u201ctoo small to measure here\u201d beside "
+        "the theoretical speedup, rather than a number noise made.",
         (ASK,)),
     "core": Scenario(
         "Why the core layers matter",
@@ -70,10 +73,11 @@ def scenario_controls(key: str, step: int, num_layers: int, model: Any = None) -
     """The control values of run `step` of scenario `key`: the page's D3 setting for `model` with the scenario's
     changes."""
     scenario = SCENARIOS[as_choice("scenario", key, tuple(SCENARIOS))]
+    run = scenario.runs[min(step, len(scenario.runs) - 1)]
     head, tail = default_core(num_layers)
-    page = model_defaults(model)
+    page = model_defaults(model, "arithmetic" if run.get("prompt") == ARITHMETIC else "chat")  # the text's own order
     defaults = {name: getattr(page, name) for name in SCENARIO_CONTROLS} | {"core_head": head, "core_tail": tail}
-    return {**defaults, **scenario.runs[min(step, len(scenario.runs) - 1)]}
+    return {**defaults, **run}
 
 
 def scenario_text(key: str, step: int) -> str:

@@ -12,7 +12,8 @@ from typing import Any, Callable
 import pandas as pd
 
 from d3.trace import Comparison, Trace, token_agreement
-from explorer.runs import LiveUpdate, measured_speedup
+from d3.trace import measured_speedup
+from explorer.runs import LiveUpdate
 
 HISTORY_COLUMNS = ["run", "strategy", "tokens", "mean layers", "theoretical ×", "measured ×", "agreement",
                    "first divergence", "KL teacher", "KL free"]
@@ -25,7 +26,7 @@ class RunRecord:
 
     label: str
     summary: dict[str, Any]
-    measured: float | None
+    measured: float | None  # the measured speedup where the run could measure one (its interval excludes 1)
     text: str = ""  # what the skipping run wrote
     layers: tuple[int, ...] = ()  # layers it ran per token
     agree: tuple[bool, ...] = ()  # per position, whether its token equals full depth's
@@ -51,6 +52,7 @@ class Session:
     triggered_at: float | None = None  # when the page last asked for a run that has not begun yet
     running: int | None = None  # the run streaming now, if any (what Stop would stop)
     problem: str | None = None  # what the status line says is wrong with the controls, until it is fixed
+    typed_out_of_range: bool = False  # a value typed into a slider's box outside its range, not yet fixed
     view: str = "usage"  # the view tab open on the page (the lens and scrubber draw only while theirs is open)
     exports: deque[float] = field(default_factory=deque, repr=False)  # when this session last downloaded
     _since: dict[int, float] = field(default_factory=dict, repr=False)
@@ -105,7 +107,9 @@ class Session:
             summary = update.comparison.summary() if update.comparison else _stream_summary(update.d3, update.full)
             d3, full = update.d3, update.full
             agree = tuple(a == b for a, b in zip(d3.token_ids, full.token_ids))
-            self.history.append(RunRecord(label, summary, measured_speedup(d3, full), text=d3.text,
+            speedup = measured_speedup(d3, full)
+            measured = speedup.ratio if speedup is not None and speedup.resolvable else None
+            self.history.append(RunRecord(label, summary, measured, text=d3.text,
                                           layers=tuple(int(n) for n in d3.layers_used), agree=agree))
             del self.history[:-HISTORY_LIMIT]
 

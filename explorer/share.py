@@ -19,6 +19,7 @@ from d3.config import default_core
 from explorer.controls import (
     CONTROL_NAMES,
     DEFAULTS,
+    model_defaults,
     METRICS,
     STRATEGY_LABELS,
     Controls,
@@ -122,6 +123,9 @@ def sized_to_model(pool: ModelPool, values: dict[str, Any]) -> dict[str, Any]:
     model) and set to the link's values or that model's defaults."""
     facts = pool.known_facts(values.get("model") or pool.names[0])  # known: `controls_from_query` checked it
     layers = facts.num_layers
+    if "model" in values:  # a link to another model starts from that model's own D3 setting, like the picker
+        page = model_defaults(values["model"])
+        values = {"alpha": page.alpha, "drop_order": page.drop_order, "layer_order": page.layer_order, **values}
     head, tail = default_core(layers)
     head, tail = values.get("core_head", head), values.get("core_tail", tail)
     ranged = {"attention_layer": (layers - 1, values.get("attention_layer", default_attention_layer(layers))),

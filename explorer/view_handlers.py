@@ -17,6 +17,9 @@ from explorer.controls import (
     Controls,
     check_sliders,
     default_attention_layer,
+    derived,
+    fitted,
+    page_words,
     model_defaults,
     parse_controls,
     parse_schedule,
@@ -28,15 +31,15 @@ from explorer.pool import ModelPool
 from explorer.scenarios import SCENARIOS, fill_finding, scenario_controls, scenario_finding, scenario_text
 from explorer.session import Session
 from explorer.ui import core_sliders, ordered, refused, slider_range, user_errors
-from explorer.wording import EXPLAIN
 
-VIEW_OUTPUTS = ("usage", "flow", "attention", "errors", "fills", "root", *(f"explain_{k}" for k in EXPLAIN))
-SCENARIO_OUTPUTS = (*CONTROL_NAMES, "scenario_text", "scenario_finding")
+# Presentation mode redraws every view drawn from the session's run, and hides every explanation.
+VIEW_OUTPUTS = (*views.drawn_from_session(), "root", *(f"explain_{v.key}" for v in views.registry() if v.tab))
+SCENARIO_OUTPUTS = (*CONTROL_NAMES, "scenario_text", "scenario_finding", "example")
 SIZED_OUTPUTS = ("core_head", "core_tail", "attention_layer", "attention_head", "chat_template", "alpha", "drop_order",
                  "layer_order")
 # A model switch also empties the panes and the views: what they showed was a run of the other model.
-CLEARED_OUTPUTS = ("d3_title", "d3_tokens", "d3_counters", "full_tokens", "full_counters", "usage", "flow",
-                   "attention", "errors", "fills")
+CLEARED_OUTPUTS = ("d3_title", "d3_tokens", "d3_counters", "full_tokens", "full_counters",
+                   *views.drawn_from_session(), "layers_note")  # the note said what Use this order set: reset now
 MODEL_OUTPUTS = (*SIZED_OUTPUTS, "status", "session", *CLEARED_OUTPUTS)
 
 
@@ -78,9 +81,7 @@ def _cleared(session: Session | None, model: str, presentation: bool = False) ->
     blank = "<div class='d3-tokens'>(press Generate)</div>"
     p = presentation
     out = dict(session=session, d3_title="### D3", d3_tokens=blank, full_tokens=blank, d3_counters="",
-               full_counters="", usage=views.usage_view(None, presentation=p),
-               flow=views.flow_view(None, None, presentation=p), attention=views.attention_view(None, None, 0, 0, presentation=p),
-               errors=views.error_view(None, presentation=p), fills=views.fills_view(None, presentation=p))
+               full_counters="", layers_note="", **{key: views.empty(key, p) for key in views.drawn_from_session()})
     was = f" (the last run, of {previous}, is in Run history)" if previous and previous != model else ""
     out["status"] = views.status_html(None, None, f"Model {model}: press Generate.{was}")
     return out
@@ -117,47 +118,85 @@ def load_model(pool: ModelPool, model: str) -> tuple[Any, ...]:
                    status=views.status_html(None, None, f"Model {name} is loaded: press Generate."))
 
 
-def bound_core(pool: ModelPool, model: str, value: Any, other: Any) -> Any:
-    """The other core slider's maximum after a person moved (or typed into, or reset) one of them to `value`, so
-    that head + tail stays below the model's L layers (at least one flex layer): the sliders cannot ask for a
-    schedule the server would refuse. Wired to the slider's input and release only: a model switch, link, scenario
-    or sweep row sets both sliders and their bounds together (`core_sliders`), and a bound answered late from such a
-    change could carry the previous model's core (a maximum of 27 beside a core of 3 on 30 layers). A typed value
-    above the slider's own maximum is taken as that maximum, which the browser clamps it to."""
-    try:
-        facts = pool.known_facts(model)
-    except ValueError:
-        facts = None
-    if facts is None:
-        return gr.skip()
-    if value is None or value == "":
-        return gr.skip()  # a box emptied while typing: the bound stays until a number is there
-    top = facts.num_layers - 1
-    return gr.update(**slider_range(top - max(0, min(whole(value), top - whole(other)))))
+SETTLE_OUTPUTS = ("status", "core_head", "core_tail", "layer_order")
 
 
 @takes_controls
-def check_controls(pool: ModelPool, session: Session | None, controls: Controls) -> Any:
-    """As a control changes, say at once in the status line what is wrong with the controls (the message Generate
-    and the API give, or that a number typed into a slider's box is outside the slider, which the browser then
-    clamps), and take such a message back as soon as every control is valid again. Nothing otherwise: the status
-    line stays the run's."""
+def settle_controls(pool: ModelPool, session: Session | None, controls: Controls) -> tuple[Any, ...]:
+    """After a person's move of a control (see `_settle`)."""
+    return _settle(pool, session, controls)
+
+
+@takes_controls
+def settle_released(pool: ModelPool, session: Session | None, controls: Controls) -> tuple[Any, ...]:
+    """After a person let go of a slider: as `settle_controls`, except that a value just typed out of the slider's
+    range keeps its message: the browser has clamped the box to the slider's end as it lost focus, and that
+    clamped value is not what the person asked for (`check_release` then runs nothing)."""
+    if session is not None and session.typed_out_of_range:
+        return ordered(SETTLE_OUTPUTS)
+    return _settle(pool, session, controls)
+
+
+def _settle(pool: ModelPool, session: Session | None, controls: Controls) -> tuple[Any, ...]:
+    """After a person's move of a control: what follows from the one state of the controls, set once, by the
+    server, on components nothing listens to (so it starts no other update): the core sliders' maxima (head + tail
+    below L), a calibrated order re-fitted to a new core (said in one line), and in the status line what is wrong
+    with the controls, named as the page labels it with its real range, or that message taken back once every
+    control is valid again. Nothing runs."""
     try:
         facts = pool.known_facts(controls.model)
-        if facts is None:
-            return gr.skip()  # not loaded yet: Generate checks it after the load
-        check_sliders(controls, facts.num_layers, pool.caps)
-        parse_controls(controls, facts.num_layers, pool.caps)
-    except ValueError as err:
+    except ValueError:
+        facts = None
+    if facts is None:
+        return ordered(SETTLE_OUTPUTS)  # not loaded yet: Generate checks it after the load
+    layers = facts.num_layers
+    out: dict[str, Any] = {k: gr.update(**v) for k, v in derived(controls, layers, pool.caps).items()}
+    controls, note = fitted(controls, layers)
+    if note:
+        out["layer_order"] = controls.layer_order
+    try:
+        try:
+            check_sliders(controls, layers, pool.caps)
+        except ValueError:
+            if session is not None:
+                session.typed_out_of_range = True
+            raise
         if session is not None:
-            session.problem = str(err)
-        return views.problem_html(str(err))
-    if session is None or session.problem is None or session.running is not None:
-        return gr.skip()
-    session.problem = None
-    if session.d3 is None:
-        return views.status_html(None, None, "Ready: press Generate.")
-    return views.status_html(session.d3, session.full, "done", comparison=session.comparison)
+            session.typed_out_of_range = False
+        parse_controls(controls, layers, pool.caps)
+    except ValueError as err:
+        message = page_words(str(err))
+        if session is not None:
+            session.problem = message
+        return ordered(SETTLE_OUTPUTS, **out, status=views.problem_html(message))
+    if session is not None and session.running is not None:
+        return ordered(SETTLE_OUTPUTS, **out)  # the status line is the run's
+    had_problem = session is not None and session.problem is not None
+    if session is not None:
+        session.problem = None
+    if not note and not had_problem:
+        return ordered(SETTLE_OUTPUTS, **out)
+    s = session or Session()
+    phase = "done" if s.d3 is not None else "Ready: press Generate."
+    return ordered(SETTLE_OUTPUTS, **out, status=views.status_html(s.d3, s.full, phase, comparison=s.comparison,
+                                                                     note=note))
+
+
+@takes_controls
+def check_release(pool: ModelPool, session: Session | None, controls: Controls) -> None:
+    """A slider let go runs only on a valid value: otherwise nothing runs (and `settle_controls` says why). A value
+    typed out of the slider's range runs nothing either, though the browser clamped it as the box lost focus: the
+    person asked for another value (the message says which range; Generate runs what the slider shows)."""
+    if session is not None and session.typed_out_of_range:
+        session.typed_out_of_range = False
+        raise refused(ValueError("a value typed out of the slider's range: press Generate to run what it shows"))
+    try:
+        facts = pool.known_facts(controls.model)
+        if facts is not None:
+            check_sliders(controls, facts.num_layers, pool.caps)
+            parse_controls(fitted(controls, facts.num_layers)[0], facts.num_layers, pool.caps)
+    except ValueError as err:
+        raise refused(ValueError(page_words(str(err)))) from None
 
 
 @takes_controls
@@ -203,17 +242,14 @@ def render_errors(session: Session | None, controls: Controls) -> Any:
 @takes_controls
 def set_presentation(session: Session | None, controls: Controls) -> tuple[Any, ...]:
     """Presentation mode: bigger fonts everywhere, explanations hidden so each view takes the full width."""
-    view, s = controls.view, session or Session()
+    view = controls.view
     p = view.presentation
     classes = ["d3-root", "d3-present"] if p else ["d3-root"]
-    explain = {f"explain_{k}": gr.update(visible=not p) for k in EXPLAIN}
+    explain = {f"explain_{v.key}": gr.update(visible=not p) for v in views.registry() if v.tab}
+    shown = views.Shown.of(session)
     with user_errors():
-        return ordered(VIEW_OUTPUTS, usage=views.usage_view(s.d3, presentation=p),
-                       flow=views.flow_view(s.d3, s.full, metric=view.metric, presentation=p),
-                       attention=views.attention_view(s.d3, s.full, view.layer, view.head, presentation=p),
-                       errors=views.error_view(s.comparison, log_kl=view.log_kl, presentation=p),
-                       fills=views.fills_view(s.fills, presentation=p), root=gr.update(elem_classes=classes),
-                       **explain)
+        return ordered(VIEW_OUTPUTS, **{key: views.draw(key, shown, view) for key in views.drawn_from_session()},
+                       root=gr.update(elem_classes=classes), **explain)
 
 
 def apply_scenario(pool: ModelPool, key: str, step: int, session: Session | None, model: str) -> tuple[Any, ...]:
@@ -224,7 +260,9 @@ def apply_scenario(pool: ModelPool, key: str, step: int, session: Session | None
         values = scenario_controls(key, step, layers, model)
     values.update(core_sliders(layers, values["core_head"], values["core_tail"]))
     finding = {"scenario_finding": "*Running… the numbers appear here when the scenario's runs are done.*"} if step == 0 else {}
-    return ordered(SCENARIO_OUTPUTS, scenario_text=scenario_text(key, step), **finding, **values)
+    titles = {p.prompt: p.title for p in example_prompts()}  # the picker names the scenario's prompt, or none
+    return ordered(SCENARIO_OUTPUTS, scenario_text=scenario_text(key, step), **finding, **values,
+                   example=gr.update(value=titles.get(values["prompt"])))
 
 
 def show_finding(pool: ModelPool, key: str, session: Session | None, model: str) -> str:

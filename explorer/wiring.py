@@ -12,8 +12,8 @@ from explorer.controls import CONTROL_NAMES, REDRAW_NAMES
 from explorer.explain import wire_explain
 from explorer.export import export_figure, export_sweep, export_trace
 from explorer.live import FILLS_OUTPUTS, GENERATE_OUTPUTS, compare_fills, generate, interrupt, stop
-from explorer.layers_view import wire_layers
-from explorer.needs import wire_needs
+from explorer.layers_view import redraw_layers_after, wire_layers
+from explorer.needs import redraw_needs_after, wire_needs
 from explorer.pool import ModelPool
 from explorer.scenarios import SCENARIOS
 from explorer.share import wire_share
@@ -30,8 +30,8 @@ from explorer.view_handlers import (
     SCENARIO_OUTPUTS,
     VIEW_OUTPUTS,
     apply_scenario,
-    bound_core,
-    check_controls,
+    SETTLE_OUTPUTS,
+    check_release,
     load_model,
     model_changed,
     new_session,
@@ -40,6 +40,8 @@ from explorer.view_handlers import (
     render_errors,
     render_flow,
     set_presentation,
+    settle_controls,
+    settle_released,
     show_finding,
     use_example,
 )
@@ -56,8 +58,10 @@ RELEASE_TRIGGERS = ("alpha", "core_head", "core_tail", "start")
 PUBLIC_API = ("generate", "stop", "compare_fills", "measure_needs", "fit_alpha_to_prompt", "measure_layers",
               "export_trace", "export_figure", "run_sweep", "export_sweep")
 BROWSER_ONLY = ("new_session", "interrupt", "interrupt_on_release", "interrupt_fills", "load_sweep_setting")
-CHECKED_CONTROLS = ("alpha", "core_head", "core_tail", "start", "max_new_tokens", "temperature", "seed", "unified_ratio",
-                    "skipdecode_max", "skipdecode_min", "threshold", "attention_layer")
+# A person's move of one of these settles the controls (`settle_controls`).
+SETTLED_CONTROLS = ("alpha", "core_head", "core_tail", "start", "max_new_tokens", "temperature", "seed", "unified_ratio",
+                    "skipdecode_max", "skipdecode_min", "threshold", "attention_layer", "strategy", "drop_order",
+                    "layer_order", "fill", "decoding")
 
 
 def _pick(ui: dict[str, Any], names: tuple[str, ...]) -> list[Any]:
@@ -77,10 +81,21 @@ def _queued(pool: ModelPool, ui: dict[str, Any]) -> dict[str, Any]:
                 show_progress="minimal", show_progress_on=[ui["run_state"]])
 
 
-def _wire_generation(pool: ModelPool, ui: dict[str, Any], triggers: list[Any], suffix: str = "") -> Any:
-    """Stop this session's running generation out of the queue, then generate in the queue."""
-    first = gr.on(triggers, interrupt, [ui["session"]], None, queue=False, show_progress="hidden",
-                  api_name=f"interrupt{suffix}", trigger_mode="multiple")
+def _wire_generation(pool: ModelPool, ui: dict[str, Any], triggers: list[Any], suffix: str = "",
+                     checked: bool = False) -> Any:
+    """Stop this session's running generation out of the queue, then generate in the queue. `checked`: only on
+    valid controls (a slider let go on a value typed out of its range runs nothing; `settle_controls` says why)."""
+    if checked:  # what follows from the released value first, then whether it may run
+        settled = gr.on(triggers, functools.partial(settle_released, pool), _with_controls(ui, "session"),
+                        _pick(ui, SETTLE_OUTPUTS), queue=False, show_progress="hidden", api_name=False,
+                        preprocess=False, trigger_mode="always_last")
+        check = settled.success(functools.partial(check_release, pool), _with_controls(ui, "session"), None,
+                                queue=False, show_progress="hidden", api_name=f"check{suffix}", preprocess=False)
+        first = check.success(interrupt, [ui["session"]], None, queue=False, show_progress="hidden",
+                              api_name=f"interrupt{suffix}")
+    else:
+        first = gr.on(triggers, interrupt, [ui["session"]], None, queue=False, show_progress="hidden",
+                      api_name=f"interrupt{suffix}", trigger_mode="multiple")
     return first.then(functools.partial(generate, pool), _with_controls(ui, "session"), _pick(ui, GENERATE_OUTPUTS),
                       api_name=f"generate{suffix}", trigger_mode="always_last", **_queued(pool, ui))
 
@@ -91,9 +106,14 @@ def _wire_fills(pool: ModelPool, ui: dict[str, Any], event: Any, suffix: str) ->
 
 
 def _redraw_after(pool: ModelPool, ui: dict[str, Any], event: Any) -> None:
-    """Redraw the schedule preview (decay curve and planned grid) once `event` has set the controls."""
-    event.then(functools.partial(redraw_schedule, pool), _with_controls(ui, "session"), [ui["decay"], ui["planned"]],
-               api_name=False, queue=False, preprocess=False, show_progress="hidden")
+    """Redraw what follows from the controls (the schedule preview, the needs and layers views) once `event` has
+    set them: the server's own updates of the controls trigger nothing (no `.change` listener anywhere), so
+    whatever sets them says what to redraw."""
+    redrawn = event.then(functools.partial(redraw_schedule, pool), _with_controls(ui, "session"),
+                         [ui["decay"], ui["planned"]], api_name=False, queue=False, preprocess=False,
+                         show_progress="hidden")
+    redraw_needs_after(pool, ui, redrawn)
+    redraw_layers_after(pool, ui, redrawn)
 
 
 def _wire_scenarios(pool: ModelPool, ui: dict[str, Any]) -> dict[str, Any]:
@@ -118,29 +138,38 @@ def _wire_scenarios(pool: ModelPool, ui: dict[str, Any]) -> dict[str, Any]:
     return done
 
 
+def person_moved(ui: dict[str, Any], names: tuple[str, ...]) -> list[Any]:
+    """The events of a person's own moves of these controls: `.input` (typing, dragging, picking) and a slider's
+    `.release`. Never `.change`, which also fires when the server sets a control: a handler on it that sets
+    another control is how the core sliders once fed each other for minutes (issue 24)."""
+    events = [ui[n].input for n in names]
+    return events + [ui[n].release for n in names if isinstance(ui[n], gr.Slider)]
+
+
 def _wire_views(pool: ModelPool, ui: dict[str, Any]) -> None:
     instant = dict(queue=False, preprocess=False, show_progress="hidden")
     # While a slider moves the browser redraws the decay curve itself (assets/decay_preview.js), with no round
     # trip: it keeps up with the pointer while the server is busy. The server redraws the curve and the heavy
-    # planned grid when a slider is let go, when any other control changes, and after a scenario, a sweep row
-    # or a shared link set the controls.
-    gr.on([ui[n].change for n in RELEASE_TRIGGERS], None, _pick(ui, RELEASE_TRIGGERS), None,
+    # planned grid when a slider is let go, when a person changes any other control, and after a scenario, a
+    # sweep row or a shared link set the controls (`_redraw_after`).
+    gr.on([ui[n].input for n in RELEASE_TRIGGERS], None, _pick(ui, RELEASE_TRIGGERS), None,
           js=f"({', '.join(RELEASE_TRIGGERS)}) => {{ window.d3DecayPreview?.follow({', '.join(RELEASE_TRIGGERS)}); }}",
           api_name=False, queue=False, show_progress="hidden")
-    # (As the page opens, the redraw after restoring a shared link's controls draws them: `wire`.)
     gr.on([*(ui[n].release for n in RELEASE_TRIGGERS),
-           *(ui[n].change for n in REDRAW_NAMES if n not in RELEASE_TRIGGERS)],
+           *(ui[n].input for n in REDRAW_NAMES if n not in RELEASE_TRIGGERS)],
           functools.partial(redraw_schedule, pool), _with_controls(ui, "session"), [ui["decay"], ui["planned"]],
           api_name="redraw_schedule", trigger_mode="always_last", **instant)
-    # A value typed out of range is said at once, and the message goes once the value is fixed.
-    gr.on([ui[n].change for n in CHECKED_CONTROLS], functools.partial(check_controls, pool),
-          _with_controls(ui, "session"), ui["status"], api_name=False, trigger_mode="always_last", **instant)
-    ui["metric"].change(render_flow, _with_controls(ui, "session"), ui["flow"], api_name="render_flow", **instant)
-    gr.on([ui["attention_layer"].change, ui["attention_head"].change], render_attention, _with_controls(ui, "session"),
+    # What follows from the one state of the controls (bounds, a re-fitted order, a message), set once per move.
+    moved = [ui[n].input for n in SETTLED_CONTROLS] + [ui[n].release for n in SETTLED_CONTROLS
+                                                         if isinstance(ui[n], gr.Slider) and n not in RELEASE_TRIGGERS]
+    gr.on(moved, functools.partial(settle_controls, pool), _with_controls(ui, "session"),
+          _pick(ui, SETTLE_OUTPUTS), api_name=False, trigger_mode="always_last", **instant)
+    ui["metric"].input(render_flow, _with_controls(ui, "session"), ui["flow"], api_name="render_flow", **instant)
+    gr.on(person_moved(ui, ("attention_layer", "attention_head")), render_attention, _with_controls(ui, "session"),
           ui["attention"], api_name="render_attention", trigger_mode="always_last", **instant)
-    ui["log_kl"].change(render_errors, _with_controls(ui, "session"), ui["errors"], api_name="render_errors", **instant)
-    ui["presentation"].change(set_presentation, _with_controls(ui, "session"), _pick(ui, VIEW_OUTPUTS),
-                              api_name="set_presentation", **instant)
+    ui["log_kl"].input(render_errors, _with_controls(ui, "session"), ui["errors"], api_name="render_errors", **instant)
+    ui["presentation"].input(set_presentation, _with_controls(ui, "session"), _pick(ui, VIEW_OUTPUTS),
+                             api_name="set_presentation", **instant)
 
 
 def _wire_sweep(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
@@ -184,12 +213,6 @@ def wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     # In the queue, where an unknown title is a plain error message rather than an HTTP 500.
     ui["example"].input(use_example, ui["example"], ui["prompt"], api_name="use_example", preprocess=False,
                         concurrency_limit=None, show_progress="hidden")
-    # A person's move of one core slider bounds the other; whatever sets the core (a model switch, a link, a
-    # scenario, a sweep row) sets both bounds with it, so no bound answered late can carry a previous model's core.
-    for moved, other in (("core_head", "core_tail"), ("core_tail", "core_head")):
-        gr.on([ui[moved].input, ui[moved].release], functools.partial(bound_core, pool),
-              _pick(ui, ("model", moved, other)), ui[other], api_name=False, queue=False, preprocess=False,
-              show_progress="hidden", trigger_mode="always_last")
     sized = ui["model"].input(functools.partial(model_changed, pool), _pick(ui, ("model", "session", "presentation")),
                               _pick(ui, MODEL_OUTPUTS),
                               api_name="model_changed", queue=False, preprocess=False)
@@ -198,20 +221,22 @@ def wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
                         api_name="load_model", preprocess=False, concurrency_id="load", concurrency_limit=1,
                         trigger_mode="always_last", show_progress_on=[ui["run_state"]])
     runs = {"": _wire_generation(pool, ui, [ui["generate"].click, ui["prompt"].submit]),
-            "_on_release": _wire_generation(pool, ui, [ui[n].release for n in RELEASE_TRIGGERS], "_on_release")}
+            "_on_release": _wire_generation(pool, ui, [ui[n].release for n in RELEASE_TRIGGERS], "_on_release",
+                                          checked=True)}
     ui["stop"].click(stop, ui["session"], ui["status"], api_name="stop", queue=False, show_progress="hidden")
     fills = gr.on([ui["fills_button"].click], interrupt, [ui["session"]], None, queue=False,
                   api_name="interrupt_fills", show_progress="hidden")
     _wire_fills(pool, ui, fills, "")
     runs.update(_wire_scenarios(pool, ui))
     runs["_model"] = loaded  # the lens and scrubber forget the other model's run too
+    _redraw_after(pool, ui, loaded)
     _wire_views(pool, ui)
     ui["export_trace"].click(export_trace, ui["session"], ui["files"], api_name="export_trace")
     ui["export_figure"].click(functools.partial(export_figure, pool), _with_controls(ui, "session", "figure"),
                               ui["files"], api_name="export_figure", preprocess=False)
     _wire_sweep(pool, ui, demo)
-    wire_needs(pool, ui)
-    wire_layers(pool, ui)
+    _redraw_after(pool, ui, wire_needs(pool, ui))  # fit α sets α
+    _redraw_after(pool, ui, wire_layers(pool, ui))  # Use this order sets the order
     wire_explain(pool, ui, runs)
     _redraw_after(pool, ui, wire_share(pool, ui, demo))  # on every page load, link or not: the first preview
     set_api_visibility(demo)

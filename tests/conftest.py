@@ -81,3 +81,19 @@ def unpaced(monkeypatch):
 
     monkeypatch.setattr(live, "PANES_EVERY_S", 0.0)
     monkeypatch.setattr(live, "FIGURES_EVERY_S", 0.0)
+
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium (Debian's), one per test module; skipped where it or playwright is missing."""
+    playwright_api = pytest.importorskip("playwright.sync_api")
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM}")
+    with playwright_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu",
+                                                              "--disable-background-networking"])
+        yield b
+        b.close()

@@ -293,17 +293,17 @@ def test_model_change_resizes_the_layer_controls(pool) -> None:
     assert "not allowed" in status and "Cannot run" in status
 
 
-def test_a_persons_core_move_bounds_the_other_slider_and_a_typed_overshoot_counts_as_the_maximum(pool) -> None:
-    """`bound_core` runs on a person's input or release only (a model switch sets both bounds itself): the other
-    slider's maximum keeps head + tail below the 6 layers, and a head typed past its own maximum (which the browser
-    clamps) bounds the tail as that maximum would."""
+def test_a_persons_core_move_bounds_the_other_slider_from_the_one_state(pool) -> None:
+    """The core sliders' maxima follow from the controls (head + tail below the 6 layers), set by
+    `settle_controls` on a person's move, and a head typed past its own maximum is said with the real range."""
     pool.engine("tiny")
-    assert view_handlers.bound_core(pool, "tiny", 2, 1)["maximum"] == 3
-    assert view_handlers.bound_core(pool, "tiny", 40, 1)["maximum"] == 1  # 40 is clamped to 5 - 1 = 4
-    assert view_handlers.bound_core(pool, "tiny", None, 1) == gr.skip()  # an emptied box leaves the bound
-    demo = page.build_demo(lambda _: pool.engine("tiny"), model_names=("tiny",))
-    wired = [d for d in demo.fns.values() if getattr(d.fn, "func", None) is view_handlers.bound_core]
-    assert len(wired) == 2 and all({event for _, event in d.targets} == {"input", "release"} for d in wired)
+    out = dict(zip(view_handlers.SETTLE_OUTPUTS, view_handlers.settle_controls(
+        pool, None, model="tiny", core_head=2, core_tail=1, drop_order="middle_out")))
+    assert out["core_head"]["maximum"] == 4 and out["core_tail"]["maximum"] == 3
+    out = dict(zip(view_handlers.SETTLE_OUTPUTS, view_handlers.settle_controls(
+        pool, None, model="tiny", core_head=40, core_tail=1, drop_order="middle_out")))
+    assert out["core_tail"]["maximum"] == 1  # 40 counts as 5, the top layer
+    assert "Core head=40 is out of range" in out["status"] and "[0, 4]" in out["status"]
 
 
 def _applied(update: dict) -> gr.Slider:
@@ -336,8 +336,10 @@ def test_every_slider_takes_a_model_with_one_head_or_one_or_two_layers(name, tin
     assert sliders["attention_head"].interactive is (heads > 1) and sliders["layer"].interactive is (layers > 1)
     assert head["value"] + tail["value"] < layers  # the default core leaves a layer to skip
     assert all(u["maximum"] >= 1 for u in (head, tail, layer, attention_head))
-    for value, other in ((head["value"], tail["value"]), (tail["value"], head["value"])):  # each bounds the other
-        _applied({**view_handlers.bound_core(small, name, value, other), "value": 0})
+    settled = dict(zip(view_handlers.SETTLE_OUTPUTS, view_handlers.settle_controls(
+        small, None, model=name, core_head=head["value"], core_tail=tail["value"], drop_order="middle_out")))
+    for key in ("core_head", "core_tail"):  # each bounds the other
+        _applied({**settled[key], "value": 0})
     linked = share.sized_to_model(small, {"model": name})
     for key in ("core_head", "core_tail", "attention_layer", "attention_head"):
         _applied(linked[key])

@@ -64,11 +64,21 @@ def test_use_before_measuring_or_after_a_change_is_a_clear_error(pool, measured)
 
 
 @pytest.mark.parametrize("order, words", [("", "type the flex layers"), ("1, 2, x", "type the flex layers"),
-                                           ("1, 2, 3", "missing [4]"), ("1, 2, 3, 4, 9", "not flex layers [9]")])
+                                           ("1, 1, 2, 3, 4", "not a permutation")])
 def test_a_typed_order_is_checked_with_a_plain_message(pool, order, words):
     c = DEFAULTS.with_(**{**CONTROLS, "drop_order": "calibrated", "layer_order": order})
     with pytest.raises(ValueError, match=words.replace("[", "\\[").replace("]", "\\]")):
         parse_strategy(c, 6, pool.caps)
+
+
+@pytest.mark.parametrize("order, fitted", [("1, 2, 3", (1, 2, 3, 4)), ("1, 2, 3, 4, 9", (1, 2, 3, 4)),
+                                           ("4, 3", (4, 3, 2, 1))])
+def test_an_order_of_distinct_layers_follows_the_core(pool, order, fitted):
+    """No dead end (issue 24): an order of distinct layers that is not the core's flex layers (calibrated for another
+    core, or typed short) is re-fitted to them, its own layers first in its order, then the others (the page says so
+    in one line and shows the order it will run)."""
+    c = DEFAULTS.with_(**{**CONTROLS, "drop_order": "calibrated", "layer_order": order})
+    assert parse_strategy(c, 6, pool.caps).layer_order == fitted
 
 
 @pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m"])
@@ -77,12 +87,12 @@ def test_each_embedded_model_starts_on_its_measured_order(model):
     and a switch to the model sets it."""
     from d3.models import KNOWN_MODELS
     from explorer import view_handlers
-    from explorer.controls import MODEL_DEFAULTS, model_defaults
+    from explorer.controls import PAGE_MODELS, model_defaults
 
     facts = KNOWN_MODELS[model].facts
     page = model_defaults(model)
     cfg = parse_strategy(page.with_(model=model), facts.num_layers, Caps())
-    assert cfg.drop_order == "calibrated" and cfg.alpha == MODEL_DEFAULTS[model]["alpha"] < 1
+    assert cfg.drop_order == "calibrated" and cfg.alpha == PAGE_MODELS[model][0] < 1
     sized = view_handlers._sized(facts, model)
     assert (sized["drop_order"], sized["layer_order"], sized["alpha"]) == (page.drop_order, page.layer_order, page.alpha)
     assert model_defaults("some/local-dir").drop_order == DEFAULTS.drop_order == "middle_out"  # others: the engine's

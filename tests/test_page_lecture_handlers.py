@@ -65,13 +65,16 @@ def test_a_slider_value_out_of_its_range_is_said_and_the_fix_takes_it_back(tiny_
     from explorer.live import generate
     from explorer.page import build_demo
     from explorer.session import Session
-    from explorer.view_handlers import check_controls
+    from explorer.view_handlers import SETTLE_OUTPUTS, settle_controls
+
+    def check_controls(*args, **kwargs):  # the status line `settle_controls` sets
+        return settle_controls(*args, **kwargs)[SETTLE_OUTPUTS.index("status")]
 
     demo = build_demo(lambda name: tiny_engine, model_names=("tiny",), public=False, caps=Caps(max_new_tokens=64))
     pool, s = demo.pool, Session()
     pool.engine("tiny")
-    assert "alpha=0.5 is out of range: alpha must be a number in [0.8, 1]" in check_controls(pool, s, model="tiny",
-                                                                                             alpha=0.5)
+    assert "α (decay rate)=0.5 is out of range: α (decay rate) must be a number in [0.8, 1]" in check_controls(
+        pool, s, model="tiny", alpha=0.5)
     assert "Ready" in check_controls(pool, s, model="tiny", alpha=0.8)  # fixed: the message goes at once
     assert check_controls(pool, s, model="tiny", alpha=0.9) == gr.skip()  # nothing to take back: the run's line stays
     with pytest.raises(gr.Error):

@@ -72,18 +72,36 @@ def test_the_fills_differ_and_one_keeps_the_text_readable(smol_engine):
     assert max(ppl.values()) >= 3 * min(ppl.values())
 
 
-def test_the_default_run_keeps_the_answer_while_running_fewer_layers(smol_engine):
-    """The page opened on SmolLM2 and Generate pressed: its measured order at its α on the first example prompt keeps
-    full depth's answer (Rayleigh scattering) in text full depth finds about as likely as its own; the paper's
-    literal middle-out, one click away, leaves full depth's text at once."""
+PPL_FACTOR = 1.5  # full depth finds D3's text at most this much more perplexing than its own
+
+
+def _answer_end(trace) -> int:
+    """The token index where full depth's answer (its first sentence) ends."""
+    text = ""
+    for i, step in enumerate(trace.steps):
+        text += step.text
+        if ". " in text or text.endswith("."):
+            return i
+    return len(trace.steps)
+
+
+def test_the_default_run_keeps_full_depths_meaning_while_running_fewer_layers(smol_engine):
+    """The page opened on SmolLM2 and Generate pressed: the default prompt (chat text) with its chat-calibrated order
+    at the page's α keeps full depth's meaning, measured, not by a keyword: full depth finds D3's whole answer at
+    most PPL_FACTOR as perplexing as its own, and the two texts part only after full depth's answer (its first
+    sentence). The order calibrated on arithmetic fails both on this prompt (1.8x, token 16: "reflects off the
+    Earth's surface, creating the illusion of blue"), and so does the paper's literal middle-out."""
     c = model_defaults(MODEL).with_(prompt=example_prompts()[0].prompt, model=MODEL)
     strategy, gen = parse_controls(c, smol_engine.num_layers, CAPS)
     comparison = compare(smol_engine, c.prompt, strategy, gen, TRACE_OFF)
     d3, full = comparison.skip, comparison.full
     assert d3.mean_layers <= 28.5  # fewer layers
-    assert "Rayleigh scattering" in full.text and "Rayleigh scattering" in d3.text  # the answer kept
-    assert comparison.first_divergence >= 10
-    assert comparison.full_perplexity() <= 2.5 * comparison.summary()["full_ppl_of_full"]
+    assert comparison.full_perplexity() <= PPL_FACTOR * comparison.summary()["full_ppl_of_full"]
+    assert comparison.first_divergence is None or comparison.first_divergence > _answer_end(full)
+    arithmetic = model_defaults(MODEL, "arithmetic").with_(prompt=c.prompt, model=MODEL)
+    wrong = compare(smol_engine, c.prompt, parse_controls(arithmetic, 30, CAPS)[0], gen, TRACE_OFF, full=None)
+    assert wrong.full_perplexity() > PPL_FACTOR * wrong.summary()["full_ppl_of_full"] \
+        or wrong.first_divergence <= _answer_end(full)  # the measure catches the wrong physics
     paper = c.with_(drop_order="middle_out")
     literal = smol_engine.generate(c.prompt, parse_controls(paper, 30, CAPS)[0], gen, TRACE_OFF)
     assert token_agreement(full.token_ids, literal.token_ids).first_divergence <= 3

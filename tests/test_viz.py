@@ -561,12 +561,41 @@ def test_token_html_title_attribute_cannot_break_out() -> None:
     assert '" onmouseover="x' not in out and "&quot; onmouseover=&quot;x" in out
 
 
+def _timed(trace: Trace, ms: list[float]) -> Trace:
+    return trace.with_steps([replace(s, wall_ms=m) for s, m in zip(trace.steps, ms)])
+
+
 def test_counters_html_reports_speed_depth_and_agreement(d3_cfg: D3Config) -> None:
+    from d3.trace import measured_speedup
+
     full, skip = _diverging_pair(d3_cfg, at=15)
-    out = viz.counters_html(skip, reference=full, measured_speedup=1.23)
-    assert "1.23×" in out and f"{skip.theoretical_speedup():.2f}×" in out
+    rng = np.random.default_rng(0)
+    full = _timed(full, list(20 + rng.random(20)))
+    skip = _timed(skip, list(10 + rng.random(20)))
+    speedup = measured_speedup(skip, full)
+    assert speedup.resolvable
+    out = viz.counters_html(skip, reference=full, speedup=speedup)
+    assert f"{speedup.ratio:.2f}×" in out and f"{skip.theoretical_speedup():.2f}×" in out
     assert f"{skip.mean_layers:.1f} / 12" in out and "15 / 20" in out and "first divergence at position 15" in out
-    assert "—" in viz.counters_html(skip)  # measured speedup not known yet
+    # tokens/s beside it agree with the ratio: the same steps, the same statistic
+    d3_rate, full_rate = viz.step_rate(skip, full), viz.step_rate(full, skip)
+    assert d3_rate / full_rate == pytest.approx(speedup.ratio)
+    assert f"{d3_rate:.1f}" in out and f"{full_rate:.1f}" in viz.counters_html(full, paired=skip)
+    assert "measured" not in viz.counters_html(full, paired=skip)  # the full-depth pane shows no speedup of its own
+
+
+def test_a_speedup_a_run_cannot_resolve_is_said_so_with_the_theoretical_one(d3_cfg: D3Config) -> None:
+    """Issue 24, item 5: two runs whose step times are the same up to noise show no measured ratio at all."""
+    from d3.trace import measured_speedup
+
+    full, skip = _diverging_pair(d3_cfg, at=15)
+    rng = np.random.default_rng(1)
+    noise = list(10 + 3 * rng.random(20))
+    speedup = measured_speedup(_timed(skip, noise), _timed(full, noise[::-1]))
+    assert not speedup.resolvable
+    out = viz.counters_html(skip, reference=full, speedup=speedup)
+    assert "too small" in out and f"theoretical {skip.theoretical_speedup():.2f}×" in out
+    assert f"{speedup.ratio:.2f}×" not in out
 
 
 # -- shared look and export ------------------------------------------------------------------------------------
@@ -628,3 +657,41 @@ def test_on_gemma3_the_grid_hover_names_the_layer_the_decoder_copied_from(tiny_g
             would_have_been_wrong += nearest_lower is not None and nearest_lower != source
             checked += 1
     assert checked and would_have_been_wrong
+
+
+def test_the_token_colours_tell_28_29_and_30_layers_apart() -> None:
+    """Issue 24: at 28-29 of 30 layers every token was the same navy as 30. The scale spans the run's own range."""
+    from plotly.colors import unlabel_rgb
+
+    trace = make_trace(FullConfig(), num_layers=30, steps=3)
+    trace = trace.with_steps([replace(s, layers_run=tuple(range(n))) for s, n in zip(trace.steps, (30, 29, 28))])
+    out = viz.token_html(trace)
+    colours = {n: re.search(rf'data-layers="{n}" [^>]*background:(rgb\([^)]*\))', out).group(1) for n in (28, 29, 30)}
+    assert len(set(colours.values())) == 3
+    light, dark = (np.array(unlabel_rgb(colours[n])) for n in (28, 30))
+    assert np.abs(light - dark).sum() > 200  # far apart, not two shades of navy
+
+
+def test_error_propagation_names_masked_holes_as_holes(tiny_engine) -> None:
+    """Issue 24, item 9: with fill none the outlined cells are masked holes, which no later token reads; they were
+    labelled "filled, read by later tokens". With fill copy the same cells are read copies."""
+    from d3.compare import compare
+    from d3.config import GenerationConfig, TRACE_OFF
+
+    gen = GenerationConfig(max_new_tokens=8, stop_at_eos=False)
+    names = {}
+    for fill in ("none", "copy"):
+        cfg = D3Config(alpha=0.8, core_head=1, core_tail=1, drop_order="strided", fill=fill)
+        fig = viz.error_propagation(compare(tiny_engine, "hello world", cfg, gen, TRACE_OFF))
+        names[fill] = [t.name for t in fig.data if (t.meta or {}).get("role") == "filled" and len(t.x)]
+    assert names["none"] == ["masked holes (later tokens' attention skips them)"]
+    assert names["copy"] == ["filled, read by later tokens"]
+
+
+def test_an_answer_that_opens_with_line_breaks_starts_on_the_panes_first_line() -> None:
+    """Issue 24: on Gemma 3 the answer starts with two line breaks, so the pane showed only those."""
+    trace = make_trace(FullConfig(), num_layers=12, steps=4)
+    texts = ("\n", "\n", "Hi", "\nthere")
+    trace = trace.with_steps([replace(s, text=t) for s, t in zip(trace.steps, texts)])
+    shown = re.findall(r'class="d3-tok"[^>]*>([^<]*)</span>', viz.token_html(trace))
+    assert shown == ["⏎", "⏎", "Hi", "⏎\nthere"]  # only the break inside the answer breaks the line

@@ -6,7 +6,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from d3.trace import CELL_NAMES, RAN, Comparison
+from d3.trace import CELL_NAMES, HOLE, RAN, Comparison
 from viz.layout import (
     EXTRA_COLORS,
     FILL_COLORS,
@@ -96,7 +96,10 @@ def _kv_heatmap(comparison: Comparison) -> tuple[go.Heatmap, go.Scatter, go.Scat
                       colorbar=dict(title=dict(text="KV error", side="right"), tickvals=ticks, ticktext=[f"1e{int(k)}" for k in ticks],
                                     y=0.3, len=0.6), meta={"role": "kv_error"})
     t_idx, l_idx = np.nonzero(read)
-    marks = go.Scatter(x=t_idx, y=l_idx, mode="markers", name="filled, read by later tokens",
+    holes = grid is not None and t_idx.size > 0 and bool(np.all(grid[t_idx, l_idx] == HOLE))
+    # fill none writes no entry: a later token that runs the layer masks the hole out, it reads nothing from it
+    marks = go.Scatter(x=t_idx, y=l_idx, mode="markers",
+                       name="masked holes (later tokens' attention skips them)" if holes else "filled, read by later tokens",
                        marker=dict(symbol="square-open", size=7, color="#22D3EE", line=dict(width=1.5)),
                        hoverinfo="skip", meta={"role": "filled"})
     t_idx, l_idx = np.nonzero(unread)

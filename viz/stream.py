@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 import math
 from functools import lru_cache
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 from plotly.colors import sample_colorscale, unlabel_rgb
@@ -38,9 +38,11 @@ def differing_positions(trace: Trace, reference: Trace | None) -> list[int]:
 
 
 def _depth_scale(trace: Trace) -> tuple[int, int]:
-    """(few, many) layers the colour scale spans: the core floor (or the fewest used) up to all layers."""
+    """(few, many) layers the colour scale spans: the fewest layers a token of this run used up to all layers, so
+    that a gentle decay (28 to 30 of 30) spans the whole scale, light to dark, instead of the top 8% of one that
+    starts at the core floor (every token the same navy; issue 24). The legend says the range."""
     used = trace.layers_used
-    few = min(sum(trace.core), int(used.min())) if used.size else sum(trace.core)
+    few = int(used.min()) if used.size else trace.num_layers
     return max(1, few), trace.num_layers
 
 
@@ -119,6 +121,7 @@ def token_html(trace: Trace, *, reference: Trace | None = None, full_prob: Seque
     differ = set(differing_positions(trace, reference))
     first = token_agreement(trace.token_ids, reference.token_ids).first_divergence if reference is not None else None
     spans = []
+    started = False
     for i, step in enumerate(trace.steps):
         other = reference.steps[i] if reference is not None and i < len(reference.steps) else None
         background, color = _colors(int(step.n_layers), int(few), int(many))
@@ -131,7 +134,10 @@ def token_html(trace: Trace, *, reference: Trace | None = None, full_prob: Seque
             spans.append(f'<span class="d3-badge" title="first token that differs from full depth" style="background:'
                          f'{DIFF_COLOR};color:#fff;font-size:0.75em;font-weight:600;padding:1px 5px;border-radius:8px;'
                          f'margin:0 3px;white-space:nowrap">first divergence ▸</span>')
-        text = html.escape(step.text).replace("\n", "⏎\n")
+        # Line breaks before the answer's first visible character show as ⏎ only: an answer that opens with two
+        # (Gemma 3's does) would otherwise fill a three-line pane with empty lines.
+        text = html.escape(step.text).replace("\n", "⏎\n" if started else "⏎")
+        started = started or bool(step.text.strip())
         tip = _token_title(step, trace.num_layers, other)
         if full_prob is not None and i < len(full_prob):
             mark, word = plausibility(float(full_prob[i]))
@@ -154,25 +160,49 @@ def _counter(value: str, label: str, tip: str = "") -> str:
             f'</div><div class="d3-counter-label" style="font-size:0.85em;color:#4B5563">{html.escape(label)}</div></div>')
 
 
-def counters_html(trace: Trace, *, reference: Trace | None = None, measured_speedup: float | None = None) -> str:
-    """Live counters: tokens, tokens/s, mean layers per token, theoretical and measured speedup, and
-    how many tokens agree with `reference` so far (with the first divergence)."""
+def step_rate(trace: Trace, other: Trace | None = None) -> float | None:
+    """Tokens per second from the median decode step (the prefill left out), over the positions `trace` and `other`
+    both reached: the same steps and the same statistic as the measured speedup, so the two never disagree."""
+    n = len(trace.steps) if other is None else min(len(trace.steps), len(other.steps))
+    ms = [s.wall_ms for s in trace.steps[1:n] if s.wall_ms is not None and math.isfinite(s.wall_ms)]
+    if not ms:
+        return None
+    median = float(np.median(ms))
+    return 1000.0 / median if median > 0 else None
+
+
+def speedup_text(speedup: Any) -> tuple[str, str, str]:
+    """(value, label, tip) of the measured-speedup counter: a ratio with its 95% interval only where the run measured
+    one (the interval excludes 1); otherwise said plainly, with the theoretical speedup."""
+    if speedup is None:
+        return "—", "measured speedup", "measured once both runs have a few tokens (D3 and full depth interleave)"
+    if not speedup.resolvable:
+        return ("too small", f"to measure here: theoretical {speedup.theoretical:.2f}×",
+                f"{speedup.steps} paired steps: the 95% interval {speedup.low:.2f}–{speedup.high:.2f}× includes 1")
+    return (f"{speedup.ratio:.2f}×", f"measured ({speedup.low:.2f}–{speedup.high:.2f})",
+            f"median full-depth step over D3's, {speedup.steps} interleaved steps, 95% bootstrap interval")
+
+
+def counters_html(trace: Trace, *, reference: Trace | None = None, speedup: Any = None,
+                  paired: Trace | None = None) -> str:
+    """Live counters: tokens, tokens/s, mean layers per token, theoretical speedup, the measured speedup (with
+    `reference`, the full-depth run: `speedup` is `d3.trace.Speedup` or None), and how many tokens agree with
+    `reference` so far (with the first divergence). tokens/s is the median step's rate over the positions both runs
+    reached (`paired`, or `reference`), the statistic the measured speedup compares."""
     n = len(trace.steps)
     theory = trace.theoretical_speedup()
     theory_tip = "L / mean layers per token"
     if trace.fixed_cost_layers:
         theory_tip += f"; {trace.theoretical_speedup(with_fixed_cost=True):.2f}× counting embedding + LM head"
-    if measured_speedup is None:
-        measured, measured_tip = "—", "wall-clock tokens/s against full depth: run the benchmark to measure it"
-    else:
-        measured, measured_tip = f"{measured_speedup:.2f}×", "wall-clock tokens/s against full depth (median of interleaved runs)"
+    rate = step_rate(trace, paired or reference)
     boxes = [
         _counter(str(n), "tokens"),
-        _counter(f"{trace.tokens_per_s:.1f}", "tokens / s", "decode only, this run"),
+        _counter("—" if rate is None else f"{rate:.1f}", "tokens / s", "median decode step, positions both runs reached"),
         _counter(f"{trace.mean_layers:.1f} / {trace.num_layers}", "mean layers / token"),
         _counter(f"{theory:.2f}×", "theoretical speedup", theory_tip),
-        _counter(measured, "measured speedup", measured_tip),
     ]
+    if reference is not None:
+        boxes.append(_counter(*speedup_text(speedup)))
     if reference is not None:
         agreement = token_agreement(trace.token_ids, reference.token_ids)
         value = f"{agreement.agreeing} / {agreement.compared}" if agreement.compared else "—"

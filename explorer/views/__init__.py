@@ -1,11 +1,16 @@
-"""Each view of the Live tab with its empty state, the status line and the caps note: traces in, figures or HTML
-out, with the page's wording around the pure figure builders of viz/."""
+"""The Live tab's views: the registry (one module per view in this package, each defining `VIEW`), the drawing
+helpers they share (traces in, figures out, with the page's wording around the pure figure builders of viz/), the
+status line and the caps note."""
 
 from __future__ import annotations
 
+import functools
 import html
+import importlib
 import math
-from typing import Mapping
+import pkgutil
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
 import plotly.graph_objects as go
 
@@ -141,3 +146,103 @@ def caps_html(text: str, public: bool) -> str:
     where = "public deployment: only the listed models" if public else "local: any supported model path"
     return (f'<div class="d3-caps">Limits on this server: {html.escape(text)} ({html.escape(where)}). '
             "If the page says the app is busy, wait a few seconds and press Generate again.</div>")
+
+
+# ---------------------------------------------------------------- the view registry (issue 23)
+
+
+@dataclass(frozen=True)
+class Shown:
+    """What a view draws from: the session's run (or a streamed update of it). phase: streaming, comparing, done,
+    stopped, or "" for a run at rest."""
+
+    d3: Trace | None = None
+    full: Trace | None = None
+    comparison: Comparison | None = None
+    fills: Mapping[str, Comparison] | None = None
+    phase: str = ""
+
+    @classmethod
+    def of(cls, session: Any) -> "Shown":
+        return cls(session.d3, session.full, session.comparison, session.fills) if session is not None else cls()
+
+
+@dataclass(frozen=True)
+class View:
+    """One view of the Live tab, all in one module of this package (`explorer/views/<key>.py` defines `VIEW`).
+
+    title / explain: its tab's name and the explanation beside it. needs: what it needs from a run, in words.
+    position: where its tab goes (ascending). draw(shown, options): its figure from a run (None: the view draws
+    itself, through its own handlers). empty(presentation): what it shows before any run. after_run: drawn when a
+    run ends (and emptied when one starts); live: drawn while a run streams, with the heavy figures. controls(ui,
+    facts): its own components above its plot; wire(pool, ui, runs): its own events (`runs`: API suffix -> each
+    run's final event). tab: False for a view that sits outside the tabs (the decay curve). plot: False when
+    `controls` makes the view's plots itself. export: whether Export offers it (drawn from the session's run)."""
+
+    key: str
+    title: str
+    explain: str
+    needs: str
+    position: int
+    draw: Callable[[Shown, Any], go.Figure] | None = None
+    empty: Callable[[bool], go.Figure] | None = None
+    after_run: bool = False
+    live: bool = False
+    controls: Callable[[dict[str, Any], Any], None] | None = None
+    wire: Callable[[Any, dict[str, Any], dict[str, Any]], None] | None = None
+    tab: bool = True
+    plot: bool = True
+    export: bool = True
+
+
+@functools.cache
+def registry() -> tuple[View, ...]:
+    """Every view, in tab order: each module of this package that defines `VIEW` (adding a view is one module)."""
+    found = []
+    for info in pkgutil.iter_modules(__path__):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        if isinstance(getattr(module, "VIEW", None), View):
+            found.append(module.VIEW)
+    return tuple(sorted(found, key=lambda v: (v.position, v.key)))
+
+
+def by_key() -> dict[str, View]:
+    return {v.key: v for v in registry()}
+
+
+def titles() -> dict[str, str]:
+    return {v.key: v.title for v in registry()}
+
+
+def explanations() -> dict[str, str]:
+    return {v.key: v.explain for v in registry()}
+
+
+def drawn_after_run() -> tuple[str, ...]:
+    """Views a finished run redraws (and a new run empties), in tab order."""
+    return tuple(v.key for v in registry() if v.after_run)
+
+
+def drawn_from_session() -> tuple[str, ...]:
+    """Views drawn from the session's run alone (presentation mode redraws them; Export offers them)."""
+    return tuple(v.key for v in registry() if v.draw is not None)
+
+
+def draw(key: str, shown: Shown, options: Any) -> go.Figure:
+    return by_key()[key].draw(shown, options)  # type: ignore[misc]
+
+
+def empty(key: str, presentation: bool = False) -> Any:
+    view = by_key()[key]
+    return view.empty(presentation) if view.empty is not None else view.draw(Shown(), _Options(presentation))  # type: ignore[misc]
+
+
+@dataclass(frozen=True)
+class _Options:
+    """View options for an empty view (the run's own come from `Controls.view`)."""
+
+    presentation: bool = False
+    layer: int = 0
+    head: int = 0
+    metric: str = "both"
+    log_kl: bool = False

@@ -1,0 +1,220 @@
+"""Issue 24, "A page that survives a lecture": a person's sequences of moves in headless Chromium, each followed by
+the same three checks: once the page is idle it sends no request for 5 s (no event storm), it answers a click (Stop
+says "Nothing is running."), and Generate either runs to "Done." or says what to change (no dead end). Plus a seeded
+randomized version. The page serves tiny random Llamas under the embedded models' names and layer counts, so each
+model starts with its calibrated drop order, as on the real page.
+
+No timed claims: the waits below are hang guards (a busy machine only makes them slower)."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+from explorer.caps import Caps
+from explorer.page import build_demo
+from explorer.scenarios import SCENARIOS
+from tests.test_app_client import CountingEngine, serve
+from tests.tiny import tiny_llama, tiny_tokenizer
+
+pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+              pytest.mark.filterwarnings("ignore::UserWarning")]
+playwright_api = pytest.importorskip("playwright.sync_api")
+
+QUIET_S = 5.0  # the page is idle: no request for this long
+GUARD_S = 120.0  # hang guard for every wait (not a claim about speed)
+TOKENS = 4
+
+
+@pytest.fixture(scope="module")
+def url():
+    engines = {"smollm2-135m": CountingEngine(tiny_llama(30), tiny_tokenizer(), name="smollm2-135m"),
+               "gemma3-270m": CountingEngine(tiny_llama(18), tiny_tokenizer(), name="gemma3-270m")}
+    demo = build_demo(engines.__getitem__, model_names=tuple(engines), public=False, caps=Caps(max_new_tokens=64))
+    with serve(demo) as address:
+        yield address
+
+
+class Watched:
+    """A page and every request it sends."""
+
+    def __init__(self, page) -> None:
+        self.page, self.requests, self.moves = page, [], []
+        page.on("request", lambda r: self.requests.append((time.monotonic(), r.url)))
+
+    def settle(self) -> None:
+        """Wait until no request has gone out for QUIET_S; fail (with the requests) if the page never goes quiet."""
+        start = time.monotonic()
+        while True:
+            last = self.requests[-1][0] if self.requests else start
+            if time.monotonic() - max(last, start) >= QUIET_S:
+                return
+            if time.monotonic() - start > GUARD_S:
+                recent = [u for t, u in self.requests if t > time.monotonic() - 20]
+                pytest.fail(f"the page never went quiet: {len(recent)} requests in the last 20 s, e.g. {recent[-5:]}")
+            time.sleep(0.25)
+
+    def status(self) -> str:
+        return self.page.evaluate("() => document.querySelector('#status').innerText")
+
+    def wait_status(self, *texts: str) -> str:
+        try:
+            self.page.wait_for_function("(ts) => ts.some(t => document.querySelector('#status')?.innerText"
+                                        ".includes(t))", arg=list(texts), timeout=GUARD_S * 1000)
+        except playwright_api.TimeoutError:
+            pytest.fail(f"the status line never said any of {texts}: it says {self.status()!r} (moves: {self.moves})")
+        return self.status()
+
+    def answers_a_click(self) -> None:
+        self.page.click("#stop")
+        self.wait_status("Nothing is running", "Stopping")
+
+    def generate_runs_or_says_how(self) -> None:
+        """Generate runs to Done, or the status line says what is wrong and how to fix it."""
+        self.page.fill("#max-new-tokens input", str(TOKENS))
+        self.page.click("#generate")
+        text = self.wait_status("Done.", "Cannot run this")
+        if "Cannot run this" in text:
+            assert any(w in text.lower() for w in ("must be", "choose", "type", "press", "lower", "shorten", "use ")), \
+                f"a refusal that does not say how to get back: {text!r}"
+
+    def check(self, what: str) -> None:
+        self.settle()
+        self.answers_a_click()
+        self.settle()
+        self.generate_runs_or_says_how()
+        self.settle()
+
+
+@pytest.fixture()
+def watched(browser, url):
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    page.set_default_timeout(int(GUARD_S * 1000))
+    page.goto(url)
+    page.wait_for_selector("#generate")
+    page.wait_for_selector("#plot-decay .js-plotly-plot .main-svg")
+    yield Watched(page)
+    page.close()
+
+
+def open_more(page) -> None:
+    if not page.locator("#start").is_visible():
+        page.get_by_text("More controls", exact=True).click()
+        page.wait_for_selector("#start", state="visible")
+
+
+def reset_core(page) -> None:
+    for slider in ("#core-head", "#core-tail"):
+        page.locator(f"{slider} button.reset-button").click()
+
+
+def drag(page, slider: str, fraction: float) -> None:
+    """Move a slider as a hand does: press on its track, move, let go."""
+    box = page.locator(f"{slider} input[type=range]").bounding_box()
+    y = box["y"] + box["height"] / 2
+    page.mouse.move(box["x"] + box["width"] * 0.5, y)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * fraction, y, steps=5)
+    page.mouse.up()
+
+
+def type_into(page, slider: str, value: str) -> None:
+    if slider == "#start":
+        open_more(page)
+    box = page.locator(f"{slider} input[type=number]")
+    box.fill(value)
+    box.press("Tab")
+
+
+def switch_model(page, name: str) -> None:
+    page.locator("#model input").click()
+    page.get_by_role("option", name=name, exact=True).click()
+
+
+def test_each_scenario_then_a_core_reset(watched) -> None:
+    page = watched.page
+    for key in SCENARIOS:
+        page.click(f"#scenario-{key}")
+        watched.wait_status("Done.", "Cannot run this")
+        watched.settle()
+        reset_core(page)
+        watched.check(f"scenario {key} then a core reset")
+
+
+def test_a_core_move_on_a_fresh_page_then_its_reset(watched) -> None:
+    drag(watched.page, "#core-tail", 0.3)
+    watched.settle()
+    reset_core(watched.page)
+    watched.check("core tail moved then reset")
+
+
+def test_core_moves_under_the_calibrated_order_are_no_dead_end(watched) -> None:
+    page = watched.page
+    for slider, value in (("#core-head", 0.4), ("#core-head", 0.05), ("#core-tail", 0.2)):
+        drag(page, slider, value)
+        watched.settle()
+        assert "not a permutation" not in watched.status()
+        watched.check(f"{slider} moved to {value}")
+        text = watched.status()
+        assert "Done." in text, f"a core move under the calibrated order refused: {text!r}"
+
+
+def test_gemma_and_back(watched) -> None:
+    switch_model(watched.page, "gemma3-270m")
+    watched.check("switched to gemma")
+    switch_model(watched.page, "smollm2-135m")
+    watched.check("switched back")
+
+
+@pytest.mark.parametrize("box, value", [("#alpha", "1.5"), ("#alpha", "0.2"), ("#core-head", "99"),
+                                        ("#core-tail", "99"), ("#start", "999")])
+def test_a_typed_value_out_of_range(watched, box, value) -> None:
+    type_into(watched.page, box, value)
+    watched.settle()
+    watched.check(f"typed {value} into {box}")
+
+
+def test_a_typed_value_out_of_range_runs_nothing_and_is_said_once(watched) -> None:
+    before = len(watched.page.evaluate("() => document.querySelector('#d3-pane').innerText"))
+    type_into(watched.page, "#core-head", "99")
+    watched.settle()
+    text = watched.status()
+    assert "press Generate" in text or "Ready" in text or "Cannot run this" in text, text
+    assert "Core head" in text and "[0, 26]" in text, f"the message must name the field and the slider's range: {text!r}"
+    assert len(watched.page.evaluate("() => document.querySelector('#d3-pane').innerText")) == before  # nothing ran
+
+
+def test_a_20000_character_prompt(watched) -> None:
+    page = watched.page
+    page.fill("#max-new-tokens input", str(TOKENS))
+    page.click("#generate")
+    watched.wait_status("Done.")
+    page.fill("#prompt textarea", "word " * 4000)
+    page.click("#generate")
+    watched.wait_status("Cannot run this")
+    watched.settle()
+    assert "Cannot run this" in watched.status(), "the refusal was replaced by the previous run's status"
+    watched.answers_a_click()
+    watched.settle()
+
+
+def test_a_seeded_random_walk_over_the_controls(watched) -> None:
+    """A few dozen random moves of the controls a person touches most; after every few, the three checks."""
+    page, rng = watched.page, random.Random(24)
+    moves = [
+        lambda: drag(page, rng.choice(("#core-head", "#core-tail", "#alpha")), rng.random()),
+        lambda: type_into(page, rng.choice(("#core-head", "#core-tail")), str(rng.randint(0, 40))),
+        lambda: type_into(page, "#alpha", f"{rng.uniform(0.5, 1.2):.3f}"),
+        lambda: reset_core(page),
+        lambda: page.click(f"#scenario-{rng.choice(list(SCENARIOS))}"),
+        lambda: switch_model(page, rng.choice(("gemma3-270m", "smollm2-135m"))),
+    ]
+    for step in range(30):
+        move = rng.randrange(len(moves))
+        watched.moves.append(move)
+        moves[move]()
+        if step % 6 == 5:
+            watched.check(f"random move {step}")
+    watched.check("end of the walk")

@@ -1,0 +1,117 @@
+"""explorer/controls.py: the one state of the Live tab's controls and what is derived from it (issue 24)."""
+
+from __future__ import annotations
+
+import pytest
+
+from d3.config import D3Config
+from d3.orders import MEASURED
+from explorer.caps import Caps
+from explorer.controls import (
+    check_sliders,
+    derived,
+    fitted,
+    model_defaults,
+    page_words,
+    parse_layer_order,
+    parse_strategy,
+    refit_order,
+    slider_ranges,
+)
+
+SMOL = "smollm2-135m"
+
+
+@pytest.mark.parametrize("head, tail", [(10, 3), (2, 3), (3, 5), (0, 0), (3, 26)])
+def test_a_calibrated_order_follows_any_core_and_the_run_is_valid(head, tail) -> None:
+    """No dead end: the page's calibrated order for core 3 + 3, under another core, parses into a valid D3 config
+    whose order is the old one restricted to the new flex layers, in the same order (then the freed layers)."""
+    c = model_defaults(SMOL).with_(core_head=head, core_tail=tail)
+    cfg = parse_strategy(c, 30, Caps())
+    assert isinstance(cfg, D3Config) and sorted(cfg.layer_order) == list(range(head, 30 - tail))
+    old = parse_layer_order(c.layer_order)
+    kept = [layer for layer in old if head <= layer < 30 - tail]
+    assert list(cfg.layer_order[:len(kept)]) == kept
+    fixed, note = fitted(c, 30)
+    assert note.startswith(f"Calibrated order re-fitted to core {head} + {tail}") and "\n" not in note
+    assert parse_layer_order(fixed.layer_order) == cfg.layer_order
+
+
+def test_the_measured_order_for_a_core_is_used_where_one_ships() -> None:
+    away = refit_order(MEASURED[SMOL][(3, 3)], SMOL, 30, 5, 5)
+    back = refit_order(away, SMOL, 30, 3, 3)
+    assert back == MEASURED[SMOL][(3, 3)]  # not the drifted one: the measured order for this core
+
+
+def test_an_order_that_fits_is_left_alone_and_junk_is_refused_with_what_to_type() -> None:
+    c = model_defaults(SMOL)
+    assert fitted(c, 30) == (c, "")
+    with pytest.raises(ValueError, match="type the flex layers"):
+        parse_strategy(c.with_(layer_order="3, x"), 30, Caps())
+    with pytest.raises(ValueError, match="permutation"):
+        parse_strategy(c.with_(layer_order="3, 3, 4"), 30, Caps())  # repeated layers: not re-fitted
+
+
+def test_a_calibrated_order_of_another_model_follows_the_model() -> None:
+    """A link to Gemma 3 that keeps SmolLM2's order (30 layers) runs Gemma 3's measured order for its core."""
+    c = model_defaults(SMOL).with_(model="gemma3-270m", core_head=2, core_tail=2)
+    assert parse_strategy(c, 18, Caps()).layer_order == MEASURED["gemma3-270m"][(2, 2)]
+
+
+def test_the_core_sliders_ranges_derive_from_the_state() -> None:
+    c = model_defaults(SMOL).with_(core_head=5, core_tail=7)
+    ranges = slider_ranges(c, 30, Caps())
+    assert ranges["core_head"][:2] == (0, 22) and ranges["core_tail"][:2] == (0, 24)
+    assert derived(c, 30, Caps()) == {"core_head": {"maximum": 22, "interactive": True},
+                                      "core_tail": {"maximum": 24, "interactive": True}}
+
+
+def test_a_value_typed_out_of_range_is_said_with_the_pages_label_and_the_sliders_real_range() -> None:
+    with pytest.raises(ValueError) as err:
+        check_sliders(model_defaults(SMOL).with_(core_head=99, core_tail=3), 30, Caps())
+    assert str(err.value) == "Core head=99 is out of range: Core head must be an integer in [0, 26]"
+    assert page_words("max_new_tokens=0 is out of range: max_new_tokens must be an integer in [1, 64]") == \
+        "New tokens=0 is out of range: New tokens must be an integer in [1, 64]"
+
+
+# ---------------------------------------------------------------- derived from d3.config's registry (issue 23)
+
+
+def test_the_pages_defaults_labels_help_and_strategies_come_from_the_configs(tiny_engine) -> None:
+    """Each control that is a config field takes its default, label and help from the field's Param (d3.config),
+    and the strategy picker's names from each strategy's label: nothing is restated on the page."""
+    from d3.config import params
+    from explorer.controls import DEFAULTS, FIELDS, STRATEGIES, STRATEGY_LABELS
+    from explorer.page import build_demo
+
+    demo = build_demo(lambda _: tiny_engine, model_names=("tiny",), public=False)
+    page_auto = {"skipdecode_max": 0, "skipdecode_min": 0}  # the page's number box says 0 for the config's None
+    for name, (cls, key) in FIELDS.items():
+        p = params(cls)[key]
+        if name not in ("temperature", "core_head", "core_tail"):  # sampling's own default; the model's core
+            assert getattr(DEFAULTS, name) == page_auto.get(name, p.default), name
+        component = demo.ui[name]
+        assert component.label == p.label and component.info.startswith(p.help[:40]), name
+    assert STRATEGY_LABELS == {cls.name: cls.label for cls in STRATEGIES}
+    assert [label for label, _ in demo.ui["strategy"].choices] == list(STRATEGY_LABELS.values())
+
+
+@pytest.mark.parametrize("name, value", [("seed", 2**32), ("seed", 2**31), ("unified_ratio", 65), ("threshold", 0),
+                                         ("alpha", 1.01)])
+def test_a_values_range_is_the_configs(name, value) -> None:
+    """The page's checks are the config's ranges (the seed once stopped at 2**31 - 1 on the page, 2**63 in the
+    config): a value the config takes, the page takes; one it refuses, the page refuses with the same range."""
+    from d3.config import params
+    from explorer.controls import FIELDS, param_of
+
+    cls, key = FIELDS[name]
+    p = param_of(name)
+    c = model_defaults(SMOL).with_(**{name: value}, strategy={"unified_ratio": "unified", "threshold": "early_exit"}
+                                   .get(name, "d3"), decoding="sample")
+    try:
+        parse_strategy(c, 30, Caps()), c.generation(Caps())
+        accepted = True
+    except ValueError as err:
+        accepted = False
+        assert p.allowed().split(" (")[0].split(" in ")[-1] in str(err), (str(err), p.allowed())
+    assert accepted == p.ok(value)

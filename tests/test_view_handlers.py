@@ -1,0 +1,61 @@
+"""explorer/view_handlers.py: what follows from a person's move of the controls (issue 24)."""
+
+from __future__ import annotations
+
+import gradio as gr
+import pytest
+
+from explorer.caps import Caps
+from explorer.pool import ModelPool
+from explorer.session import Session
+from explorer.view_handlers import SETTLE_OUTPUTS, check_release, settle_controls, settle_released
+
+
+@pytest.fixture()
+def pool(tiny_engine) -> ModelPool:
+    pool = ModelPool(lambda _: tiny_engine, names=("tiny",), caps=Caps(max_new_tokens=64))
+    pool.engine("tiny")
+    return pool
+
+
+def _settled(out: tuple) -> dict:
+    return dict(zip(SETTLE_OUTPUTS, out))
+
+
+def test_a_value_typed_out_of_range_runs_nothing_though_the_browser_clamps_it(pool) -> None:
+    """Typed 40 into Core head (6 layers, tail 1: the slider ends at 4): said once with the real range; the release
+    as the box loses focus carries the clamped 4, which runs nothing and keeps the message; a later release runs."""
+    s = Session()
+    typed = _settled(settle_controls(pool, s, model="tiny", core_head=40, core_tail=1, drop_order="middle_out"))
+    assert "Core head=40 is out of range" in typed["status"] and "[0, 4]" in typed["status"]
+    clamped = dict(model="tiny", core_head=4, core_tail=1, drop_order="middle_out")
+    assert _settled(settle_released(pool, s, **clamped))["status"] == gr.skip()  # the message stays
+    with pytest.raises(gr.Error):
+        check_release(pool, s, **clamped)
+    assert check_release(pool, s, **clamped) is None  # the next release of the slider runs
+
+
+def test_a_calibrated_order_follows_a_core_move_in_one_line(pool) -> None:
+    out = _settled(settle_controls(pool, Session(), model="tiny", core_head=2, core_tail=1, drop_order="calibrated",
+                                   layer_order="1, 2, 3, 4"))
+    assert out["layer_order"] == "2, 3, 4"
+    assert "Calibrated order re-fitted to core 2 + 1" in out["status"] and "Cannot" not in out["status"]
+    assert out["core_head"]["maximum"] == 4 and out["core_tail"]["maximum"] == 3
+
+
+def test_a_model_switch_takes_back_the_note_of_an_order_it_reset(pool) -> None:
+    """Issue 24, item 10: "Drop order set to the calibrated order ..." stayed after Gemma 3 and back."""
+    from explorer.view_handlers import MODEL_OUTPUTS, model_changed
+
+    out = dict(zip(MODEL_OUTPUTS, model_changed(pool, "tiny", Session())))
+    assert out["layers_note"] == ""
+
+
+def test_a_scenario_sets_the_example_picker_to_its_prompt_or_to_none(pool) -> None:
+    """Issue 24: "Example prompt" kept "Explain" after a scenario had put the arithmetic question in the prompt."""
+    from explorer.view_handlers import SCENARIO_OUTPUTS, apply_scenario
+
+    arithmetic = dict(zip(SCENARIO_OUTPUTS, apply_scenario(pool, "full_vs_d3", 0, None, "tiny")))
+    assert arithmetic["example"]["value"] is None
+    fill = dict(zip(SCENARIO_OUTPUTS, apply_scenario(pool, "fill", 0, None, "tiny")))
+    assert fill["example"]["value"] == "Explain"  # the sky question is the first example

@@ -191,14 +191,27 @@ def _core_layer(name: str, value: Any, default: int, num_layers: int) -> int:
     return int(as_number(name, default if value is None else value, 0, num_layers, integer=True))
 
 
-def parse_layer_order(value: Any) -> tuple[int, ...]:
-    """"3, 4, 17" (or a list of them) -> (3, 4, 17); ValueError saying what to type."""
-    text = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value or "")
+ORDER_CHARS_PER_LAYER = 8  # "17, " is 4: room for spaces, never for a 5,000-digit number
+
+
+def parse_layer_order(value: Any, num_layers: int) -> tuple[int, ...]:
+    """"3, 4, 17" (or a list of them) -> (3, 4, 17); ValueError saying what to type. Its length is bounded before
+    it is split (an order has at most as many entries as the model has layers), so a huge text costs nothing."""
+    how = ("layer_order: with drop order 'calibrated', type the flex layers in the order they are dropped "
+           "(e.g. 3, 4, 17, ...) or press “Use this order” in Which layers matter")
+    if isinstance(value, (list, tuple)):
+        if len(value) > num_layers:
+            raise ValueError(f"layer_order has {len(value):,} entries: at most this model's {num_layers} layers")
+        value = ",".join(map(str, value))
+    text = value if isinstance(value, str) else str(value or "")[:ORDER_CHARS_PER_LAYER * num_layers + 1]
+    if len(text) > ORDER_CHARS_PER_LAYER * num_layers:
+        raise ValueError(f"layer_order is {len(text):,} characters long: at most {ORDER_CHARS_PER_LAYER * num_layers} "
+                         f"for this model's {num_layers} layers")
     parts = [p for p in text.replace(" ", ",").split(",") if p]
-    if not parts or not all(p.isdigit() for p in parts):
-        raise ValueError("layer_order: with drop order 'calibrated', type the flex layers in the order they are dropped "
-                         "(e.g. 3, 4, 17, ...) or press “Use this order” in Which layers matter"
-                         + (f" (got {text[:40]!r})" if text.strip() else ""))
+    if not parts or not all(p.isdigit() and len(p) <= len(str(num_layers)) for p in parts):
+        raise ValueError(how + (f" (got {text[:40]!r})" if text.strip() else ""))
+    if len(parts) > num_layers:
+        raise ValueError(f"layer_order has {len(parts):,} entries: at most this model's {num_layers} layers")
     return tuple(int(p) for p in parts)
 
 
@@ -220,11 +233,11 @@ def model_defaults(model: Any) -> Controls:
     return DEFAULTS.with_(**MODEL_DEFAULTS.get(str(model), {}))
 
 
-def _drop_order(c: Controls) -> dict[str, Any]:
+def _drop_order(c: Controls, num_layers: int) -> dict[str, Any]:
     order = as_choice("drop_order", c.drop_order, DROP_ORDERS)
     if order != "calibrated":
         return {"drop_order": order}
-    return {"drop_order": order, "layer_order": parse_layer_order(c.layer_order)}
+    return {"drop_order": order, "layer_order": parse_layer_order(c.layer_order, num_layers)}
 
 
 def parse_strategy(c: Controls, num_layers: int, caps: Caps) -> StrategyConfig:
@@ -238,7 +251,7 @@ def parse_strategy(c: Controls, num_layers: int, caps: Caps) -> StrategyConfig:
             core_head=_core_layer("core_head", c.core_head, head, num_layers),
             core_tail=_core_layer("core_tail", c.core_tail, tail, num_layers),
             start=int(as_number("start", c.start, 0, caps.max_new_tokens, integer=True)),
-            fill=fill, **_drop_order(c))
+            fill=fill, **_drop_order(c, num_layers))
     elif name == "skipdecode":
         cfg = SkipDecodeConfig(max_layers=_optional_layers("skipdecode_max", c.skipdecode_max, num_layers),
                                min_layers=_optional_layers("skipdecode_min", c.skipdecode_min, num_layers),

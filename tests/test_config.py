@@ -15,6 +15,7 @@ from d3.config import (
     StrategyConfig,
     TraceConfig,
     UnifiedConfig,
+    check_layer_order,
     default_core,
     strategy_from_dict,
 )
@@ -94,3 +95,12 @@ def test_d3_start_docstring_matches_the_schedule():
 
     assert "start=5 keeps steps 0-5 at full depth" in D3Config.__doc__.replace("\n", " ")
     assert budgets(D3Config(alpha=0.5, start=5, core_head=0, core_tail=0), 30, 8) == [30] * 6 + [15, 7]
+
+
+def test_a_calibrated_order_is_checked_by_its_length_first_and_in_one_pass() -> None:
+    """20,000 entries took seconds to refuse (each entry was counted in the whole list); the length refuses them,
+    and a short order's problems are still all named."""
+    with pytest.raises(ValueError, match=r"layer_order has 20,000 entries: at most this model's 30 layers"):
+        check_layer_order((3,) * 20_000, 30, 3, 3)
+    with pytest.raises(ValueError, match=r"missing \[5\]; not flex layers \[1\]; repeated \[3\]"):
+        check_layer_order((3, 3, 4, 1), 7, 3, 1)

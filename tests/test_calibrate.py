@@ -249,3 +249,19 @@ def test_the_oracle_runs_under_a_calibrated_order(identity_engine):
     need_last = measure(identity_engine, "hello there", last, 10).oracle_depth
     assert max(need_first) <= 7
     assert sum(need_first) <= sum(need_last)
+
+
+def test_a_damaged_cached_calibration_is_measured_again_and_named(identity_engine, cache_dir, caplog):
+    """A duplicated order in the cache file was printed with a "use it:" line; now it is named and measured again."""
+    import logging
+
+    from d3.research.calibrate import CalibrationSet, calibrate, calibration_path
+
+    cal_set = CalibrationSet("prompts:test", PROMPTS[:1])
+    result = calibrate(identity_engine, "agreement", cal_set, core=(1, 1), tokens=6, steps=1)
+    path = calibration_path(identity_engine.name, "agreement", cal_set.name, (1, 1), 6, 1)
+    path.write_text(json.dumps({**result.to_dict(), "order": [4, 4, 4]}))
+    with caplog.at_level(logging.WARNING):
+        again = calibrate(identity_engine, "agreement", cal_set, core=(1, 1), tokens=6, steps=1)
+    assert again.order == result.order and path.name in caplog.text and "measuring again" in caplog.text
+    assert json.loads(path.read_text())["order"] == list(result.order)  # the bad file was replaced

@@ -20,6 +20,7 @@ prefills each question once and answers it under every candidate (`d3.research.a
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -42,10 +43,11 @@ from d3.research.calibration_sets import (  # noqa: F401  (the sets are part of 
 from d3.config import TRACE_OFF, D3Config, FullConfig, GenerationConfig, StaticSkipConfig, check_layer_order
 from d3.orders import (  # noqa: F401  (what a calibration is and where it is kept: part of this module's API)
     CALIBRATION_ENV, CHAT_ORDERS, HIGHER_IS_BETTER, MEASURED, SIGNALS, UNITS, Calibration, cached, calibration_path, calibration_root,
-    resolve,
+    read_calibration, resolve,
 )
 from d3.teacher_forced import Score, TeacherForced
 
+log = logging.getLogger(__name__)
 Progress = Callable[[int, int, str], None]  # (done, total, what) after each scored removal
 
 
@@ -192,9 +194,9 @@ def calibrate(engine: Any, signal: str, cal_set: CalibrationSet | None = None, *
     path = calibration_path(engine.name, signal, cal_set.name, (head, tail), tokens, steps)
     if use_cache and path.is_file():
         try:
-            return Calibration.from_dict(json.loads(path.read_text(encoding="utf-8")))
-        except (ValueError, KeyError, TypeError):
-            pass  # a damaged cache file: measure again
+            return read_calibration(path)
+        except ValueError as err:
+            log.warning("measuring again: %s", err)
     result, _ = _measure(engine, signal, cal_set, (head, tail), steps, tokens, progress, {})
     _write(path, result)
     return result

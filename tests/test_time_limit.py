@@ -79,3 +79,45 @@ def test_a_job_nobody_reads_frees_its_slot(slow_engine) -> None:
         slow_engine.delay = 0.0
         final = new_client(url).predict(**{**RUN, "max_new_tokens": 2}, api_name="/generate")
     assert "Done." in final[0]  # the next person's run went through
+
+
+# ---------------------------------------------------------------- the measuring endpoints
+
+
+from explorer import layers_view, needs  # noqa: E402
+
+MEASURING = {"measure_layers": lambda pool: layers_view.measure_layers(pool, None, **RUN_TINY),
+             "measure_needs": lambda pool: needs.measure_needs(pool, None, **RUN_TINY),
+             "fit_alpha_to_prompt": lambda pool: needs.fit_to_prompt(pool, None, **RUN_TINY)}
+RUN_TINY = {**DEFAULTS, "max_new_tokens": 60, "core_head": 1, "core_tail": 1}
+
+
+@pytest.mark.parametrize("endpoint", list(MEASURING))
+def test_a_measuring_endpoint_stops_at_the_time_limit_and_says_so(slow_engine, endpoint) -> None:
+    """With the limit already reached, the measurement stops at its first check, before any decoding step."""
+    pool = ModelPool(tiny_factory(slow_engine), names=("tiny",), caps=Caps(max_new_tokens=64, max_run_s=0))
+    with pytest.raises(gr.Error, match=r"stopped: it reached the server's time limit of 0 s"):
+        MEASURING[endpoint](pool)
+    assert slow_engine.steps == 0
+
+
+@pytest.mark.parametrize("api_name", ["measure_needs", "measure_layers"])
+def test_a_measurement_whose_caller_left_stops_and_frees_its_slot(slow_engine, api_name) -> None:
+    """A caller that drops its stream: the measurement stops at its next step (long before its 60 tokens, and long
+    before the server's limit), and the next person's run goes through on the server's one slot."""
+    slow_engine.delay = 0.2
+    demo = build_demo(lambda name: slow_engine, model_names=("tiny",), public=False,
+                      caps=Caps(max_new_tokens=64, max_run_s=3600, concurrency=1))
+    with serve(demo) as url:
+        defaults = api_defaults(new_client(url))[f"/{api_name}"]
+        values = {k: RUN_TINY.get(k, v) for k, v in defaults.items()}
+        posted = httpx.post(f"{url}gradio_api/call/{api_name}", json={"data": list(values.values())}, timeout=30)
+        event_id = posted.json()["event_id"]
+        with httpx.stream("GET", f"{url}gradio_api/call/{api_name}/{event_id}", timeout=30) as stream:
+            wait_until(lambda: slow_engine.steps > 0, timeout=60)
+        # the stream is closed: the caller has gone
+        wait_until(lambda: slow_engine.closed > 0, timeout=60)
+        assert slow_engine.steps < 30  # a dozen at most: the 60-token answer was never finished
+        slow_engine.delay = 0.0
+        final = new_client(url).predict(**{**RUN, "max_new_tokens": 2}, api_name="/generate")
+    assert "Done." in final[0]

@@ -34,9 +34,7 @@ def slow_engine():
 def test_a_run_stops_at_the_time_limit_and_says_so(slow_engine) -> None:
     pool = ModelPool(tiny_factory(slow_engine), names=("tiny",), caps=LIMIT)
     session = Session()
-    started = time.perf_counter()
     outputs = list(live.generate(pool, session, **{**DEFAULTS, "max_new_tokens": 60}))
-    assert time.perf_counter() - started < 4  # 60 tokens x 2 panes x 50 ms would take 6 s and more
     status = outputs[-1][1]
     assert "Stopped." in status and "time limit of 1 s" in status and len(session.d3.steps) < 60
     fills = list(live.compare_fills(pool, Session(), **{**DEFAULTS, "max_new_tokens": 60, "drop_order": "strided"}))
@@ -54,11 +52,9 @@ def test_a_sweep_stops_within_a_token_of_the_time_limit() -> None:
     overran by most of a run (on a busy server, seconds); checked before every token, it stops within one step."""
     engine = CountingEngine(tiny_llama(6), tiny_tokenizer(), name="tiny", delay=0.25)
     pool = ModelPool(tiny_factory(engine), names=("tiny",), caps=LIMIT)
-    started = time.perf_counter()
     with pytest.raises(gr.Error, match="time limit of 1 s"):
         sweep_tab.run_sweep(pool, "tiny", True, "hello there", ["d3_85"], 24, progress=lambda *a, **k: None)
-    elapsed = time.perf_counter() - started
-    assert elapsed < LIMIT.max_run_s + 1.0 and engine.steps < 10, (elapsed, engine.steps)
+    assert engine.steps < 10, engine.steps  # 1 s is 4 steps of 250 ms: it stopped within one, not after the run
 
 
 def test_a_job_nobody_reads_frees_its_slot(slow_engine) -> None:

@@ -16,6 +16,7 @@ from d3.models import KNOWN_MODELS
 from starlette.middleware import Middleware
 
 from explorer.caps import Caps, is_public
+from explorer.expiry import session_expiry
 from explorer.guard import RequestGuard, bound_the_log
 from explorer.layout import build_layout
 from explorer.pool import ModelPool
@@ -91,11 +92,12 @@ def launch(demo: gr.Blocks, **kwargs: Any) -> Any:
     caps: Caps = demo.pool.caps  # type: ignore[attr-defined]
     demo.queue(max_size=caps.queue_size, default_concurrency_limit=caps.concurrency)
     kwargs.setdefault("css_paths", [CSS_PATH])
-    kwargs.setdefault("state_session_capacity", 1000)
+    kwargs.setdefault("state_session_capacity", caps.max_sessions)
     kwargs.setdefault("max_file_size", MAX_UPLOAD_BYTES)
     app_kwargs = dict(kwargs.pop("app_kwargs", None) or {})
     guard = Middleware(RequestGuard, demo=demo, max_body=MAX_REQUEST_BYTES + 4 * caps.max_prompt_chars)
     app_kwargs["middleware"] = [*app_kwargs.get("middleware", ()), guard]
+    app_kwargs.setdefault("lifespan", session_expiry(caps.session_ttl_s))
     bound_the_log()
     return demo.launch(app_kwargs=app_kwargs, **kwargs)
 

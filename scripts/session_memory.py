@@ -49,10 +49,12 @@ def main() -> int:
             visit(server.url, args.tokens)
         time.sleep(TTL_S + 2 * PRUNE_EVERY_S)  # the warm-up sessions expire: the baseline holds none
         before = server.rss()
+        print(f"RSS before: {before:.1f} MiB", flush=True)
         started = time.perf_counter()
         for _ in range(args.sessions):
             visit(server.url, args.tokens)
         busy = server.rss()
+        print(f"RSS with {args.sessions} sessions: {busy:.1f} MiB", flush=True)
         took = time.perf_counter() - started
         time.sleep(TTL_S + 2 * PRUNE_EVERY_S)
         after = server.rss()

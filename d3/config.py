@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import Counter
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, ClassVar
 
@@ -268,9 +269,12 @@ def check_layer_order(order: Any, num_layers: int, head: int, tail: int) -> None
     flex = set(range(head, num_layers - tail))
     given = list(order)
     problems = []
-    missing = sorted(flex - set(given))
-    extra = sorted(set(given) - flex)
-    repeated = sorted({x for x in given if given.count(x) > 1})
+    if len(given) > num_layers:  # refused before anything else looks at every entry
+        raise ValueError(f"layer_order has {len(given):,} entries: at most this model's {num_layers} layers")
+    counts = Counter(given)  # one pass: the checks stay linear in the order's length
+    missing = sorted(flex - counts.keys())
+    extra = sorted(counts.keys() - flex)
+    repeated = sorted(x for x, n in counts.items() if n > 1)
     if missing:
         problems.append(f"missing {missing}")
     if extra:

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -21,7 +22,7 @@ MARKER = "d3-source.json"  # written last: a folder without it was never finishe
 TEMP_PREFIX = ".tmp-"
 # A conversion takes one to two minutes here; a temp folder untouched for this long belongs to a crashed one.
 STALE_AFTER_S = 30 * 60
-ENDS_BYTES = 1 << 20  # hashing the first and last MiB takes ~2 ms; a full sha256 of the 514 MB file takes ~0.4 s
+ENDS_BYTES = 1 << 20  # hashing the first and last MiB takes ~2 ms; a full sha256 of the 538 MB file takes 1-3 s
 
 Convert = Callable[[Path, Path, str], None]  # (gguf file, output folder, model name): writes a save_pretrained folder
 
@@ -57,7 +58,7 @@ def cached_conversion(name: str, key: str, make_gguf: Callable[[Path], Path], co
 
 
 def weight_record(path: Path) -> dict[str, Any]:
-    """Size and sha256 of the first and last MiB: enough to catch a truncated or partly overwritten weight file."""
+    """Size and sha256 of the first and last MiB: a cheap first look that catches a truncated file."""
     size = path.stat().st_size
     digest = hashlib.sha256()
     with path.open("rb") as handle:
@@ -67,19 +68,33 @@ def weight_record(path: Path) -> dict[str, Any]:
     return {"size": size, "sha256_ends": digest.hexdigest()}
 
 
+def full_digest(path: Path) -> dict[str, Any]:
+    """The sha256 of the whole file (1-3 s for SmolLM2's 538 MB on a shared 2-core machine:
+    scripts/bench_hardening.py) and the modification time it was taken at: any changed byte changes it, a
+    stretch overwritten in the middle included."""
+    mtime_ns = path.stat().st_mtime_ns
+    with path.open("rb") as handle:
+        return {"mtime_ns": mtime_ns, "sha256": hashlib.file_digest(handle, "sha256").hexdigest()}
+
+
 def check_folder(folder: Path) -> str | None:
-    """None if the weights match the marker's record; otherwise what is wrong, in a few words."""
+    """None if the weights match the marker's record; otherwise what is wrong, in a few words.
+
+    Each file's size and ends are checked at every load (~2 ms). Its full sha256 (kept beside, under "digests",
+    where markers written by older code leave it alone) is checked only when the file's modification time is
+    not the one recorded with it: the full hash runs once per change of the file, not once per load."""
     try:
         meta = json.loads((folder / MARKER).read_text())
         files = meta.get("files")
-    except (OSError, ValueError, AttributeError):
+        digests = dict(meta.get("digests") or {})
+    except (OSError, ValueError, AttributeError, TypeError):
         return f"{MARKER} is unreadable"
     if files is None:  # a marker from before records were kept: check the structure, then record what is there
         problem = _check_structure(folder)
         if problem is None:
             _upgrade_marker(folder, meta)
         return problem
-    if not files:
+    if not files or not isinstance(files, dict):
         return "no weight files recorded"
     for filename, expected in files.items():
         path = folder / filename
@@ -89,7 +104,26 @@ def check_folder(folder: Path) -> str | None:
             actual = path.stat().st_size
             return f"{filename} is {actual:,} bytes, {expected['size']:,} expected" if actual != expected["size"] \
                 else f"{filename} differs from the recorded hash"
-    return None
+    problem, checked = _check_digests(folder, files, digests)
+    if problem is None and checked != digests:
+        _upgrade_marker(folder, meta, files, checked)
+    return problem
+
+
+def _check_digests(folder: Path, files: dict[str, Any], digests: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    """(what is wrong or None, the digests to record): a file without a digest (a marker from older code) gets
+    one now."""
+    checked = {}
+    for filename in files:
+        path, recorded = folder / filename, digests.get(filename)
+        if isinstance(recorded, dict) and recorded.get("mtime_ns") == path.stat().st_mtime_ns:
+            checked[filename] = recorded
+            continue
+        now = full_digest(path)
+        if isinstance(recorded, dict) and now["sha256"] != recorded.get("sha256"):
+            return f"{filename} differs from the sha256 recorded at conversion (its bytes were changed)", digests
+        checked[filename] = now
+    return None, checked
 
 
 def _check_structure(folder: Path) -> str | None:
@@ -108,18 +142,23 @@ def _check_structure(folder: Path) -> str | None:
     return None
 
 
-def _upgrade_marker(folder: Path, meta: dict[str, Any]) -> None:
+def _upgrade_marker(folder: Path, meta: dict[str, Any], files: dict[str, Any] | None = None,
+                    digests: dict[str, Any] | None = None) -> None:
     try:
-        _write_marker(folder, meta)
+        _write_marker(folder, meta, files, digests)
     except OSError as err:  # a read-only cache still loads; it is only checked less closely
         log.info("could not record the weight files in %s (%s)", folder / MARKER, err)
 
 
-def _write_marker(folder: Path, meta: dict[str, Any]) -> None:
-    """The marker with a record of every weight file, replaced atomically (another process may be reading it)."""
-    files = {p.name: weight_record(p) for p in sorted(folder.glob("*.safetensors"))}
-    staged = folder / f"{MARKER}.{os.getpid()}.tmp"
-    staged.write_text(json.dumps({**meta, "files": files}))
+def _write_marker(folder: Path, meta: dict[str, Any], files: dict[str, Any] | None = None,
+                  digests: dict[str, Any] | None = None) -> None:
+    """The marker with a record and a full digest of every weight file (`files`, `digests`, else made now),
+    replaced atomically (another process may be reading it)."""
+    weights = sorted(folder.glob("*.safetensors"))
+    files = files if files is not None else {p.name: weight_record(p) for p in weights}
+    digests = digests if digests is not None else {p.name: full_digest(p) for p in weights}
+    staged = folder / f"{MARKER}.{os.getpid()}.{threading.get_ident()}.tmp"
+    staged.write_text(json.dumps({**meta, "files": files, "digests": digests}))
     os.replace(staged, folder / MARKER)
 
 

@@ -7,6 +7,8 @@ Measuring a calibration is research (`d3.research.calibrate`); the engine only r
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 import re
 from dataclasses import asdict, dataclass, field
@@ -15,6 +17,8 @@ from typing import Any
 
 from d3.config import D3Config, check_layer_order
 from d3.model_cache import cache_root
+
+log = logging.getLogger(__name__)
 
 SIGNALS = ("agreement", "perplexity", "task")
 HIGHER_IS_BETTER = {"agreement": True, "perplexity": False, "task": True}
@@ -68,13 +72,69 @@ class Calibration:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Calibration":
-        keep = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
-        keep["single"] = {int(k): float(v) for k, v in d["single"].items()}
-        keep["single_kl"] = {int(k): float(v) for k, v in d.get("single_kl", {}).items()}
-        for name in ("core", "order", "curve", "curve_kl"):
-            keep[name] = tuple(keep.get(name, ()))
-        return cls(**keep)
+    def from_dict(cls, d: Any) -> "Calibration":
+        """A calibration read back (JSON); ValueError saying what is wrong with it, whatever was stored."""
+        if not isinstance(d, dict):
+            raise ValueError(f"a calibration is a JSON object, not {type(d).__name__}")
+        try:
+            keep = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+            keep["single"] = _scores("single", d["single"])
+            keep["single_kl"] = _scores("single_kl", d.get("single_kl") or {})
+            for name in ("core", "order", "curve", "curve_kl"):
+                keep[name] = tuple(keep.get(name) or ())
+        except KeyError as err:
+            raise ValueError(f"{err.args[0]} is missing") from None
+        except (TypeError, AttributeError) as err:
+            raise ValueError(f"a field has the wrong type ({err})") from None
+        return _checked(cls(**keep))
+
+
+def _finite(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} holds {str(value)[:20]!r}, not a finite number")
+    return float(value)
+
+
+def _scores(name: str, d: Any) -> dict[int, float]:
+    if not isinstance(d, dict):
+        raise ValueError(f"{name} is {type(d).__name__}, not an object of layer -> score")
+    if len(d) > 10_000:
+        raise ValueError(f"{name} has {len(d):,} entries")
+    return {int(k): _finite(name, v) for k, v in d.items()}
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _checked(c: Calibration) -> Calibration:
+    """`c` if every field is what `calibrate` writes; ValueError naming the first field that is not."""
+    if c.signal not in SIGNALS:
+        raise ValueError(f"signal {str(c.signal)[:20]!r} is not one of {', '.join(SIGNALS)}")
+    if not (_is_int(c.num_layers) and 1 <= c.num_layers <= 10_000):
+        raise ValueError(f"num_layers {str(c.num_layers)[:20]!r} is not a layer count")
+    if not (len(c.core) == 2 and all(_is_int(x) and x >= 0 for x in c.core) and sum(c.core) < c.num_layers):
+        raise ValueError(f"core {str(c.core)[:20]} is not two layer counts that leave a flex layer")
+    if not all(_is_int(x) for x in c.order):
+        raise ValueError("order holds something other than layer numbers")
+    check_layer_order(c.order, c.num_layers, *c.core)
+    if set(c.single) != set(c.order):
+        raise ValueError("single does not score each flex layer once")
+    if not 1 <= len(c.curve) <= len(c.order):
+        raise ValueError(f"curve has {len(c.curve)} points for {len(c.order)} flex layers")
+    for name in ("curve", "curve_kl"):
+        for value in getattr(c, name):
+            _finite(name, value)
+    _finite("full", c.full)
+    return c
+
+
+def read_calibration(path: Path) -> Calibration:
+    """The calibration stored at `path`; ValueError naming the file and what is wrong with it."""
+    try:
+        return Calibration.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
+        raise ValueError(f"{path}: not a usable calibration ({str(err)[:200]})") from None
 
 
 CALIBRATION_ENV = "D3_CALIBRATION_DIR"
@@ -92,15 +152,23 @@ def calibration_path(model: str, signal: str, set_name: str, core: tuple[int, in
 
 
 def cached(model: str) -> list[Calibration]:
-    """Every calibration cached for `model`, newest first."""
+    """Every usable calibration cached for `model`, newest first; a file that is not one is skipped, and the log
+    names it."""
     folder = calibration_path(model, "x", "x", (0, 0), 0, 0).parent
     found = []
-    for path in sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True):
+    for path in sorted(folder.glob("*.json"), key=_mtime, reverse=True):
         try:
-            found.append(Calibration.from_dict(json.loads(path.read_text(encoding="utf-8"))))
-        except (ValueError, KeyError, TypeError, OSError):
-            continue
+            found.append(read_calibration(path))
+        except ValueError as err:  # one bad file never hides the good ones
+            log.warning("skipped %s", err)
     return found
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:  # removed while we looked
+        return 0.0
 
 
 # The measured best order of each embedded model (README "Drop order"; results/drop_order_*.json), for its default
@@ -141,8 +209,14 @@ def resolve(cfg: D3Config, engine: Any) -> D3Config:
         raise ValueError(f"layer_order='measured': no measured order ships for {engine.name} with core {head}+{tail}; "
                          f"run `python -m d3 calibrate --model {engine.name}` and name its result")
     if not matches:
+        signal = name.split("@")[0]
+        if signal not in SIGNALS:
+            known = sorted({c.name for c in cached(engine.name)})
+            raise ValueError(f"layer_order={name[:40]!r} names no calibration: use 'measured', a signal "
+                             f"({', '.join(SIGNALS)}) or SIGNAL@SET"
+                             + (f"; cached for {engine.name}: {', '.join(known[:8])}" if known else ""))
         raise ValueError(f"layer_order={name!r}: no calibration of that name for {engine.name} with core {head}+{tail} "
-                         f"is cached; run `python -m d3 calibrate --model {engine.name} --signal {name.split('@')[0]} "
+                         f"is cached; run `python -m d3 calibrate --model {engine.name} --signal {signal} "
                          f"--core-head {head} --core-tail {tail}` first")
     check_layer_order(matches[0].order, L, head, tail)
     return cfg.with_(layer_order=matches[0].order)  # type: ignore[return-value]

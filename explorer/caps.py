@@ -34,7 +34,8 @@ class Caps:
     queue_size: int = 16
     concurrency: int = 2
     figure_every: int = 8  # heavy figures are redrawn every this many tokens while streaming
-    session_ttl_s: int = 3600
+    session_ttl_s: int = 3600  # a session unused this long is forgotten, with all it kept (explorer.expiry)
+    max_sessions: int = 200  # sessions kept at once; beyond it the least recently used is forgotten
     max_models: int = 2  # models kept loaded at once; beyond it the least recently used is dropped
     max_run_s: int = 180  # a run (generate, fills, sweep) stops after this long, whether or not anyone reads it
     max_parameters: int = 4 * 10**9  # a local model whose config describes more is refused before it is built
@@ -42,7 +43,7 @@ class Caps:
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "Caps":
         """D3_MAX_NEW_TOKENS, D3_MAX_PROMPT_CHARS, D3_MAX_PROMPT_TOKENS, D3_QUEUE_SIZE, D3_CONCURRENCY,
-        D3_FIGURE_EVERY, D3_SESSION_TTL, D3_MAX_MODELS, D3_MAX_RUN_S, D3_MAX_PARAMETERS; defaults suit a CPU
+        D3_FIGURE_EVERY, D3_SESSION_TTL, D3_MAX_SESSIONS, D3_MAX_MODELS, D3_MAX_RUN_S, D3_MAX_PARAMETERS; defaults suit a CPU
         Space."""
         d = cls()
         return cls(
@@ -53,6 +54,7 @@ class Caps:
             concurrency=_env_int(env, "D3_CONCURRENCY", d.concurrency, 1, 64),
             figure_every=_env_int(env, "D3_FIGURE_EVERY", d.figure_every, 1, 1000),
             session_ttl_s=_env_int(env, "D3_SESSION_TTL", d.session_ttl_s, 60, 7 * 24 * 3600),
+            max_sessions=_env_int(env, "D3_MAX_SESSIONS", d.max_sessions, 4, 100_000),
             max_models=_env_int(env, "D3_MAX_MODELS", d.max_models, 1, 16),
             max_run_s=_env_int(env, "D3_MAX_RUN_S", d.max_run_s, 5, 24 * 3600),
             max_parameters=_env_int(env, "D3_MAX_PARAMETERS", d.max_parameters, 10**6, MAX_PARAMETERS),

@@ -233,14 +233,27 @@ def _core_layer(name: str, value: Any, default: int, num_layers: int) -> int:
     return int(as_number(name, default if value is None else value, 0, num_layers, integer=True))
 
 
-def parse_layer_order(value: Any) -> tuple[int, ...]:
-    """"3, 4, 17" (or a list of them) -> (3, 4, 17); ValueError saying what to type."""
-    text = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value or "")
+ORDER_CHARS_PER_LAYER = 8  # "17, " is 4: room for spaces, never for a 5,000-digit number
+
+
+def parse_layer_order(value: Any, num_layers: int) -> tuple[int, ...]:
+    """"3, 4, 17" (or a list of them) -> (3, 4, 17); ValueError saying what to type. Its length is bounded before
+    it is split (an order has at most as many entries as the model has layers), so a huge text costs nothing."""
+    how = ("layer_order: with drop order 'calibrated', type the flex layers in the order they are dropped "
+           "(e.g. 3, 4, 17, ...) or press “Use this order” in Which layers matter")
+    if isinstance(value, (list, tuple)):
+        if len(value) > num_layers:
+            raise ValueError(f"layer_order has {len(value):,} entries: at most this model's {num_layers} layers")
+        value = ",".join(map(str, value))
+    text = value if isinstance(value, str) else str(value or "")[:ORDER_CHARS_PER_LAYER * num_layers + 1]
+    if len(text) > ORDER_CHARS_PER_LAYER * num_layers:
+        raise ValueError(f"layer_order is {len(text):,} characters long: at most {ORDER_CHARS_PER_LAYER * num_layers} "
+                         f"for this model's {num_layers} layers")
     parts = [p for p in text.replace(" ", ",").split(",") if p]
-    if not parts or not all(p.isdigit() for p in parts):
-        raise ValueError("layer_order: with drop order 'calibrated', type the flex layers in the order they are dropped "
-                         "(e.g. 3, 4, 17, ...) or press “Use this order” in Which layers matter"
-                         + (f" (got {text[:40]!r})" if text.strip() else ""))
+    if not parts or not all(p.isdigit() and len(p) <= len(str(num_layers)) for p in parts):
+        raise ValueError(how + (f" (got {text[:40]!r})" if text.strip() else ""))
+    if len(parts) > num_layers:
+        raise ValueError(f"layer_order has {len(parts):,} entries: at most this model's {num_layers} layers")
     return tuple(int(p) for p in parts)
 
 
@@ -279,7 +292,7 @@ def _drop_order(c: Controls, num_layers: int) -> dict[str, Any]:
     c, _ = fitted(c, num_layers)
     if order != "calibrated":
         return {"drop_order": order}
-    return {"drop_order": order, "layer_order": parse_layer_order(c.layer_order)}
+    return {"drop_order": order, "layer_order": parse_layer_order(c.layer_order, num_layers)}
 
 
 def parse_strategy(c: Controls, num_layers: int, caps: Caps) -> StrategyConfig:
@@ -356,6 +369,9 @@ def refit_order(order: tuple[int, ...], model: Any, num_layers: int, head: int, 
     return (*kept, *freed)
 
 
+REFIT_FROM_LAYERS = 256  # an order made for another model (up to this many layers) may be re-fitted, still bounded
+
+
 def fitted(c: Controls, num_layers: int) -> tuple[Controls, str]:
     """The controls with a calibrated order that fits their core, and one line saying what changed ("" when
     nothing did). Only an order of distinct layers is re-fitted (one calibrated for another core or model);
@@ -363,7 +379,7 @@ def fitted(c: Controls, num_layers: int) -> tuple[Controls, str]:
     if c.drop_order != "calibrated":
         return c, ""
     try:
-        order = parse_layer_order(c.layer_order)
+        order = parse_layer_order(c.layer_order, max(num_layers, REFIT_FROM_LAYERS))  # another model's order too
         head = int(as_number("core_head", default_core(num_layers)[0] if c.core_head is None else c.core_head,
                              0, num_layers - 1, integer=True))
         tail = int(as_number("core_tail", default_core(num_layers)[1] if c.core_tail is None else c.core_tail,

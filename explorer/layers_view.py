@@ -19,7 +19,7 @@ from d3.schedule import flex_drop_order, order_key
 from explorer.controls import CONTROL_NAMES, Controls, layer_order_text, takes_controls
 from explorer.pool import ModelPool
 from explorer.runs import check_run, prepare_run
-from explorer.ui import model_queue, ordered, user_errors
+from explorer.ui import model_queue, ordered, user_errors, within_limit
 from explorer.views import waiting
 from viz.layers import layer_importance
 
@@ -88,9 +88,10 @@ def measure_layers(pool: ModelPool, state: Layers | None, progress: gr.Progress 
         setup = prepare_run(pool, controls.with_(strategy="d3"))
         in_use, name = _in_use(cfg, layers)
         report = lambda done, total, what: progress(done / max(total, 1), desc=what)  # noqa: E731
-        cal, curves = calibrate_and_compare(setup.engine, "agreement", prompt_set(setup.prompt, setup.chat_template),
-                                            {"in use": in_use}, core=cfg.core(layers), steps=LAYERS_STEPS,
-                                            tokens=key[3], progress=report)
+        with within_limit(pool.caps.max_run_s, "the measurement") as should_stop:
+            cal, curves = calibrate_and_compare(setup.engine, "agreement", prompt_set(setup.prompt, setup.chat_template),
+                                                {"in use": in_use}, core=cfg.core(layers), steps=LAYERS_STEPS,
+                                                tokens=key[3], progress=report, should_stop=should_stop)
         state = Layers(key, cal, in_use, name, tuple(curves["in use"]))
         return ordered(LAYERS_OUTPUTS, layers_state=state, layers_note=html.escape(_note(state)),
                        layers=_figure(state, presentation=controls.view.presentation))

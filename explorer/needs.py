@@ -18,7 +18,7 @@ from d3.research.oracle_fit import fit_alpha, underserved_fraction
 from explorer.controls import CONTROL_NAMES, Controls, takes_controls
 from explorer.pool import ModelPool
 from explorer.runs import check_run, prepare_run
-from explorer.ui import model_queue, ordered, user_errors
+from explorer.ui import model_queue, ordered, user_errors, within_limit
 from explorer.views import waiting
 from viz.oracle import token_needs
 
@@ -60,7 +60,9 @@ def _measured(pool: ModelPool, state: Needs | None, controls: Controls) -> tuple
     if state is not None and state.key == key:
         return cfg, state
     setup = prepare_run(pool, controls.with_(strategy="d3"))
-    answer = measure(setup.engine, setup.prompt, cfg, tokens, chat_template=setup.chat_template)
+    with within_limit(pool.caps.max_run_s, "the oracle") as should_stop:
+        answer = measure(setup.engine, setup.prompt, cfg, tokens, chat_template=setup.chat_template,
+                         should_stop=should_stop)
     return cfg, Needs(key, setup.engine.num_layers, tuple(answer.oracle_depth), tuple(answer.prediction_depth),
                       tuple(answer.texts))
 

@@ -13,7 +13,11 @@ import gradio as gr
 from d3.research.data import ASSETS
 from d3.engine import Engine
 from d3.models import KNOWN_MODELS
+from starlette.middleware import Middleware
+
 from explorer.caps import Caps, is_public
+from explorer.expiry import session_expiry
+from explorer.guard import RequestGuard, bound_the_log
 from explorer.layout import build_layout
 from explorer.pool import ModelPool
 from explorer.wiring import wire
@@ -50,6 +54,10 @@ def tune_process() -> None:
     gc.freeze()
 
 
+# The page has no upload control; gradio's /upload route still takes files from anyone (kept up to an hour): a
+# bound far below what fills a disk. gradio answers 413 above it.
+MAX_UPLOAD_BYTES = 1_000_000
+MAX_REQUEST_BYTES = 256_000  # one event's values, the prompt aside (a prompt may add 4 bytes per character)
 WARNINGS_REMEMBERED = 4096  # distinct warnings remembered as shown; past that the memory starts afresh
 
 
@@ -78,14 +86,21 @@ def show_warnings_once() -> None:
 
 
 def launch(demo: gr.Blocks, **kwargs: Any) -> Any:
-    """Queue (bounded, with the concurrency the caps allow) and serve the page with its stylesheet; the server's
-    log shows each warning once."""
+    """Queue (bounded, with the concurrency the caps allow) and serve the page with its stylesheet, uploads and
+    request bodies bounded, requests for events no client may call refused (`explorer.guard`); the server's log
+    shows each warning once and cuts each record to a bounded length."""
     show_warnings_once()
     caps: Caps = demo.pool.caps  # type: ignore[attr-defined]
     demo.queue(max_size=caps.queue_size, default_concurrency_limit=caps.concurrency)
     kwargs.setdefault("css_paths", [CSS_PATH])
-    kwargs.setdefault("state_session_capacity", 1000)
-    return demo.launch(**kwargs)
+    kwargs.setdefault("state_session_capacity", caps.max_sessions)
+    kwargs.setdefault("max_file_size", MAX_UPLOAD_BYTES)
+    app_kwargs = dict(kwargs.pop("app_kwargs", None) or {})
+    guard = Middleware(RequestGuard, demo=demo, max_body=MAX_REQUEST_BYTES + 4 * caps.max_prompt_chars)
+    app_kwargs["middleware"] = [*app_kwargs.get("middleware", ()), guard]
+    app_kwargs.setdefault("lifespan", session_expiry(caps.session_ttl_s))
+    bound_the_log()
+    return demo.launch(app_kwargs=app_kwargs, **kwargs)
 
 
 def free_port() -> int:

@@ -10,8 +10,16 @@ from d3.engine import Engine, check_prompt
 from explorer.caps import Caps
 
 
+MAX_NUMBER_CHARS = 64  # a number typed or sent as text: longer is refused before it is read
+
+
 def shown(value: object) -> str:
-    """A refused value as shown back in an error: its repr, cut to 40 characters."""
+    """A refused value as shown back in an error: its repr, cut to 40 characters (a huge integer by its size:
+    Python refuses to write one of more than 4,300 digits)."""
+    if isinstance(value, int) and value.bit_length() > 128:
+        return f"<an integer of about {int(value.bit_length() * 0.30103):,} digits>"
+    if isinstance(value, str) and len(value) > 40:
+        value = value[:40]  # repr of the first 40 characters only: a megabyte is never copied
     text = repr(value)
     return text if len(text) <= 40 else text[:39] + "…"
 
@@ -38,10 +46,12 @@ def _bound(value: float) -> str:
 def _to_float(name: str, value: Any, allowed: str) -> float:
     if isinstance(value, bool) or value is None or (isinstance(value, str) and not value.strip()):
         raise ValueError(f"{name} is missing or not a number: {allowed}")
+    if isinstance(value, str) and len(value) > MAX_NUMBER_CHARS:
+        raise ValueError(f"{name} is {len(value):,} characters long, not a number: {allowed}")
     try:
         number = float(value.strip() if isinstance(value, str) else value)
     except (TypeError, ValueError, OverflowError):
-        raise ValueError(f"{name}={str(value)[:40]!r} is not a number: {allowed}") from None
+        raise ValueError(f"{name}={shown(value)} is not a number: {allowed}") from None
     if not math.isfinite(number):
         raise ValueError(f"{name}={shown(value)} is not a finite number: {allowed}")
     return number
@@ -49,7 +59,7 @@ def _to_float(name: str, value: Any, allowed: str) -> float:
 
 def as_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in choices:
-        raise ValueError(f"{name}={str(value)[:40]!r} is not allowed: {name} must be one of {', '.join(choices)}")
+        raise ValueError(f"{name}={shown(value)} is not allowed: {name} must be one of {', '.join(choices)}")
     return value
 
 
@@ -58,7 +68,7 @@ def as_flag(name: str, value: Any) -> bool:
         return value
     if value in (0, 1, "true", "false", "True", "False"):
         return str(value).lower() in ("1", "true")
-    raise ValueError(f"{name}={str(value)[:40]!r} is not allowed: {name} must be true or false")
+    raise ValueError(f"{name}={shown(value)} is not allowed: {name} must be true or false")
 
 
 def whole(value: Any, default: int = 0) -> int:

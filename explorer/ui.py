@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from typing import Any, Iterator
 
 import gradio as gr
+from gradio.context import LocalContext
+
+from d3.research import ShouldStop, Stopped
 
 log = logging.getLogger("d3.app")
 
@@ -24,6 +28,33 @@ def user_errors() -> Iterator[None]:
         log.exception("handler failed")
         raise gr.Error("Something went wrong on the server (the details are in its log). The app is still "
                        "running: try again, perhaps with a shorter prompt or fewer tokens.", print_exception=False) from None
+
+
+def caller_gone() -> bool:
+    """Inside a queued event's handler: True once its caller has gone (the tab closed, the client dropped the
+    stream): gradio then marks the event not alive, and only a generator's next step would notice. False outside
+    an event (a direct call)."""
+    blocks, event_id = LocalContext.blocks.get(None), LocalContext.event_id.get(None)
+    queue = getattr(blocks, "_queue", None)
+    if queue is None or event_id is None:
+        return False
+    for events in list(queue.active_jobs):
+        for event in events or ():
+            if event._id == event_id:
+                return not event.alive
+    return False
+
+
+@contextlib.contextmanager
+def within_limit(limit_s: float, what: str) -> Iterator[ShouldStop]:
+    """A `should_stop()` for a measurement: true past `limit_s` seconds from now or once the caller has gone. A
+    measurement stopped by it (`d3.research.Stopped`) becomes a person's message naming the limit."""
+    deadline = time.monotonic() + limit_s
+    try:
+        yield lambda: time.monotonic() > deadline or caller_gone()
+    except Stopped:
+        why = "its caller left" if caller_gone() else f"it reached the server's time limit of {limit_s:g} s"
+        raise ValueError(f"{what} stopped: {why}; try a shorter prompt or fewer tokens") from None
 
 
 def refused(err: Exception) -> gr.Error:

@@ -262,3 +262,38 @@ def test_calibration_announces_its_cost_before_the_first_removal(identity_engine
     count = removals(6, 2)  # 6 flex layers, 2 greedy steps: 6 + 5 scored removals
     assert count == 11 and events[0][1].startswith(f"calibration: {count} scored removals x ")
     assert events[1] == ("progress", count)  # the count announced is the count run
+
+def test_a_damaged_cached_calibration_is_measured_again_and_named(identity_engine, cache_dir, caplog):
+    """A duplicated order in the cache file was printed with a "use it:" line; now it is named and measured again."""
+    import logging
+
+    from d3.research.calibrate import CalibrationSet, calibrate, calibration_path
+
+    cal_set = CalibrationSet("prompts:test", PROMPTS[:1])
+    result = calibrate(identity_engine, "agreement", cal_set, core=(1, 1), tokens=6, steps=1)
+    path = calibration_path(identity_engine.name, "agreement", cal_set.name, (1, 1), 6, 1)
+    path.write_text(json.dumps({**result.to_dict(), "order": [4, 4, 4]}))
+    with caplog.at_level(logging.WARNING):
+        again = calibrate(identity_engine, "agreement", cal_set, core=(1, 1), tokens=6, steps=1)
+    assert again.order == result.order and path.name in caplog.text and "measuring again" in caplog.text
+    assert json.loads(path.read_text())["order"] == list(result.order)  # the bad file was replaced
+
+
+@pytest.mark.parametrize("allowed", [0, 1, 5])
+def test_a_measurement_stops_within_one_pass_of_should_stop(identity_engine, allowed):
+    """should_stop() is asked before each decoding step of the answers and before each scored removal."""
+    from d3.research import Stopped
+    from d3.research.calibrate import CalibrationSet, calibrate_and_compare
+
+    asked, passes = [], []
+
+    def should_stop() -> bool:
+        asked.append(1)
+        return len(asked) > allowed
+
+    with pytest.raises(Stopped):
+        calibrate_and_compare(identity_engine, "agreement", CalibrationSet("p", PROMPTS[:1]), {"x": (1, 2, 3)},
+                              core=(1, 1), steps=2, tokens=4, should_stop=should_stop,
+                              progress=lambda done, total, what: passes.append(done))
+    assert allowed + 1 <= len(asked) <= allowed + 2  # asked once more after the loop it ended; nothing ran between
+    assert len(passes) <= max(0, allowed - 4)  # 4 decode steps and the full-depth score come first

@@ -137,3 +137,46 @@ def test_info_names_the_family_how_exact_each_fill_is_and_the_dtype_gap(tmp_path
         assert set(info["fills"]) == {"full depth", "propagate", "copy", "copy_any_type", "none"}
     finally:
         clear_model_cache()
+
+def _no_model(*args, **kwargs):
+    raise AssertionError("the model was loaded for a flag that could be refused before")
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["bench", "--prompts", "0"], "--prompts"),
+    (["bench", "--new-tokens", "0"], "--new-tokens"),
+    (["bench", "--repeats", "0"], "--repeats"),
+    (["sweep", "--tasks", "nope"], "--tasks"),
+    (["sweep", "--cores", "20+20"], "--cores 20+20"),
+    (["sweep", "--cores", "3"], "--cores '3'"),
+    (["sweep", "--depths", "x,1/0"], "--depths"),
+    (["sweep", "--starts", "a"], "--starts"),
+    (["sweep", "--repeats", "0"], "--repeats"),
+])
+def test_a_bad_measuring_flag_is_refused_before_the_model_loads(argv, flag, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("d3.models.get_model", _no_model)
+    monkeypatch.setattr("d3.research.sweep.run.load_engine", _no_model)
+    monkeypatch.setattr("d3.research.sweep.run.run_sweep", _no_model)
+    extra = ["--out", str(tmp_path / "s.csv")] if argv[0] == "sweep" else []
+    assert cli.main([*argv, *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert flag in err and "\n" not in err and "Traceback" not in err
+
+
+def test_a_core_too_large_for_a_local_model_is_refused_right_after_it_loads(tiny_engine, tmp_path, monkeypatch,
+                                                                           capsys):
+    monkeypatch.setattr("d3.research.sweep.run.load_engine", lambda name: tiny_engine)
+    monkeypatch.setattr("d3.research.sweep.run.run_sweep", _no_model)
+    argv = ["sweep", "--model", str(tmp_path), "--cores", "4+4", "--out", str(tmp_path / "s.csv")]
+    assert cli.main(argv) == 2
+    assert f"--cores 4+4: head + tail must be below {tmp_path}'s 6 layers" in capsys.readouterr().err
+
+
+def test_an_unknown_layer_order_name_suggests_real_signals(tiny_cli, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("D3_CALIBRATION_DIR", str(tmp_path))
+    argv = ["generate", "--prompt", "hi", "--drop-order", "calibrated", "--layer-order", "nonexistent",
+            "--core-head", "1", "--core-tail", "1"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--layer-order 'nonexistent'" in err and "agreement, perplexity, task" in err
+    assert "--signal nonexistent" not in err

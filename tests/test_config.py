@@ -15,6 +15,7 @@ from d3.config import (
     StrategyConfig,
     TraceConfig,
     UnifiedConfig,
+    check_layer_order,
     default_core,
     strategy_from_dict,
 )
@@ -154,14 +155,16 @@ args = parser.parse_args(["generate", "--prompt", "x"])
 sub = next(a for a in parser._subparsers._group_actions[0].choices["generate"]._actions if a.dest == "alpha")
 cli = strategy_from_args(args)
 kw = hub.strategy_from_dict({"strategy": "d3", **{k: v for k, v in {"fill": "copy"}.items() if k in hub.STRATEGY_FIELDS}})
-print(json.dumps({"cli": [cli.alpha, cli.start], "cli_help": sub.help, "hub": [kw.alpha, kw.start],
+from explorer.controls import DEFAULTS, HELP
+print(json.dumps({"page": [DEFAULTS.alpha, DEFAULTS.start], "page_help": HELP["alpha"],
+                  "cli": [cli.alpha, cli.start], "cli_help": sub.help, "hub": [kw.alpha, kw.start],
                   "hub_knows": sorted(n for n in ("alpha", "start") if n in hub.STRATEGY_FIELDS)}))
 """
 
 
-def test_a_default_changed_in_the_config_reaches_the_cli_and_custom_generate() -> None:
-    """Change D3's defaults in the one place they are written (d3.config), and the CLI's flags (their values and
-    help) and custom_generate's keywords follow without another edit. (The page's controls: tests/test_controls.py.)"""
+def test_a_default_changed_in_the_config_reaches_the_page_the_cli_and_custom_generate() -> None:
+    """Change D3's defaults in the one place they are written (d3.config), and the page's controls, the CLI's flags
+    (their values and help) and custom_generate's keywords follow without another edit."""
     import json
     import subprocess
     import sys
@@ -171,6 +174,15 @@ def test_a_default_changed_in_the_config_reaches_the_cli_and_custom_generate() -
     out = subprocess.run([sys.executable, "-c", CHANGED_DEFAULT], cwd=root, capture_output=True, text=True,
                          timeout=300, check=True)
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    assert got["cli"] == [0.955, 7] and got["hub"] == [0.955, 7]
+    assert got["page"] == [0.955, 7] and got["cli"] == [0.955, 7] and got["hub"] == [0.955, 7]
+    assert got["page_help"] == "a changed default"
     assert "default 0.955" in got["cli_help"] and "a changed default" in got["cli_help"]
     assert got["hub_knows"] == ["alpha", "start"]
+
+def test_a_calibrated_order_is_checked_by_its_length_first_and_in_one_pass() -> None:
+    """20,000 entries took seconds to refuse (each entry was counted in the whole list); the length refuses them,
+    and a short order's problems are still all named."""
+    with pytest.raises(ValueError, match=r"layer_order has 20,000 entries: at most this model's 30 layers"):
+        check_layer_order((3,) * 20_000, 30, 3, 3)
+    with pytest.raises(ValueError, match=r"missing \[5\]; not flex layers \[1\]; repeated \[3\]"):
+        check_layer_order((3, 3, 4, 1), 7, 3, 1)

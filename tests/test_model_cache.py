@@ -70,6 +70,8 @@ def test_conversion_is_cached_with_a_record_of_the_weights(fake: FakeConversion)
     record = marker(folder)["files"]["model.safetensors"]
     assert record["size"] == (folder / "model.safetensors").stat().st_size
     assert len(record["sha256_ends"]) == 64
+    digest = marker(folder)["digests"]["model.safetensors"]
+    assert len(digest["sha256"]) == 64 and digest["mtime_ns"] == (folder / "model.safetensors").stat().st_mtime_ns
     assert [p.name for p in folder.parent.iterdir()] == [KEY]  # no temp folder left
 
 
@@ -144,16 +146,78 @@ def test_a_conversion_that_fails_leaves_no_temp_folder(fake: FakeConversion, mon
     assert list((model_cache.cache_root() / "smollm2-135m").iterdir()) == []
 
 
-def test_weight_record_hashes_only_the_ends(tmp_path: Path):
-    path = tmp_path / "w.safetensors"
-    size = 3 * model_cache.ENDS_BYTES
-    path.write_bytes(bytes(size))
-    record = model_cache.weight_record(path)
-    middle = bytearray(bytes(size))
-    middle[size // 2] = 1  # a change in the middle is not seen (the size and the ends catch truncation)
-    path.write_bytes(bytes(middle))
-    assert model_cache.weight_record(path) == record
-    end = bytearray(bytes(size))
-    end[-10] = 1
-    path.write_bytes(bytes(end))
-    assert model_cache.weight_record(path) != record == {"size": size, "sha256_ends": record["sha256_ends"]}
+MIB = 1 << 20
+
+
+class BigConversion:
+    """A 24 MiB weight file, as large as the issue's zeroed stretch needs (the embedded models' are 0.5 GB)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, gguf: Path, out: Path, name: str) -> None:
+        import torch
+        from safetensors.torch import save_file
+
+        self.calls += 1
+        out.mkdir(parents=True, exist_ok=True)
+        save_file({"w": torch.arange(6 * MIB, dtype=torch.float32)}, str(out / "model.safetensors"))
+
+
+def zero_middle(path: Path, length: int = 8 * MIB) -> None:
+    """8 MiB of zeros written in the middle of the file, its size unchanged (as `dd conv=notrunc` does)."""
+    size = path.stat().st_size
+    with path.open("r+b") as handle:
+        handle.seek(size // 2 - length // 2)
+        handle.write(bytes(length))
+
+
+def test_a_zeroed_stretch_in_the_middle_is_caught_and_converted_again(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv(model_cache.CACHE_ENV, str(tmp_path / "cache"))
+    convert = BigConversion()
+    gguf = tmp_path / "x.gguf"
+    gguf.write_bytes(b"GGUF")
+    folder = model_cache.cached_conversion("big", KEY, lambda _: gguf, convert)
+    weights = folder / "model.safetensors"
+    size = weights.stat().st_size
+    zero_middle(weights)
+    assert weights.stat().st_size == size
+    assert model_cache.check_folder(folder) == ("model.safetensors differs from the sha256 recorded at conversion "
+                                                "(its bytes were changed)")
+    with caplog.at_level(logging.WARNING, logger="d3.model_cache"):
+        again = model_cache.cached_conversion("big", KEY, lambda _: gguf, convert)
+    assert again == folder and convert.calls == 2 and model_cache.check_folder(folder) is None
+    warning = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warning) == 1 and "damaged" in warning[0] and "converting it again" in warning[0]
+
+
+def test_the_full_hash_runs_once_per_change_of_the_file(tmp_path, monkeypatch):
+    """Unchanged size and time: a stat, no read. A new time with the same bytes (a copied cache): hashed once,
+    then its time is recorded."""
+    monkeypatch.setenv(model_cache.CACHE_ENV, str(tmp_path / "cache"))
+    gguf = tmp_path / "x.gguf"
+    gguf.write_bytes(b"GGUF")
+    folder = model_cache.cached_conversion("big", KEY, lambda _: gguf, BigConversion())
+    hashed = []
+    real = model_cache.full_digest
+    monkeypatch.setattr(model_cache, "full_digest", lambda path: hashed.append(path) or real(path))
+    assert model_cache.check_folder(folder) is None and hashed == []
+    weights = folder / "model.safetensors"
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
+    assert model_cache.check_folder(folder) is None and hashed == [weights]
+    assert model_cache.check_folder(folder) is None and hashed == [weights]
+    assert marker(folder)["digests"]["model.safetensors"]["mtime_ns"] == weights.stat().st_mtime_ns
+
+
+def test_a_marker_written_by_older_code_gets_a_digest_and_older_code_still_reads_it(tmp_path):
+    """Older code records only the size and the ends (and compares them as they are): the full digest is kept
+    beside them, so a cache shared with older code is never converted back and forth."""
+    folder = tmp_path / "m"
+    BigConversion()(tmp_path, folder, "big")
+    weights = folder / "model.safetensors"
+    old = {"model.safetensors": model_cache.weight_record(weights)}
+    (folder / model_cache.MARKER).write_text(json.dumps({"name": "big", "files": old}))
+    assert model_cache.check_folder(folder) is None
+    assert marker(folder)["files"] == old and "sha256" in marker(folder)["digests"]["model.safetensors"]
+    zero_middle(weights)  # now the digest is there: caught
+    assert "differs from the sha256 recorded at conversion" in model_cache.check_folder(folder)

@@ -121,14 +121,12 @@ def _edit_config(path: Path, **changes) -> None:
     (path / "config.json").write_text(json.dumps({**config, **changes}))
 
 
-def _refused(path: Path, **kwargs) -> tuple[str, float]:
-    """load_model's one-line refusal of `path`, and how long it took."""
-    started = time.perf_counter()
+def _refused(path: Path, **kwargs) -> str:
+    """load_model's one-line refusal of `path` (how long it takes: scripts/bench_hardening.py)."""
     with pytest.raises(ValueError) as info:
         load_model(str(path), device="cpu", **kwargs)
-    elapsed = time.perf_counter() - started
     assert "\n" not in str(info.value)
-    return str(info.value), elapsed
+    return str(info.value)
 
 
 def test_a_config_edited_to_more_layers_than_the_weights_is_refused_at_once(tmp_path: Path, tiny_dir: Path):
@@ -137,20 +135,18 @@ def test_a_config_edited_to_more_layers_than_the_weights_is_refused_at_once(tmp_
 
     edited = Path(shutil.copytree(tiny_dir, tmp_path / "edited"))
     _edit_config(edited, num_hidden_layers=40)
-    message, elapsed = _refused(edited)
-    assert "do not cover the model: layers 4-39 of its 40 are missing" in message and elapsed < 1.0
+    assert "do not cover the model: layers 4-39 of its 40 are missing" in _refused(edited)
 
 
 def test_a_100000_layer_config_is_refused_before_anything_is_built(tmp_path: Path):
     tiny_llama().config.save_pretrained(str(tmp_path))
     _edit_config(tmp_path, num_hidden_layers=100_000, hidden_size=8, num_attention_heads=1, num_key_value_heads=1)
     (tmp_path / "model.safetensors").write_bytes(b"")
-    message, elapsed = _refused(tmp_path)
-    assert message == f"the model config has 100,000 layers: at most {models.MAX_LAYERS} are loaded" and elapsed < 1.0
+    assert _refused(tmp_path) == f"the model config has 100,000 layers: at most {models.MAX_LAYERS} are loaded"
 
 
 def test_the_parameters_a_config_describes_are_capped_before_it_is_built(tiny_dir: Path):
-    message, _ = _refused(tiny_dir, max_parameters=10_000)
+    message = _refused(tiny_dir, max_parameters=10_000)
     assert "describes about 0.0B parameters: at most 0.0B are loaded here" in message
 
 
@@ -168,7 +164,7 @@ def test_the_parameter_estimate_matches_a_built_model(tied: bool):
 def test_a_config_with_a_malformed_size_is_refused_naming_the_field(tmp_path: Path, field: str, value):
     tiny_llama().config.save_pretrained(str(tmp_path))
     _edit_config(tmp_path, **{field: value})
-    message, _ = _refused(tmp_path)
+    message = _refused(tmp_path)
     assert f"{field}={value!r} is not a positive integer" in message
 
 
@@ -182,7 +178,7 @@ def test_weights_missing_outside_the_layers_are_named_by_the_load_report(tmp_pat
     weights = load_file(str(broken / "model.safetensors"))
     del weights["model.norm.weight"]
     save_file(weights, str(broken / "model.safetensors"), metadata={"format": "pt"})
-    message, _ = _refused(broken)
+    message = _refused(broken)
     assert message.endswith("do not cover the model: missing model.norm.weight")
 
 
@@ -197,8 +193,7 @@ def test_smollm2_weights_under_a_40_layer_config_are_refused_at_once(tmp_path: P
     shutil.copy(cached[0].parent / "config.json", tmp_path / "config.json")
     (tmp_path / "model.safetensors").symlink_to(cached[0])
     _edit_config(tmp_path, num_hidden_layers=40)
-    message, elapsed = _refused(tmp_path)
-    assert "layers 30-39 of its 40 are missing" in message and elapsed < 1.0
+    assert "layers 30-39 of its 40 are missing" in _refused(tmp_path)
 
 
 def test_multimodal_gemma3_is_rejected():
@@ -325,9 +320,10 @@ def test_smollm2_converts_once_then_loads_fast_from_cache(d3_cache_dir: Path):
     assert first.has_chat_template and "<|im_start|>" in first.tokenizer.chat_template
     entries = list((d3_cache_dir / "smollm2-135m").iterdir())
     assert len(entries) == 1 and not entries[0].name.startswith(".tmp")  # no half-written temp dir left
-    started = time.perf_counter()
+    marker = entries[0] / "d3-source.json"
+    converted_at = marker.stat().st_mtime_ns
     second = load_model("smollm2-135m", device="cpu")
-    assert time.perf_counter() - started < 5
+    assert list((d3_cache_dir / "smollm2-135m").iterdir()) == entries and marker.stat().st_mtime_ns == converted_at
     assert second.tokenizer.chat_template == first.tokenizer.chat_template
     ids = second.tokenizer("The capital of France is", return_tensors="pt").input_ids
     with torch.no_grad():

@@ -197,3 +197,20 @@ def test_smollm2_oracle_on_a_short_answer(smol_engine):
     assert int(brute_logits(smol_engine, answer, i, d3_layers(cfg, L, need)).argmax()) == top1
     if need > 6:
         assert int(brute_logits(smol_engine, answer, i, d3_layers(cfg, L, need - 1)).argmax()) != top1
+
+
+@pytest.mark.parametrize("allowed", [0, 3, 12])
+def test_measure_stops_within_one_step_of_should_stop(tiny_engine, allowed):
+    """should_stop() is asked before every token generated and every token scanned: it stops at the first True."""
+    from d3.research import Stopped
+
+    asked = []
+
+    def should_stop() -> bool:
+        asked.append(1)
+        return len(asked) > allowed
+
+    with pytest.raises(Stopped):
+        measure(tiny_engine, "hello there", D3Config(alpha=0.9, core_head=1, core_tail=1), 8,
+                       should_stop=should_stop)
+    assert allowed + 1 <= len(asked) <= allowed + 2  # asked once more after the loop it ended; nothing ran between

@@ -19,7 +19,7 @@ from explorer.pool import ModelPool
 from explorer.session import Session
 from tests.apphelpers import exports_in_tmp, new_client  # noqa: F401  (a fixture)
 from tests.test_app import DEFAULTS
-from tests.test_app_client import serve
+from tests.test_app_client import serve, wait_until
 from tests.tiny import tiny_llama
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
@@ -27,23 +27,20 @@ pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
 BAD = "someone/no-such-model"
 LOAD_S = 6.0  # how long the bad load takes before it fails (the issue measured ~20 s for a hub id offline)
 RUN = {**DEFAULTS, "max_new_tokens": 2}
-# "Normal latency" on a shared 2-core machine: within 2 s of the run alone; a stalled run waits the whole load.
 
 
-def slow_factory(engine, calls: list[str], delay: float = LOAD_S):
+def slow_factory(engine, calls: list[str], delay: float = LOAD_S, gate: threading.Event | None = None):
+    """The tiny engine; any other name loads for `delay` seconds (or until `gate` is set), then fails."""
     def build(name: str):
         calls.append(name)
         if name == "tiny":
             return engine
-        time.sleep(delay)
+        if gate is not None:
+            gate.wait(timeout=120)
+        else:
+            time.sleep(delay)
         raise OSError(f"{name} is not a valid model identifier (tried for {delay} s)")
     return build
-
-
-def timed(fn) -> float:
-    started = time.perf_counter()
-    fn()
-    return time.perf_counter() - started
 
 
 def in_background(fn) -> threading.Thread:
@@ -57,10 +54,20 @@ def generate_tiny(pool: ModelPool) -> None:
     assert "Done." in outputs[-1][1]
 
 
+def done_while(gate: threading.Event, fn, timeout: float = 60.0) -> bool:
+    """Whether `fn` finishes (in a thread) while the slow load behind `gate` is still loading."""
+    thread = in_background(fn)
+    thread.join(timeout)
+    return not thread.is_alive() and not gate.is_set()
+
+
 def test_a_slow_failing_load_stalls_nobody_else(tiny_engine) -> None:
+    """A's load of an unknown model hangs until the test lets it fail; meanwhile B's run and a schedule redraw
+    finish (a stalled one would wait for the gate). Timings: scripts/bench_hardening.py."""
     calls: list[str] = []
-    pool = ModelPool(slow_factory(tiny_engine, calls), names=("tiny",), caps=Caps(max_new_tokens=64))
-    normal = min(timed(lambda: generate_tiny(pool)) for _ in range(2))
+    gate = threading.Event()
+    pool = ModelPool(slow_factory(tiny_engine, calls, gate=gate), names=("tiny",), caps=Caps(max_new_tokens=64))
+    generate_tiny(pool)
     errors: list[str] = []
 
     def bad() -> None:
@@ -70,12 +77,12 @@ def test_a_slow_failing_load_stalls_nobody_else(tiny_engine) -> None:
             errors.append(str(err))
 
     a = in_background(bad)
-    time.sleep(0.5)  # A is inside its load now
-    took = timed(lambda: generate_tiny(pool))
-    redraw = timed(lambda: view_handlers.redraw_schedule(pool, None, **RUN))
+    wait_until(lambda: BAD in calls)  # A is inside its load now
+    assert done_while(gate, lambda: generate_tiny(pool))
+    assert done_while(gate, lambda: view_handlers.redraw_schedule(pool, None, **RUN))
+    gate.set()
     a.join(timeout=30)
-    assert calls.count(BAD) == 1 and took < normal + 2.0 and took < LOAD_S / 2, (took, normal)
-    assert redraw < 0.5, redraw
+    assert calls.count(BAD) == 1
     assert errors and "unknown model" in errors[0] and "Traceback" not in errors[0]
 
 
@@ -84,10 +91,9 @@ def test_a_failed_load_is_remembered_then_retried(tiny_engine, monkeypatch) -> N
     pool = ModelPool(slow_factory(tiny_engine, calls, delay=0.0), names=("tiny",))
     with pytest.raises(ValueError, match="unknown model") as first:
         pool.engine(BAD)
-    again = time.perf_counter()
     with pytest.raises(ValueError) as second:
         pool.engine(BAD)
-    assert time.perf_counter() - again < 0.1 and str(second.value) == str(first.value) and calls.count(BAD) == 1
+    assert str(second.value) == str(first.value) and calls.count(BAD) == 1  # answered from memory, not loaded again
     monkeypatch.setattr(pool_module, "FAILED_LOAD_TTL_S", 0.0)
     with pytest.raises(ValueError):
         pool.engine(BAD)
@@ -140,16 +146,17 @@ def test_the_pool_refuses_a_model_larger_than_its_cap_before_building_it(tmp_pat
 
 
 def test_the_issue_repro_through_the_api(tiny_engine) -> None:
-    """Issue 12: A asks for an unknown model (its load is slow and fails); 0.5 s later B generates 2 tokens with
-    the loaded model: B takes its normal time, and A's retry answers at once."""
+    """Issue 12: A asks for an unknown model (its load hangs, then fails); while it hangs B generates 2 tokens with
+    the loaded model and sizes the page for it, and A's retry is answered from memory (no second load)."""
     calls: list[str] = []
-    demo = build_demo(slow_factory(tiny_engine, calls), model_names=("tiny",), public=False,
+    gate = threading.Event()
+    demo = build_demo(slow_factory(tiny_engine, calls, gate=gate), model_names=("tiny",), public=False,
                       caps=Caps(max_new_tokens=64))
     demo.pool.engine("tiny")
     api = dict(prompt="hello there", alpha=0.9, core_head=1, core_tail=1, attention_layer=3, max_new_tokens=2)
     with serve(demo) as url:
         b = new_client(url)
-        normal = min(timed(lambda: b.predict(**api, api_name="/generate")) for _ in range(2))
+        b.predict(**api, api_name="/generate")
         a_errors: list[str] = []
 
         def a() -> None:
@@ -159,11 +166,13 @@ def test_the_issue_repro_through_the_api(tiny_engine) -> None:
                 a_errors.append(str(err))
 
         thread = in_background(a)
-        time.sleep(0.5)
-        took = timed(lambda: b.predict(**api, api_name="/generate"))
-        sized = timed(lambda: b.predict("tiny", False, api_name="/model_changed"))  # model, presentation
+        wait_until(lambda: BAD in calls)
+        generated: list = []
+        assert done_while(gate, lambda: generated.append(b.predict(**api, api_name="/generate")))
+        assert done_while(gate, lambda: b.predict("tiny", False, api_name="/model_changed"))  # model, presentation
+        gate.set()
         thread.join(timeout=60)
-        retry = timed(lambda: pytest.raises(Exception, b.predict, BAD, api_name="/load_model"))
-    assert took < normal + 2.0 and took < LOAD_S / 2, (took, normal)
-    assert sized < 1.0 and retry < 1.0 and calls.count(BAD) == 1
+        with pytest.raises(Exception, match="unknown model"):
+            b.predict(BAD, api_name="/load_model")
+    assert "Done." in generated[0][0] and calls.count(BAD) == 1
     assert a_errors and "unknown model" in a_errors[0]

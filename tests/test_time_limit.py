@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import re
 
 import gradio as gr
 import httpx
@@ -34,9 +34,7 @@ def slow_engine():
 def test_a_run_stops_at_the_time_limit_and_says_so(slow_engine) -> None:
     pool = ModelPool(tiny_factory(slow_engine), names=("tiny",), caps=LIMIT)
     session = Session()
-    started = time.perf_counter()
     outputs = list(live.generate(pool, session, **{**DEFAULTS, "max_new_tokens": 60}))
-    assert time.perf_counter() - started < 4  # 60 tokens x 2 panes x 50 ms would take 6 s and more
     status = outputs[-1][1]
     assert "Stopped." in status and "time limit of 1 s" in status and len(session.d3.steps) < 60
     fills = list(live.compare_fills(pool, Session(), **{**DEFAULTS, "max_new_tokens": 60, "drop_order": "strided"}))
@@ -54,11 +52,9 @@ def test_a_sweep_stops_within_a_token_of_the_time_limit() -> None:
     overran by most of a run (on a busy server, seconds); checked before every token, it stops within one step."""
     engine = CountingEngine(tiny_llama(6), tiny_tokenizer(), name="tiny", delay=0.25)
     pool = ModelPool(tiny_factory(engine), names=("tiny",), caps=LIMIT)
-    started = time.perf_counter()
     with pytest.raises(gr.Error, match="time limit of 1 s"):
         sweep_tab.run_sweep(pool, "tiny", True, "hello there", ["d3_85"], 24, progress=lambda *a, **k: None)
-    elapsed = time.perf_counter() - started
-    assert elapsed < LIMIT.max_run_s + 1.0 and engine.steps < 10, (elapsed, engine.steps)
+    assert engine.steps < 10, engine.steps  # 1 s is 4 steps of 250 ms: it stopped within one, not after the run
 
 
 def test_a_job_nobody_reads_frees_its_slot(slow_engine) -> None:
@@ -72,10 +68,52 @@ def test_a_job_nobody_reads_frees_its_slot(slow_engine) -> None:
         posted = httpx.post(f"{url}gradio_api/call/generate", json={"data": list(values.values())}, timeout=30)
         posted.raise_for_status()  # ... and its event stream is never read
         wait_until(lambda: slow_engine.steps > 0, timeout=30)
-        time.sleep(2.5)
-        steps = slow_engine.steps
-        time.sleep(1.0)
-        assert slow_engine.steps == steps  # nothing decodes for the abandoned job any more
+        wait_until(lambda: slow_engine.closed > 0, timeout=60)  # the abandoned run stopped at the limit
+        abandoned = slow_engine.steps
         slow_engine.delay = 0.0
         final = new_client(url).predict(**{**RUN, "max_new_tokens": 2}, api_name="/generate")
-    assert "Done." in final[0]  # the next person's run went through
+    # the next person's run went through (on a loaded machine it may itself reach the 1 s limit, after its tokens)
+    assert "Done." in final[0] or re.search(r"\b[1-9]\d* D3 tokens", final[0]), final[0]
+    assert abandoned < 60  # 60 tokens x 2 panes were asked for: it stopped long before (1 s is ~20 steps of 50 ms)
+
+
+# ---------------------------------------------------------------- the measuring endpoints
+
+
+from explorer import layers_view, needs  # noqa: E402
+
+MEASURING = {"measure_layers": lambda pool: layers_view.measure_layers(pool, None, **RUN_TINY),
+             "measure_needs": lambda pool: needs.measure_needs(pool, None, **RUN_TINY),
+             "fit_alpha_to_prompt": lambda pool: needs.fit_to_prompt(pool, None, **RUN_TINY)}
+RUN_TINY = {**DEFAULTS, "max_new_tokens": 60, "core_head": 1, "core_tail": 1}
+
+
+@pytest.mark.parametrize("endpoint", list(MEASURING))
+def test_a_measuring_endpoint_stops_at_the_time_limit_and_says_so(slow_engine, endpoint) -> None:
+    """With the limit already reached, the measurement stops at its first check, before any decoding step."""
+    pool = ModelPool(tiny_factory(slow_engine), names=("tiny",), caps=Caps(max_new_tokens=64, max_run_s=0))
+    with pytest.raises(gr.Error, match=r"stopped: it reached the server's time limit of 0 s"):
+        MEASURING[endpoint](pool)
+    assert slow_engine.steps == 0
+
+
+@pytest.mark.parametrize("api_name", ["measure_needs", "measure_layers"])
+def test_a_measurement_whose_caller_left_stops_and_frees_its_slot(slow_engine, api_name) -> None:
+    """A caller that drops its stream: the measurement stops at its next step (long before its 60 tokens, and long
+    before the server's limit), and the next person's run goes through on the server's one slot."""
+    slow_engine.delay = 0.2
+    demo = build_demo(lambda name: slow_engine, model_names=("tiny",), public=False,
+                      caps=Caps(max_new_tokens=64, max_run_s=3600, concurrency=1))
+    with serve(demo) as url:
+        defaults = api_defaults(new_client(url))[f"/{api_name}"]
+        values = {k: RUN_TINY.get(k, v) for k, v in defaults.items()}
+        posted = httpx.post(f"{url}gradio_api/call/{api_name}", json={"data": list(values.values())}, timeout=30)
+        event_id = posted.json()["event_id"]
+        with httpx.stream("GET", f"{url}gradio_api/call/{api_name}/{event_id}", timeout=30) as stream:
+            wait_until(lambda: slow_engine.steps > 0, timeout=60)
+        # the stream is closed: the caller has gone
+        wait_until(lambda: slow_engine.closed > 0, timeout=60)
+        assert slow_engine.steps < 30  # a dozen at most: the 60-token answer was never finished
+        slow_engine.delay = 0.0
+        final = new_client(url).predict(**{**RUN, "max_new_tokens": 2}, api_name="/generate")
+    assert "Done." in final[0]

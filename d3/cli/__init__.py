@@ -132,7 +132,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     gen = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                            seed=args.seed)
     engine = load_engine(args)
-    strategy = engine.resolve(strategy)
+    try:
+        strategy = engine.resolve(strategy)
+    except ValueError as err:  # the config's field, as the flag that set it
+        raise CliError(str(err).replace("layer_order=", "--layer-order ", 1)) from None
     trace = engine.generate(args.prompt, strategy, gen, TraceConfig() if args.json or not args.quiet else TRACE_OFF,
                             chat_template=not args.no_chat_template)
     if args.json:

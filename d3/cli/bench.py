@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from d3.cli.common import check_output_file, set_threads
+from d3.cli.common import check_output_file, int_in, set_threads
 from d3.research.sweep.spec import load_prompts
 
 
@@ -21,10 +21,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("bench", help="speed against targets: our loop vs model.generate, D3, tracing, load",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--prompts", type=int, default=4, help="how many prompts of assets/prompts.json")
-    p.add_argument("--new-tokens", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave torch's default)")
+    p.add_argument("--prompts", type=int_in(1), default=4, help="how many prompts of assets/prompts.json")
+    p.add_argument("--new-tokens", type=int_in(2, 4096), default=128)
+    p.add_argument("--repeats", type=int_in(1, 50), default=3)
+    p.add_argument("--threads", type=int_in(0, 1024), default=0, help="torch threads (0: leave torch's default)")
     p.add_argument("--skip-load", action="store_true", help="skip the subprocess load-time check")
     p.add_argument("--profile", choices=("auto", "always", "never"), default="auto",
                    help="profile variants whose target was missed (auto), all of them, or none")

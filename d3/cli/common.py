@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
+from typing import Callable
 
 
 class CliError(Exception):
@@ -33,3 +35,20 @@ def set_threads(threads: int) -> None:
         import torch  # only commands that run a model get here; the parser itself stays free of torch
 
         torch.set_num_threads(threads)
+
+
+def int_in(lo: int, hi: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer in [lo, hi] (hi None: no upper bound). argparse names the flag in the error."""
+    allowed = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip()) if len(text) <= 20 else None
+        except ValueError:
+            value = None
+        if value is None or value < lo or (hi is not None and value > hi):
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not allowed: {allowed}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import re
 from fractions import Fraction
 from typing import Any, Callable
 
 from tqdm import tqdm
 
 import d3.research.sweep
-from d3.cli.common import check_output_file, set_threads
+from d3.cli.common import CliError, check_output_file, int_in, set_threads
 from d3.config import DROP_ORDERS
+from d3.models import KNOWN_MODELS
 from d3.research.data import DEFAULT_TASKS
 from d3.research.gentasks import DEFAULT_GENERATION_TASKS
 from d3.research.sweep.spec import BASELINES, TASK_MODES, TASK_SCORINGS, Progress, SweepSpec, load_prompts
@@ -19,11 +21,17 @@ from d3.research.sweep.table import sidecar
 
 def _floats(text: str) -> tuple[float, ...]:
     """"0.85,2/3" -> (0.85, 0.666...)."""
-    return tuple(float(Fraction(x.strip())) for x in text.split(",") if x.strip())
+    try:
+        return tuple(float(Fraction(x.strip())) for x in text.split(",") if x.strip())
+    except (ValueError, ZeroDivisionError):
+        raise ValueError("give numbers or fractions, comma-separated (0.85,2/3)") from None
 
 
 def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split(",") if x.strip())
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError("give integers, comma-separated (0,16)") from None
 
 
 def _cores(text: str) -> tuple[tuple[int, int] | None, ...]:
@@ -32,9 +40,11 @@ def _cores(text: str) -> tuple[tuple[int, int] | None, ...]:
     for part in (p.strip() for p in text.split(",") if p.strip()):
         if part == "default":
             out.append(None)
-        else:
-            head, tail = part.split("+")
-            out.append((int(head), int(tail)))
+            continue
+        pair = part.split("+")
+        if len(pair) != 2 or not all(x.strip().isdigit() and len(x.strip()) <= 6 for x in pair):
+            raise ValueError(f"{part[:40]!r} is not a core split: give default or HEAD+TAIL, comma-separated (default,2+2)")
+        out.append((int(pair[0]), int(pair[1])))
     return tuple(out)
 
 
@@ -57,9 +67,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                               description=d3.research.sweep.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--out", default="results/sweep.csv", help="CSV appended row by row; a rerun resumes")
-    p.add_argument("--prompts", type=int, default=4, help="how many prompts of assets/prompts.json")
-    p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=3, help="timing repeats (full depth and method alternate)")
+    p.add_argument("--prompts", type=int_in(1), default=4, help="how many prompts of assets/prompts.json")
+    p.add_argument("--new-tokens", type=int_in(2, 1024), default=64)
+    p.add_argument("--repeats", type=int_in(1, 50), default=3, help="timing repeats (full depth and method alternate)")
     p.add_argument("--depths", default="0.85,0.75,2/3,0.55", help="target mean depths, fractions of L")
     p.add_argument("--alphas", default="", help="extra D3 settings with explicit alpha")
     p.add_argument("--cores", default="default", help="D3 core splits, e.g. default,0+0,4+4")
@@ -77,31 +87,66 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--early-exit-depths", default="", help="depths for early exit (default: baseline depths)")
     p.add_argument("--tasks", default="", help="BIG-bench tasks (d3.research.data.TASKS), comma separated; 'default' for "
                    "d3.research.data.DEFAULT_TASKS, the ones the embedded model is above chance on")
-    p.add_argument("--task-limit", type=int, default=30)
+    p.add_argument("--task-limit", type=int_in(1), default=30)
     p.add_argument("--task-scoring", default="loglik", choices=TASK_SCORINGS)
     p.add_argument("--task-mode", default="score", choices=TASK_MODES,
                    help="generate: generation accuracy (the paper's measure): --tasks are d3.research.gentasks tasks, answered "
                    "in full by greedy generation and scored by exact match; each setting timed against full depth "
                    "on --repeats batches per task; --new-tokens is the answer length depths are matched over")
-    p.add_argument("--ppl-chunks", type=int, default=4)
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave torch's default)")
-    p.add_argument("--limit", type=int, default=None, help="measure at most this many new settings, then stop")
+    p.add_argument("--ppl-chunks", type=int_in(0), default=4)
+    p.add_argument("--threads", type=int_in(0, 1024), default=0, help="torch threads (0: leave torch's default)")
+    p.add_argument("--limit", type=int_in(1), default=None, help="measure at most this many new settings, then stop")
     p.add_argument("--no-chat-template", action="store_true")
     p.set_defaults(func=main)
     return p
 
 
+FLAGS = {"max_new_tokens": "--new-tokens", "chat_template": "--no-chat-template"}  # spec fields named otherwise
+
+
+def _flag(field: str) -> str:
+    return FLAGS.get(field, "--" + field.replace("_", "-"))
+
+
+def _parsed(flag: str, parse: Callable[[str], Any], text: str) -> Any:
+    try:
+        return parse(text)
+    except ValueError as err:
+        raise CliError(f"{flag} {text[:40]!r}: {err}") from None
+
+
 def spec_from_args(args: argparse.Namespace) -> SweepSpec:
-    return SweepSpec(
-        model=args.model, prompts=load_prompts(args.prompts), max_new_tokens=args.new_tokens, repeats=args.repeats,
-        depths=_floats(args.depths), alphas=_floats(args.alphas), cores=_cores(args.cores), starts=_ints(args.starts),
-        fills=_words(args.fills), drop_orders=_words(args.drop_orders), variants_at=_floats(args.variants_at)[0],
-        product=args.product, baselines=_words(args.baselines),
-        baseline_depths=_floats(args.baseline_depths) or None, early_exit_measures=_words(args.early_exit_measures),
-        early_exit_depths=_floats(args.early_exit_depths) or None,
-        tasks=_task_names(args.tasks, args.task_mode), task_limit=args.task_limit, task_scoring=args.task_scoring,
-        task_mode=args.task_mode, task_split=args.task_split,
-        ppl_chunks=args.ppl_chunks, chat_template=not args.no_chat_template)
+    """The spec of the flags; CliError naming the flag of the first value that is not allowed."""
+    lists = {name: _parsed(_flag(name), parse, getattr(args, name)) for name, parse in (
+        ("depths", _floats), ("alphas", _floats), ("cores", _cores), ("starts", _ints), ("variants_at", _floats),
+        ("baseline_depths", _floats), ("early_exit_depths", _floats))}
+    if not lists["variants_at"]:
+        raise CliError("--variants-at is empty: give one depth (2/3)")
+    try:
+        return SweepSpec(
+            model=args.model, prompts=load_prompts(args.prompts), max_new_tokens=args.new_tokens, repeats=args.repeats,
+            depths=lists["depths"], alphas=lists["alphas"], cores=lists["cores"], starts=lists["starts"],
+            fills=_words(args.fills), drop_orders=_words(args.drop_orders), variants_at=lists["variants_at"][0],
+            product=args.product, baselines=_words(args.baselines),
+            baseline_depths=lists["baseline_depths"] or None, early_exit_measures=_words(args.early_exit_measures),
+            early_exit_depths=lists["early_exit_depths"] or None,
+            tasks=_task_names(args.tasks, args.task_mode), task_limit=args.task_limit, task_scoring=args.task_scoring,
+            task_mode=args.task_mode, task_split=args.task_split,
+            ppl_chunks=args.ppl_chunks, chat_template=not args.no_chat_template)
+    except ValueError as err:  # the spec names its field ("tasks=... is not allowed: tasks must be ..."): say the flag
+        message = str(err)
+        field = re.match(r"\w+", message)
+        if field:
+            message = re.sub(rf"^{field.group(0)}=(.*?) {field.group(0)} must", lambda m: f"{_flag(field.group(0))}="
+                             f"{m.group(1)} {_flag(field.group(0))} must", message, count=1)
+        raise CliError(message) from None
+
+
+def check_cores(spec: SweepSpec, num_layers: int) -> None:
+    """Every core split leaves a flex layer of the model's `num_layers`; CliError naming --cores otherwise."""
+    for core in spec.cores:
+        if core is not None and sum(core) >= num_layers:
+            raise CliError(f"--cores {core[0]}+{core[1]}: head + tail must be below {spec.model}'s {num_layers} layers")
 
 
 def tqdm_progress() -> tuple[Progress, Callable[[], None]]:
@@ -120,16 +165,21 @@ def main(args: argparse.Namespace, engine: Any = None) -> int:
     """Run the sweep; `engine` lets tests inject a tiny model."""
     check_output_file(args.out, "--out")  # before any model loads: a bad path fails in milliseconds
     spec = spec_from_args(args)
+    known = KNOWN_MODELS.get(spec.model)
+    if known is not None:  # its layers are known without loading it
+        check_cores(spec, known.facts.num_layers)
     set_threads(args.threads)
     # Loaded here, not at the top: the parser is built for every command, and the run needs torch.
     from d3.research.sweep.run import load_engine, run_sweep
+
+    engine = engine if engine is not None else load_engine(spec.model)
+    check_cores(spec, engine.num_layers)  # a local model: right after it loads, before any work
 
     progress, close = tqdm_progress()
     try:
         if spec.task_mode == "generate":
             from d3.research.sweep.generation import run_generation_sweep
 
-            engine = engine if engine is not None else load_engine(spec.model)
             df = run_generation_sweep(spec, args.out, engine=engine, progress=progress, limit=args.limit)
             print(f"{len(df)} rows in {args.out}")
             return 0

@@ -20,6 +20,7 @@ prefills each question once and answers it under every candidate (`d3.research.a
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -43,10 +44,12 @@ from d3.research.calibration_sets import (  # noqa: F401  (the sets are part of 
 from d3.config import TRACE_OFF, D3Config, FullConfig, GenerationConfig, StaticSkipConfig, check_layer_order
 from d3.orders import (  # noqa: F401  (what a calibration is and where it is kept: part of this module's API)
     CALIBRATION_ENV, CHAT_ORDERS, HIGHER_IS_BETTER, MEASURED, SIGNALS, UNITS, Calibration, cached, calibration_path, calibration_root,
-    resolve,
+    read_calibration, resolve,
 )
+from d3.research import ShouldStop, stop_if
 from d3.teacher_forced import Score, TeacherForced
 
+log = logging.getLogger(__name__)
 Progress = Callable[[int, int, str], None]  # (done, total, what) after each scored removal
 Announce = Callable[[str], None]  # one line saying what the calibration will cost, before its removals start
 
@@ -78,10 +81,12 @@ def _rank(score: Score, higher: bool) -> tuple[float, float]:
 
 
 def greedy_order(flex: Sequence[int], score: Callable[[tuple[int, ...]], Score], *, higher: bool, steps: int,
-                 progress: Progress | None = None) -> tuple[tuple[int, ...], dict[int, Score], list[Score]]:
+                 progress: Progress | None = None,
+                 should_stop: ShouldStop | None = None) -> tuple[tuple[int, ...], dict[int, Score], list[Score]]:
     """Greedy nested removal over `flex`: (order, single-drop scores, score after each of the `steps` removals).
 
-    The layers left after `steps` follow in the order of their single-drop scores (least harmful first)."""
+    The layers left after `steps` follow in the order of their single-drop scores (least harmful first).
+    should_stop(): checked before every scored removal; True raises Stopped there."""
     steps = max(1, min(steps, len(flex)))
     total = removals(len(flex), steps)
     done, removed, curve = 0, [], []
@@ -89,6 +94,7 @@ def greedy_order(flex: Sequence[int], score: Callable[[tuple[int, ...]], Score],
     for k in range(steps):
         scores = {}
         for layer in (x for x in flex if x not in removed):
+            stop_if(should_stop)
             scores[layer] = score((*removed, layer))
             done += 1
             if progress:
@@ -105,7 +111,8 @@ def greedy_order(flex: Sequence[int], score: Callable[[tuple[int, ...]], Score],
 # ------------------------------------------------------------------ the three signals
 
 
-def _own_answers(engine: Any, cal_set: CalibrationSet, tokens: int) -> TeacherForced:
+def _own_answers(engine: Any, cal_set: CalibrationSet, tokens: int,
+                 should_stop: ShouldStop | None = None) -> TeacherForced:
     """Full depth's own greedy answers to the set's prompts (a task's up to the end of its reply), teacher-forced."""
     from d3.research.sweep.generation import reply
 
@@ -116,7 +123,9 @@ def _own_answers(engine: Any, cal_set: CalibrationSet, tokens: int) -> TeacherFo
     else:
         prompts = list(cal_set.prompts)
     ids = [engine.encode([p], cal_set.chat_template)[0][0].tolist() for p in prompts]  # the engine's own tokens
-    traces = engine.generate_batch(ids, FullConfig(), GenerationConfig(max_new_tokens=tokens), TRACE_OFF)
+    traces = engine.generate_batch(ids, FullConfig(), GenerationConfig(max_new_tokens=tokens), TRACE_OFF,
+                                   should_stop=should_stop)
+    stop_if(should_stop)  # stopped within the answers: nothing to score
     answers = []
     for trace in traces:
         n = reply(trace, engine.eos_ids)[1] if cal_set.tasks else len(trace.steps)
@@ -154,7 +163,8 @@ def _task_score(engine: Any, cal_set: CalibrationSet) -> Callable[[tuple[int, ..
     return score
 
 
-def scorer(engine: Any, signal: str, cal_set: CalibrationSet, tokens: int) -> Callable[[tuple[int, ...]], Score]:
+def scorer(engine: Any, signal: str, cal_set: CalibrationSet, tokens: int,
+           should_stop: ShouldStop | None = None) -> Callable[[tuple[int, ...]], Score]:
     """removal -> Score for this signal on this set (everything shared by the removals is computed here, once)."""
     if signal not in SIGNALS:
         raise ValueError(f"signal={signal!r} is not allowed: signal must be one of {', '.join(SIGNALS)}")
@@ -169,7 +179,7 @@ def scorer(engine: Any, signal: str, cal_set: CalibrationSet, tokens: int) -> Ca
         with engine.lock:
             tf = _prose(engine, cal_set, tokens)
         return _locked(engine, lambda removed: _as_perplexity(tf.score(removed, "nll")))
-    tf = _own_answers(engine, cal_set, tokens)
+    tf = _own_answers(engine, cal_set, tokens, should_stop)
     return _locked(engine, lambda removed: tf.score(removed, "agreement"))
 
 
@@ -212,40 +222,50 @@ def calibrate(engine: Any, signal: str, cal_set: CalibrationSet | None = None, *
     path = calibration_path(engine.name, signal, cal_set.name, (head, tail), tokens, steps)
     if use_cache and path.is_file():
         try:
-            return Calibration.from_dict(json.loads(path.read_text(encoding="utf-8")))
-        except (ValueError, KeyError, TypeError):
-            pass  # a damaged cache file: measure again
+            return read_calibration(path)
+        except ValueError as err:
+            log.warning("measuring again: %s", err)
     result, _ = _measure(engine, signal, cal_set, (head, tail), steps, tokens, progress, {}, announce)
     _write(path, result)
     return result
 
 
 def calibrate_and_compare(engine: Any, signal: str, cal_set: CalibrationSet, orders: dict[str, Sequence[int]], *,
-                          core: tuple[int, int], steps: int, tokens: int = 32,
-                          progress: Progress | None = None) -> tuple[Calibration, dict[str, list[float]]]:
+                          core: tuple[int, int], steps: int, tokens: int = 32, progress: Progress | None = None,
+                          should_stop: ShouldStop | None = None) -> tuple[Calibration, dict[str, list[float]]]:
     """`calibrate` (not cached: the page's one prompt) plus, for each named order, the signal after dropping its
-    first 1 .. steps layers (the removal curve of the order in use, beside the calibrated one)."""
+    first 1 .. steps layers (the removal curve of the order in use, beside the calibrated one).
+
+    should_stop(): checked between every two passes; True raises `d3.research.Stopped` (a time limit, a caller
+    gone): the measurement stops within one pass."""
     L = engine.num_layers
     D3Config(core_head=core[0], core_tail=core[1]).check_layers(L)
     steps = max(1, min(steps, L - sum(core)))
-    return _measure(engine, signal, cal_set, core, steps, tokens, progress, orders)
+    return _measure(engine, signal, cal_set, core, steps, tokens, progress, orders, should_stop=should_stop)
 
 
 def _measure(engine: Any, signal: str, cal_set: CalibrationSet, core: tuple[int, int], steps: int, tokens: int,
              progress: Progress | None, orders: dict[str, Sequence[int]],
-             announce: Announce | None = None) -> tuple[Calibration, dict[str, list[float]]]:
+             announce: Announce | None = None,
+             should_stop: ShouldStop | None = None) -> tuple[Calibration, dict[str, list[float]]]:
     t0 = time.perf_counter()
     head, tail = core
     flex = list(range(head, engine.num_layers - tail))
-    score = scorer(engine, signal, cal_set, tokens)
+    score = scorer(engine, signal, cal_set, tokens, should_stop)
+    stop_if(should_stop)
     t_full = time.perf_counter()
     full = score(())
     if announce is not None:  # one removal costs about what full depth's pass did
         count = removals(len(flex), steps) + sum(min(steps, len(o)) for o in orders.values())
         announce(cost_line(count, time.perf_counter() - t_full))
-    order, single, curve = greedy_order(flex, score, higher=HIGHER_IS_BETTER[signal], steps=steps, progress=progress)
-    compared = {name: [round(score(tuple(o[:k])).value, 6) for k in range(1, min(steps, len(o)) + 1)]
-                for name, o in orders.items()}
+    order, single, curve = greedy_order(flex, score, higher=HIGHER_IS_BETTER[signal], steps=steps, progress=progress,
+                                        should_stop=should_stop)
+
+    def stopping(removed: tuple[int, ...]) -> float:
+        stop_if(should_stop)
+        return round(score(removed).value, 6)
+
+    compared = {name: [stopping(tuple(o[:k])) for k in range(1, min(steps, len(o)) + 1)] for name, o in orders.items()}
     result = Calibration(
         model=engine.name, num_layers=engine.num_layers, signal=signal, calibration_set=cal_set.name, core=core,
         order=order, single={k: round(v.value, 6) for k, v in single.items()}, curve=tuple(round(s.value, 6) for s in curve),

@@ -24,6 +24,7 @@ from transformers.cache_utils import DynamicCache
 from d3.adapter import Adapter
 from d3.config import TRACE_OFF, D3Config, FullConfig, GenerationConfig
 from d3.engine import Engine
+from d3.research import ShouldStop, stop_if
 from d3.research.oracle_fit import fit_alpha, judge, need_and_stable, position_summary, underserved_fraction
 from d3.schedule import d3_layers, order_key, plan
 
@@ -174,10 +175,12 @@ class BudgetScan:
         return [bool(self.keeps[i, j]) for i, j in enumerate(self._columns(cfg, num_layers))]
 
 
-def scan_budgets(adapter: Adapter, fp: FullPass, cfg: D3Config, lock: ContextManager[Any] | None = None) -> BudgetScan:
+def scan_budgets(adapter: Adapter, fp: FullPass, cfg: D3Config, lock: ContextManager[Any] | None = None,
+                 should_stop: ShouldStop | None = None) -> BudgetScan:
     """Run every answer token at every D3 budget below L (one batch per token) against full depth.
 
-    lock: held for each token's batch (the engine's lock, so a shared model interleaves with other users)."""
+    lock: held for each token's batch (the engine's lock, so a shared model interleaves with other users).
+    should_stop(): checked before each token's batch; True raises Stopped there."""
     L = adapter.num_layers
     floor = max(1, sum(cfg.core(L)))
     sets = [d3_layers(cfg, L, n) for n in range(floor, L)]
@@ -186,6 +189,7 @@ def scan_budgets(adapter: Adapter, fp: FullPass, cfg: D3Config, lock: ContextMan
     top1 = fp.top1
     with torch.inference_mode():
         for i in range(fp.steps):
+            stop_if(should_stop)
             with lock or contextlib.nullcontext():
                 logp = budget_logprobs(adapter, fp, i, sets) if sets else fp.logprobs[i][None, :0]
             full = fp.logprobs[i]
@@ -242,19 +246,30 @@ class Answer:
                 "seconds": {k: round(v, 3) for k, v in self.seconds.items()}}
 
 
-def measure(engine: Engine, prompt: str, cfg: D3Config, max_new_tokens: int = 64, *, chat_template: bool = True) -> Answer:
-    """Generate the full-depth greedy answer, then scan every budget and the logit lens for each of its tokens."""
+def measure(engine: Engine, prompt: str, cfg: D3Config, max_new_tokens: int = 64, *, chat_template: bool = True,
+            should_stop: ShouldStop | None = None) -> Answer:
+    """Generate the full-depth greedy answer, then scan every budget and the logit lens for each of its tokens.
+
+    should_stop(): checked before every generated token, every token's scan and the lens; True raises
+    `d3.research.Stopped` (a time limit, a caller gone): the measurement stops within one step."""
     cfg.check_layers(engine.num_layers)
     t0 = time.perf_counter()
     gen = GenerationConfig(max_new_tokens=max_new_tokens)
-    trace = engine.generate(prompt, FullConfig(), gen, TRACE_OFF, chat_template=chat_template)
+    trace = None
+    for trace in engine.stream(prompt, FullConfig(), gen, TRACE_OFF, chat_template=chat_template,
+                               should_stop=should_stop):
+        pass
+    stop_if(should_stop)  # stopped within the answer (or before it): nothing to scan
+    assert trace is not None
     prompt_ids = engine.encode([prompt], chat_template)[0][0].tolist()
     t1 = time.perf_counter()
     with engine.lock, torch.inference_mode():
         fp = full_pass(engine.adapter, prompt_ids, trace.token_ids)
     t2 = time.perf_counter()
-    answer = Answer(prompt, prompt_ids, fp, [s.text for s in trace.steps], scan_budgets(engine.adapter, fp, cfg, engine.lock))
+    scan = scan_budgets(engine.adapter, fp, cfg, engine.lock, should_stop)
+    answer = Answer(prompt, prompt_ids, fp, [s.text for s in trace.steps], scan)
     answer.oracle_depth, answer.stable_depth = answer.scan.depths()
+    stop_if(should_stop)
     t3 = time.perf_counter()
     with engine.lock:
         answer.prediction_depth = lens_depth(engine.adapter, fp)

@@ -103,6 +103,11 @@ class SweepSpec:
 
             _check(len(self.tasks) >= 1 and all(t in GENERATION_TASKS for t in self.tasks), "tasks", self.tasks,
                    f"one or more of {', '.join(GENERATION_TASKS)} (generation tasks)")
+        else:
+            from d3.research.data import TASKS
+
+            _check(all(t in TASKS for t in self.tasks), "tasks", self.tasks,
+                   f"among {', '.join(sorted(TASKS))} (BIG-bench tasks), or 'default'")
         _check(isinstance(self.task_limit, int) and self.task_limit >= 1, "task_limit", self.task_limit, "an integer >= 1")
         _check(isinstance(self.ppl_chunks, int) and self.ppl_chunks >= 0, "ppl_chunks", self.ppl_chunks, "an integer >= 0")
 

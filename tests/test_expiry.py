@@ -1,0 +1,58 @@
+"""Sessions that are gone let go of what gradio keeps for them: forgotten after the session lifetime, bounded in
+number."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+
+from explorer import expiry, page
+from explorer.caps import Caps
+from tests.apphelpers import exports_in_tmp, new_client  # noqa: F401  (a fixture)
+from tests.test_app_client import RUN, CountingEngine, serve, wait_until
+from tests.tiny import tiny_llama, tiny_tokenizer
+
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+              pytest.mark.filterwarnings("ignore::UserWarning")]
+
+
+@pytest.fixture(scope="module")
+def engine() -> CountingEngine:
+    return CountingEngine(tiny_llama(6), tiny_tokenizer(), name="tiny")
+
+
+def test_idle_sessions_are_forgotten_with_their_state(engine, monkeypatch) -> None:
+    monkeypatch.setattr(expiry, "PRUNE_EVERY_S", 0.2)
+    demo = page.build_demo(lambda name: engine, model_names=("tiny",), public=True,
+                           caps=Caps(max_new_tokens=8, session_ttl_s=1))
+    with serve(demo) as url:
+        holder = demo.server_app.state_holder
+        for _ in range(3):
+            new_client(url).predict(**RUN, api_name="/generate")
+        wait_until(lambda: not holder.session_data, timeout=60)  # all three gone, with their Session objects
+        assert not holder.time_last_used
+        final = new_client(url).predict(**RUN, api_name="/generate")  # and a new visitor is served as before
+    assert "Done." in final[0]
+
+
+def test_only_sessions_idle_past_the_lifetime_go(engine) -> None:
+    demo = page.build_demo(lambda name: engine, model_names=("tiny",), public=True,
+                           caps=Caps(max_new_tokens=8, session_ttl_s=3600))
+    with serve(demo) as url:
+        holder = demo.server_app.state_holder
+        for _ in range(2):
+            new_client(url).predict(**RUN, api_name="/generate")
+        old, recent = list(holder.time_last_used)[:2]
+        holder.time_last_used[old] -= datetime.timedelta(hours=2)
+        assert expiry.forget_idle_sessions(holder, 3600) == 1
+        assert list(holder.session_data) == [recent]
+
+
+def test_sessions_are_bounded_in_number(engine) -> None:
+    demo = page.build_demo(lambda name: engine, model_names=("tiny",), public=True,
+                           caps=Caps(max_new_tokens=8, max_sessions=4))
+    with serve(demo) as url:
+        for _ in range(7):
+            new_client(url).predict(**RUN, api_name="/generate")
+        assert len(demo.server_app.state_holder.session_data) <= 4

@@ -104,3 +104,35 @@ def test_real_tasks_have_worked_shots_that_agree_with_their_targets() -> None:
             assert is_correct(shot, " " + task.worked(shot)), task.name  # a shot's worked answer scores as right
         qs = task.questions()
         assert len(qs) >= 90 and not set(shots) & set(qs), task.name
+
+
+@pytest.mark.parametrize("name", gentasks.SYNTHETIC_TASKS)
+def test_generated_tasks_have_disjoint_seeded_splits_scored_by_their_own_shots(name: str) -> None:
+    task = GENERATION_TASKS[name]
+    val, test, shots = task.split("validation"), task.split("test"), task.shot_examples()
+    v, t, s = ({ex.input for ex in part} for part in (val, test, shots))
+    assert len(v) == len(val) and len(t) == len(test)  # no question twice within a split
+    assert not (v & t) and not (s & (v | t))  # disjoint as sets of questions
+    if name.startswith("gen_1_digit"):  # 100 questions (55 for subtraction), split evenly after the shots
+        assert len(val) >= 26 and abs(len(val) - len(test)) <= 1
+    else:
+        assert len(val) >= 500 and len(test) >= 500
+    assert [ex.input for ex in task.split("test")] == [ex.input for ex in test]  # seeded: the same every call
+    for shot in shots:  # every shot's worked answer states its own target, and scores right
+        assert task.score(shot, " " + task.worked(shot) + "\n\nQ: next")
+    assert len({shot.target for shot in shots}) == len(shots)
+    with pytest.raises(ValueError, match="split 'train'"):
+        task.split("train")
+
+
+def test_generated_questions_have_the_right_answers() -> None:
+    for ex in GENERATION_TASKS["gen_2_digit_multiplication"].split("test")[:50]:
+        a, _, b = ex.input[len("What is "):-1].split()
+        assert int(ex.target) == int(a) * int(b) and 10 <= int(a) <= 99
+    for ex in GENERATION_TASKS["gen_2_digit_subtraction"].split("test")[:50]:
+        assert int(ex.target) >= 0
+    for ex in GENERATION_TASKS["gen_word_sorting"].split("test")[:50]:
+        words = ex.input.split("List: ")[1].split()
+        assert ex.target == " ".join(sorted(words))
+    for ex in GENERATION_TASKS["gen_counting"].split("test")[:50]:
+        assert int(ex.target) == len(gentasks._items(ex.input))

@@ -25,7 +25,7 @@ from d3.research import calibrate as cal
 from d3.research.answers import PrefilledQuestions
 from d3.research.calibration_sets import CalibrationSet
 from d3.research.gentasks import SYNTHETIC_TASKS, get_generation_task
-from d3.research.study import NAMED_ORDERS, TARGETS, Eta, TestSet, paired_row, screen_tasks, settings, timing_pairs
+from d3.research.study import NAMED_ORDERS, TARGETS, Eta, QuestionSet, paired_row, screen_tasks, settings, timing_pairs
 
 VERSION = 2  # results of the paired, swept study (version 1 held one alpha per target depth, unpaired)
 SHORT = {"smollm2-135m": "smollm2", "gemma3-270m": "gemma3"}
@@ -64,7 +64,7 @@ def calibrations(engine, result: dict, tasks: list[str], val_limit: int, save) -
 
 def sweep(engine, result: dict, tasks: list[str], orders: dict, args, save) -> None:
     """Full depth, then every setting not yet in the results, on the test questions only."""
-    test = TestSet(engine, tasks, "test", limit=args.test_limit, batch=args.batch)
+    test = QuestionSet(engine, tasks, "test", limit=args.test_limit, batch=args.batch)
     first = get_generation_task(tasks[0])
     timing_q = PrefilledQuestions(engine, first, first.split("test")[:args.timing_questions], batch=args.timing_questions)
     result.update(test_sizes=test.sizes)
@@ -75,6 +75,7 @@ def sweep(engine, result: dict, tasks: list[str], orders: dict, args, save) -> N
         full = test.run(FullConfig())
         rows["full depth"] = {"accuracy": round(full.accuracy, 5), "right": sum(full.correct), "asked": len(full.correct),
                               "mean_layers": full.mean_layers, "tokens": full.tokens, "seconds": round(full.seconds, 2),
+                              "cpu_seconds": round(full.cpu_seconds, 2),
                               "qps": round(len(full.correct) / full.seconds, 3), "answers": list(full.answers),
                               "bits": "".join("1" if c else "0" for c in full.correct),
                               **timing_pairs(timing_q, FullConfig(), args.pairs)}
@@ -111,7 +112,7 @@ def run_model(model: str, args, parts: set[str]) -> Path:
                   started=result.get("started", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())))
     if "screen" not in result:
         say(f"{model}: full depth on {args.screen} validation questions per task ...")
-        result["screen"] = screen_tasks(engine, args.tasks.split(","), args.screen, batch=args.batch)
+        result["screen"] = screen_tasks(engine, args.tasks.split(","), args.screen, batch=args.batch, say=say)
         save()
     tasks = [t for t, v in result["screen"].items() if v["kept"]]
     say(f"{model}: tasks kept {tasks}; dropped {[t for t, v in result['screen'].items() if not v['kept']]}")

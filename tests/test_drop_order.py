@@ -69,13 +69,17 @@ def test_the_section_states_realized_depth_screen_and_intervals_and_replaces_its
     assert out.count("## Drop order: which layers m") == 1 and "old" not in out and "## Other\nkept" in out
 
 
-def test_readme_rows_go_between_the_markers_only(tmp_path) -> None:
+def test_readme_rows_replace_the_studys_own_rows_only(tmp_path) -> None:
     readme = tmp_path / "README.md"
-    readme.write_text(f"intro\n{rep.README_BEGIN}\nstale\n{rep.README_END}\nafter\n")
+    readme.write_text(f"| q | a |\n|---|---|\n| other | 1 |\n{rep.README_ROW}m: stale | x |\n| last | 2 |\n")
     rep.write_readme(readme, [STUDY, {**STUDY, "model": "n", "partial": "2 of 3 settings"}])
-    out = readme.read_text()
-    assert "stale" not in out and out.startswith("intro\n") and out.endswith(f"{rep.README_END}\nafter\n")
-    assert "| m: largest measured speedup" in out and "| n (partial run):" in out
+    out = readme.read_text().splitlines()
+    assert out[:3] == ["| q | a |", "|---|---|", "| other | 1 |"] and out[-1] == "| last | 2 |" and "stale" not in "".join(out)
+    assert out[3].startswith(f"{rep.README_ROW}m: largest measured speedup") and out[4].startswith(f"{rep.README_ROW}n (partial run):")
+    plain = tmp_path / "plain.md"
+    plain.write_text("no rows\n")
+    rep.write_readme(plain, [STUDY])
+    assert plain.read_text() == "no rows\n"
 
 
 def test_the_curves_page_draws_each_order_with_its_interval(tmp_path) -> None:

@@ -16,7 +16,7 @@ import numpy as np
 
 HEADING = "## Drop order"
 BOUNDS = (0.01, 0.03)  # the headline's limits on the 95% upper bound of the accuracy loss
-README_BEGIN, README_END = "<!-- drop-order-study -->", "<!-- /drop-order-study -->"
+README_ROW = "| Drop-order study, "  # the README's results rows this report owns begin so (a comment would end the table)
 
 
 def _pts(x: float) -> str:
@@ -183,21 +183,23 @@ def readme_rows(studies: list[dict[str, Any]]) -> str:
     for s in studies:
         full = s.get("settings", {}).get("full depth", {})
         tag = " (partial run)" if s.get("partial") else ""
-        rows.append(f"| {s['model']}{tag}: largest measured speedup with accuracy loss <= 1 / 3 points (95% upper bound, "
+        rows.append(f"{README_ROW}{s['model']}{tag}: largest measured speedup with accuracy loss <= 1 / 3 points (95% upper bound, "
                     f"paired, {full.get('asked', 0)} test questions) | {headline(s, BOUNDS[0])}; {headline(s, BOUNDS[1])} "
                     "| [results/SUMMARY.md](results/SUMMARY.md) |")
     return "\n".join(rows)
 
 
 def write_readme(readme: str | Path, studies: list[dict[str, Any]]) -> Path:
-    """Replace the rows between the README's study markers (left alone when the markers are missing)."""
+    """Replace the README's study rows (lines beginning with README_ROW) by fresh ones, where the first of them
+    stood; the README is left alone when it has none."""
     path = Path(readme)
-    text = path.read_text(encoding="utf-8")
-    start, end = text.find(README_BEGIN), text.find(README_END)
-    if start < 0 or end < start:
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    at = [i for i, line in enumerate(lines) if line.startswith(README_ROW)]
+    if not at:
         return path
-    text = text[:start + len(README_BEGIN)] + "\n" + readme_rows(studies) + "\n" + text[end:]
-    path.write_text(text, encoding="utf-8")
+    kept = [line for line in lines if not line.startswith(README_ROW)]
+    kept[at[0]:at[0]] = [readme_rows(studies) + "\n"]
+    path.write_text("".join(kept), encoding="utf-8")
     return path
 
 

@@ -34,13 +34,14 @@ class Outcome:
     mean_layers: float
     tokens: int
     seconds: float
+    cpu_seconds: float = float("nan")  # this process's CPU time (all its threads): the cost on an idle machine
 
     @property
     def accuracy(self) -> float:
         return sum(self.correct) / max(len(self.correct), 1)
 
 
-class TestSet:
+class QuestionSet:
     """The test questions of the tasks (`limit` per task), prefilled once; `run` answers them under a strategy."""
 
     def __init__(self, engine: Any, tasks: Sequence[str], split: str = "test", limit: int | None = None,
@@ -51,13 +52,13 @@ class TestSet:
         self.sizes = [len(s.examples) for s in self.sets]
 
     def run(self, strategy: StrategyConfig) -> Outcome:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         parts: list[Answers] = [s.answer(strategy) for s in self.sets]
-        seconds = time.perf_counter() - t0
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
         tokens = sum(p.tokens for p in parts)
         layers = sum(p.mean_layers * p.tokens for p in parts) / max(tokens, 1)
         return Outcome(tuple(c for p in parts for c in p.correct), tuple(answer_text(t) for p in parts for t in p.texts),
-                       layers, tokens, seconds)
+                       layers, tokens, seconds, cpu)
 
 
 def timing_pairs(questions: PrefilledQuestions, strategy: StrategyConfig, pairs: int) -> dict[str, Any]:
@@ -93,6 +94,7 @@ def paired_row(full: Outcome, out: Outcome, sizes: Sequence[int]) -> dict[str, A
             "diff": exact_difference(full.correct, out.correct).to_dict(),
             "same_answer": bootstrap_difference([1.0] * len(same), same).to_dict(),
             "mean_layers": round(out.mean_layers, 3), "tokens": out.tokens, "seconds": round(out.seconds, 2),
+            "cpu_seconds": round(out.cpu_seconds, 2),
             "qps": round(len(out.correct) / max(out.seconds, 1e-9), 3), "per_task": per_task,
             "bits": "".join("1" if c else "0" for c in out.correct)}
 
@@ -111,17 +113,21 @@ def settings(num_layers: int, orders: dict[str, dict[str, Any]], targets: Sequen
     return out
 
 
-def screen_tasks(engine: Any, tasks: Sequence[str], limit: int, batch: int = 32) -> dict[str, dict[str, Any]]:
+def screen_tasks(engine: Any, tasks: Sequence[str], limit: int, batch: int = 32,
+                 say: Callable[[str], None] = lambda line: None) -> dict[str, dict[str, Any]]:
     """Each task's full-depth accuracy on its first `limit` validation questions, and whether it is kept: at
     least 30% and 20 points above always giving the most common answer."""
     out = {}
     for name in tasks:
+        t0 = time.perf_counter()
         task = get_generation_task(name)
         val = task.split("validation")[:limit]
         acc = PrefilledQuestions(engine, task, val, batch=batch).answer(FullConfig()).accuracy
         chance = task.chance(val)
         out[name] = {"validation_accuracy": round(acc, 4), "chance": round(chance, 4), "asked": len(val),
                      "kept": bool(acc >= max(0.3, chance + 0.2))}
+        say(f"{name}: {100 * acc:.0f}% at full depth on {len(val)} validation questions "
+            f"({'kept' if out[name]['kept'] else 'dropped'}; {time.perf_counter() - t0:.0f} s)")
     return out
 
 

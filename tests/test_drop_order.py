@@ -67,6 +67,8 @@ def test_the_section_states_realized_depth_screen_and_intervals_and_replaces_its
     rep.write_section(summary, STUDY)
     out = summary.read_text()
     assert out.count("## Drop order: which layers m") == 1 and "old" not in out and "## Other\nkept" in out
+    rep.write_section(summary, {**STUDY, "model": "other"})  # another model's section goes beside it
+    assert summary.read_text().count(rep.HEADING) == 2
 
 
 def test_readme_rows_replace_the_studys_own_rows_only(tmp_path) -> None:

@@ -44,7 +44,7 @@ def _select(index: int) -> gr.SelectData:
 def test_sweep_gives_one_row_per_setting_and_a_matching_pareto_view(swept) -> None:
     out, reports = swept
     results, table, figure = out[OUT["sweep_results"]], out[OUT["sweep_table"]], out[OUT["sweep_pareto"]]
-    assert len(results) == len(table) == 1 + len(sweep_tab.SWEEP_DEFAULT)  # the full-depth reference + each setting
+    assert len(results) == len(table) == 1 + len(REQUEST["sweep_settings"])  # the full-depth reference + each setting
     assert list(table.columns) == sweep_tab.SWEEP_TABLE_COLUMNS
     assert table["strategy"].tolist() == ["full", "d3", "d3", "skipdecode", "unified"]
     assert table["label"].tolist() == results["label"].tolist()

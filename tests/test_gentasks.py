@@ -113,8 +113,8 @@ def test_generated_tasks_have_disjoint_seeded_splits_scored_by_their_own_shots(n
     v, t, s = ({ex.input for ex in part} for part in (val, test, shots))
     assert len(v) == len(val) and len(t) == len(test)  # no question twice within a split
     assert not (v & t) and not (s & (v | t))  # disjoint as sets of questions
-    if name.startswith("gen_1_digit"):  # 100 questions (55 for subtraction), split evenly after the shots
-        assert len(val) >= 26 and abs(len(val) - len(test)) <= 1
+    if name.startswith(("gen_1_digit", "gen_2_by_1")):  # 100 (55), 900 questions: split evenly after the shots
+        assert len(val) >= 26 and abs(len(val) - len(test)) <= 1 and len(val) + len(test) + len(shots) in (55, 100, 900)
     else:
         assert len(val) >= 500 and len(test) >= 500
     assert [ex.input for ex in task.split("test")] == [ex.input for ex in test]  # seeded: the same every call
@@ -129,6 +129,9 @@ def test_generated_questions_have_the_right_answers() -> None:
     for ex in GENERATION_TASKS["gen_2_digit_multiplication"].split("test")[:50]:
         a, _, b = ex.input[len("What is "):-1].split()
         assert int(ex.target) == int(a) * int(b) and 10 <= int(a) <= 99
+    for ex in GENERATION_TASKS["gen_2_by_1_digit_multiplication"].split("test")[:50]:
+        a, _, b = ex.input[len("What is "):-1].split()
+        assert int(ex.target) == int(a) * int(b) and 10 <= int(a) <= 99 and 0 <= int(b) <= 9
     for ex in GENERATION_TASKS["gen_2_digit_subtraction"].split("test")[:50]:
         assert int(ex.target) >= 0
     for ex in GENERATION_TASKS["gen_word_sorting"].split("test")[:50]:

@@ -185,12 +185,14 @@ _SORT_WORDS = ("apple river stone cloud tiger window garden pencil silver orange
                "tunnel wagon yellow zebra anchor bridge cactus dragon engine feather").split()
 
 
-def arithmetic_question(op: str, digits: int) -> Callable[[random.Random], Example]:
-    """"What is 47 times 3?" with both operands of `digits` digits (0-9 or 10-99); subtraction never goes below 0."""
-    lo, hi = (0, 9) if digits == 1 else (10, 99)
+def arithmetic_question(op: str, digits: int, second_digits: int | None = None) -> Callable[[random.Random], Example]:
+    """"What is 47 times 3?": the first operand of `digits` digits (0-9 or 10-99), the second of `second_digits`
+    (default the same); subtraction never goes below 0."""
+    span = {1: (0, 9), 2: (10, 99)}
+    (lo, hi), (lo2, hi2) = span[digits], span[second_digits or digits]
 
     def make(rng: random.Random) -> Example:
-        a, b = rng.randint(lo, hi), rng.randint(lo, hi)
+        a, b = rng.randint(lo, hi), rng.randint(lo2, hi2)
         a, b = (max(a, b), min(a, b)) if op == "-" else (a, b)
         value = a + b if op == "+" else a - b if op == "-" else a * b
         return Example("synthetic", f"What is {a} {_WORDS[op]} {b}?", (), str(value), None, (str(value),))
@@ -266,6 +268,10 @@ def _synthetic_tasks() -> list[SyntheticTask]:
             tasks.append(SyntheticTask(f"gen_{digits}_digit_{word}", "synthetic", worked_arithmetic, 32,
                                        f"What is a {_WORDS[op]} b? ({digits}-digit, generated)",
                                        make=arithmetic_question(op, digits)))
+    for op, word in (("+", "addition"), ("*", "multiplication")):  # between the two: 900 questions each
+        tasks.append(SyntheticTask(f"gen_2_by_1_digit_{word}", "synthetic", worked_arithmetic, 32,
+                                   f"What is 47 {_WORDS[op]} 3? (2-digit by 1-digit, generated)",
+                                   make=arithmetic_question(op, 2, 1)))
     tasks.append(SyntheticTask("gen_counting", "synthetic", worked_counting, 64,
                                "I have an apple, a pear, and a plum. How many fruits do I have? (generated)",
                                make=counting_question))

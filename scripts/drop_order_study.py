@@ -104,6 +104,9 @@ def run_model(model: str, args, parts: set[str]) -> Path:
     path = out_path(Path(args.out_dir), model)
     result = load(path)
     save = lambda: path.write_text(json.dumps(result, indent=1))  # noqa: E731
+    if args.partial is not None and path.is_file():
+        result.update(partial=args.partial) if args.partial else result.pop("partial", None)
+        save()
     if not parts & {"screen", "calibrate", "sweep"}:
         return path
     args.model, args.device, args.dtype = model, "auto", "float32"
@@ -141,18 +144,19 @@ def main() -> int:
     p.add_argument("--out-dir", default="results")
     p.add_argument("--summary", default="results/SUMMARY.md")
     p.add_argument("--readme", default="README.md")
+    p.add_argument("--partial", default=None, help="mark the results as a partial run, described so ('' unmarks)")
     p.add_argument("--only", default="", help="comma-separated parts: screen,calibrate,sweep,report")
     args = p.parse_args()
     parts = set(args.only.split(",")) if args.only else {"screen", "calibrate", "sweep", "report"}
     started = time.perf_counter()
     paths = [run_model(m, args, parts) for m in args.models.split(",") if m]
     if "report" in parts:
-        from d3.reports.drop_order import write_readme, write_section
+        from d3.reports.drop_order import write_curves, write_readme, write_section
 
-        for path in paths:
-            if path.is_file():
-                say(f"wrote {write_section(args.summary, json.loads(path.read_text()))}")
-        say(f"wrote {write_readme(args.readme, [json.loads(p.read_text()) for p in paths if p.is_file()])}")
+        studies = [s for s in (load(p) for p in paths) if s.get("settings")]  # measured with this version
+        for study, path in ((s, out_path(Path(args.out_dir), s["model"])) for s in studies):
+            say(f"wrote {write_section(args.summary, study)} and {write_curves(study, path.with_suffix('.html'))}")
+        say(f"wrote {write_readme(args.readme, studies)}")
     say(f"done in {(time.perf_counter() - started) / 60:.1f} min")
     return 0
 

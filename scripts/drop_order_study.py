@@ -130,6 +130,22 @@ def run_model(model: str, args, parts: set[str]) -> Path:
     return path
 
 
+def write_curves(study: dict, path: Path) -> Path:
+    """An HTML page with the two curves: accuracy difference vs layers run, and vs measured speedup."""
+    from d3.reports.drop_order import curve_points
+    from viz.results import paired_curves
+
+    L = study["num_layers"]
+    figs = [paired_curves(curve_points(study, "layers"), x="layers", x_title=f"mean layers run per token (of {L})",
+                          title=f"{study['model']}: accuracy against depth actually run"),
+            paired_curves(curve_points(study, "speedup"), x="speedup", x_title="measured speedup (ABBA pairs, median)",
+                          title=f"{study['model']}: accuracy against measured speedup")]
+    body = "\n".join(f.to_html(full_html=False, include_plotlyjs=i == 0) for i, f in enumerate(figs))  # plotly.js once
+    path.write_text(f"<!doctype html><meta charset='utf-8'><title>Drop order: {study['model']}</title>\n{body}\n",
+                    encoding="utf-8")
+    return path
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default="smollm2-135m,gemma3-270m")
@@ -151,7 +167,7 @@ def main() -> int:
     started = time.perf_counter()
     paths = [run_model(m, args, parts) for m in args.models.split(",") if m]
     if "report" in parts:
-        from d3.reports.drop_order import write_curves, write_readme, write_section
+        from d3.reports.drop_order import write_readme, write_section
 
         studies = [s for s in (load(p) for p in paths) if s.get("settings")]  # measured with this version
         for study, path in ((s, out_path(Path(args.out_dir), s["model"])) for s in studies):

@@ -207,19 +207,3 @@ def curve_points(study: dict[str, Any], x: str) -> dict[str, list[dict[str, floa
     """Per order or baseline, its settings as points for `viz.results.paired_curves` (x: "layers" or "speedup")."""
     return {name: [{x: r[x], "diff": r["diff"], "low": r["low"], "high": r["high"]} for r in c]
             for name, c in curves(study).items()}
-
-
-def write_curves(study: dict[str, Any], path: str | Path) -> Path:
-    """An HTML page with the two curves: accuracy difference vs layers run, and vs measured speedup."""
-    from viz.results import paired_curves
-
-    L = study["num_layers"]
-    figs = [paired_curves(curve_points(study, "layers"), x="layers", x_title=f"mean layers run per token (of {L})",
-                          title=f"{study['model']}: accuracy against depth actually run"),
-            paired_curves(curve_points(study, "speedup"), x="speedup", x_title="measured speedup (ABBA pairs, median)",
-                          title=f"{study['model']}: accuracy against measured speedup")]
-    body = "\n".join(f.to_html(full_html=False, include_plotlyjs=i == 0) for i, f in enumerate(figs))  # plotly.js once
-    path = Path(path)
-    path.write_text(f"<!doctype html><meta charset='utf-8'><title>Drop order: {study['model']}</title>\n{body}\n",
-                    encoding="utf-8")
-    return path

@@ -26,6 +26,7 @@ STUDY = {
         "d3 bad @0.95": _row(9.4, -0.05, -0.08, -0.03, 1.05),
         "d3 bad @0.9": _row(8.5, -0.30, -0.36, -0.25, 1.15),
         "unified @0.9": _row(9.0, -0.40, -0.46, -0.34, 1.12),
+        "unified @0.99": _row(10.0, 0.0, 0.0, 0.0, 1.5),  # skips nothing: timing noise, never a headline
     },
 }
 
@@ -44,6 +45,7 @@ def test_the_headline_reads_the_upper_bound_of_the_loss_not_the_point_estimate()
     assert "**1.03x**" in one and "d3 good @0.95" in one and "9.60 of 10" in one and "-0.5 [-0.9, +0.0]" in one
     three = rep.headline(STUDY, 0.03)  # 1.10x loses up to 3.5 points: not within 3
     assert "**1.03x**" in three
+    assert "unified @0.99" not in one
     strict = rep.headline(STUDY, 0.005)
     assert "**none**" in strict and "closest is d3 good @0.95" in strict and "loss up to 0.9 points" in strict
 

@@ -94,10 +94,11 @@ def test_unknown_generation_task() -> None:
 
 @pytest.mark.data
 def test_real_tasks_have_worked_shots_that_agree_with_their_targets() -> None:
-    missing = [t.source for t in GENERATION_TASKS.values() if not data.task_file(data.TASKS[t.source].path).is_file()]
+    real = [t for t in GENERATION_TASKS.values() if t.source in data.TASKS]  # the generated tasks are tested above
+    missing = [t.source for t in real if not data.task_file(data.TASKS[t.source].path).is_file()]
     if missing:
         pytest.skip(f"BIG-bench data not fetched (run `python -m d3 fetch-data`); missing {missing}")
-    for task in GENERATION_TASKS.values():
+    for task in real:
         shots = task.shot_examples()
         assert len(shots) == task.shots, task.name
         for shot in shots:

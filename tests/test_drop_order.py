@@ -90,3 +90,15 @@ def test_curve_points_give_each_order_its_settings_with_their_intervals() -> Non
     points = rep.curve_points(STUDY, "speedup")
     assert points["d3 good"][0] == {"speedup": 1.10, "diff": -0.02, "low": -0.035, "high": -0.01}
     assert [p["speedup"] for p in points["d3 bad"]] == [1.15, 1.05]
+
+
+def test_orders_at_the_same_depth_are_paired_question_by_question() -> None:
+    settings = {"d3 a @0.9": {**_row(9.0, -0.02, -0.05, 0.0, 1.1), "accuracy": 0.9, "bits": "1" * 18 + "00"},
+                "d3 b @0.9": {**_row(9.05, -0.5, -0.6, -0.4, 1.1), "accuracy": 0.4, "bits": "1" * 8 + "0" * 12},
+                "d3 c @0.8": {**_row(8.0, -0.5, -0.6, -0.4, 1.2), "accuracy": 0.4, "bits": "0" * 20}}
+    (line,) = rep.paired_orders({**STUDY, "settings": settings})
+    # a wins 10 of 20 questions and loses none; by hand: Clopper-Pearson(10 of 10) starts at 0.025 ** (1 / 10)
+    low = 100 * 10 * (2 * 0.025 ** 0.1 - 1) / 20
+    assert line == f"d3 a @0.9 over d3 b @0.9 at 9.00 / 9.05 layers: +50.0 [{low:+.1f}, +50.0] pts (beyond the interval)"
+    few = {k: {**v, "bits": v["bits"][:10]} for k, v in settings.items()}  # 5 wins of 10: not enough to resolve
+    assert "not resolved" in rep.paired_orders({**STUDY, "settings": few})[0]

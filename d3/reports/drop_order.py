@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from d3.research.stats import exact_difference
+
 HEADING = "## Drop order"
 BOUNDS = (0.01, 0.03)  # the headline's limits on the 95% upper bound of the accuracy loss
 README_ROW = "| Drop-order study, "  # the README's results rows this report owns begin so (a comment would end the table)
@@ -110,6 +112,22 @@ def _spread(r: dict[str, Any]) -> str:
     return f"timing pairs {r['spread'][0]:.2f}-{r['spread'][1]:.2f}x" if r.get("spread") else "no spread"
 
 
+def paired_orders(study: dict[str, Any], within: float = 0.1) -> list[str]:
+    """Two D3 orders that ran the same depth (within `within` layers): the better one's paired difference over the
+    other on the same questions, with its exact interval (finer than comparing their intervals against full depth)."""
+    runs = [(k, v) for k, v in study.get("settings", {}).items() if k.startswith("d3 ") and "bits" in v]
+    lines = []
+    for i, (ka, a) in enumerate(runs):
+        for kb, b in runs[i + 1:]:
+            if abs(a["mean_layers"] - b["mean_layers"]) <= within:
+                (kw, w), (kl, lo) = ((ka, a), (kb, b)) if a["accuracy"] >= b["accuracy"] else ((kb, b), (ka, a))
+                d = exact_difference([c == "1" for c in lo["bits"]], [c == "1" for c in w["bits"]])
+                verdict = "beyond the interval" if d.low > 0 else "within the interval: not resolved"
+                lines.append(f"{kw} over {kl} at {w['mean_layers']:.2f} / {lo['mean_layers']:.2f} layers: "
+                             f"{d.points()} ({verdict})")
+    return lines
+
+
 def matched_table(study: dict[str, Any]) -> str:
     """Orders and baselines at common depths: interpolated difference [interval] in points."""
     depths = common_depths(study)
@@ -155,6 +173,8 @@ def section(study: dict[str, Any]) -> str:
         *(f"- Headline: {headline(study, b)}." for b in BOUNDS), "",
         "Which order wins at each depth (interpolated along each order's curve):", "",
         *(f"- {w}" for w in winners(study)), "",
+        "Orders that ran the same depth, paired on the same questions:", "",
+        *(f"- {line}" for line in paired_orders(study) or ["none ran within 0.1 layers of another"]), "",
         "### At common depths (accuracy difference from full depth, points [95%], interpolated)", "",
         matched_table(study), "",
         "### Every setting as measured", "", settings_table(study), "",

@@ -119,7 +119,7 @@ def test_generation_sweep_rows_and_resume(engine, task, tmp_path) -> None:
     html = "".join(_generation_section(again))  # the HTML report's section: criterion, then every setting
     assert "<h2>Generation accuracy" in html and "Largest measured speedup within 1 point" in html
     assert all(label in html for label in again["label"])
-    assert html.count("accuracy vs full depth, points (95% paired interval)") == 2  # the curves, by depth and speed
+    assert html.count("accuracy vs full, points (95%)") == 2  # the curves, by depth and speed
 
 
 def row(strategy: str, acc: float, speed: float, layers: float, label: str = "") -> dict:

@@ -220,5 +220,5 @@ def paired_curves(curves: dict[str, Sequence[dict[str, float]]], *, x: str = "la
     if bound is not None:
         shapes.append(guide_line(y=-100 * bound))
     layout = {"xaxis": {"title": {"text": x_title or x}}, "shapes": shapes,
-              "yaxis": {"title": {"text": "accuracy vs full depth, points (95% paired interval)"}}}
+              "yaxis": {"title": {"text": "accuracy vs full, points (95%)"}}}
     return make_figure(data, layout, title=title, presentation=presentation)

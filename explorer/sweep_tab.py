@@ -17,6 +17,7 @@ from d3.config import D3Config, SkipDecodeConfig, UnifiedConfig, strategy_from_d
 from d3.engine import Engine
 from d3.research.sweep import SweepSpec
 from d3.research.sweep.run import run_sweep as run_sweep_file
+from d3.research.sweep.table import read_results
 from explorer import views
 from explorer.caps import Caps
 from explorer.controls import CONTROL_NAMES, STRATEGY_LABELS, layer_order_text
@@ -47,12 +48,13 @@ SWEEP_MENU: dict[str, SweepChoice] = {
     "skipdecode_67": SweepChoice("SkipDecode at 67% (matched)", "skipdecode", SWEEP_MATCHED_DEPTH),
     "unified_67": SweepChoice("Unified Layer Skipping at 67% (matched)", "unified", SWEEP_MATCHED_DEPTH),
 }
-SWEEP_DEFAULT = ("d3_75", "d3_67", "skipdecode_67", "unified_67")
+SWEEP_DEFAULT = ("d3_67", "skipdecode_67", "unified_67")  # the matched-depth comparison, within the ~20 s promised
 SWEEP_MAX_SETTINGS = 4
 SWEEP_MAX_PROMPTS = 2
 SWEEP_MAX_NEW_TOKENS = 24
 SWEEP_MIN_NEW_TOKENS = 2
 SWEEP_REPEATS = 3  # timing pairs per prompt: one pair made full depth against itself read 3.6x
+SWEEP_MAX_S = 60  # a sweep stops here (or at the server's run limit, if lower) and shows the rows it finished
 SWEEP_TABLE_COLUMNS = ["label", "strategy", "target_depth", "mean_layers", "theoretical_speedup", "measured_speedup",
                        "agreement", "first_divergence", "kl_teacher", "kl_free", "params"]
 
@@ -60,8 +62,8 @@ SWEEP_TABLE_COLUMNS = ["label", "strategy", "target_depth", "mean_layers", "theo
 def sweep_bounds_text() -> str:
     return (f"Bounded on the server: at most {SWEEP_MAX_SETTINGS} settings from the menu (plus the full-depth "
             f"reference row), {SWEEP_MAX_PROMPTS} prompts, {SWEEP_MAX_NEW_TOKENS} new tokens, {SWEEP_REPEATS} timing pairs "
-            "per prompt (median); "
-            "no perplexity or task accuracy.")
+            f"per prompt (median); no perplexity or task accuracy. A sweep stops after {SWEEP_MAX_S} s and shows the "
+            "rows it finished.")
 
 
 def sweep_spec(model: str, prompts: Any, choices: Any, new_tokens: Any, chat_template: Any, caps: Caps) -> SweepSpec:
@@ -96,6 +98,10 @@ def sweep_spec(model: str, prompts: Any, choices: Any, new_tokens: Any, chat_tem
 
 def _never() -> bool:
     return False
+
+
+class OutOfTime(Exception):
+    """Raised before a token once a sweep's time is up: the sweep ends there and keeps the rows it finished."""
 
 
 class _Counting:
@@ -133,7 +139,8 @@ def run_small_sweep(engine: Engine, spec: SweepSpec, progress: Callable[[float, 
                     should_stop: Callable[[], bool] = _never) -> pd.DataFrame:
     """Run `spec` on `engine` into a fresh temporary CSV (never resumed from an earlier sweep); the table.
     `progress(fraction, desc)` moves with every run started, never backwards; `should_stop()` is checked before
-    every token of every run (it raises to end the sweep: a run stopped early would measure nothing)."""
+    every token of every run (it raises to end the sweep: a run stopped early would measure nothing). When it
+    raises `OutOfTime`, the rows finished before are returned, with the reason in `df.attrs["stopped"]`."""
     report = progress or (lambda fraction, desc: None)
     state = {"runs": 0, "shown": 0.0, "desc": "Starting the sweep…"}
     total = expected_runs(spec)
@@ -148,9 +155,14 @@ def run_small_sweep(engine: Engine, spec: SweepSpec, progress: Callable[[float, 
         show(min(0.98, state["runs"] / total))
 
     with tempfile.TemporaryDirectory(prefix="d3-sweep-") as folder:
-        counting = _Counting(engine, tick, should_stop)
-        return run_sweep_file(spec, Path(folder) / "sweep.csv", engine=counting,  # type: ignore[arg-type]
-                              progress=lambda fraction, desc: show(fraction, desc))
+        counting, path = _Counting(engine, tick, should_stop), Path(folder) / "sweep.csv"
+        try:
+            return run_sweep_file(spec, path, engine=counting,  # type: ignore[arg-type]
+                                  progress=lambda fraction, desc: show(fraction, desc))
+        except OutOfTime as stop:
+            done = read_results(path)
+            done.attrs["stopped"] = str(stop)
+            return done
 
 
 def sweep_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -198,25 +210,47 @@ def run_sweep(pool: ModelPool, model: str, chat_template: bool, sweep_prompts: s
         spec = sweep_spec(name, sweep_prompts, sweep_settings, sweep_tokens, chat_template, pool.caps)
         progress(0.0, desc="Loading the model…" if not pool.is_loaded(name) else "Starting the sweep…")
         engine = pool.engine(name)
-        deadline = time.monotonic() + pool.caps.max_run_s
+        limit = sweep_time_limit(pool.caps)
+        deadline = time.monotonic() + limit
 
         def out_of_time() -> bool:
             """Before every token: past the deadline the sweep ends there, within one token (a sweep nobody waits
             for must end too; checked only between settings, the largest overran its limit by 13%)."""
             if time.monotonic() > deadline:
-                raise ValueError(f"the sweep reached the server's time limit of {pool.caps.max_run_s} s: "
-                                 "choose fewer settings or tokens")
+                raise OutOfTime(f"the sweep reached its time limit of {limit} s")
             return False
 
         df = run_small_sweep(engine, spec, progress=lambda fraction, desc: progress(fraction, desc=desc),
                              should_stop=out_of_time)
+    return ordered(SWEEP_OUTPUTS, **sweep_outputs(df, spec))
+
+
+def sweep_time_limit(caps: Caps) -> int:
+    """Seconds a Sweep-tab sweep may run: SWEEP_MAX_S, or the server's run limit when that is lower."""
+    return min(SWEEP_MAX_S, caps.max_run_s)
+
+
+def sweep_outputs(df: pd.DataFrame, spec: SweepSpec) -> dict[str, Any]:
+    """The table, the Pareto view and the note of a finished sweep, or of one stopped at its time limit (the
+    rows done so far kept and drawn, and a plain message saying so)."""
+    stopped = df.attrs.get("stopped")
+    total = len(spec.depths) + len(spec.baselines) + 1
+    if stopped and df.empty:
+        note = (f"**Stopped: {stopped}** before the full-depth reference was measured, so there is nothing to show. "
+                "Choose fewer settings or tokens, or a shorter prompt, and run it again.")
+        return dict(sweep_results=df, sweep_table=sweep_table(df), sweep_pareto=None, sweep_note=note, sweep_file=None)
     df, noise = reference_as_one(df)
-    note = (f"Measured {len(df)} rows ({len(df) - 1} settings + the full-depth reference) on {len(spec.prompts)} "
-            f"prompt(s), {spec.max_new_tokens} new tokens, {spec.repeats} timing pairs each (median). Full depth "
-            f"timed against itself read {noise:.2f}×: differences that small are timing noise. Click a point or a "
-            "row to load its setting into the controls.")
-    return ordered(SWEEP_OUTPUTS, sweep_results=df, sweep_table=sweep_table(df), sweep_pareto=_sweep_figure(df),
-                   sweep_note=note, sweep_file=None)  # the previous sweep's CSV is no longer offered
+    if stopped:
+        note = (f"**Stopped: {stopped}** after {len(df)} of {total} rows (the full-depth reference and "
+                f"{len(df) - 1} settings); those are kept below and on the plot. Choose fewer settings or tokens to "
+                "measure the rest. Click a point or a row to load its setting into the controls.")
+    else:
+        note = (f"Measured {len(df)} rows ({len(df) - 1} settings + the full-depth reference) on {len(spec.prompts)} "
+                f"prompt(s), {spec.max_new_tokens} new tokens, {spec.repeats} timing pairs each (median). Full depth "
+                f"timed against itself read {noise:.2f}×: differences that small are timing noise. Click a point or a "
+                "row to load its setting into the controls.")
+    return dict(sweep_results=df, sweep_table=sweep_table(df), sweep_pareto=_sweep_figure(df), sweep_note=note,
+                sweep_file=None)  # the previous sweep's CSV is no longer offered
 
 
 def reference_as_one(df: pd.DataFrame) -> tuple[pd.DataFrame, float]:
@@ -224,7 +258,8 @@ def reference_as_one(df: pd.DataFrame) -> tuple[pd.DataFrame, float]:
     measured in), and what its own timing pairs read (the noise floor, shown in the note): a reference that
     read 1.3× would otherwise sit right of every setting on the Pareto view for a timing artefact alone."""
     full = df["strategy"] == "full"
-    noise = float(pd.to_numeric(df.loc[full, "measured_speedup"], errors="coerce").median()) if full.any() else 1.0
+    column = "self_speedup" if "self_speedup" in df and df.loc[full, "self_speedup"].notna().any() else "measured_speedup"
+    noise = float(pd.to_numeric(df.loc[full, column], errors="coerce").median()) if full.any() else 1.0
     out = df.copy()
     out.loc[full, "measured_speedup"] = 1.0
     return out, noise

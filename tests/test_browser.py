@@ -228,3 +228,39 @@ def test_clicking_a_sweep_point_loads_its_setting_into_the_live_controls(browser
         page.screenshot(path=str(ARTIFACTS / "browser_sweep.png"), full_page=True)
     finally:
         page.close()
+
+
+
+def test_a_sweep_at_its_time_limit_shows_a_plain_note_and_draws_the_rows_it_finished(browser) -> None:
+    from tests.test_app_client import CountingEngine
+    from tests.tiny import tiny_llama, tiny_tokenizer
+
+    class SlowAfter(CountingEngine):
+        """Its first `fast` runs at full speed, then a second per token: a sweep finishes its first rows and then
+        meets its time limit, whatever the machine's load."""
+
+        fast = 16  # the references' runs and the full-depth row's (9), and the first setting's
+
+        def run(self, *args, **kwargs):
+            self.runs = getattr(self, "runs", 0) + 1
+            for item in super().run(*args, **kwargs):
+                if self.runs > self.fast:
+                    time.sleep(1.0)
+                yield item
+
+    slow = SlowAfter(tiny_llama(6), tiny_tokenizer(), name="tiny")
+    demo = build_demo(lambda name: slow, model_names=("tiny",), public=True, caps=Caps(max_new_tokens=64, max_run_s=8))
+    with serve(demo) as address:
+        page = open_page(browser, address)
+        try:
+            page.get_by_role("tab", name="Sweep").click()
+            page.fill("#sweep-tokens input[type=number]", "4")
+            page.click("#sweep-run")
+            page.wait_for_function("() => document.querySelector('#sweep-note').innerText.includes('Stopped:')")
+            note = page.inner_text("#sweep-note")
+            assert "time limit of 8 s" in note and "kept below and on the plot" in note, note
+            page.wait_for_function(PLOT_HAS_DATA, arg="plot-sweep", timeout=TIMEOUT_MS)
+            assert page.locator(".toast-body.error").count() == 0  # a note, not gradio's red error
+            page.screenshot(path=str(ARTIFACTS / "browser_sweep_time_limit.png"), full_page=True)
+        finally:
+            page.close()

@@ -15,7 +15,7 @@ from d3.config import D3Config, FullConfig
 from d3.research.data import TaskInfo
 from d3.engine import Engine
 from d3.research.gentasks import GenerationTask, worked_arithmetic
-from d3.reports.generation import best_within, generation_markdown, headline_lines
+from d3.reports.generation import best_within, generation_markdown, headline_lines, matched_table
 from d3.research.sweep import SweepSpec
 from d3.research.sweep.generation import GEN_COLUMNS, answer_batch, read_generation, reply, run_generation_sweep, wilson
 from tests.bigbench import write_task
@@ -100,9 +100,12 @@ def test_generation_sweep_rows_and_resume(engine, task, tmp_path) -> None:
     assert full["accuracy"] == full["accuracy_full"] == pytest.approx(4 / 11) and full["same_answer"] == 1.0
     assert full["mean_layers"] == engine.num_layers and full["questions"] == 11 and full["timing_batches"] == 1
     assert full["ci_low"] < full["accuracy"] < full["ci_high"] and full["chance"] > 0
+    assert full["diff"] == full["diff_low"] == full["diff_high"] == 0.0 and full["same_answer_low"] == 1.0  # itself
     d3 = df.iloc[1]
     assert d3["mean_layers"] < engine.num_layers and d3["theoretical_speedup"] > 1 and d3["measured_speedup"] > 0
     assert d3["step_speedup"] > 0
+    assert d3["diff"] == pytest.approx(d3["accuracy"] - d3["accuracy_full"]) and d3["diff_low"] <= d3["diff"] <= d3["diff_high"]
+    assert d3["same_answer_low"] <= d3["same_answer"] <= d3["same_answer_high"] <= 1.0
     assert (df["accuracy_full"] == full["accuracy"]).all()
     per_task = json.loads(d3["task_accuracy"])["fake_gen"]
     assert per_task["n"] == 11 and per_task["accuracy"] == pytest.approx(d3["accuracy"])
@@ -116,6 +119,7 @@ def test_generation_sweep_rows_and_resume(engine, task, tmp_path) -> None:
     html = "".join(_generation_section(again))  # the HTML report's section: criterion, then every setting
     assert "<h2>Generation accuracy" in html and "Largest measured speedup within 1 point" in html
     assert all(label in html for label in again["label"])
+    assert html.count("accuracy vs full, points (95%)") == 2  # the curves, by depth and speed
 
 
 def row(strategy: str, acc: float, speed: float, layers: float, label: str = "") -> dict:
@@ -133,6 +137,17 @@ def test_the_papers_criterion_takes_the_fastest_setting_within_one_point() -> No
     lines = headline_lines(df)
     assert "1.30x for D3" in lines[1] and "SkipDecode: no setting" in lines[2]
     assert "50.0% [45.0%, 55.0%]" in lines[0] and "10.0%" in lines[0]
+
+
+def test_the_criterion_reads_the_paired_bound_on_the_loss_when_the_table_has_it() -> None:
+    def paired(r: dict, low: float) -> dict:
+        return {**r, "diff": r["accuracy"] - 0.5, "diff_low": low, "diff_high": r["accuracy"] - 0.5 + 0.01}
+
+    df = pd.DataFrame([paired(row("full", 0.5, 1.01, 30), 0.0), paired(row("d3", 0.5, 1.10, 27), -0.008),
+                       paired(row("d3", 0.5, 1.30, 22), -0.04)])  # same point estimate; only the first is sure
+    assert best_within(df, "d3")["measured_speedup"] == 1.10
+    table = matched_table(df)
+    assert table["vs full, points [paired 95%]"].tolist()[2] == "+0.0 [-4.0, +1.0]"
 
 
 def test_cli_generate_mode(engine, task, tmp_path, monkeypatch, capsys) -> None:

@@ -94,13 +94,49 @@ def test_unknown_generation_task() -> None:
 
 @pytest.mark.data
 def test_real_tasks_have_worked_shots_that_agree_with_their_targets() -> None:
-    missing = [t.source for t in GENERATION_TASKS.values() if not data.task_file(data.TASKS[t.source].path).is_file()]
+    real = [t for t in GENERATION_TASKS.values() if t.source in data.TASKS]  # the generated tasks are tested above
+    missing = [t.source for t in real if not data.task_file(data.TASKS[t.source].path).is_file()]
     if missing:
         pytest.skip(f"BIG-bench data not fetched (run `python -m d3 fetch-data`); missing {missing}")
-    for task in GENERATION_TASKS.values():
+    for task in real:
         shots = task.shot_examples()
         assert len(shots) == task.shots, task.name
         for shot in shots:
             assert is_correct(shot, " " + task.worked(shot)), task.name  # a shot's worked answer scores as right
         qs = task.questions()
         assert len(qs) >= 90 and not set(shots) & set(qs), task.name
+
+
+@pytest.mark.parametrize("name", gentasks.SYNTHETIC_TASKS)
+def test_generated_tasks_have_disjoint_seeded_splits_scored_by_their_own_shots(name: str) -> None:
+    task = GENERATION_TASKS[name]
+    val, test, shots = task.split("validation"), task.split("test"), task.shot_examples()
+    v, t, s = ({ex.input for ex in part} for part in (val, test, shots))
+    assert len(v) == len(val) and len(t) == len(test)  # no question twice within a split
+    assert not (v & t) and not (s & (v | t))  # disjoint as sets of questions
+    if name.startswith(("gen_1_digit", "gen_2_by_1")):  # 100 (55), 900 questions: split evenly after the shots
+        assert len(val) >= 26 and abs(len(val) - len(test)) <= 1 and len(val) + len(test) + len(shots) in (55, 100, 900)
+    else:
+        assert len(val) >= 500 and len(test) >= 500
+    assert [ex.input for ex in task.split("test")] == [ex.input for ex in test]  # seeded: the same every call
+    for shot in shots:  # every shot's worked answer states its own target, and scores right
+        assert task.score(shot, " " + task.worked(shot) + "\n\nQ: next")
+    assert len({shot.target for shot in shots}) == len(shots)
+    with pytest.raises(ValueError, match="split 'train'"):
+        task.split("train")
+
+
+def test_generated_questions_have_the_right_answers() -> None:
+    for ex in GENERATION_TASKS["gen_2_digit_multiplication"].split("test")[:50]:
+        a, _, b = ex.input[len("What is "):-1].split()
+        assert int(ex.target) == int(a) * int(b) and 10 <= int(a) <= 99
+    for ex in GENERATION_TASKS["gen_2_by_1_digit_multiplication"].split("test")[:50]:
+        a, _, b = ex.input[len("What is "):-1].split()
+        assert int(ex.target) == int(a) * int(b) and 10 <= int(a) <= 99 and 0 <= int(b) <= 9
+    for ex in GENERATION_TASKS["gen_2_digit_subtraction"].split("test")[:50]:
+        assert int(ex.target) >= 0
+    for ex in GENERATION_TASKS["gen_word_sorting"].split("test")[:50]:
+        words = ex.input.split("List: ")[1].split()
+        assert ex.target == " ".join(sorted(words))
+    for ex in GENERATION_TASKS["gen_counting"].split("test")[:50]:
+        assert int(ex.target) == len(gentasks._items(ex.input))

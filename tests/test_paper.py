@@ -45,10 +45,12 @@ def test_start_steps_are_fractions_of_output_length():
     assert start_steps(2.0, (0.2, 0.4)) == [0, 1]
 
 
-def test_addition_splits_are_disjoint_and_scored_on_the_first_word():
-    task = Addition()
+@pytest.mark.parametrize("seed", range(5))
+def test_addition_splits_are_disjoint_and_scored_on_the_first_word(seed):
+    task = Addition(seed=seed)
     val, test = task.split("validation"), task.split("test")
-    assert (len(val), len(test)) == (50, 200) and val != test[:50]
+    assert (len(val), len(test)) == (50, 200) and len(set(val)) == 50 and len(set(test)) == 200
+    assert not set(val) & set(test) and not set(task.shots) & set(val + test)  # disjoint as sets of questions
     assert task.prompt((20, 5)).endswith("Q: What is 20 plus 5?\nA:")
     assert task.score((20, 5), " 25\n\nQ: What") and not task.score((20, 5), " 24")
 

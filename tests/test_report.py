@@ -230,32 +230,3 @@ def test_committed_generation_accuracy_is_summarised() -> None:
     assert generation_markdown(gen) in summary and "\n## Generation accuracy" in summary
     criterion = headline_lines(gen)[1].replace("**", "")
     assert criterion in summary.split("## At matched mean depth")[0]  # in the headline, beside perplexity's
-
-
-def test_drop_order_section_answers_from_the_study(tmp_path):
-    from d3.reports.drop_order import HEADING, best_within, section, write_section
-
-    row = lambda acc, layers: {"accuracy": acc, "mean_layers": layers, "asked": 100, "right": int(acc * 100),  # noqa: E731
-                               "ci": [acc - 0.08, acc + 0.08]}
-    study = {"model": "m", "num_layers": 30, "tasks": ["t"],
-             "calibrations": {"agreement/prompts": {"signal": "agreement", "calibration_set": "prompts:x", "order": [3, 4],
-                                                    "steps": 2, "seconds": 5.0}},
-             "spearman_single_vs_test_em": {"agreement/prompts": 0.5},
-             "single_test": {"full": row(0.8, 30), "3": row(0.8, 29), "14": row(0.2, 29)},
-             "sweep": {"full depth": row(0.8, 30), "d3 middle_out @29": row(0.24, 29.0), "d3 bottom_up @29": row(0.8, 29.0),
-                       "d3 middle_out @28": row(0.03, 28.0), "d3 bottom_up @28": row(0.795, 28.1)}}
-    best = best_within(study)
-    assert best["label"] == "d3 bottom_up @28"  # fewest layers within 1 point
-    text = section(study)
-    assert text.startswith(HEADING) and "bottom_up @28" in text and "| d3 middle_out | 24.0% (29.0) | 3.0% (28.0) |" in text
-    assert "+0.50" in text and "1 of 2 layers can go within 1 point (3)" in text
-    path = tmp_path / "SUMMARY.md"
-    path.write_text("# S\n\n## A\n\nx\n\n## Drop order: which layers m can spare\n\nold\n\n## B\n\ny\n")
-    write_section(path, study)
-    out = path.read_text()
-    assert out.count(HEADING) == 1 and "old" not in out and "## B" in out and "## A" in out
-    write_section(path, {**study, "model": "other"})  # another model's section goes beside it
-    assert path.read_text().count(HEADING) == 2
-    study["sweep"]["d3 bottom_up @28"]["accuracy"] = 0.5
-    study["sweep"]["d3 bottom_up @29"]["accuracy"] = 0.5
-    assert best_within(study) is None and "no setting that skips a layer" in section(study)

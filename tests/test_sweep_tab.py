@@ -19,7 +19,7 @@ from tests.test_app import tiny_factory
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
-REQUEST = dict(model="tiny", chat_template=True, sweep_prompts="hello there", sweep_settings=list(sweep_tab.SWEEP_DEFAULT),
+REQUEST = dict(model="tiny", chat_template=True, sweep_prompts="hello there", sweep_settings=["d3_75", "d3_67", "skipdecode_67", "unified_67"],
                sweep_tokens=6)
 OUT = {name: i for i, name in enumerate(sweep_tab.SWEEP_OUTPUTS)}
 LOAD = {name: i for i, name in enumerate(sweep_tab.SWEEP_LOAD_OUTPUTS)}
@@ -44,7 +44,7 @@ def _select(index: int) -> gr.SelectData:
 def test_sweep_gives_one_row_per_setting_and_a_matching_pareto_view(swept) -> None:
     out, reports = swept
     results, table, figure = out[OUT["sweep_results"]], out[OUT["sweep_table"]], out[OUT["sweep_pareto"]]
-    assert len(results) == len(table) == 1 + len(sweep_tab.SWEEP_DEFAULT)  # the full-depth reference + each setting
+    assert len(results) == len(table) == 1 + len(REQUEST["sweep_settings"])  # the full-depth reference + each setting
     assert list(table.columns) == sweep_tab.SWEEP_TABLE_COLUMNS
     assert table["strategy"].tolist() == ["full", "d3", "d3", "skipdecode", "unified"]
     assert table["label"].tolist() == results["label"].tolist()
@@ -156,3 +156,56 @@ def test_every_sweep_event_is_named() -> None:
     fns = app.demo.fns.values() if isinstance(app.demo.fns, dict) else app.demo.fns
     names = {fn.api_name for fn in fns if fn.fn is not None}
     assert {"run_sweep", "load_sweep_setting", "load_sweep_point", "export_sweep"} <= names
+
+
+def _stop_at_setting(number: int):
+    """A progress callback and a should_stop that raises OutOfTime once the sweep starts its `number`-th row (the
+    full-depth reference is the first): deterministic, so no test waits on a clock."""
+    state = {"started": 0}
+
+    def progress(fraction, desc=None):
+        if desc and desc.endswith(f"{number}/5)"):
+            state["started"] = number
+
+    def should_stop() -> bool:
+        if state["started"] >= number:
+            raise sweep_tab.OutOfTime("the sweep reached its time limit of 7 s")
+        return False
+    return progress, should_stop
+
+
+def test_a_sweep_stopped_at_its_time_limit_keeps_and_draws_the_rows_it_finished(tiny_engine, pool) -> None:
+    spec = sweep_tab.sweep_spec("tiny", "hello there", REQUEST["sweep_settings"], 4, True, pool.caps)
+    progress, should_stop = _stop_at_setting(3)
+    df = sweep_tab.run_small_sweep(tiny_engine, spec, progress=progress, should_stop=should_stop)
+    assert df.attrs["stopped"] == "the sweep reached its time limit of 7 s"
+    assert df["strategy"].tolist() == ["full", "d3"]  # the reference and the first setting, nothing half-measured
+    out = sweep_tab.sweep_outputs(df, spec)
+    assert "Stopped: the sweep reached its time limit of 7 s" in out["sweep_note"] and "after 2 of 5 rows" in out["sweep_note"]
+    assert out["sweep_table"]["label"].tolist() == df["label"].tolist()
+    points = [t for t in out["sweep_pareto"].data if (t.meta or {}).get("role") == "points"]
+    assert sorted(int(i) for t in points for i in t.customdata) == [0, 1]  # both finished rows are drawn
+
+
+def test_a_sweep_out_of_time_before_its_reference_says_so_plainly(tiny_engine) -> None:
+    pool = ModelPool(tiny_factory(tiny_engine), names=("tiny",), caps=Caps(max_new_tokens=64, max_run_s=0))
+    out = sweep_tab.run_sweep(pool, **REQUEST, progress=lambda *a, **k: None)
+    note = out[OUT["sweep_note"]]
+    assert "Stopped: the sweep reached its time limit of 0 s" in note and "nothing to show" in note
+    assert out[OUT["sweep_results"]].empty and out[OUT["sweep_pareto"]] is None
+
+
+def test_the_sweep_limit_is_the_tabs_own_or_the_servers_if_lower() -> None:
+    assert sweep_tab.sweep_time_limit(Caps(max_run_s=600)) == sweep_tab.SWEEP_MAX_S
+    assert sweep_tab.sweep_time_limit(Caps(max_run_s=5)) == 5
+    assert f"stops after {sweep_tab.SWEEP_MAX_S} s" in sweep_tab.sweep_bounds_text()
+
+
+def test_full_depth_reads_one_against_itself_and_keeps_its_own_timing_as_noise(swept) -> None:
+    results = swept[0][OUT["sweep_results"]]
+    full = results[results["strategy"] == "full"].iloc[0]
+    assert full["measured_speedup"] == 1.0 and full["decode_speedup"] == 1.0
+    assert np.isfinite(full["self_speedup"]) and full["measured_speedup_min"] <= full["self_speedup"] <= full["measured_speedup_max"]
+    others = results[results["strategy"] != "full"]
+    assert others["self_speedup"].isna().all() and (others["timing_pairs"] == sweep_tab.SWEEP_REPEATS).all()
+    assert f"read {full['self_speedup']:.2f}×" in swept[0][OUT["sweep_note"]]

@@ -695,3 +695,16 @@ def test_an_answer_that_opens_with_line_breaks_starts_on_the_panes_first_line() 
     trace = trace.with_steps([replace(s, text=t) for s, t in zip(trace.steps, texts)])
     shown = re.findall(r'class="d3-tok"[^>]*>([^<]*)</span>', viz.token_html(trace))
     assert shown == ["⏎", "⏎", "Hi", "⏎\nthere"]  # only the break inside the answer breaks the line
+
+def test_paired_curves_draw_the_difference_in_points_with_asymmetric_interval_bars() -> None:
+    from viz.results import paired_curves
+
+    fig = paired_curves({"d3 a": [{"layers": 9.0, "diff": -0.02, "low": -0.05, "high": 0.01},
+                                  {"layers": 8.0, "diff": -0.10, "low": -0.12, "high": -0.07}],
+                         "unified": [{"layers": 8.5, "diff": -0.3, "low": -0.4, "high": -0.25}]})
+    a, u = fig.data
+    assert list(a.x) == [8.0, 9.0] and list(a.y) == pytest.approx([-10.0, -2.0])  # sorted by x, in points
+    assert list(a.error_y.array) == pytest.approx([3.0, 3.0]) and list(a.error_y.arrayminus) == pytest.approx([2.0, 3.0])
+    assert list(u.y) == pytest.approx([-30.0]) and a.line.color != u.line.color
+    assert [s.y0 for s in fig.layout.shapes] == [0.0, -1.0]  # zero and the 1-point bound
+    assert "No paired results" in paired_curves({}).layout.annotations[0].text

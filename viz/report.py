@@ -19,7 +19,7 @@ from d3.reports.generation import matched_table as generation_table
 from d3.research.sweep.table import read_results
 from viz.depth import layers_vs_step
 from viz.flow import block_change
-from viz.results import pareto, task_accuracy_delta
+from viz.results import paired_curves, pareto, task_accuracy_delta
 
 
 def pareto_figures(df: pd.DataFrame) -> list[tuple[str, Any]]:
@@ -107,8 +107,25 @@ def _generation_section(gen: pd.DataFrame) -> list[str]:
     """Generation accuracy: the paper's criterion per strategy, then every setting at matched depth."""
     lines = "\n".join(f"- {line}" for line in generation_headline(gen))
     table = generation_table(gen)
+    curves = [fig.to_html(full_html=False, include_plotlyjs=False) for fig in paired_figures(gen)]
     return [f"<section><h2>{GENERATION_HEADING}: exact match on generated answers</h2>", _markdown_html(lines),
-            _table_html(table, table.columns), "</section>"]
+            *curves, _table_html(table, table.columns), "</section>"]
+
+
+def paired_figures(gen: pd.DataFrame) -> list[Any]:
+    """Accuracy difference from full depth with its paired interval, per strategy, against the layers run and
+    against measured speedup; none for a table from before the paired columns."""
+    if "diff_low" not in gen or gen["diff_low"].isna().all():
+        return []
+    rows = gen[(gen["strategy"] != "full") & gen["diff_low"].notna()]
+    curves: dict[str, list[dict[str, float]]] = {}
+    for _, r in rows.iterrows():
+        curves.setdefault(str(r["strategy"]), []).append(
+            {"layers": float(r["mean_layers"]), "speedup": float(r["measured_speedup"]), "diff": float(r["diff"]),
+             "low": float(r["diff_low"]), "high": float(r["diff_high"])})
+    return [paired_curves(curves, x="layers", x_title="mean layers run per answer token",
+                          title="Accuracy against the depth actually run"),
+            paired_curves(curves, x="speedup", x_title="measured speedup", title="Accuracy against measured speedup")]
 
 
 def _heading(name: str) -> str:

@@ -193,3 +193,32 @@ def _delta_hover(task: str, group: str, acc: float, ref: float, chance: float | 
         if ref - chance < 5:
             parts.append("full depth is near chance here, so the difference is mostly noise")
     return " · ".join(parts)
+
+
+def paired_curves(curves: dict[str, Sequence[dict[str, float]]], *, x: str = "layers", x_title: str | None = None,
+                  bound: float | None = 0.01, title: str | None = None, presentation: bool = False) -> go.Figure:
+    """Accuracy difference from full depth (points, with its 95% interval as error bars) against `x`, one line per
+    strategy. curves: name -> points with keys `x`, "diff", "low" and "high" (fractions: -0.02 is 2 points lost),
+    each name's points drawn in the order given; bound: a dashed line at -bound (e.g. the 1-point criterion)."""
+    if not any(curves.values()):
+        return empty_figure("No paired results to draw yet.", title=title, presentation=presentation)
+    names = list(curves)
+    colors = series_colors(["d3" if n.startswith("d3 ") else n.split()[0] for n in names])
+    data = []
+    for name, color in zip(names, colors):
+        pts = sorted(curves[name], key=lambda p: p[x])
+        xs = [p[x] for p in pts]
+        ys = np.array([100 * p["diff"] for p in pts])
+        up = np.array([100 * p["high"] for p in pts]) - ys
+        down = ys - np.array([100 * p["low"] for p in pts])
+        hover = [f"{name}<br>{x}: {fmt(p[x])}<br>{100 * p['diff']:+.1f} points [{100 * p['low']:+.1f}, "
+                 f"{100 * p['high']:+.1f}]" for p in pts]
+        data.append(go.Scatter(x=xs, y=ys, mode="lines+markers", name=name, line=dict(color=color),
+                               error_y=dict(type="data", symmetric=False, array=up, arrayminus=down, thickness=1),
+                               hovertext=hover, hoverinfo="text", meta={"role": "curve", "name": name}))
+    shapes = [guide_line(y=0.0, color="#111827", dash="solid", width=1)]
+    if bound is not None:
+        shapes.append(guide_line(y=-100 * bound))
+    layout = {"xaxis": {"title": {"text": x_title or x}}, "shapes": shapes,
+              "yaxis": {"title": {"text": "accuracy vs full, points (95%)"}}}
+    return make_figure(data, layout, title=title, presentation=presentation)

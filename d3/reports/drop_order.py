@@ -1,7 +1,9 @@
-"""The "Drop order" section of results/SUMMARY.md, from the drop-order study's JSON (scripts/drop_order_study.py).
+"""The "Drop order" sections of results/SUMMARY.md and the README's rows, from the drop-order study's JSON
+(scripts/drop_order_study.py, d3.research.study). Pure: a dict in, Markdown out.
 
-Pure: a dict in, Markdown out. Which flex layers the model can spare, by which signal, and generation accuracy on
-the test questions with every order at matched mean depth, full depth and the baselines beside.
+Every accuracy figure is a paired difference from full depth on the same test questions with its exact 95%
+interval (d3.research.stats), stated at the depth each setting actually ran; orders are compared at common depths
+by linear interpolation along each order's curve (difference and interval bounds interpolated alike).
 """
 
 from __future__ import annotations
@@ -10,123 +12,174 @@ import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from d3.research.stats import exact_difference
+
 HEADING = "## Drop order"
-TOLERANCE = 0.01  # the paper's criterion: within 1 point of full depth's accuracy
+BOUNDS = (0.01, 0.03)  # the headline's limits on the 95% upper bound of the accuracy loss
+README_ROW = "| Drop-order study, "  # the README's results rows this report owns begin so (a comment would end the table)
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f}%"
+def _pts(x: float) -> str:
+    return f"{100 * x:+.1f}"
 
 
-def _label_parts(label: str) -> tuple[str, int | None]:
-    """"d3 bottom_up @28" -> ("d3 bottom_up", 28); "full depth" -> ("full depth", None)."""
-    m = re.match(r"(.*) @(\d+)$", label)
-    return (m.group(1), int(m.group(2))) if m else (label, None)
+def _interval(d: dict[str, float]) -> str:
+    return f"{_pts(d['diff'])} [{_pts(d['low'])}, {_pts(d['high'])}]"
 
 
-def accuracy_table(study: dict[str, Any]) -> str:
-    """Rows: strategies (orders and baselines); columns: target depths; cells: test accuracy at measured layers."""
-    sweep = study.get("sweep", {})
-    depths = sorted({d for d in (_label_parts(k)[1] for k in sweep) if d is not None}, reverse=True)
-    names: list[str] = []
-    for key in sweep:
-        name, depth = _label_parts(key)
-        if depth is not None and name not in names:
-            names.append(name)
-    head = "| strategy | " + " | ".join(f"~{d} layers" for d in depths) + " |"
-    lines = [head, "|---|" + "---|" * len(depths)]
-    for name in names:
-        cells = []
-        for d in depths:
-            row = sweep.get(f"{name} @{d}")
-            cells.append("" if row is None else f"{_pct(row['accuracy'])} ({row['mean_layers']:.1f})")
+def _name(label: str) -> tuple[str, float | None]:
+    """"d3 bottom_up @0.93" -> ("d3 bottom_up", 0.93); "full depth" -> ("full depth", None)."""
+    m = re.match(r"(.*) @([\d.]+)$", label)
+    return (m.group(1), float(m.group(2))) if m else (label, None)
+
+
+def setting_rows(study: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every measured setting but full depth, flattened: label, name, target, realized depth, paired diff, speedup."""
+    out = []
+    for label, row in study.get("settings", {}).items():
+        name, target = _name(label)
+        if target is None or "diff" not in row:
+            continue
+        out.append({"label": label, "name": name, "target": target, "layers": row["mean_layers"], **row["diff"],
+                    "speedup": row.get("measured_speedup", float("nan")), "spread": row.get("speedup_spread"),
+                    "same": row.get("same_answer", {}).get("diff"), "accuracy": row["accuracy"], "qps": row.get("qps")})
+    return out
+
+
+def curves(study: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Per order or baseline, its settings sorted by realized depth (the curve of accuracy difference vs depth)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in setting_rows(study):
+        out.setdefault(r["name"], []).append(r)
+    return {k: sorted(v, key=lambda r: r["layers"]) for k, v in out.items()}
+
+
+def at_depth(curve: list[dict[str, Any]], depth: float) -> dict[str, float] | None:
+    """The curve's difference and interval bounds at `depth` layers, linearly interpolated between the two measured
+    settings around it; None outside the depths it ran."""
+    xs = np.array([r["layers"] for r in curve])
+    if len(xs) == 0 or depth < xs.min() - 1e-9 or depth > xs.max() + 1e-9:
+        return None
+    return {k: float(np.interp(depth, xs, [r[k] for r in curve])) for k in ("diff", "low", "high")}
+
+
+def common_depths(study: dict[str, Any]) -> list[float]:
+    """Whole layer counts below L that at least two orders' curves cover."""
+    cs = [c for n, c in curves(study).items() if n.startswith("d3 ")]
+    L = study.get("num_layers", 0)
+    depths = []
+    for d in range(L - 1, 0, -1):
+        if sum(at_depth(c, d) is not None for c in cs) >= 2:
+            depths.append(float(d))
+    return depths
+
+
+def winners(study: dict[str, Any]) -> list[str]:
+    """At each common depth, the order with the best interpolated difference, and whether its interval clears
+    every other order's (its lower bound above their upper bounds: unpaired, so conservative)."""
+    lines = []
+    cs = {n: c for n, c in curves(study).items() if n.startswith("d3 ")}
+    for d in common_depths(study):
+        vals = {n: v for n, c in cs.items() if (v := at_depth(c, d)) is not None}
+        best = max(vals, key=lambda n: vals[n]["diff"])
+        rest = [v for n, v in vals.items() if n != best]
+        clear = all(vals[best]["low"] > v["high"] for v in rest)
+        second = max((n for n in vals if n != best), key=lambda n: vals[n]["diff"])
+        lines.append(f"{d:.0f} layers: **{best[3:]}** {_interval(vals[best])} pts, next {second[3:]} "
+                     f"{_interval(vals[second])}; {'survives' if clear else 'does not survive'} the intervals")
+    return lines
+
+
+def headline(study: dict[str, Any], bound: float) -> str:
+    """The largest measured speedup whose accuracy loss has a 95% upper bound <= `bound`; or "none" and the closest."""
+    rows = [r for r in setting_rows(study) if r["layers"] < study["num_layers"] - 1e-9]  # those that skip a layer
+    ok = [r for r in rows if -r["low"] <= bound + 1e-12]
+    if ok:
+        r = max(ok, key=lambda r: r["speedup"])
+        return (f"largest measured speedup with the loss's 95% upper bound <= {100 * bound:.0f} point(s): "
+                f"**{r['speedup']:.2f}x** ({_spread(r)}), {r['label']} at {r['layers']:.2f} of {study['num_layers']} "
+                f"layers per token, accuracy {_interval(r)} pts")
+    if not rows:
+        return "no setting that skips a layer measured yet"
+    r = max(rows, key=lambda r: r["low"])
+    return (f"loss bound <= {100 * bound:.0f} point(s): **none**; the closest is {r['label']} at {r['layers']:.2f} "
+            f"layers, {r['speedup']:.2f}x, accuracy {_interval(r)} pts (loss up to {-100 * r['low']:.1f} points)")
+
+
+def _spread(r: dict[str, Any]) -> str:
+    return f"timing pairs {r['spread'][0]:.2f}-{r['spread'][1]:.2f}x" if r.get("spread") else "no spread"
+
+
+def paired_orders(study: dict[str, Any], within: float = 0.1) -> list[str]:
+    """Two D3 orders that ran the same depth (within `within` layers): the better one's paired difference over the
+    other on the same questions, with its exact interval (finer than comparing their intervals against full depth)."""
+    runs = [(k, v) for k, v in study.get("settings", {}).items() if k.startswith("d3 ") and "bits" in v]
+    lines = []
+    for i, (ka, a) in enumerate(runs):
+        for kb, b in runs[i + 1:]:
+            if abs(a["mean_layers"] - b["mean_layers"]) <= within:
+                (kw, w), (kl, lo) = ((ka, a), (kb, b)) if a["accuracy"] >= b["accuracy"] else ((kb, b), (ka, a))
+                d = exact_difference([c == "1" for c in lo["bits"]], [c == "1" for c in w["bits"]])
+                verdict = "beyond the interval" if d.low > 0 else "within the interval: not resolved"
+                lines.append(f"{kw} over {kl} at {w['mean_layers']:.2f} / {lo['mean_layers']:.2f} layers: "
+                             f"{d.points()} ({verdict})")
+    return lines
+
+
+def matched_table(study: dict[str, Any]) -> str:
+    """Orders and baselines at common depths: interpolated difference [interval] in points."""
+    depths = common_depths(study)
+    lines = ["| order | " + " | ".join(f"{d:.0f} layers" for d in depths) + " |", "|---|" + "---|" * len(depths)]
+    for name, c in curves(study).items():
+        cells = [_interval(v) if (v := at_depth(c, d)) else "" for d in depths]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def best_within(study: dict[str, Any]) -> dict[str, Any] | None:
-    """The setting with the fewest measured layers whose test accuracy is within 1 point of full depth's."""
-    sweep = study.get("sweep", {})
-    full = sweep.get("full depth")
-    if full is None:
-        return None
-    ok = [(v["mean_layers"], k, v) for k, v in sweep.items() if k != "full depth"
-          and v["accuracy"] >= full["accuracy"] - TOLERANCE - 1e-12 and v["mean_layers"] < study["num_layers"] - 1e-9]
-    if not ok:
-        return None
-    layers, label, row = min(ok, key=lambda t: (t[0], -t[2]["accuracy"]))
-    return {"label": label, **row}
-
-
-def best_per_depth(study: dict[str, Any]) -> list[str]:
-    """For each target depth, the order with the best test accuracy."""
-    out = []
-    sweep = study.get("sweep", {})
-    depths = sorted({d for d in (_label_parts(k)[1] for k in sweep) if d is not None}, reverse=True)
-    for d in depths:
-        rows = [(v["accuracy"], k) for k, v in sweep.items() if _label_parts(k)[1] == d and k.startswith("d3 ")]
-        if rows:
-            acc, key = max(rows)
-            out.append(f"~{d} layers: {_label_parts(key)[0][3:]} ({_pct(acc)})")
-    return out
-
-
-def calibrations_table(study: dict[str, Any]) -> str:
-    corr = study.get("spearman_single_vs_test_em", {})
-    lines = ["| signal (calibration set) | order (first 10 dropped) | greedy steps | seconds | Spearman: single drops vs test EM |",
-             "|---|---|---|---|---|"]
-    for key, c in study.get("calibrations", {}).items():
-        rho = corr.get(key)
-        lines.append(f"| {c['signal']} ({c['calibration_set'].split(':')[0]}) | {' '.join(map(str, c['order'][:10]))} | "
-                     f"{c['steps']} | {c['seconds']:.0f} | {'' if rho is None else f'{rho:+.2f}'} |")
+def settings_table(study: dict[str, Any]) -> str:
+    """Every setting as measured: realized depth, accuracy, paired difference, same answer, speedup, throughput."""
+    lines = ["| setting (target depth) | layers run | accuracy | vs full depth, pts [95%] | same answer | "
+             "measured speedup [spread] | questions/s |", "|---|---|---|---|---|---|---|"]
+    full = study.get("settings", {}).get("full depth")
+    if full:
+        lines.append(f"| full depth | {full['mean_layers']:.2f} | {100 * full['accuracy']:.1f}% | 0 | 100% | 1.00 "
+                     f"(against itself {full['measured_speedup']:.2f} [{full['speedup_spread'][0]:.2f}, "
+                     f"{full['speedup_spread'][1]:.2f}]) | {full['qps']:.2f} |")
+    for r in sorted(setting_rows(study), key=lambda r: (r["name"], -r["layers"])):
+        sp = f" [{r['spread'][0]:.2f}, {r['spread'][1]:.2f}]" if r.get("spread") else ""
+        lines.append(f"| {r['label']} | {r['layers']:.2f} | {100 * r['accuracy']:.1f}% | {_interval(r)} | "
+                     f"{100 * (1 + r['same']):.0f}% | {r['speedup']:.2f}{sp} | {r['qps']:.2f} |")
     return "\n".join(lines)
 
 
-def single_drop_line(study: dict[str, Any]) -> str:
-    single = study.get("single_test", {})
-    if not single:
-        return ""
-    full = single.get("full", {}).get("accuracy")
-    drops = {int(k): v["accuracy"] for k, v in single.items() if k != "full"}
-    ranked = sorted(drops, key=lambda k: -drops[k])
-    kept = [k for k in ranked if full is not None and drops[k] >= full - TOLERANCE]
-    return (f"Dropping one flex layer alone (test questions, free-running): full depth {_pct(full)}; "
-            f"{len(kept)} of {len(drops)} layers can go within 1 point ({', '.join(map(str, kept)) or 'none'}); "
-            f"the most harmful: {', '.join(f'{k} ({_pct(drops[k])})' for k in ranked[-4:][::-1])}.")
-
-
 def section(study: dict[str, Any]) -> str:
-    """The whole section, heading first."""
-    full = study.get("sweep", {}).get("full depth")
-    asked = full["asked"] if full else 0
-    best = best_within(study)
-    if best is None:
-        head = "no setting that skips a layer stays within 1 point of full depth's test accuracy"
-    else:
-        head = (f"the fewest layers within 1 point of full depth: **{best['label']}**, {best['mean_layers']:.2f} of "
-                f"{study['num_layers']} layers per answer token, {_pct(best['accuracy'])} (full depth "
-                f"{_pct(full['accuracy'])})")
+    """The whole section for one model, heading first."""
+    full = study.get("settings", {}).get("full depth", {})
+    screen = study.get("screen", {})
+    told = "; ".join(f"{t} {100 * v['validation_accuracy']:.0f}%{'' if v['kept'] else ' (dropped)'}"
+                     for t, v in screen.items())
+    partial = study.get("partial")
     parts = [
         f"{HEADING}: which layers {study['model']} can spare", "",
-        f"Generation accuracy on the **test** questions only ({asked} questions of {', '.join(study['tasks'])}, "
-        f"3-shot worked answers; the calibrations read the validation questions, chat prompts or prose, never "
-        f"these). With {asked} questions a 95% interval is about ±{_half_width(full):.0f} points, so the 1-point "
-        f"criterion is read on the point estimates. Made by `python scripts/drop_order_study.py`.", "",
-        f"Headline: {head}.", "",
-        "Best order at each depth: " + "; ".join(best_per_depth(study)) + ".", "",
-        "### Calibrated orders", "", calibrations_table(study), "",
-        single_drop_line(study), "",
-        "### Test accuracy at matched mean depth (measured layers per answer token in brackets)", "",
-        accuracy_table(study), "",
+        *([f"**Partial run**: {partial}", ""] if partial else []),
+        f"Test questions only: {full.get('asked', 0)} ({', '.join(f'{t} {n}' for t, n in zip(study.get('tasks', []), study.get('test_sizes', [])))}), "
+        "generated (`d3.research.gentasks`, 3-shot worked answers). Full depth on validation (the screen; tasks below "
+        f"30% or within 20 points of the most common answer are dropped): {told}. Full depth on test: "
+        f"{100 * full.get('accuracy', float('nan')):.1f}%. Every difference is paired on the same questions with its "
+        "exact 95% interval (McNemar, `d3.research.stats`); depths are the layers per generated token each setting "
+        "actually ran. Made by `python scripts/drop_order_study.py`.", "",
+        *(f"- Headline: {headline(study, b)}." for b in BOUNDS), "",
+        "Which order wins at each depth (interpolated along each order's curve):", "",
+        *(f"- {w}" for w in winners(study)), "",
+        "Orders that ran the same depth, paired on the same questions:", "",
+        *(f"- {line}" for line in paired_orders(study) or ["none ran within 0.1 layers of another"]), "",
+        "### At common depths (accuracy difference from full depth, points [95%], interpolated)", "",
+        matched_table(study), "",
+        "### Every setting as measured", "", settings_table(study), "",
     ]
     return "\n".join(parts)
-
-
-def _half_width(full: dict[str, Any] | None) -> float:
-    if not full or "ci" not in full:
-        return float("nan")
-    low, high = full["ci"]
-    return 100 * (high - low) / 2
 
 
 def write_section(summary: str | Path, study: dict[str, Any]) -> Path:
@@ -142,3 +195,35 @@ def write_section(summary: str | Path, study: dict[str, Any]) -> Path:
         text = text.rstrip("\n") + "\n\n" + new + "\n"
     path.write_text(text, encoding="utf-8")
     return path
+
+
+def readme_rows(studies: list[dict[str, Any]]) -> str:
+    """The README's results rows: per model the headline at 1 and 3 points."""
+    rows = []
+    for s in studies:
+        full = s.get("settings", {}).get("full depth", {})
+        tag = " (partial run)" if s.get("partial") else ""
+        rows.append(f"{README_ROW}{s['model']}{tag}: largest measured speedup with accuracy loss <= 1 / 3 points (95% upper bound, "
+                    f"paired, {full.get('asked', 0)} test questions) | {headline(s, BOUNDS[0])}; {headline(s, BOUNDS[1])} "
+                    "| [results/SUMMARY.md](results/SUMMARY.md) |")
+    return "\n".join(rows)
+
+
+def write_readme(readme: str | Path, studies: list[dict[str, Any]]) -> Path:
+    """Replace the README's study rows (lines beginning with README_ROW) by fresh ones, where the first of them
+    stood; the README is left alone when it has none."""
+    path = Path(readme)
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    at = [i for i, line in enumerate(lines) if line.startswith(README_ROW)]
+    if not at:
+        return path
+    kept = [line for line in lines if not line.startswith(README_ROW)]
+    kept[at[0]:at[0]] = [readme_rows(studies) + "\n"]
+    path.write_text("".join(kept), encoding="utf-8")
+    return path
+
+
+def curve_points(study: dict[str, Any], x: str) -> dict[str, list[dict[str, float]]]:
+    """Per order or baseline, its settings as points for `viz.results.paired_curves` (x: "layers" or "speedup")."""
+    return {name: [{x: r[x], "diff": r["diff"], "low": r["low"], "high": r["high"]} for r in c]
+            for name, c in curves(study).items()}

@@ -23,7 +23,10 @@ def _skips(df: pd.DataFrame) -> pd.Series:
 
 
 def within_points(df: pd.DataFrame, points: float = POINTS) -> pd.Series:
-    return (df["accuracy"] - df["accuracy_full"]) * 100 >= -points - 1e-9
+    """Rows whose accuracy loss is at most `points`: read on the paired interval's upper bound of the loss where
+    the table has one (`diff_low`), on the point estimate in tables from before it."""
+    loss = -df["diff_low"] if "diff_low" in df and df["diff_low"].notna().all() else df["accuracy_full"] - df["accuracy"]
+    return loss * 100 <= points + 1e-9
 
 
 def best_within(df: pd.DataFrame, strategy: str, points: float = POINTS) -> dict[str, Any] | None:
@@ -73,10 +76,18 @@ def matched_table(df: pd.DataFrame) -> pd.DataFrame:
                      "measured_speedup": r["measured_speedup"], "per-step speedup": r["step_speedup"],
                      "accuracy": f"{r['accuracy']:.1%}",
                      "95% interval": f"{r['ci_low']:.1%}-{r['ci_high']:.1%}",
-                     "vs full (points)": f"{(r['accuracy'] - r['accuracy_full']) * 100:+.1f}",
+                     "vs full, points [paired 95%]": _paired(r),
                      "zero line": f"{r['chance']:.1%}", "same answer as full": f"{r['same_answer']:.0%}",
                      "questions": int(r["questions"])})
     return pd.DataFrame(rows)
+
+
+def _paired(r: Any) -> str:
+    """The paired difference from full depth in points with its exact interval; the bare difference in tables
+    from before the paired columns."""
+    if "diff_low" in r and pd.notna(r["diff_low"]):
+        return f"{100 * r['diff']:+.1f} [{100 * r['diff_low']:+.1f}, {100 * r['diff_high']:+.1f}]"
+    return f"{(r['accuracy'] - r['accuracy_full']) * 100:+.1f}"
 
 
 def task_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -105,7 +116,9 @@ def generation_markdown(df: pd.DataFrame, *, title: str = "") -> str:
     parts = [f"## {HEADING} ({title or model}): exact match on generated answers", "",
              "Each question is asked few-shot with worked answers (d3/research/gentasks.py): the model writes its own "
              "tokens under the schedule before it states the answer, which is read out of the text and scored by "
-             "exact match. Accuracy is pooled over the tasks, with its 95% Wilson interval; the zero line is "
+             "exact match. Accuracy is pooled over the tasks, with its 95% Wilson interval; its difference from full "
+             "depth is paired on the same questions, with the exact 95% (McNemar) interval, and the criterion reads "
+             "that interval's bound on the loss (d3/research/stats.py); the zero line is "
              "always giving the most common answer. Measured speedup: full depth and the setting answer the same "
              "batches in turn, in one process.", ""]
     parts += [f"- {line}" for line in headline_lines(df)]

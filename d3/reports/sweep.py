@@ -114,6 +114,15 @@ def _summary(row: pd.Series) -> dict[str, Any]:
     return {k: (row[k] if isinstance(row[k], str) else _num(row[k])) for k in keys if k in row}
 
 
+def _noise(full: Any) -> float | None:
+    """What full depth timed against itself read: `self_speedup` (its `measured_speedup` is 1.00 by definition);
+    older tables without that column kept the raw ratio in `measured_speedup`."""
+    if full is None:
+        return None
+    own = _num(full.get("self_speedup"))
+    return own if own is not None else _num(full["measured_speedup"])
+
+
 def _num(x: Any) -> float | None:
     try:
         x = float(x)
@@ -204,7 +213,7 @@ def headline(df: pd.DataFrame) -> dict[str, Any]:
         "closest": {s: closest_to_full(df, s) for s in best},
         "matched": matched.to_dict(orient="records"),
         "losses": where_d3_loses(df),
-        "noise": _num(full["measured_speedup"]) if full is not None else None,
+        "noise": _noise(full),
         "accuracy_flat": bool(df["accuracy"].notna().any() and (df["accuracy"] - df["accuracy_full"]).abs().max() < 1e-12),
         "ppl_full": _num(full["ppl"]) if full is not None else None,
         "accuracy_full": _num(full["accuracy"]) if full is not None else None,

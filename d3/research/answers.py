@@ -28,6 +28,7 @@ class Answers:
     correct: tuple[bool, ...]
     mean_layers: float
     texts: tuple[str, ...]
+    tokens: int = 0  # generated tokens up to the replies' ends, over which mean_layers is taken
 
     @property
     def accuracy(self) -> float:
@@ -62,7 +63,7 @@ class PrefilledQuestions:
                 text = self.engine.tokenizer.decode([t for t in ids if t not in self.engine.eos_ids])
                 texts.append(text)
                 correct.append(bool(self.task.score(ex, text)))
-        return Answers(tuple(correct), layers / max(tokens, 1), tuple(texts))
+        return Answers(tuple(correct), layers / max(tokens, 1), tuple(texts), tokens)
 
     def _decode(self, state: DecodeState, first: torch.Tensor, strategy: StrategyConfig) -> tuple[list[list[int]], int, int]:
         """(each row's ids up to its reply's end, layers summed over those tokens, those tokens)."""

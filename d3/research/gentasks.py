@@ -173,6 +173,117 @@ GENERATION_TASKS: dict[str, GenerationTask] = {t.name: t for t in (
 )}
 
 
+
+# ---------------------------------------------------------------- generated questions (no download)
+
+_WORDS = {"+": "plus", "-": "minus", "*": "times"}
+_THINGS = {"fruits": "apple banana pear plum peach orange grape lemon mango cherry".split(),
+           "animals": "cat dog cow horse goat rabbit owl eagle sheep duck".split(),
+           "musical instruments": "flute piano violin drum trumpet guitar harp cello oboe banjo".split()}
+_SORT_WORDS = ("apple river stone cloud tiger window garden pencil silver orange candle mirror button forest "
+               "ladder basket rocket violin hammer island jacket kitten lemon marble needle parrot quilt saddle "
+               "tunnel wagon yellow zebra anchor bridge cactus dragon engine feather").split()
+
+
+def arithmetic_question(op: str, digits: int, second_digits: int | None = None) -> Callable[[random.Random], Example]:
+    """"What is 47 times 3?": the first operand of `digits` digits (0-9 or 10-99), the second of `second_digits`
+    (default the same); subtraction never goes below 0."""
+    span = {1: (0, 9), 2: (10, 99)}
+    (lo, hi), (lo2, hi2) = span[digits], span[second_digits or digits]
+
+    def make(rng: random.Random) -> Example:
+        a, b = rng.randint(lo, hi), rng.randint(lo2, hi2)
+        a, b = (max(a, b), min(a, b)) if op == "-" else (a, b)
+        value = a + b if op == "+" else a - b if op == "-" else a * b
+        return Example("synthetic", f"What is {a} {_WORDS[op]} {b}?", (), str(value), None, (str(value),))
+    return make
+
+
+def _article(word: str) -> str:
+    return f"an {word}" if word[0] in "aeiou" else f"a {word}"
+
+
+def counting_question(rng: random.Random) -> Example:
+    """"I have an apple, a pear, and a plum. How many fruits do I have?" (2 to 6 different things of one kind)."""
+    kind = rng.choice(sorted(_THINGS))
+    items = [_article(w) for w in rng.sample(_THINGS[kind], rng.randint(2, 6))]
+    listed = f"{items[0]} and {items[1]}" if len(items) == 2 else ", ".join(items[:-1]) + f", and {items[-1]}"
+    n = len(items)
+    return Example("synthetic", f"I have {listed}. How many {kind} do I have?", (), str(n), None,
+                   (str(n), _NUMBER_WORDS[n]))
+
+
+def sorting_question(rng: random.Random) -> Example:
+    """"Sort the following words alphabetically: List: stone apple river" (3 or 4 different words)."""
+    words = rng.sample(_SORT_WORDS, rng.randint(3, 4))
+    target = " ".join(sorted(words))
+    return Example("synthetic", f"Sort the following words alphabetically: List: {' '.join(words)}", (), target,
+                   None, (target,))
+
+
+@dataclass(frozen=True)
+class SyntheticTask(GenerationTask):
+    """A generated task: seeded distinct questions, the first `shots` with different answers as shots, then `val_size` validation
+    and `test_size` test questions, all distinct (fewer where the task has fewer questions: 1-digit arithmetic
+    has 100, split evenly after the shots)."""
+
+    make: Callable[[random.Random], Example] | None = None
+    val_size: int = 500
+    test_size: int = 500
+
+    def _pool(self) -> tuple[tuple[Example, ...], tuple[Example, ...]]:
+        return _generated(self)
+
+    def split(self, name: str) -> list[Example]:
+        if name not in ("validation", "test"):
+            raise ValueError(f"split {name!r} is not a split: splits are validation, test")
+        rest = list(self._pool()[1])
+        k = min(self.val_size, len(rest) // 2)
+        return rest[:k] if name == "validation" else rest[k:k + self.test_size]
+
+
+@lru_cache(maxsize=32)
+def _generated(task: SyntheticTask) -> tuple[tuple[Example, ...], tuple[Example, ...]]:
+    """Distinct questions drawn with the task's seed until enough, or until 20 draws in a row bring nothing new."""
+    rng = random.Random(f"synthetic:{task.seed}:{task.name}")
+    want = task.shots + task.val_size + task.test_size
+    seen: dict[str, Example] = {}
+    misses = 0
+    while len(seen) < want and misses < 20 * want:
+        ex = task.make(rng)  # type: ignore[misc]
+        misses = misses + 1 if ex.input in seen else 0
+        seen.setdefault(ex.input, ex)
+    examples = list(seen.values())
+    shots: list[Example] = []
+    for ex in examples:  # shots with different answers, so that no answer is taught as the usual one
+        if len(shots) < task.shots and ex.target not in {s.target for s in shots}:
+            shots.append(ex)
+    return tuple(shots), tuple(ex for ex in examples if ex not in shots)
+
+
+def _synthetic_tasks() -> list[SyntheticTask]:
+    tasks = []
+    for digits in (1, 2):
+        for op, word in (("+", "addition"), ("-", "subtraction"), ("*", "multiplication")):
+            tasks.append(SyntheticTask(f"gen_{digits}_digit_{word}", "synthetic", worked_arithmetic, 32,
+                                       f"What is a {_WORDS[op]} b? ({digits}-digit, generated)",
+                                       make=arithmetic_question(op, digits)))
+    for op, word in (("+", "addition"), ("*", "multiplication")):  # between the two: 900 questions each
+        tasks.append(SyntheticTask(f"gen_2_by_1_digit_{word}", "synthetic", worked_arithmetic, 32,
+                                   f"What is 47 {_WORDS[op]} 3? (2-digit by 1-digit, generated)",
+                                   make=arithmetic_question(op, 2, 1)))
+    tasks.append(SyntheticTask("gen_counting", "synthetic", worked_counting, 64,
+                               "I have an apple, a pear, and a plum. How many fruits do I have? (generated)",
+                               make=counting_question))
+    tasks.append(SyntheticTask("gen_word_sorting", "synthetic", worked_sorting, 40,
+                               "Sort 3 or 4 words alphabetically (generated)", make=sorting_question))
+    return tasks
+
+
+GENERATION_TASKS.update({t.name: t for t in _synthetic_tasks()})
+SYNTHETIC_TASKS: tuple[str, ...] = tuple(t.name for t in _synthetic_tasks())
+
+
 def get_generation_task(name: str) -> GenerationTask:
     if name not in GENERATION_TASKS:
         raise ValueError(f"task {name!r} is not a generation task: tasks are {', '.join(GENERATION_TASKS)}")

@@ -96,7 +96,12 @@ class Addition:
 
     def split(self, name: str) -> list[tuple[int, int]]:
         rng = random.Random(f"addition:{self.seed}")
-        pairs = [(rng.randint(10, 99), rng.randint(1, 99)) for _ in range(self.val_size + self.test_size)]
+        pairs: dict[tuple[int, int], None] = {}  # distinct questions, none of them a shot: the splits are disjoint sets
+        while len(pairs) < self.val_size + self.test_size:
+            pair = (rng.randint(10, 99), rng.randint(1, 99))
+            if pair not in self.shots:
+                pairs.setdefault(pair)
+        pairs = list(pairs)  # type: ignore[assignment]
         return pairs[:self.val_size] if name == "validation" else pairs[self.val_size:]
 
     def prompt(self, example: tuple[int, int]) -> str:

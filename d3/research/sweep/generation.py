@@ -23,6 +23,7 @@ from typing import Any, Sequence
 import pandas as pd
 
 from d3.config import TRACE_OFF, FullConfig, GenerationConfig, StrategyConfig
+from d3.research.stats import bootstrap_difference, exact_difference
 from d3.research.gentasks import STOP, GenerationTask, answer_text, get_generation_task
 from d3.schedule import theoretical_speedup
 from d3.research.sweep.grid import all_settings
@@ -31,7 +32,8 @@ from d3.research.sweep.spec import Progress, Setting, SweepSpec, setting_key
 GEN_COLUMNS = (
     "key", "model", "num_layers", "strategy", "label", "params", "target_depth", "tasks", "questions",
     "mean_layers", "mean_tokens", "theoretical_speedup", "theoretical_speedup_fixed", "measured_speedup",
-    "step_speedup", "timing_batches", "accuracy", "accuracy_full", "chance", "ci_low", "ci_high", "same_answer", "task_accuracy",
+    "step_speedup", "timing_batches", "accuracy", "accuracy_full", "chance", "ci_low", "ci_high",
+    "diff", "diff_low", "diff_high", "same_answer", "same_answer_low", "same_answer_high", "task_accuracy",
     "seconds", "finished_at",
 )
 BATCH = 8
@@ -157,6 +159,8 @@ def measure_setting(engine: Any, spec: SweepSpec, setting: Setting, key: str,
     layers = sum(a.layers for a in answers) / max(tokens, 1)
     correct, n = sum(a.correct for a in answers), len(answers)
     low, high = wilson(correct, n)
+    paired = exact_difference([a.correct for a in ref], [a.correct for a in answers])  # same questions, same order
+    same = bootstrap_difference([1.0] * n, [float(a.stated == b.stated) for a, b in zip(answers, ref)])
     per_task = {name: _task_summary(runs[name].answers, reference[name], task.chance(exs))
                 for name, (task, exs) in questions.items()}
     full = _sum(r.full for r in runs.values())
@@ -174,7 +178,8 @@ def measure_setting(engine: Any, spec: SweepSpec, setting: Setting, key: str,
         "timing_batches": sum(r.timed for r in runs.values()),
         "accuracy": correct / max(n, 1), "accuracy_full": sum(a.correct for a in ref) / max(len(ref), 1),
         "chance": sum(v["chance"] * v["n"] for v in per_task.values()) / max(n, 1), "ci_low": low, "ci_high": high,
-        "same_answer": sum(a.stated == b.stated for a, b in zip(answers, ref)) / max(n, 1),
+        "diff": paired.diff, "diff_low": paired.low, "diff_high": paired.high,
+        "same_answer": 1 + same.diff, "same_answer_low": 1 + same.low, "same_answer_high": 1 + same.high,
         "task_accuracy": json.dumps(per_task, sort_keys=True), "seconds": time.perf_counter() - started,
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
@@ -206,7 +211,11 @@ def read_generation(path: str | Path) -> pd.DataFrame:
 def append(path: Path, row: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     new = not path.is_file() or path.stat().st_size == 0
-    pd.DataFrame([row], columns=list(GEN_COLUMNS)).to_csv(path, mode="a", header=new, index=False)
+    frame = pd.DataFrame([row], columns=list(GEN_COLUMNS))
+    if not new and pd.read_csv(path, nrows=0).columns.tolist() != list(GEN_COLUMNS):  # written before a column was added
+        frame, new = pd.concat([read_generation(path), frame], ignore_index=True), True
+        path.write_text("", encoding="utf-8")
+    frame.to_csv(path, mode="a", header=new, index=False)
 
 
 def run_generation_sweep(spec: SweepSpec, out: str | Path, *, engine: Any, progress: Progress | None = None,

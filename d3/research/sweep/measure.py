@@ -31,21 +31,28 @@ class References:
 
 
 def timing(engine: Any, spec: SweepSpec, cfg: StrategyConfig) -> tuple[dict[str, Any], list[Any]]:
-    """Full depth and `cfg` alternate on the same prompts (order flipped every repeat); medians of pair ratios.
+    """Full depth and `cfg` alternate on the same prompts, the order flipped with every pair (not every repeat, so
+    one repeat over two prompts is balanced too), after one untimed run of `cfg`; medians of pair ratios, spread.
 
     Both sides run with the same recorder (a log_softmax per step) so that the first repeat's method runs
-    double as the free-running runs of `quality`. Returns the timing columns and those recorded runs."""
+    double as the free-running runs of `quality`. Full depth against itself reads 1.00 by definition: its
+    measured ratio is kept as `self_speedup` (the timing noise), with its spread.
+    Returns the timing columns and those recorded runs."""
     ratios, decode_ratios, full_tps, method_tps = [], [], [], []
     first: list[Any] = []
+    run_recorded(engine, spec.prompts[0], cfg, spec.gen, TRACE_OFF, chat_template=spec.chat_template)  # warm-up
+    pair = 0
     for r in range(spec.repeats):
         for prompt in spec.prompts:
-            order = (FullConfig(), cfg) if r % 2 == 0 else (cfg, FullConfig())
+            flip = pair % 2 == 1
+            pair += 1
+            order = (cfg, FullConfig()) if flip else (FullConfig(), cfg)
             got = []
             for c in order:
                 t0 = time.perf_counter()
                 rec = run_recorded(engine, prompt, c, spec.gen, TRACE_OFF, chat_template=spec.chat_template)
                 got.append((time.perf_counter() - t0, rec))
-            (t_full, full), (t_method, method) = got if r % 2 == 0 else got[::-1]
+            (t_full, full), (t_method, method) = got[::-1] if flip else got
             if r == 0:
                 first.append(method)
             ratios.append(t_full / t_method)
@@ -53,9 +60,13 @@ def timing(engine: Any, spec: SweepSpec, cfg: StrategyConfig) -> tuple[dict[str,
             full_tps.append(len(full.trace.steps) / t_full)
             method_tps.append(len(method.trace.steps) / t_method)
     q1, q3 = np.percentile(ratios, [25, 75])
-    return {"measured_speedup": statistics.median(ratios), "measured_speedup_iqr": float(q3 - q1),
-            "decode_speedup": statistics.median(decode_ratios), "full_tokens_per_s": statistics.median(full_tps),
-            "method_tokens_per_s": statistics.median(method_tps), "timing_pairs": len(ratios)}, first
+    measured = statistics.median(ratios)
+    is_full = isinstance(cfg, FullConfig)
+    return {"measured_speedup": 1.0 if is_full else measured, "self_speedup": measured if is_full else float("nan"),
+            "measured_speedup_iqr": float(q3 - q1), "measured_speedup_min": min(ratios),
+            "measured_speedup_max": max(ratios), "decode_speedup": 1.0 if is_full else statistics.median(decode_ratios),
+            "full_tokens_per_s": statistics.median(full_tps), "method_tokens_per_s": statistics.median(method_tps),
+            "timing_pairs": len(ratios)}, first
 
 
 def _decode_seconds(trace: Any) -> float:

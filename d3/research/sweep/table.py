@@ -17,6 +17,7 @@ COLUMNS = (
     "key", "model", "num_layers", "strategy", "label", "params", "target_depth", "prompts", "new_tokens", "repeats",
     "mean_layers", "planned_mean_layers", "depth_fraction", "fixed_cost_layers",
     "theoretical_speedup", "theoretical_speedup_fixed", "measured_speedup", "measured_speedup_iqr",
+    "measured_speedup_min", "measured_speedup_max", "self_speedup",
     "decode_speedup", "full_tokens_per_s", "method_tokens_per_s", "timing_pairs",
     "agreement", "first_divergence", "kl_teacher", "kl_free", "filled_kv_error",
     "ppl", "ppl_full", "ppl_ratio", "ppl_tokens",
@@ -35,6 +36,7 @@ def read_results(path: str | Path) -> pd.DataFrame:
     if not path.is_file() or path.stat().st_size == 0:
         return pd.DataFrame({c: pd.Series(dtype=_dtype(c)) for c in COLUMNS})
     df = pd.read_csv(path, dtype={c: "object" for c in STRING_COLUMNS})
+    df = df.reindex(columns=[*df.columns, *(c for c in COLUMNS if c not in df.columns)])  # a table from before a column
     for c in FLOAT_COLUMNS:
         df[c] = pd.to_numeric(df[c], errors="coerce").astype("float64")
     for c in INT_COLUMNS:
@@ -54,6 +56,10 @@ def append_row(path: str | Path, row: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     new = not path.is_file() or path.stat().st_size == 0
     frame = pd.DataFrame([{c: row.get(c, float("nan")) for c in COLUMNS}], columns=list(COLUMNS))
+    if not new and pd.read_csv(path, nrows=0).columns.tolist() != list(COLUMNS):  # written before a column was added
+        old = read_results(path).reindex(columns=list(COLUMNS))
+        frame, new = pd.concat([old, frame], ignore_index=True), True
+        path.write_text("", encoding="utf-8")
     with open(path, "a", encoding="utf-8", newline="") as fh:
         frame.to_csv(fh, header=new, index=False)
         fh.flush()

@@ -1,0 +1,147 @@
+"""The drop-order study: every order (and baseline) swept over alpha on the test questions, each setting read as a
+paired difference from full depth on the same questions, at the depth it actually ran, with its measured speedup.
+
+Tasks are screened on validation questions only (a task the model cannot do at full depth is dropped), orders are
+calibrated on validation questions only (d3.research.calibrate), and only the test questions are scored here. Each
+setting's row keeps its per-question right/wrong bits, so any two settings can be paired later (d3.research.stats).
+Timing: full depth and the setting alternate (ABBA) on the same batch of questions; the median ratio and its spread.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from d3.config import D3Config, FullConfig, StrategyConfig
+from d3.research.answers import Answers, PrefilledQuestions
+from d3.research.gentasks import answer_text, get_generation_task
+from d3.research.stats import bootstrap_difference, exact_difference
+from d3.research.sweep.grid import d3_for_depth, skipdecode_for_depth, unified_for_depth
+
+ANSWER_TOKENS = 20  # a worked answer's length in tokens, the span alpha's planned mean depth is set over
+NAMED_ORDERS = ("middle_out", "bottom_up", "top_down")
+TARGETS = (0.99, 0.97, 0.95, 0.93, 0.9, 0.87, 0.83)  # planned mean depth as a fraction of L: the alpha grid
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One strategy on the test questions: per-question right/wrong, stated answers, layers and time."""
+
+    correct: tuple[bool, ...]
+    answers: tuple[str, ...]
+    mean_layers: float
+    tokens: int
+    seconds: float
+    cpu_seconds: float = float("nan")  # this process's CPU time (all its threads): the cost on an idle machine
+
+    @property
+    def accuracy(self) -> float:
+        return sum(self.correct) / max(len(self.correct), 1)
+
+
+class QuestionSet:
+    """The test questions of the tasks (`limit` per task), prefilled once; `run` answers them under a strategy."""
+
+    def __init__(self, engine: Any, tasks: Sequence[str], split: str = "test", limit: int | None = None,
+                 batch: int = 32) -> None:
+        self.tasks = tuple(tasks)
+        self.sets = [PrefilledQuestions(engine, get_generation_task(t), get_generation_task(t).split(split)[:limit],
+                                        batch=batch) for t in self.tasks]
+        self.sizes = [len(s.examples) for s in self.sets]
+
+    def run(self, strategy: StrategyConfig) -> Outcome:
+        t0, c0 = time.perf_counter(), time.process_time()
+        parts: list[Answers] = [s.answer(strategy) for s in self.sets]
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+        tokens = sum(p.tokens for p in parts)
+        layers = sum(p.mean_layers * p.tokens for p in parts) / max(tokens, 1)
+        return Outcome(tuple(c for p in parts for c in p.correct), tuple(answer_text(t) for p in parts for t in p.texts),
+                       layers, tokens, seconds, cpu)
+
+
+def timing_pairs(questions: PrefilledQuestions, strategy: StrategyConfig, pairs: int) -> dict[str, Any]:
+    """Full depth and `strategy` answer the same questions in ABBA order (`pairs` pairs): median of
+    t_full / t_strategy, its spread (min, max), and questions per second on each side."""
+    ratios, full_s, method_s = [], [], []
+    for i in range(pairs):
+        sides = (FullConfig(), strategy) if i % 2 == 0 else (strategy, FullConfig())
+        took = []
+        for cfg in sides:
+            t0 = time.perf_counter()
+            questions.answer(cfg)
+            took.append(time.perf_counter() - t0)
+        t_full, t_method = took if i % 2 == 0 else took[::-1]
+        ratios.append(t_full / t_method)
+        full_s.append(t_full)
+        method_s.append(t_method)
+    n = len(questions.examples)
+    return {"measured_speedup": round(statistics.median(ratios), 4), "speedup_spread": [round(min(ratios), 4),
+            round(max(ratios), 4)], "timing_pairs": pairs, "timing_questions": n,
+            "qps_full": round(n / statistics.median(full_s), 3), "qps_method": round(n / statistics.median(method_s), 3)}
+
+
+def paired_row(full: Outcome, out: Outcome, sizes: Sequence[int]) -> dict[str, Any]:
+    """A setting's row against full depth: accuracy, its paired difference (exact McNemar), the same-answer rate
+    (bootstrap), realized depth, per-task accuracy, and the per-question bits for later pairings."""
+    same = [float(a == b) for a, b in zip(full.answers, out.answers)]
+    per_task, k = [], 0
+    for n in sizes:
+        per_task.append(round(sum(out.correct[k:k + n]) / max(n, 1), 4))
+        k += n
+    return {"accuracy": round(out.accuracy, 5), "right": sum(out.correct), "asked": len(out.correct),
+            "diff": exact_difference(full.correct, out.correct).to_dict(),
+            "same_answer": bootstrap_difference([1.0] * len(same), same).to_dict(),
+            "mean_layers": round(out.mean_layers, 3), "tokens": out.tokens, "seconds": round(out.seconds, 2),
+            "cpu_seconds": round(out.cpu_seconds, 2),
+            "qps": round(len(out.correct) / max(out.seconds, 1e-9), 3), "per_task": per_task,
+            "bits": "".join("1" if c else "0" for c in out.correct)}
+
+
+def settings(num_layers: int, orders: dict[str, dict[str, Any]], targets: Sequence[float],
+             baselines: Sequence[str] = ("unified", "skipdecode")) -> dict[str, StrategyConfig]:
+    """The sweep: each order at each target's alpha, and each baseline at the target; labelled "name @0.93"."""
+    out: dict[str, StrategyConfig] = {}
+    for target in targets:
+        alpha = d3_for_depth(target, num_layers, ANSWER_TOKENS).alpha
+        for name, fields in orders.items():
+            out[f"d3 {name} @{target:g}"] = D3Config(alpha=alpha, **fields)
+        for base in baselines:
+            make = unified_for_depth if base == "unified" else skipdecode_for_depth
+            out[f"{base} @{target:g}"] = make(target, num_layers, ANSWER_TOKENS)
+    return out
+
+
+def screen_tasks(engine: Any, tasks: Sequence[str], limit: int, batch: int = 32,
+                 say: Callable[[str], None] = lambda line: None) -> dict[str, dict[str, Any]]:
+    """Each task's full-depth accuracy on its first `limit` validation questions, and whether it is kept: at
+    least 30% and 20 points above always giving the most common answer."""
+    out = {}
+    for name in tasks:
+        t0 = time.perf_counter()
+        task = get_generation_task(name)
+        val = task.split("validation")[:limit]
+        acc = PrefilledQuestions(engine, task, val, batch=batch).answer(FullConfig()).accuracy
+        chance = task.chance(val)
+        out[name] = {"validation_accuracy": round(acc, 4), "chance": round(chance, 4), "asked": len(val),
+                     "kept": bool(acc >= max(0.3, chance + 0.2))}
+        say(f"{name}: {100 * acc:.0f}% at full depth on {len(val)} validation questions "
+            f"({'kept' if out[name]['kept'] else 'dropped'}; {time.perf_counter() - t0:.0f} s)")
+    return out
+
+
+@dataclass
+class Eta:
+    """Progress with an estimate of the time left, from the mean time of the settings run so far."""
+
+    total: int
+    say: Callable[[str], None]
+    done: int = 0
+    spent: list[float] = field(default_factory=list)
+
+    def tick(self, label: str, seconds: float, line: str) -> None:
+        self.done += 1
+        self.spent.append(seconds)
+        left = (self.total - self.done) * statistics.mean(self.spent)
+        self.say(f"[{self.done}/{self.total}] {label}: {line} ({seconds:.0f} s; about {left / 60:.0f} min left)")

@@ -1,0 +1,104 @@
+"""The drop-order study's report (d3.reports.drop_order): interpolation at common depths, the headline from the
+paired interval's bound, winners and whether they survive, the SUMMARY section and the README rows; on hand data."""
+
+from __future__ import annotations
+
+import pytest
+
+from d3.reports import drop_order as rep
+
+
+def _row(layers: float, diff: float, low: float, high: float, speedup: float) -> dict:
+    return {"mean_layers": layers, "accuracy": 0.8 + diff, "diff": {"diff": diff, "low": low, "high": high},
+            "measured_speedup": speedup, "speedup_spread": [speedup - 0.02, speedup + 0.02],
+            "same_answer": {"diff": -0.1}, "qps": 3.0}
+
+
+STUDY = {
+    "model": "m", "num_layers": 10, "tasks": ["a"], "test_sizes": [200],
+    "screen": {"a": {"validation_accuracy": 0.8, "chance": 0.1, "kept": True},
+               "b": {"validation_accuracy": 0.05, "chance": 0.1, "kept": False}},
+    "settings": {
+        "full depth": {"mean_layers": 10.0, "accuracy": 0.8, "asked": 200, "qps": 2.0, "measured_speedup": 1.01,
+                       "speedup_spread": [0.98, 1.03]},
+        "d3 good @0.95": _row(9.6, -0.005, -0.009, 0.0, 1.03),
+        "d3 good @0.9": _row(8.8, -0.02, -0.035, -0.01, 1.10),
+        "d3 bad @0.95": _row(9.4, -0.05, -0.08, -0.03, 1.05),
+        "d3 bad @0.9": _row(8.5, -0.30, -0.36, -0.25, 1.15),
+        "unified @0.9": _row(9.0, -0.40, -0.46, -0.34, 1.12),
+        "unified @0.99": _row(10.0, 0.0, 0.0, 0.0, 1.5),  # skips nothing: timing noise, never a headline
+    },
+}
+
+
+def test_a_curve_is_interpolated_between_the_settings_around_a_depth_and_not_beyond() -> None:
+    good = rep.curves(STUDY)["d3 good"]
+    assert [r["layers"] for r in good] == [8.8, 9.6]
+    at9 = rep.at_depth(good, 9.0)  # a quarter of the way from 8.8 to 9.6
+    assert at9["diff"] == pytest.approx(-0.02 + 0.25 * 0.015) and at9["low"] == pytest.approx(-0.035 + 0.25 * 0.026)
+    assert rep.at_depth(good, 9.7) is None and rep.at_depth(good, 8.7) is None
+    assert rep.common_depths(STUDY) == [9.0]  # both orders cover 9 layers only
+
+
+def test_the_headline_reads_the_upper_bound_of_the_loss_not_the_point_estimate() -> None:
+    one = rep.headline(STUDY, 0.01)
+    assert "**1.03x**" in one and "d3 good @0.95" in one and "9.60 of 10" in one and "-0.5 [-0.9, +0.0]" in one
+    three = rep.headline(STUDY, 0.03)  # 1.10x loses up to 3.5 points: not within 3
+    assert "**1.03x**" in three
+    assert "unified @0.99" not in one
+    strict = rep.headline(STUDY, 0.005)
+    assert "**none**" in strict and "closest is d3 good @0.95" in strict and "loss up to 0.9 points" in strict
+
+
+def test_the_winner_at_a_depth_says_whether_it_survives_the_intervals() -> None:
+    (line,) = rep.winners(STUDY)
+    assert line.startswith("9 layers: **good**") and "does not survive" not in line and "survives" in line
+    close = {**STUDY, "settings": {**STUDY["settings"], "d3 bad @0.95": _row(9.4, -0.02, -0.04, 0.0, 1.05),
+                                   "d3 bad @0.9": _row(8.5, -0.03, -0.05, -0.01, 1.15)}}
+    assert "does not survive" in rep.winners(close)[0]
+
+
+def test_the_section_states_realized_depth_screen_and_intervals_and_replaces_its_old_self(tmp_path) -> None:
+    text = rep.section(STUDY)
+    assert "a 80% (kept)" not in text and "a 80%; b 5% (dropped)" in text
+    assert "| d3 good @0.9 | 8.80 | 78.0% | -2.0 [-3.5, -1.0] | 90% | 1.10 [1.08, 1.12] | 3.00 |" in text
+    assert "1.00 (against itself 1.01 [0.98, 1.03])" in text
+    summary = tmp_path / "SUMMARY.md"
+    summary.write_text("# S\n\n## Drop order: which layers m can spare\nold\n\n## Other\nkept\n")
+    rep.write_section(summary, STUDY)
+    rep.write_section(summary, STUDY)
+    out = summary.read_text()
+    assert out.count("## Drop order: which layers m") == 1 and "old" not in out and "## Other\nkept" in out
+    rep.write_section(summary, {**STUDY, "model": "other"})  # another model's section goes beside it
+    assert summary.read_text().count(rep.HEADING) == 2
+
+
+def test_readme_rows_replace_the_studys_own_rows_only(tmp_path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text(f"| q | a |\n|---|---|\n| other | 1 |\n{rep.README_ROW}m: stale | x |\n| last | 2 |\n")
+    rep.write_readme(readme, [STUDY, {**STUDY, "model": "n", "partial": "2 of 3 settings"}])
+    out = readme.read_text().splitlines()
+    assert out[:3] == ["| q | a |", "|---|---|", "| other | 1 |"] and out[-1] == "| last | 2 |" and "stale" not in "".join(out)
+    assert out[3].startswith(f"{rep.README_ROW}m: largest measured speedup") and out[4].startswith(f"{rep.README_ROW}n (partial run):")
+    plain = tmp_path / "plain.md"
+    plain.write_text("no rows\n")
+    rep.write_readme(plain, [STUDY])
+    assert plain.read_text() == "no rows\n"
+
+
+def test_curve_points_give_each_order_its_settings_with_their_intervals() -> None:
+    points = rep.curve_points(STUDY, "speedup")
+    assert points["d3 good"][0] == {"speedup": 1.10, "diff": -0.02, "low": -0.035, "high": -0.01}
+    assert [p["speedup"] for p in points["d3 bad"]] == [1.15, 1.05]
+
+
+def test_orders_at_the_same_depth_are_paired_question_by_question() -> None:
+    settings = {"d3 a @0.9": {**_row(9.0, -0.02, -0.05, 0.0, 1.1), "accuracy": 0.9, "bits": "1" * 18 + "00"},
+                "d3 b @0.9": {**_row(9.05, -0.5, -0.6, -0.4, 1.1), "accuracy": 0.4, "bits": "1" * 8 + "0" * 12},
+                "d3 c @0.8": {**_row(8.0, -0.5, -0.6, -0.4, 1.2), "accuracy": 0.4, "bits": "0" * 20}}
+    (line,) = rep.paired_orders({**STUDY, "settings": settings})
+    # a wins 10 of 20 questions and loses none; by hand: Clopper-Pearson(10 of 10) starts at 0.025 ** (1 / 10)
+    low = 100 * 10 * (2 * 0.025 ** 0.1 - 1) / 20
+    assert line == f"d3 a @0.9 over d3 b @0.9 at 9.00 / 9.05 layers: +50.0 [{low:+.1f}, +50.0] pts (beyond the interval)"
+    few = {k: {**v, "bits": v["bits"][:10]} for k, v in settings.items()}  # 5 wins of 10: not enough to resolve
+    assert "not resolved" in rep.paired_orders({**STUDY, "settings": few})[0]

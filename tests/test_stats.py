@@ -1,0 +1,78 @@
+"""Paired differences (d3.research.stats): the exact McNemar interval against a hand computation, the bootstrap,
+and a zero-width difference for two strategies that answer alike on a tiny model."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from d3.config import D3Config, FullConfig
+from d3.research.answers import PrefilledQuestions
+from d3.research.gentasks import get_generation_task
+from d3.research.stats import bootstrap_difference, clopper_pearson, exact_difference
+
+
+def _tail(k: int, m: int, p: float, upper: bool) -> float:
+    ks = range(k, m + 1) if upper else range(0, k + 1)
+    return sum(math.comb(m, j) * p ** j * (1 - p) ** (m - j) for j in ks)
+
+
+def test_clopper_pearson_matches_the_published_values_and_its_definition() -> None:
+    low, high = clopper_pearson(2, 10)
+    assert low == pytest.approx(0.02521, abs=5e-5) and high == pytest.approx(0.55610, abs=5e-5)  # standard tables
+    assert _tail(2, 10, low, upper=True) == pytest.approx(0.025, abs=1e-9)
+    assert _tail(2, 10, high, upper=False) == pytest.approx(0.025, abs=1e-9)
+    assert clopper_pearson(0, 5)[0] == 0.0 and clopper_pearson(5, 5)[1] == 1.0
+    with pytest.raises(ValueError, match="successes"):
+        clopper_pearson(3, 2)
+
+
+def test_exact_difference_is_read_from_the_discordant_pairs_by_hand() -> None:
+    # 100 questions: 80 right under both, 8 right under the first only, 2 under the second only, 10 wrong under both
+    first = [1] * 80 + [1] * 8 + [0] * 2 + [0] * 10
+    second = [1] * 80 + [0] * 8 + [1] * 2 + [0] * 10
+    d = exact_difference(first, second)
+    assert (d.won, d.lost, d.n) == (2, 8, 100) and d.diff == pytest.approx(-0.06)
+    # by hand: b = 2 of m = 10 discordant pairs; p in [0.02521, 0.55610]; difference = m (2p - 1) / n
+    assert d.low == pytest.approx(10 * (2 * 0.0252107 - 1) / 100, abs=1e-6)
+    assert d.high == pytest.approx(10 * (2 * 0.5560955 - 1) / 100, abs=1e-6)
+    assert d.low < d.diff < d.high
+    swapped = exact_difference(second, first)
+    assert swapped.diff == pytest.approx(0.06) and (swapped.low, swapped.high) == pytest.approx((-d.high, -d.low))
+
+
+def test_concordant_questions_do_not_widen_the_exact_interval_but_shrink_it_in_points() -> None:
+    small = exact_difference([1, 0] * 5, [0, 1] * 5)
+    large = exact_difference([1, 0] * 5 + [1] * 90, [0, 1] * 5 + [1] * 90)
+    assert small.diff == large.diff == 0.0
+    assert large.high - large.low == pytest.approx((small.high - small.low) / 10)
+
+
+def test_bootstrap_is_seeded_and_brackets_the_mean_difference() -> None:
+    rng = np.random.default_rng(1)
+    a = rng.random(200)
+    b = a - 0.05 + rng.normal(0, 0.02, 200)
+    one, two = bootstrap_difference(a, b, seed=3), bootstrap_difference(a, b, seed=3)
+    assert one == two and one.low < one.diff < one.high and one.high < 0
+    assert one.diff == pytest.approx(float(np.mean(b - a)))
+    with pytest.raises(ValueError, match="same length"):
+        bootstrap_difference([1, 0], [1])
+
+
+def test_identical_answers_give_a_zero_width_difference() -> None:
+    same = [1, 0, 1, 1, 0]
+    for d in (exact_difference(same, same), bootstrap_difference(same, same)):
+        assert (d.diff, d.low, d.high) == (0.0, 0.0, 0.0)
+
+
+def test_two_strategies_that_answer_alike_on_a_tiny_model_differ_by_exactly_zero(tiny_engine) -> None:
+    task = get_generation_task("gen_1_digit_addition")
+    questions = PrefilledQuestions(tiny_engine, task, task.split("test")[:6], batch=4)
+    full, same = questions.answer(FullConfig()), questions.answer(D3Config(alpha=1.0))
+    shallow = questions.answer(D3Config(alpha=0.5, core_head=1, core_tail=1))
+    assert full.texts == same.texts and shallow.texts != full.texts  # the shallow run really differs
+    agree = [float(a == b) for a, b in zip(full.texts, same.texts)]
+    for d in (exact_difference(full.correct, same.correct), bootstrap_difference([1.0] * 6, agree)):
+        assert (d.low, d.diff, d.high) == (0.0, 0.0, 0.0)

@@ -3,13 +3,21 @@ RSS, one torch thread."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
+import time
 from pathlib import Path
 from typing import Iterator
 
+import gradio as gr
 import pytest
 import torch
+
+from d3.engine import Engine
+from d3.models import unknown_name_message
+from explorer import live, page
+from explorer.page import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -103,3 +111,67 @@ def output_names(client, api_name: str) -> list[str]:
     """The names view_api gives an endpoint's outputs, in order."""
     info = client.view_api(return_format="dict", print_info=False)["named_endpoints"][api_name]
     return [r["label"] for r in info["returns"]]
+
+
+# ---------------------------------------------------------------- the page's tiny model, served and called
+
+
+class CountingEngine(Engine):
+    """The tiny engine, counting decode steps, optionally slowed down so a run outlasts a click."""
+
+    def __init__(self, *args, delay: float = 0.0, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.delay = delay
+        self.steps = 0
+        self.closed = 0
+
+    def run(self, *args, **kwargs):
+        try:
+            for item in super().run(*args, **kwargs):
+                self.steps += 1
+                time.sleep(self.delay)
+                yield item
+        finally:
+            self.closed += 1
+
+
+@contextlib.contextmanager
+def serve(demo: gr.Blocks) -> Iterator[str]:
+    """Serve `demo` on 127.0.0.1 on a free port; always closed afterwards."""
+    port = free_port()
+    page.launch(demo, prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
+    try:
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        demo.close()
+
+
+def wait_until(condition, timeout: float = 60.0, every: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not met in time")
+        time.sleep(every)
+
+
+DEFAULTS = dict(prompt="hello there", model="tiny", chat_template=True, strategy="d3", alpha=0.9, core_head=1,
+                core_tail=1, start=0, drop_order="middle_out", layer_order="", fill="copy", max_new_tokens=8,
+                decoding="greedy",
+                temperature=0.8, seed=0, unified_ratio=1.5, skipdecode_max=0, skipdecode_min=0, threshold=0.9,
+                attention_layer=3, attention_head=0, metric="both", log_kl=False, presentation=False)
+
+
+def tiny_factory(engine):
+    def build(name: str):
+        if name != "tiny":
+            raise ValueError(unknown_name_message(name))  # as d3.models does
+        return engine
+    return build
+
+
+def run(pool: ModelPool, session: Session | None = None, **overrides) -> list[tuple]:
+    return list(live.generate(pool, session, **{**DEFAULTS, **overrides}))
+
+
+# What the API tests send to /generate.
+RUN = dict(prompt="hello there", alpha=0.9, core_head=1, core_tail=1, attention_layer=3, max_new_tokens=8)

@@ -97,3 +97,48 @@ def browser():
                                                               "--disable-background-networking"])
         yield b
         b.close()
+
+
+# ---------------------------------------------------------------- the page on the tiny model
+
+
+@pytest.fixture(scope="module")
+def pool(tiny_engine):
+    """The page's model pool over the tiny engine (named "tiny")."""
+    from explorer.caps import Caps
+    from explorer.pool import ModelPool
+    from tests.apphelpers import tiny_factory
+
+    return ModelPool(tiny_factory(tiny_engine), names=("tiny",), caps=Caps(max_new_tokens=64))
+
+
+@pytest.fixture(scope="module")
+def finished(pool):
+    """One finished run (views and exports only read it)."""
+    from explorer.session import Session
+    from tests.apphelpers import run
+
+    session = Session()
+    run(pool, session, max_new_tokens=6)
+    return session
+
+
+@pytest.fixture(scope="module")
+def engine():
+    """The tiny engine, counting its decode steps, behind the served page (`url`)."""
+    from tests.apphelpers import CountingEngine
+    from tests.tiny import tiny_llama, tiny_tokenizer
+
+    return CountingEngine(tiny_llama(6), tiny_tokenizer(), name="tiny")
+
+
+@pytest.fixture(scope="module")
+def url(engine):
+    """The page serving `engine` on a free loopback port, closed after the module."""
+    from explorer import page
+    from explorer.caps import Caps
+    from tests.apphelpers import serve
+
+    demo = page.build_demo(lambda name: engine, model_names=("tiny",), public=False, caps=Caps(max_new_tokens=64))
+    with serve(demo) as address:
+        yield address

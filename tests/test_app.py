@@ -21,42 +21,12 @@ from explorer.caps import Caps
 from explorer.controls import REDRAW_NAMES
 from explorer.pool import ModelPool
 from explorer.session import Session
-from tests.apphelpers import exports_in_tmp  # noqa: F401  (a fixture)
+from tests.apphelpers import DEFAULTS, exports_in_tmp, run, tiny_factory  # noqa: F401  (exports_in_tmp: a fixture)
 from tests.figures import message
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
-DEFAULTS = dict(prompt="hello there", model="tiny", chat_template=True, strategy="d3", alpha=0.9, core_head=1,
-                core_tail=1, start=0, drop_order="middle_out", layer_order="", fill="copy", max_new_tokens=8,
-                decoding="greedy",
-                temperature=0.8, seed=0, unified_ratio=1.5, skipdecode_max=0, skipdecode_min=0, threshold=0.9,
-                attention_layer=3, attention_head=0, metric="both", log_kl=False, presentation=False)
 OUT = {name: i for i, name in enumerate(live.GENERATE_OUTPUTS)}
-
-
-def tiny_factory(engine):
-    def build(name: str):
-        if name != "tiny":
-            raise ValueError(unknown_name_message(name))  # as d3.models does
-        return engine
-    return build
-
-
-@pytest.fixture(scope="module")
-def pool(tiny_engine) -> ModelPool:
-    return ModelPool(tiny_factory(tiny_engine), names=("tiny",), caps=Caps(max_new_tokens=64))
-
-
-@pytest.fixture(scope="module")
-def finished(pool) -> Session:
-    """One finished run (views and exports only read it)."""
-    session = Session()
-    run(pool, session, max_new_tokens=6)
-    return session
-
-
-def run(pool: ModelPool, session: Session | None = None, **overrides) -> list[tuple]:
-    return list(live.generate(pool, session, **{**DEFAULTS, **overrides}))
 
 
 def token_spans(pane: str) -> int:

@@ -20,68 +20,18 @@ from d3.engine import Engine
 from d3.schedule import budgets, planned_grid
 from explorer.caps import Caps
 from explorer.page import free_port
-from tests.apphelpers import api_figure, array, call_undocumented, exports_in_tmp, new_client, output_names  # noqa: F401
+from tests.apphelpers import (CountingEngine, api_figure, array, call_undocumented, exports_in_tmp,  # noqa: F401
+                              new_client, output_names, RUN, serve, wait_until)
 from tests.tiny import tiny_llama, tiny_tokenizer
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.filterwarnings("ignore::UserWarning")]
 OUT = {name: i for i, name in enumerate(n for n in live.GENERATE_OUTPUTS if n != "session")}  # by name (State is not in the API)
 
 
-class CountingEngine(Engine):
-    """The tiny engine, counting decode steps, optionally slowed down so a run outlasts a click."""
-
-    def __init__(self, *args, delay: float = 0.0, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.delay = delay
-        self.steps = 0
-        self.closed = 0
-
-    def run(self, *args, **kwargs):
-        try:
-            for item in super().run(*args, **kwargs):
-                self.steps += 1
-                time.sleep(self.delay)
-                yield item
-        finally:
-            self.closed += 1
-
-
-@contextlib.contextmanager
-def serve(demo: gr.Blocks) -> Iterator[str]:
-    """Serve `demo` on 127.0.0.1 on a free port; always closed afterwards."""
-    port = free_port()
-    page.launch(demo, prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
-    try:
-        yield f"http://127.0.0.1:{port}/"
-    finally:
-        demo.close()
-
-
-def wait_until(condition, timeout: float = 60.0, every: float = 0.05) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met in time")
-        time.sleep(every)
-
-
-@pytest.fixture(scope="module")
-def engine() -> CountingEngine:
-    return CountingEngine(tiny_llama(6), tiny_tokenizer(), name="tiny")
-
-
-@pytest.fixture(scope="module")
-def url(engine) -> Iterator[str]:
-    demo = page.build_demo(lambda name: engine, model_names=("tiny",), public=False, caps=Caps(max_new_tokens=64))
-    with serve(demo) as address:
-        yield address
-
-
 def client(url: str) -> Client:
     return new_client(url)
 
 
-RUN = dict(prompt="hello there", alpha=0.9, core_head=1, core_tail=1, attention_layer=3, max_new_tokens=8)
 
 
 def test_generate_streams_token_by_token(url) -> None:

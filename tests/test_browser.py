@@ -14,7 +14,7 @@ import pytest
 from explorer.caps import Caps
 from explorer.page import build_demo
 from tests.apphelpers import exports_in_tmp  # noqa: F401  (a fixture)
-from tests.test_app_client import engine, serve, url, wait_until  # noqa: F401  (engine and url are shared fixtures)
+from tests.apphelpers import serve, wait_until
 from explorer.wording import VIEWS
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
@@ -38,17 +38,6 @@ PLOT_HAS_DATA = """(id) => {
 TOKENS_IN = "(id) => document.querySelectorAll(`#${id} .d3-tok`).length"
 
 
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM}")
-    with playwright_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu",
-                                                              "--disable-background-networking"])
-        yield b
-        b.close()
 
 
 def open_page(browser, url: str):
@@ -232,7 +221,7 @@ def test_clicking_a_sweep_point_loads_its_setting_into_the_live_controls(browser
 
 
 def test_a_sweep_at_its_time_limit_shows_a_plain_note_and_draws_the_rows_it_finished(browser) -> None:
-    from tests.test_app_client import CountingEngine
+    from tests.apphelpers import CountingEngine
     from tests.tiny import tiny_llama, tiny_tokenizer
 
     class SlowAfter(CountingEngine):

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_app_client import engine, url  # noqa: F401  (shared fixtures: a tiny model served on a free port)
-from tests.test_browser import ARTIFACTS, PLOT_HAS_DATA, TIMEOUT_MS, browser, click_tab  # noqa: F401
+from tests.test_browser import ARTIFACTS, PLOT_HAS_DATA, TIMEOUT_MS, click_tab
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::UserWarning")]

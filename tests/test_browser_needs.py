@@ -6,8 +6,7 @@ import re
 
 import pytest
 
-from tests.test_app_client import engine, url  # noqa: F401  (shared fixtures: a tiny model served on a free port)
-from tests.test_browser import PLOT_HAS_DATA, TIMEOUT_MS, browser, click_tab, open_page  # noqa: F401
+from tests.test_browser import PLOT_HAS_DATA, TIMEOUT_MS, click_tab, open_page
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::UserWarning")]

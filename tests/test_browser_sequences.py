@@ -16,7 +16,7 @@ import pytest
 from explorer.caps import Caps
 from explorer.page import build_demo
 from explorer.scenarios import SCENARIOS
-from tests.test_app_client import CountingEngine, serve
+from tests.apphelpers import CountingEngine, serve
 from tests.tiny import tiny_llama, tiny_tokenizer
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning"),

@@ -22,7 +22,7 @@ from explorer.controls import DEFAULTS
 from explorer.parse import as_choice, as_number
 from explorer.pool import ModelPool
 from explorer.runs import check_run
-from tests.test_app import tiny_factory
+from tests.apphelpers import tiny_factory
 
 SMOL = "smollm2-135m"
 

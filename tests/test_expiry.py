@@ -10,7 +10,7 @@ import pytest
 from explorer import expiry, page
 from explorer.caps import Caps
 from tests.apphelpers import exports_in_tmp, new_client  # noqa: F401  (a fixture)
-from tests.test_app_client import RUN, CountingEngine, serve, wait_until
+from tests.apphelpers import RUN, CountingEngine, serve, wait_until
 from tests.tiny import tiny_llama, tiny_tokenizer
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),

@@ -16,7 +16,7 @@ import pytest
 from explorer import export
 from explorer.session import Session
 from tests.apphelpers import exports_in_tmp  # noqa: F401  (a fixture)
-from tests.test_app import DEFAULTS, finished, pool  # noqa: F401  (fixtures)
+from tests.apphelpers import DEFAULTS
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 FIGURE_ARGS = {k: v for k, v in DEFAULTS.items() if k != "prompt"}

@@ -13,7 +13,7 @@ from explorer import page
 from explorer.caps import Caps
 from explorer.guard import BoundedRecords
 from tests.apphelpers import exports_in_tmp, new_client  # noqa: F401  (a fixture)
-from tests.test_app_client import RUN, CountingEngine, serve
+from tests.apphelpers import RUN, CountingEngine, serve
 from tests.tiny import tiny_llama, tiny_tokenizer
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),

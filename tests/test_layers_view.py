@@ -11,7 +11,7 @@ from explorer import layers_view as view
 from explorer.caps import Caps
 from explorer.controls import DEFAULTS, parse_strategy
 from tests.figures import message
-from tests.test_needs import CONTROLS, pool, role  # noqa: F401  (the same tiny pool, controls and trace lookup)
+from tests.test_needs import CONTROLS, role  # the same controls and trace lookup
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

@@ -27,15 +27,6 @@ def role(fig, name):
 
 
 @pytest.fixture(scope="module")
-def pool(tiny_engine) -> ModelPool:
-    def build(name: str):
-        if name != "tiny":
-            raise ValueError(unknown_name_message(name))
-        return tiny_engine
-    return ModelPool(build, names=("tiny",), caps=Caps(max_new_tokens=64))
-
-
-@pytest.fixture(scope="module")
 def measured(pool):
     return view.measure_needs(pool, None, **CONTROLS)
 

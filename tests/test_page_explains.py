@@ -19,8 +19,7 @@ from explorer.page import build_demo
 from explorer.runs import check_run, side_by_side
 from explorer.session import Session
 from explorer.share import FLAGS, RESTORE_OUTPUTS, TEXTS, controls_from_query, controls_query, restore_from_link
-from tests.test_app_client import CountingEngine, serve
-from tests.test_browser import browser  # noqa: F401  (the shared headless Chromium fixture)
+from tests.apphelpers import CountingEngine, serve
 from tests.test_page_teaches import (
     ARTIFACTS,
     DESKTOP,

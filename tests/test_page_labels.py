@@ -13,8 +13,7 @@ import pytest
 
 from explorer.caps import Caps
 from explorer.page import build_demo
-from tests.test_app_client import CountingEngine, serve
-from tests.test_browser import browser  # noqa: F401  (the shared headless Chromium fixture)
+from tests.apphelpers import CountingEngine, serve
 from tests.test_page_teaches import ARTIFACTS, DESKTOP, PHONE, TIMEOUT_MS, open_view, wait_for_status
 from tests.tiny import tiny_llama, tiny_tokenizer
 

@@ -14,8 +14,7 @@ from d3.schedule import plan
 from explorer.caps import Caps
 from explorer.controls import DEFAULTS, default_attention_layer
 from explorer.page import build_demo
-from tests.test_app_client import CountingEngine, serve
-from tests.test_browser import browser  # noqa: F401  (the shared headless Chromium fixture)
+from tests.apphelpers import CountingEngine, serve
 from tests.test_page_teaches import DESKTOP, PHONE, PRESENTATION, TIMEOUT_MS, generate, open_view, wait_for_status
 from tests.tiny import tiny_llama, tiny_tokenizer
 

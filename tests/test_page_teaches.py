@@ -18,8 +18,7 @@ from d3.config import D3Config
 from d3.schedule import budgets
 from explorer.caps import Caps
 from explorer.page import build_demo
-from tests.test_app_client import CountingEngine, serve
-from tests.test_browser import browser  # noqa: F401  (the shared headless Chromium fixture)
+from tests.apphelpers import CountingEngine, serve
 from tests.tiny import tiny_llama, tiny_tokenizer
 from viz.depth import raw_decay
 from viz.layout import strategy_label

@@ -18,8 +18,7 @@ from explorer.parse import shown
 from explorer.pool import ModelPool
 from explorer.session import Session
 from tests.apphelpers import exports_in_tmp, new_client  # noqa: F401  (a fixture)
-from tests.test_app import DEFAULTS
-from tests.test_app_client import serve, wait_until
+from tests.apphelpers import DEFAULTS, serve, wait_until
 from tests.tiny import tiny_llama
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),

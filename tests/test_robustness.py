@@ -27,8 +27,8 @@ from explorer.pool import ModelPool
 from explorer.session import Session
 from tests.apphelpers import (ROOT, all_endpoints, alive, call_undocumented, exports_in_tmp, new_client,  # noqa: F401
                               one_torch_thread, rss_mib)
-from tests.test_app import DEFAULTS, last_value, tiny_factory
-from tests.test_app_client import RUN, CountingEngine, serve, wait_until
+from tests.apphelpers import DEFAULTS, RUN, CountingEngine, serve, tiny_factory, wait_until
+from tests.test_app import last_value
 from tests.tiny import tiny_llama, tiny_tokenizer
 from tests.figures import message
 

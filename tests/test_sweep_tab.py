@@ -15,7 +15,7 @@ from explorer.caps import Caps
 from explorer.pool import ModelPool
 from explorer.sweep_tab import SWEEP_MAX_SETTINGS
 from tests.apphelpers import exports_in_tmp  # noqa: F401  (a fixture)
-from tests.test_app import tiny_factory
+from tests.apphelpers import tiny_factory
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

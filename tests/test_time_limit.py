@@ -14,8 +14,7 @@ from explorer.page import build_demo
 from explorer.pool import ModelPool
 from explorer.session import Session
 from tests.apphelpers import exports_in_tmp, new_client  # noqa: F401  (a fixture)
-from tests.test_app import DEFAULTS, tiny_factory
-from tests.test_app_client import RUN, CountingEngine, serve, wait_until
+from tests.apphelpers import DEFAULTS, RUN, CountingEngine, serve, tiny_factory, wait_until
 from tests.test_robustness import api_defaults
 from tests.tiny import tiny_llama, tiny_tokenizer
 

@@ -1,9 +1,7 @@
 """d3/engine.py: the generation loop on tiny random Llamas: parity with model.generate, batching, sampling, stopping,
 bad input, teacher forcing and continuation scoring."""
 
-
 from __future__ import annotations
-
 
 import pytest
 import torch

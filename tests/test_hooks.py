@@ -1,9 +1,7 @@
 """d3/hooks.py: named hook points on the real layers, recorded for one forward pass and removed in `finally`
 (also when generation fails): no hook is ever left behind."""
 
-
 from __future__ import annotations
-
 
 import pytest
 import torch

@@ -1,8 +1,6 @@
 """d3/trace_builder.py: each decode step becomes a TokenStep (cell codes, a JSON round trip of the whole trace)."""
 
-
 from __future__ import annotations
-
 
 
 from d3.config import D3Config, GenerationConfig, TraceConfig

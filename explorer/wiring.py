@@ -215,7 +215,7 @@ def wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
                         concurrency_limit=None, show_progress="hidden")
     sized = ui["model"].input(functools.partial(model_changed, pool), _pick(ui, ("model", "session", "presentation")),
                               _pick(ui, MODEL_OUTPUTS),
-                              api_name="model_changed", queue=False, preprocess=False)
+                              api_name="model_changed", queue=False, preprocess=False, show_progress="hidden")
     # A model that must be loaded first: in the queue, one load at a time, apart from the generations' slots.
     loaded = sized.then(functools.partial(load_model, pool), ui["model"], _pick(ui, MODEL_OUTPUTS),
                         api_name="load_model", preprocess=False, concurrency_id="load", concurrency_limit=1,

@@ -238,5 +238,9 @@ def wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     _redraw_after(pool, ui, wire_needs(pool, ui))  # fit α sets α
     _redraw_after(pool, ui, wire_layers(pool, ui))  # Use this order sets the order
     wire_explain(pool, ui, runs)
-    _redraw_after(pool, ui, wire_share(pool, ui, demo))  # on every page load, link or not: the first preview
+    restored = wire_share(pool, ui, demo)
+    _redraw_after(pool, ui, restored)  # on every page load, link or not: the first preview
+    # A link may turn presentation mode on: nothing listens to the checkbox's .change, so apply it here.
+    restored.then(set_presentation, _with_controls(ui, "session"), _pick(ui, VIEW_OUTPUTS), api_name=False,
+                  queue=False, preprocess=False, show_progress="hidden")
     set_api_visibility(demo)

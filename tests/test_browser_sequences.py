@@ -68,8 +68,13 @@ class Watched:
         return self.status()
 
     def answers_a_click(self) -> None:
+        """Stop answers: "Nothing is running", or, when a run was still streaming over its open connection (no new
+        request for a while does not mean no run), "Stopping…" and then the run's own end."""
+        before = self.status()
+        running = not any(t in before for t in ("Done.", "Stopped.", "Cannot run this", "Nothing is running", "Ready",
+                                                "press Generate"))
         self.page.click("#stop")
-        self.wait_status("Nothing is running", "Stopping")
+        self.wait_status("Nothing is running", "Stopping", *(("Stopped.", "Done.") if running else ()))
 
     def generate_runs_or_says_how(self) -> None:
         """Generate runs to Done, or the status line says what is wrong and how to fix it."""

@@ -684,7 +684,7 @@ def test_error_propagation_names_masked_holes_as_holes(tiny_engine) -> None:
         cfg = D3Config(alpha=0.8, core_head=1, core_tail=1, drop_order="strided", fill=fill)
         fig = viz.error_propagation(compare(tiny_engine, "hello world", cfg, gen, TRACE_OFF))
         names[fill] = [t.name for t in fig.data if (t.meta or {}).get("role") == "filled" and len(t.x)]
-    assert names["none"] == ["masked holes (later tokens' attention skips them)"]
+    assert names["none"] == ["masked holes (never read)"]
     assert names["copy"] == ["filled, read by later tokens"]
 
 

@@ -99,7 +99,7 @@ def _kv_heatmap(comparison: Comparison) -> tuple[go.Heatmap, go.Scatter, go.Scat
     holes = grid is not None and t_idx.size > 0 and bool(np.all(grid[t_idx, l_idx] == HOLE))
     # fill none writes no entry: a later token that runs the layer masks the hole out, it reads nothing from it
     marks = go.Scatter(x=t_idx, y=l_idx, mode="markers",
-                       name="masked holes (later tokens' attention skips them)" if holes else "filled, read by later tokens",
+                       name="masked holes (never read)" if holes else "filled, read by later tokens",
                        marker=dict(symbol="square-open", size=7, color="#22D3EE", line=dict(width=1.5)),
                        hoverinfo="skip", meta={"role": "filled"})
     t_idx, l_idx = np.nonzero(unread)

@@ -2,7 +2,7 @@
 
 1. Slider let go (or another control changed): server-side time to redraw the decay curve and the planned
    grid (handler + gradio's figure serialisation), target < 200 ms. While a slider moves, the browser redraws
-   the curve itself (assets/decay_preview.js; its timing is measured in tests/test_page_teaches.py).
+   the curve itself (assets/decay_preview.js; its timing is measured in tests/test_browser_page.py).
 2. Generate: time from pressing Generate (submitting the job) to the first streamed token of each pane,
    once the model is loaded, target < 2 s. Measured twice: calling the handler in process, and through
    gradio_client against the running server (queue and network included).

@@ -8,16 +8,23 @@ import gc
 import os
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import gradio as gr
-import pytest
-import torch
 
+from d3.config import GenerationConfig
 from d3.engine import Engine
 from d3.models import unknown_name_message
 from explorer import live, page
 from explorer.page import free_port
+from explorer.runs import side_by_side
+
+if TYPE_CHECKING:
+    import numpy as np
+    from gradio_client import Client
+
+    from explorer.pool import ModelPool
+    from explorer.session import Session
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,32 +41,6 @@ def rss_mib() -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
-
-
-@pytest.fixture(scope="module")
-def one_torch_thread() -> Iterator[None]:
-    """Tiny models run fastest on one thread, above all on a machine shared with other work."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def exports_in_tmp(tmp_path_factory) -> Iterator[Path]:
-    """Every export, Gradio's file cache and gradio_client's downloads go into this module's tmp dir, never into
-    the shared temporary folder (a module that imports this fixture gets it automatically); the exports inside
-    Gradio's cache, as they are served, and the server's export rate counted afresh for the module."""
-    from collections import deque
-
-    from explorer import export
-
-    root = tmp_path_factory.mktemp("page-files")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(export, "EXPORT_ROOT", root / "gradio" / "d3-exports")
-        patch.setattr(export, "_SERVER_EXPORTS", deque())
-        patch.setenv("GRADIO_TEMP_DIR", str(root / "gradio"))
-        yield root
 
 
 def new_client(url: str):
@@ -175,3 +156,35 @@ def run(pool: ModelPool, session: Session | None = None, **overrides) -> list[tu
 
 # What the API tests send to /generate.
 RUN = dict(prompt="hello there", alpha=0.9, core_head=1, core_tail=1, attention_layer=3, max_new_tokens=8)
+
+
+# The outputs of a Generate stream by name; an output a step leaves as it was is a bare gr.update().
+OUT = {name: i for i, name in enumerate(live.GENERATE_OUTPUTS)}
+
+
+def is_skip(value) -> bool:
+    return isinstance(value, dict) and value.get("__type__") == "update" and len(value) == 1
+
+
+def last_value(outputs: list[tuple], name: str):
+    """The newest value an output received over a stream (outputs left as they were are skipped)."""
+    values = [o[OUT[name]] for o in outputs if not is_skip(o[OUT[name]])]
+    return values[-1]
+
+
+def api_defaults(client: Client) -> dict[str, dict[str, Any]]:
+    """Each named endpoint's parameters with the page's default values (undocumented endpoints too)."""
+    endpoints = all_endpoints(client.src)
+    return {name: {p["parameter_name"]: p.get("parameter_default") for p in ep["parameters"]}
+            for name, ep in endpoints.items()}
+
+
+# The controls the needs and layers views are measured with in their handler tests.
+NEEDS_CONTROLS = dict(prompt="hello there", model="tiny", chat_template=True, strategy="d3", alpha=0.9, core_head=1,
+                      core_tail=1, start=0, drop_order="middle_out", fill="copy", max_new_tokens=10, decoding="greedy")
+
+
+def run_pair(engine, strategy, tokens: int = 8, prompt: str = "hello there"):
+    """The finished update of a side-by-side run on `engine`."""
+    *_, last = side_by_side(engine, prompt, strategy, GenerationConfig(max_new_tokens=tokens))
+    return last

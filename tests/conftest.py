@@ -11,6 +11,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -22,7 +23,7 @@ os.environ["OMP_NUM_THREADS"] = "1"
 # accelerate's scratch, the same in every subprocess, which inherit the environment) lands in one folder inside
 # pytest's own temporary area, removed when the run ends: nothing is left behind in the shared /tmp. Set here, at
 # import, because gradio reads its cache folder when test modules import it, before any fixture runs. Modules
-# that use tests.apphelpers.exports_in_tmp narrow this to a folder of their own.
+# that use the exports_in_tmp fixture narrow this to a folder of their own.
 SCRATCH = Path(tempfile.gettempdir()) / f"pytest-of-{getpass.getuser()}"
 SCRATCH.mkdir(mode=0o700, exist_ok=True)
 SCRATCH = Path(tempfile.mkdtemp(prefix="d3-scratch-", dir=SCRATCH))
@@ -142,3 +143,32 @@ def url(engine):
     demo = page.build_demo(lambda name: engine, model_names=("tiny",), public=False, caps=Caps(max_new_tokens=64))
     with serve(demo) as address:
         yield address
+
+
+@pytest.fixture(scope="module")
+def exports_in_tmp(tmp_path_factory) -> Iterator[Path]:
+    """Every export, Gradio's file cache and gradio_client's downloads go into this module's tmp dir, never into
+    the shared temporary folder (a module asks for it with
+    `pytestmark = pytest.mark.usefixtures("exports_in_tmp")`); the exports inside
+    Gradio's cache, as they are served, and the server's export rate counted afresh for the module."""
+    from collections import deque
+
+    from explorer import export
+
+    root = tmp_path_factory.mktemp("page-files")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(export, "EXPORT_ROOT", root / "gradio" / "d3-exports")
+        patch.setattr(export, "_SERVER_EXPORTS", deque())
+        patch.setenv("GRADIO_TEMP_DIR", str(root / "gradio"))
+        yield root
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """Tiny models run fastest on one thread, above all on a machine shared with other work."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

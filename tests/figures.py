@@ -13,3 +13,13 @@ def title_text(fig) -> str:
     import re
 
     return " ".join(re.sub(r"<br>|<[^>]+>", " ", fig.layout.title.text or "").split())
+
+
+def by_role(fig, role: str):
+    """The traces a figure marks with this role (meta["role"])."""
+    return [t for t in fig.data if (t.meta or {}).get("role") == role]
+
+
+def role(fig, name: str):
+    """The first trace a figure marks with this role (meta["role"])."""
+    return next(t for t in fig.data if (t.meta or {}).get("role") == name)

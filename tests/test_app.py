@@ -14,34 +14,23 @@ import pytest
 import app
 from explorer import export, live, page, view_handlers
 from d3.config import D3Config
-from d3.models import ModelFacts, unknown_name_message
+from d3.models import ModelFacts
 from d3.schedule import budgets, planned_grid
 from d3.trace import Trace
 from explorer.caps import Caps
 from explorer.controls import REDRAW_NAMES
 from explorer.pool import ModelPool
 from explorer.session import Session
-from tests.apphelpers import DEFAULTS, exports_in_tmp, run, tiny_factory  # noqa: F401  (exports_in_tmp: a fixture)
+from tests.apphelpers import DEFAULTS, OUT, is_skip, last_value, run, tiny_factory
 from tests.figures import message
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+pytestmark = [pytest.mark.usefixtures("exports_in_tmp"), pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
-OUT = {name: i for i, name in enumerate(live.GENERATE_OUTPUTS)}
 
 
 def token_spans(pane: str) -> int:
     """Token <span>s in a pane's HTML (class "d3-tok", plus " d3-diff" where it differs)."""
     return len(re.findall(r'class="d3-tok[ "]', str(pane)))
-
-
-def is_skip(value) -> bool:
-    return isinstance(value, dict) and value.get("__type__") == "update" and len(value) == 1
-
-
-def last_value(outputs: list[tuple], name: str):
-    """The newest value an output received over a stream (outputs left as they were are skipped)."""
-    values = [o[OUT[name]] for o in outputs if not is_skip(o[OUT[name]])]
-    return values[-1]
 
 
 def schedule_args(**overrides) -> dict:

@@ -2,29 +2,24 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
 
-import gradio as gr
 import numpy as np
 import pytest
 from gradio_client import Client
 
 from explorer import live, page
 from d3.config import D3Config
-from d3.engine import Engine
 from d3.schedule import budgets, planned_grid
 from explorer.caps import Caps
-from explorer.page import free_port
-from tests.apphelpers import (CountingEngine, api_figure, array, call_undocumented, exports_in_tmp,  # noqa: F401
+from tests.apphelpers import (CountingEngine, api_figure, array, call_undocumented,
                               new_client, output_names, RUN, serve, wait_until)
 from tests.tiny import tiny_llama, tiny_tokenizer
 
-pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.filterwarnings("ignore::UserWarning")]
+pytestmark = [pytest.mark.usefixtures("exports_in_tmp"), pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.filterwarnings("ignore::UserWarning")]
 OUT = {name: i for i, name in enumerate(n for n in live.GENERATE_OUTPUTS if n != "session")}  # by name (State is not in the API)
 
 

@@ -3,69 +3,29 @@ go to $D3_SCREENSHOTS when set (for a person to look at), else into the run's sc
 
 from __future__ import annotations
 
-import os
-import re
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
 from explorer.caps import Caps
 from explorer.page import build_demo
-from tests.apphelpers import exports_in_tmp  # noqa: F401  (a fixture)
+from tests.pagehelpers import (
+    ARTIFACTS,
+    click_tab,
+    open_page,
+    PLOT_HAS_DATA,
+    show_tab,
+    TIMEOUT_MS,
+    TOKENS_IN,
+    wait_for_status,
+)
 from tests.apphelpers import serve, wait_until
-from explorer.wording import VIEWS
 
-pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+pytestmark = [pytest.mark.usefixtures("exports_in_tmp"), pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::UserWarning")]
 playwright_api = pytest.importorskip("playwright.sync_api")
 
 CHROMIUM = "/usr/bin/chromium"
-# Screenshots for a person to look at: into $D3_SCREENSHOTS when set, else the test run's scratch folder (removed
-# at the end, see tests/conftest.py), so a plain run leaves nothing behind.
-ARTIFACTS = Path(os.environ.get("D3_SCREENSHOTS") or Path(tempfile.gettempdir()) / "screenshots")
-TIMEOUT_MS = 120_000
-
-# A plot counts as rendered with data when plotly drew it and some trace holds values (plain arrays, or the
-# base64 typed arrays {dtype, bdata} that plotly.py sends for numpy data).
-PLOT_HAS_DATA = """(id) => {
-  const plot = document.querySelector(`#${id} .js-plotly-plot`);
-  if (!plot || !plot.data || !plot.querySelector('.main-svg')) return false;
-  const filled = v => v && ((v.bdata && v.bdata.length > 0) || (v.length > 0 && Array.from(v).some(x => x !== null)));
-  return plot.data.some(t => filled(t.x) || filled(t.y) || filled(t.z));
-}"""
-TOKENS_IN = "(id) => document.querySelectorAll(`#${id} .d3-tok`).length"
-
-
-
-
-def open_page(browser, url: str):
-    page = browser.new_page(viewport={"width": 1440, "height": 1000})
-    page.set_default_timeout(TIMEOUT_MS)
-    page.goto(url)
-    page.wait_for_selector("#generate")
-    return page
-
-
-def wait_for_status(page, text: str) -> None:
-    page.wait_for_function("(t) => document.querySelector('#status')?.innerText.includes(t)", arg=text,
-                           timeout=TIMEOUT_MS)
-
-
-# The view tabs a person sees: gradio shows each tab either in the bar or in its overflow list (shown inline here).
-SHOWN_TABS = "#views .tab-wrapper > .tab-container:not(.visually-hidden) button, #views .overflow-dropdown button"
-
-
-def click_tab(page, key: str) -> None:
-    """Open a view's tab; the decay curve has none: it sits beside the panes."""
-    if key != "decay":
-        page.locator(SHOWN_TABS).filter(has_text=re.compile(f"^{re.escape(VIEWS[key])}$")).first.click()
-
-
-def show_tab(page, key: str) -> None:
-    click_tab(page, key)
-    page.wait_for_function(PLOT_HAS_DATA, arg=f"plot-{key}", timeout=TIMEOUT_MS)
 
 
 def test_generate_fills_both_panes_and_every_view(browser, url) -> None:
@@ -217,7 +177,6 @@ def test_clicking_a_sweep_point_loads_its_setting_into_the_live_controls(browser
         page.screenshot(path=str(ARTIFACTS / "browser_sweep.png"), full_page=True)
     finally:
         page.close()
-
 
 
 def test_a_sweep_at_its_time_limit_shows_a_plain_note_and_draws_the_rows_it_finished(browser) -> None:

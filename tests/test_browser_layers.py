@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_browser import ARTIFACTS, PLOT_HAS_DATA, TIMEOUT_MS, click_tab
+from tests.pagehelpers import ARTIFACTS, PLOT_HAS_DATA, TIMEOUT_MS, click_tab
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::UserWarning")]

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from tests.test_browser import PLOT_HAS_DATA, TIMEOUT_MS, click_tab, open_page
+from tests.pagehelpers import PLOT_HAS_DATA, TIMEOUT_MS, click_tab, open_page
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::UserWarning")]

@@ -23,6 +23,9 @@ from explorer.parse import as_choice, as_number
 from explorer.pool import ModelPool
 from explorer.runs import check_run
 from tests.apphelpers import tiny_factory
+import numpy as np
+from d3.schedule import plan
+from explorer.controls import default_attention_layer
 
 SMOL = "smollm2-135m"
 
@@ -106,7 +109,6 @@ def test_the_pages_defaults_labels_help_and_strategies_come_from_the_configs(tin
 def test_a_values_range_is_the_configs(name, value) -> None:
     """The page's checks are the config's ranges (the seed once stopped at 2**31 - 1 on the page, 2**63 in the
     config): a value the config takes, the page takes; one it refuses, the page refuses with the same range."""
-    from d3.config import params
     from explorer.controls import FIELDS, param_of
 
     cls, key = FIELDS[name]
@@ -158,3 +160,19 @@ def test_the_handler_refuses_a_200000_entry_order_at_its_length(tiny_engine) -> 
         check_run(pool, controls)
     with pytest.raises(ValueError, match=r"layer_order has 200,000 entries"):
         check_run(pool, controls.with_(layer_order=[3] * 200_000))
+
+
+@pytest.mark.parametrize("layers", [30, 18])  # SmolLM2-135M and Gemma 3 270M
+def test_the_default_attention_layer_runs_for_most_default_d3_tokens_and_is_dropped_later(layers) -> None:
+    layer = default_attention_layer(layers)
+    cfg = D3Config(alpha=DEFAULTS.alpha)
+    ran = [layer in plan(cfg, layers, i).run for i in range(DEFAULTS.max_new_tokens)]
+    assert 0.6 <= np.mean(ran) < 1  # most rows show the head at work, the last ones are grey
+    assert ran[0]  # not the first layer the schedule drops (skipped from token 1: a blank panel)
+
+
+def test_the_default_attention_layer_is_one_the_default_schedule_skips() -> None:
+    layer = default_attention_layer(30)
+    cfg = D3Config(alpha=0.99)
+    skipped_at = [i for i in range(64) if layer not in plan(cfg, 30, i).run]
+    assert skipped_at  # grey rows appear within the default run (issue 17: and most rows show attention)

@@ -138,3 +138,22 @@ def test_score_continuations_rejects_empty_input(tiny_engine):
         tiny_engine.score_continuations([], [[1]])
     with pytest.raises(ValueError, match="non-empty"):
         tiny_engine.score_continuations([1, 2], [[1], []])
+
+
+def test_partial_utf8_tokens_are_decoded_incrementally() -> None:
+    """A byte-level BPE splits one emoji into several tokens; joining the per-token texts gives the text back."""
+    from transformers import AutoTokenizer
+
+    from d3.models import cache_root
+
+    found = sorted((cache_root() / "smollm2-135m").glob("*/tokenizer.json"))
+    if not found:
+        pytest.skip("SmolLM2's tokenizer is not cached")
+    tok = AutoTokenizer.from_pretrained(str(found[0].parent))
+    from d3.engine import Engine
+
+    text = "ok 🙂 café 北京"
+    ids = tok.encode(text, add_special_tokens=False)
+    pieces = [Engine.token_text(type("E", (), {"tokenizer": tok})(), ids, i) for i in range(len(ids))]
+    assert "\ufffd" not in "".join(pieces)
+    assert "".join(pieces) == text

@@ -9,11 +9,11 @@ import pytest
 
 from explorer import expiry, page
 from explorer.caps import Caps
-from tests.apphelpers import exports_in_tmp, new_client  # noqa: F401  (a fixture)
+from tests.apphelpers import new_client
 from tests.apphelpers import RUN, CountingEngine, serve, wait_until
 from tests.tiny import tiny_llama, tiny_tokenizer
 
-pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+pytestmark = [pytest.mark.usefixtures("exports_in_tmp"), pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::UserWarning")]
 
 

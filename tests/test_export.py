@@ -15,10 +15,11 @@ import pytest
 
 from explorer import export
 from explorer.session import Session
-from tests.apphelpers import exports_in_tmp  # noqa: F401  (a fixture)
 from tests.apphelpers import DEFAULTS
+from explorer.export import export_figure
+from explorer.pool import ModelPool
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+pytestmark = [pytest.mark.usefixtures("exports_in_tmp"), pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 FIGURE_ARGS = {k: v for k, v in DEFAULTS.items() if k != "prompt"}
 
 
@@ -105,3 +106,9 @@ def test_the_total_stays_under_the_cap_oldest_first(pool, finished, monkeypatch)
     assert left == folders[-3:]  # the newest three, the oldest deleted first
     total = sum(f.stat().st_size for f in export.EXPORT_ROOT.rglob("*") if f.is_file())
     assert total <= export.EXPORT_MAX_BYTES
+
+
+def test_exporting_a_figure_that_was_never_computed_says_so() -> None:
+    pool = ModelPool(lambda name: None, names=("tiny",))
+    with pytest.raises(Exception, match="(?i)nothing to export|not computed|press generate"):
+        export_figure(pool, Session(), "errors", model="tiny")

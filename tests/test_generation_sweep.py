@@ -11,7 +11,7 @@ import pytest
 
 from d3.research import data, gentasks
 from d3.cli import main as cli_main
-from d3.config import D3Config, FullConfig
+from d3.config import FullConfig
 from d3.research.data import TaskInfo
 from d3.engine import Engine
 from d3.research.gentasks import GenerationTask, worked_arithmetic

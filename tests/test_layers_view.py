@@ -10,8 +10,8 @@ from d3.schedule import flex_drop_order, plan
 from explorer import layers_view as view
 from explorer.caps import Caps
 from explorer.controls import DEFAULTS, parse_strategy
-from tests.figures import message
-from tests.test_needs import CONTROLS, role  # the same controls and trace lookup
+from tests.figures import message, role
+from tests.apphelpers import NEEDS_CONTROLS as CONTROLS  # the same controls as test_needs
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

@@ -9,9 +9,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from d3.config import D3Config, EarlyExitConfig, FullConfig, GenerationConfig, SkipDecodeConfig, TraceConfig, UnifiedConfig
+from d3.config import D3Config, EarlyExitConfig, FullConfig, GenerationConfig, SkipDecodeConfig, UnifiedConfig
 from d3.research.data import example_prompts
-from d3.trace import Trace
 from explorer.caps import Caps, is_public
 from explorer.controls import Controls, other_schedules, parse_controls
 from explorer.parse import as_number, check_prompt_tokens, clean_prompt
@@ -19,6 +18,7 @@ from explorer.pool import KNOWN_FACTS, ModelPool
 from explorer.runs import LiveUpdate, fill_comparison, prepare_run, side_by_side
 from explorer.scenarios import SCENARIOS, scenario_controls
 from explorer.session import Session
+from explorer.live import stop
 
 CAPS = Caps()
 GEN = GenerationConfig(max_new_tokens=10, stop_at_eos=False)
@@ -338,3 +338,30 @@ def test_other_schedules_leave_out_the_main_kind_and_what_does_not_fit() -> None
     assert set(other_schedules(UnifiedConfig(), d3, 30)) == {"D3", "SkipDecode (auto)"}
     assert "Unified 1.5×" not in other_schedules(d3, d3, 1)  # keeps floor(1 / 1.5) = 0 layers: does not fit
     assert other_schedules(d3, d3, 30, steps=40)["SkipDecode (auto)"].horizon == 40
+
+
+def test_stop_while_idle_says_nothing_is_running() -> None:
+    session = Session()
+    assert "Stopping" not in stop(session) and "Nothing is running" in stop(session)
+
+
+def test_streaming_sends_the_page_a_paced_subset_of_updates(tiny_engine) -> None:
+    """A fast model makes an update every few ms: the page gets the panes at most every PANES_EVERY_S and the
+    heavy figures at most every FIGURES_EVERY_S, but always the first token and every phase change."""
+    from explorer import live
+
+    now = [0.0]
+    pace = live._Pacer(every=1, clock=lambda: now[0])
+    updates = list(side_by_side(tiny_engine, "hello there", D3Config(alpha=0.9), GenerationConfig(max_new_tokens=40)))
+    sent, drawn = [], []
+    for update in updates:
+        now[0] += 0.01  # 100 updates a second
+        figures = pace.figures(update)
+        if pace.panes(update) or figures:
+            sent.append(update)
+            drawn += [update] if figures else []
+    streamed = [u for u in updates if u.phase == "streaming"]
+    assert len(streamed) == 80 and len(sent) <= 80 * 0.01 / live.PANES_EVERY_S + 6
+    assert len(drawn) <= 80 * 0.01 / live.FIGURES_EVERY_S + 4
+    assert sent[0].d3 is not None and len(sent[0].d3.steps) == 1  # the first token shows at once
+    assert [u.phase for u in sent if u.phase != "streaming"] == [u.phase for u in updates if u.phase != "streaming"]

@@ -6,24 +6,16 @@ import gradio as gr
 import pytest
 
 from d3.config import D3Config
-from d3.models import unknown_name_message
 from d3.research.oracle_fit import schedule_budgets, underserved_fraction
 from d3.schedule import budgets
 from explorer import needs as view
-from explorer.caps import Caps
-from explorer.pool import ModelPool
-from tests.figures import message
+from tests.apphelpers import NEEDS_CONTROLS as CONTROLS
+from tests.figures import message, role
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
-CONTROLS = dict(prompt="hello there", model="tiny", chat_template=True, strategy="d3", alpha=0.9, core_head=1,
-                core_tail=1, start=0, drop_order="middle_out", fill="copy", max_new_tokens=10, decoding="greedy")
 MEASURE = {n: i for i, n in enumerate(view.NEEDS_OUTPUTS)}
 FIT = {n: i for i, n in enumerate(view.FIT_OUTPUTS)}
-
-
-def role(fig, name):
-    return next(t for t in fig.data if (t.meta or {}).get("role") == name)
 
 
 @pytest.fixture(scope="module")

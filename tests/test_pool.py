@@ -17,11 +17,11 @@ from explorer.page import build_demo
 from explorer.parse import shown
 from explorer.pool import ModelPool
 from explorer.session import Session
-from tests.apphelpers import exports_in_tmp, new_client  # noqa: F401  (a fixture)
+from tests.apphelpers import new_client
 from tests.apphelpers import DEFAULTS, serve, wait_until
 from tests.tiny import tiny_llama
 
-pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+pytestmark = [pytest.mark.usefixtures("exports_in_tmp"), pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::UserWarning")]
 BAD = "someone/no-such-model"
 LOAD_S = 6.0  # how long the bad load takes before it fails (the issue measured ~20 s for a hub id offline)

@@ -25,14 +25,12 @@ from explorer.caps import Caps, is_public
 from explorer.controls import REDRAW_NAMES
 from explorer.pool import ModelPool
 from explorer.session import Session
-from tests.apphelpers import (ROOT, all_endpoints, alive, call_undocumented, exports_in_tmp, new_client,  # noqa: F401
-                              one_torch_thread, rss_mib)
-from tests.apphelpers import DEFAULTS, RUN, CountingEngine, serve, tiny_factory, wait_until
-from tests.test_app import last_value
+from tests.apphelpers import ROOT, alive, call_undocumented, new_client, rss_mib
+from tests.apphelpers import DEFAULTS, RUN, api_defaults, last_value, CountingEngine, serve, tiny_factory, wait_until
 from tests.tiny import tiny_llama, tiny_tokenizer
 from tests.figures import message
 
-pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+pytestmark = [pytest.mark.usefixtures("exports_in_tmp"), pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.usefixtures("one_torch_thread")]
 SAMPLED = dict(decoding="sample", temperature=0.9, seed=11)
 UNHANDLED = "has not enabled verbose error reporting"  # what gradio_client says when a handler raised a non-gr.Error
@@ -214,13 +212,6 @@ def served(engine) -> Iterator[str]:
     demo = page.build_demo(tiny_factory(engine), model_names=("tiny",), public=False, caps=Caps(max_new_tokens=64))
     with serve(demo) as url:
         yield url
-
-
-def api_defaults(client: Client) -> dict[str, dict[str, Any]]:
-    """Each named endpoint's parameters with the page's default values (undocumented endpoints too)."""
-    endpoints = all_endpoints(client.src)
-    return {name: {p["parameter_name"]: p.get("parameter_default") for p in ep["parameters"]}
-            for name, ep in endpoints.items()}
 
 
 API_FUZZED = ("/generate", "/compare_fills", "/redraw_schedule", "/model_changed", "/load_model", "/use_example", "/render_attention",

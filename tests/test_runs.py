@@ -9,6 +9,9 @@ from explorer.caps import Caps
 from explorer.live import compare_fills, generate
 from explorer.pool import ModelPool
 from explorer.session import Session
+from d3.config import D3Config
+from explorer import views
+from tests.apphelpers import run_pair
 
 
 @pytest.fixture()
@@ -48,3 +51,10 @@ def test_a_fill_comparison_parses_the_controls_once(pool, parses) -> None:
     for _ in compare_fills(pool, Session(), prompt="hello", model="tiny", max_new_tokens=4, drop_order="strided"):
         pass
     assert parses == ["d3"]
+
+
+def test_a_finished_run_that_never_diverged_says_so_without_so_far(tiny_engine) -> None:
+    last = run_pair(tiny_engine, D3Config(alpha=1.0))
+    assert last.phase == "done"
+    text = views.status_html(last.d3, last.full, "done", comparison=last.comparison)
+    assert "so far" not in text and "No divergence" in text

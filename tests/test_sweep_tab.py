@@ -14,10 +14,11 @@ from explorer import export, sweep_tab
 from explorer.caps import Caps
 from explorer.pool import ModelPool
 from explorer.sweep_tab import SWEEP_MAX_SETTINGS
-from tests.apphelpers import exports_in_tmp  # noqa: F401  (a fixture)
 from tests.apphelpers import tiny_factory
+from d3.research.sweep.grid import d3_for_depth, planned_mean_layers
+from explorer.sweep_tab import sweep_spec
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+pytestmark = [pytest.mark.usefixtures("exports_in_tmp"), pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 REQUEST = dict(model="tiny", chat_template=True, sweep_prompts="hello there", sweep_settings=["d3_75", "d3_67", "skipdecode_67", "unified_67"],
                sweep_tokens=6)
@@ -209,3 +210,37 @@ def test_full_depth_reads_one_against_itself_and_keeps_its_own_timing_as_noise(s
     others = results[results["strategy"] != "full"]
     assert others["self_speedup"].isna().all() and (others["timing_pairs"] == sweep_tab.SWEEP_REPEATS).all()
     assert f"read {full['self_speedup']:.2f}×" in swept[0][OUT["sweep_note"]]
+
+
+def test_the_small_wording_says_what_happens() -> None:
+    from explorer.explain import PAUSE, PLAY
+    from explorer.sweep_tab import SWEEP_REPEATS, sweep_bounds_text
+    from explorer.wording import SWEEP_EXPLAIN
+
+    assert f"{SWEEP_REPEATS} timing pairs" in sweep_bounds_text() and "1 repeat" not in sweep_bounds_text()
+    assert "one repeat" not in SWEEP_EXPLAIN and "3 pairs" in SWEEP_EXPLAIN
+    assert all(ord(ch) < 0x2000 for ch in PLAY + PAUSE)  # no glyph that needs an emoji font
+
+
+@pytest.mark.parametrize("tokens", [2, 3, 4, 6, 16, 24])
+def test_the_sweep_tabs_67_percent_setting_runs_at_67_percent(tokens) -> None:
+    spec = sweep_spec("tiny", "a prompt", ["d3_67"], tokens, False, Caps())
+    cfg = d3_for_depth(spec.depths[0], 30, tokens)
+    assert planned_mean_layers(cfg, 30, tokens) / 30 == pytest.approx(2 / 3, abs=0.04)
+
+
+def test_the_sweep_tab_times_full_depth_as_1x_after_a_warm_up_and_reports_progress_often(tiny_engine) -> None:
+    from explorer.sweep_tab import SWEEP_OUTPUTS, run_sweep
+
+    calls: list[tuple[float, str]] = []
+    pool = ModelPool(lambda name: tiny_engine, names=("tiny",))
+    out = dict(zip(SWEEP_OUTPUTS, run_sweep(pool, "tiny", False, "hello there", ["d3_75", "unified_67"], 6,
+                                            progress=lambda f, desc=None: calls.append((f, desc)))))
+    df = out["sweep_results"]
+    assert df.loc[df["strategy"] == "full", "measured_speedup"].tolist() == [1.0]  # the unit, not a timing artefact
+    assert df["timing_pairs"].min() >= 3  # several pairs per row, not one
+    assert "timed against itself read" in out["sweep_note"]
+    assert out["sweep_file"] is None  # the previous sweep's CSV download is withdrawn
+    fractions = [f for f, _ in calls]
+    assert fractions == sorted(fractions) and len(set(fractions)) >= 10  # the bar moves run by run
+    assert any(0 < f < 1 / 3 for f in fractions)  # ... from the first runs on, not only once a row is done

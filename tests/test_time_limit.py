@@ -13,12 +13,11 @@ from explorer.caps import Caps
 from explorer.page import build_demo
 from explorer.pool import ModelPool
 from explorer.session import Session
-from tests.apphelpers import exports_in_tmp, new_client  # noqa: F401  (a fixture)
-from tests.apphelpers import DEFAULTS, RUN, CountingEngine, serve, tiny_factory, wait_until
-from tests.test_robustness import api_defaults
+from tests.apphelpers import new_client
+from tests.apphelpers import DEFAULTS, RUN, api_defaults, CountingEngine, serve, tiny_factory, wait_until
 from tests.tiny import tiny_llama, tiny_tokenizer
 
-pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+pytestmark = [pytest.mark.usefixtures("exports_in_tmp"), pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::UserWarning")]
 LIMIT = Caps(max_new_tokens=64, max_run_s=1)
 

@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 
 from d3.trace import Agreement, Comparison, TokenStep, Trace, token_agreement
+import json
+from d3.config import FullConfig, GenerationConfig
 
 
 @pytest.mark.parametrize("a, b, expected", [
@@ -86,3 +88,9 @@ def test_too_few_steps_measure_no_speedup() -> None:
 
     assert measured_speedup(_timed([1, 1, 1, 1]), _timed([2, 2, 2, 2])) is None
     assert measured_speedup(None, _timed([2] * 9)) is None
+
+
+def test_prefill_time_is_in_the_trace_and_its_json(tiny_engine) -> None:
+    trace = tiny_engine.generate("hello", FullConfig(), GenerationConfig(max_new_tokens=3))
+    assert trace.prefill_ms > 0 and trace.prefill_ms == pytest.approx(trace.steps[0].wall_ms)
+    assert json.loads(trace.to_json())["prefill_ms"] == trace.prefill_ms

@@ -9,6 +9,7 @@ from explorer.caps import Caps
 from explorer.pool import ModelPool
 from explorer.session import Session
 from explorer.view_handlers import SETTLE_OUTPUTS, check_release, settle_controls, settle_released
+from d3.config import D3Config, GenerationConfig
 
 
 @pytest.fixture()
@@ -59,3 +60,48 @@ def test_a_scenario_sets_the_example_picker_to_its_prompt_or_to_none(pool) -> No
     assert arithmetic["example"]["value"] is None
     fill = dict(zip(SCENARIO_OUTPUTS, apply_scenario(pool, "fill", 0, None, "tiny")))
     assert fill["example"]["value"] == "Explain"  # the sky question is the first example
+
+
+def test_a_slider_value_out_of_its_range_is_said_and_the_fix_takes_it_back(tiny_engine) -> None:
+    import gradio as gr
+
+    from explorer.caps import Caps
+    from explorer.live import generate
+    from explorer.page import build_demo
+    from explorer.session import Session
+    from explorer.view_handlers import SETTLE_OUTPUTS, settle_controls
+
+    def check_controls(*args, **kwargs):  # the status line `settle_controls` sets
+        return settle_controls(*args, **kwargs)[SETTLE_OUTPUTS.index("status")]
+
+    demo = build_demo(lambda name: tiny_engine, model_names=("tiny",), public=False, caps=Caps(max_new_tokens=64))
+    pool, s = demo.pool, Session()
+    pool.engine("tiny")
+    assert "α (decay rate)=0.5 is out of range: α (decay rate) must be a number in [0.8, 1]" in check_controls(
+        pool, s, model="tiny", alpha=0.5)
+    assert "Ready" in check_controls(pool, s, model="tiny", alpha=0.8)  # fixed: the message goes at once
+    assert check_controls(pool, s, model="tiny", alpha=0.9) == gr.skip()  # nothing to take back: the run's line stays
+    with pytest.raises(gr.Error):
+        list(generate(pool, s, prompt="hi", model="tiny", max_new_tokens=2.5))
+    assert "Ready" in check_controls(pool, s, model="tiny", max_new_tokens=6)  # Generate's message goes too
+
+
+def test_a_model_switch_forgets_the_other_models_run_and_sizes_both_core_sliders_together(tiny_engine) -> None:
+    from explorer.caps import Caps
+    from explorer.page import build_demo
+    from explorer.runs import side_by_side
+    from explorer.session import Session
+    from explorer.view_handlers import MODEL_OUTPUTS, model_changed
+
+    demo = build_demo(lambda name: tiny_engine, model_names=("tiny",), public=False, caps=Caps(max_new_tokens=64))
+    pool, s = demo.pool, Session()
+    pool.engine("tiny")
+    *_, last = side_by_side(tiny_engine, "hi", D3Config(alpha=0.9, core_head=1, core_tail=1),
+                            GenerationConfig(max_new_tokens=3))
+    s.finish(last, "D3")
+    out = dict(zip(MODEL_OUTPUTS, model_changed(pool, "tiny", s)))
+    assert s.d3 is None and s.full is None and len(s.history) == 1  # forgotten, but kept in the history
+    assert "press Generate" in out["status"] and "press Generate" in out["d3_tokens"]
+    layers = tiny_engine.num_layers
+    head, tail = out["core_head"], out["core_tail"]
+    assert head["maximum"] == layers - 1 - tail["value"] and tail["maximum"] == layers - 1 - head["value"]

@@ -8,6 +8,9 @@ import sys
 import pytest
 
 from explorer import views
+import numpy as np
+from d3.config import D3Config, GenerationConfig
+from tests.figures import by_role, title_text
 
 NEW_VIEW = '''
 from explorer.views import Shown, View, waiting
@@ -39,8 +42,15 @@ def one_more_view(tmp_path, monkeypatch):
     monkeypatch.setattr(views, "__path__", [*views.__path__, str(tmp_path)])
     views.registry.cache_clear()
     yield
+    monkeypatch.undo()  # the package's own path again, before the modules below read the registry afresh
     sys.modules.pop("explorer.views.count", None)
     views.registry.cache_clear()
+    import explorer.export
+    import explorer.live
+    import explorer.view_handlers
+
+    for module in (explorer.view_handlers, explorer.live, explorer.export):  # their lists are read at import
+        importlib.reload(module)
 
 
 def test_a_view_added_as_one_module_is_in_the_tabs_the_runs_presentation_and_export(one_more_view, tiny_engine) -> None:
@@ -53,19 +63,59 @@ def test_a_view_added_as_one_module_is_in_the_tabs_the_runs_presentation_and_exp
 
     for module in (explorer.view_handlers, explorer.live, explorer.export):  # their lists are read at import
         importlib.reload(module)
-    try:
-        assert "count" in explorer.live.GENERATE_OUTPUTS and "count" in explorer.view_handlers.VIEW_OUTPUTS
-        assert "count" in explorer.export.FIGURES and "count" in explorer.view_handlers.CLEARED_OUTPUTS
-        demo = page.build_demo(lambda _: tiny_engine, model_names=("tiny",), public=False)
-        assert "count" in demo.ui and "tab_count" in demo.ui and "explain_count" in demo.ui
-        from explorer.session import Session
+    assert "count" in explorer.live.GENERATE_OUTPUTS and "count" in explorer.view_handlers.VIEW_OUTPUTS
+    assert "count" in explorer.export.FIGURES and "count" in explorer.view_handlers.CLEARED_OUTPUTS
+    demo = page.build_demo(lambda _: tiny_engine, model_names=("tiny",), public=False)
+    assert "count" in demo.ui and "tab_count" in demo.ui and "explain_count" in demo.ui
+    from explorer.session import Session
 
-        session = Session()
-        outputs = list(explorer.live.generate(demo.pool, session, prompt="hi", model="tiny", max_new_tokens=3))
-        last = dict(zip(explorer.live.GENERATE_OUTPUTS, outputs[-1]))
-        assert f"{len(session.d3.steps)} D3 tokens" in str(last["count"].to_dict())
-    finally:
-        views.registry.cache_clear()
-        sys.modules.pop("explorer.views.count", None)
-        for module in (explorer.view_handlers, explorer.live, explorer.export):
-            importlib.reload(module)
+    session = Session()
+    outputs = list(explorer.live.generate(demo.pool, session, prompt="hi", model="tiny", max_new_tokens=3))
+    last = dict(zip(explorer.live.GENERATE_OUTPUTS, outputs[-1]))
+    assert f"{len(session.d3.steps)} D3 tokens" in str(last["count"].to_dict())
+
+
+def comparison(engine, order: str, fill: str = "copy"):
+    from d3.compare import compare
+
+    return compare(engine, "the cat sat on", D3Config(alpha=0.85, core_head=1, core_tail=1, drop_order=order, fill=fill),
+                   GenerationConfig(max_new_tokens=10, stop_at_eos=False))
+
+
+def test_under_a_nested_order_the_error_view_says_no_filled_entry_is_ever_read(tiny_engine) -> None:
+    from viz.errors import error_propagation
+
+    fig = error_propagation(comparison(tiny_engine, "middle_out"))
+    assert not by_role(fig, "filled")[0].x.size and by_role(fig, "filled-unread")[0].x.size
+    # Said under the title (issue 17 item 8: over the heatmap it covered the cells, and a phone cut it)
+    assert "no filled entry is ever read" in title_text(fig)
+    strided = error_propagation(comparison(tiny_engine, "strided"))
+    assert by_role(strided, "filled")[0].x.size  # here later tokens read filled entries: outlined
+    assert "no filled entry is ever read" not in title_text(strided)
+
+
+def test_the_fill_view_says_what_compare_shows_and_why_nested_lines_coincide(tiny_engine) -> None:
+    from explorer.views import fills_view
+
+    cold = " ".join(a.text for a in fills_view(None).layout.annotations)
+    assert "copy, propagate, none" in cold and "coincide" in cold
+    nested = fills_view({f: comparison(tiny_engine, "middle_out", f) for f in ("copy", "none")})
+    assert "coincide" in nested.layout.title.text
+    strided = fills_view({f: comparison(tiny_engine, "strided", f) for f in ("copy", "none")})
+    assert "coincide" not in strided.layout.title.text
+
+
+def test_the_layer_usage_text_names_the_colours_a_default_run_draws(tiny_engine) -> None:
+    from d3.trace import CELL_NAMES, FILLED_COPY, SKIPPED
+    from explorer.wording import EXPLAIN
+    from viz.grid import layer_grid
+
+    trace = tiny_engine.generate("the cat sat", D3Config(alpha=0.85, core_head=1, core_tail=1),
+                                 GenerationConfig(max_new_tokens=8, stop_at_eos=False))
+    z = np.asarray(layer_grid(trace).data[0].z)
+    codes = set(np.unique(z[np.isfinite(z)]).astype(int))
+    assert FILLED_COPY in codes and SKIPPED not in codes  # the default fill: skipped cells are orange, none grey
+    text = EXPLAIN["usage"]
+    assert "orange, a *copy*" in text and "(the default fill)" in text
+    assert "rows get shorter" not in text and "spans all the layers" in text
+    assert CELL_NAMES[FILLED_COPY] == "filled (copy)"

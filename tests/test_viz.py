@@ -13,13 +13,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from d3.config import D3Config, EarlyExitConfig, FullConfig, SkipDecodeConfig, StrategyConfig, UnifiedConfig, default_core
-from d3.schedule import budgets, d3_budget, plan, planned_grid
-from d3.trace import FILL_CODES, FILLED_COPY, HOLE, RAN, SKIPPED, Comparison, PromptStats, TokenStep, Trace
+from d3.config import D3Config, EarlyExitConfig, FullConfig, SkipDecodeConfig, StrategyConfig, UnifiedConfig
+from d3.schedule import budgets, d3_budget, planned_grid
+from d3.trace import FILL_CODES, FILLED_COPY, HOLE, RAN, SKIPPED, Comparison, TokenStep, Trace
 import viz
 from viz.layout import plot_text, readable_token
 from tests.figures import message, title_text
 from tests.traces import WORDS, make_trace  # noqa: F401
+from d3.config import GenerationConfig
+from viz.depth import decay_curve
 
 pytestmark = pytest.mark.filterwarnings("error::RuntimeWarning")  # e.g. numpy's "mean of empty slice"
 
@@ -213,7 +215,7 @@ def test_decay_curve_says_what_its_d3_lines_were_drawn_for() -> None:
 def test_in_presentation_mode_the_decay_legend_is_one_row_of_short_names_over_the_curve() -> None:
     """Short names (the D3 pane's title gives the settings; the page's preview keeps them: short_names), the
     unclamped formula on hover only, the legend in the top margin, and no axis title under the steps: the curve
-    keeps its height on the first screen of a projector (tests/test_page_lecture.py measures it there)."""
+    keeps its height on the first screen of a projector (tests/test_browser_moves.py measures it there)."""
     cfg = D3Config(alpha=0.9, core_head=2, core_tail=1)
     fig = viz.decay_curve(cfg, 12, 30, others={"SkipDecode (auto)": SkipDecodeConfig()}, presentation=True)
     shown = [t.name for t in fig.data if t.showlegend is not False]
@@ -708,3 +710,35 @@ def test_paired_curves_draw_the_difference_in_points_with_asymmetric_interval_ba
     assert list(u.y) == pytest.approx([-30.0]) and a.line.color != u.line.color
     assert [s.y0 for s in fig.layout.shapes] == [0.0, -1.0]  # zero and the 1-point bound
     assert "No paired results" in paired_curves({}).layout.annotations[0].text
+
+
+def test_the_usage_grid_labels_every_other_layer_and_thins_token_labels_in_presentation_mode(tiny_engine) -> None:
+    from viz.grid import layer_grid
+    from viz.stream import token_html
+
+    trace = tiny_engine.generate("the cat sat", D3Config(alpha=0.9, core_head=1, core_tail=1),
+                                 GenerationConfig(max_new_tokens=20, stop_at_eos=False))
+    wide = trace.__class__(**{**trace.__dict__, "num_layers": 30})  # SmolLM2's 30 columns
+    assert len(layer_grid(wide).layout.xaxis.tickvals) <= 16  # 30 labels at ~25 px each ran into each other
+    rows = len(trace.steps)
+    assert len(layer_grid(trace).layout.yaxis.tickvals) == rows
+    assert len(layer_grid(trace, presentation=True).layout.yaxis.tickvals) <= (rows + 1) // 2
+    full = tiny_engine.generate("the cat sat", D3Config(alpha=1.0, core_head=1, core_tail=1),
+                                GenerationConfig(max_new_tokens=20, stop_at_eos=False))
+    html = token_html(trace, reference=full)
+    if "first divergence" in html:
+        assert "white-space:nowrap\">first divergence ▸" in html  # the ▸ never wraps alone onto a line
+
+
+@pytest.mark.parametrize("presentation", [False, True])
+def test_the_core_floor_label_sits_clear_of_the_d3_line(presentation) -> None:
+    """The label stands in the right margin at the floor line's end (issue 17 item 8): inside the plot the line,
+    the markers of tokens that ran at the floor and other strategies' lines can all run through it."""
+    from viz.depth import FLOOR_LABEL_EM
+
+    fig = decay_curve(D3Config(alpha=0.9), 30, 64, presentation=presentation)
+    note = next(a for a in fig.layout.annotations if "core floor" in a.text)
+    assert (note.xref, note.x, note.xanchor, note.y) == ("paper", 1, "left", 6)  # right of the plot, at the floor
+    assert note.text == "core floor<br>3+3=6"
+    widest = max(len(line) for line in note.text.split("<br>"))  # "core floor" is 4.2 em wide in Arial
+    assert fig.layout.margin.r >= FLOOR_LABEL_EM * note.font.size + note.xshift and FLOOR_LABEL_EM >= 0.42 * widest

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from d3.config import D3Config, FullConfig
-from d3.trace import FILLED_COPY, RAN, SKIPPED, Trace
+from d3.trace import FILLED_COPY, RAN, Trace
 from tests.figures import title_text
 from tests.traces import make_trace
 from viz.layout import CELL_COLORS

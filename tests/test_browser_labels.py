@@ -1,4 +1,4 @@
-"""Issue 17, "The page in a lecture hall", item 8: labels a person can read. In headless Chromium at 1280x800, in
+"""Labels a person can read. In headless Chromium at 1280x800, in
 presentation mode (1280x800 and 1920x1080) and on a phone (390x844): the model picker's value clear of its arrow,
 the core floor's label where no marker can sit, figure titles inside their box and no two labels on top of each
 other, and presentation mode's first screen after a scenario. One server per module on a tiny random Llama with
@@ -14,7 +14,7 @@ import pytest
 from explorer.caps import Caps
 from explorer.page import build_demo
 from tests.apphelpers import CountingEngine, serve
-from tests.test_page_teaches import ARTIFACTS, DESKTOP, PHONE, TIMEOUT_MS, open_view, wait_for_status
+from tests.pagehelpers import ARTIFACTS, DESKTOP, PHONE, TIMEOUT_MS, open_view, wait_for_status
 from tests.tiny import tiny_llama, tiny_tokenizer
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning"),

@@ -1,6 +1,6 @@
-"""Issue 17, "The page in a lecture hall": what a teacher preparing a lecture sees in headless Chromium (1280x800,
-presentation mode, a phone), checked by boxes and pixels. One server per module on a tiny random Llama with
-SmolLM2's 30 layers, like tests/test_page_teaches.py."""
+"""A teacher's moves on the page in headless Chromium (1280x800, presentation mode, a phone), checked by boxes and
+pixels: typed values out of range, a model switch, core moves bounding each other, tabs, scenario buttons. One server per module on a tiny random Llama with
+SmolLM2's 30 layers, like tests/test_browser_page.py."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from explorer.caps import Caps
 from explorer.controls import DEFAULTS, default_attention_layer
 from explorer.page import build_demo
 from tests.apphelpers import CountingEngine, serve
-from tests.test_page_teaches import DESKTOP, PHONE, PRESENTATION, TIMEOUT_MS, generate, open_view, wait_for_status
+from tests.pagehelpers import DESKTOP, PHONE, TIMEOUT_MS, generate, open_view, wait_for_status
 from tests.tiny import tiny_llama, tiny_tokenizer
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning"),

@@ -1,26 +1,19 @@
-"""The page explains one token at a time: the logit lens, the token scrubber (slider and Play), links that carry
-every control, and hover linking between the token panes and the layer grid. Headless Chromium on a tiny random
-Llama with SmolLM2's 30 layers, as a person sees it; handler-level checks first (no browser)."""
+"""The page explains one token at a time, in headless Chromium: the logit lens, the token scrubber (slider and Play),
+a shared link opening the same run, and hover linking between the token panes and the layer grid. A tiny random
+Llama with SmolLM2's 30 layers. Their handlers are tested in tests/test_explain.py and tests/test_share.py."""
 
 from __future__ import annotations
 
 import time
 from urllib.parse import parse_qsl, urlsplit
 
-import gradio as gr
 import pytest
 
-from d3.config import D3Config, GenerationConfig, TraceConfig, default_core
 from d3.trace import RAN
 from explorer.caps import Caps
-from explorer.controls import CONTROL_NAMES, DEFAULTS, default_attention_layer
-from explorer.explain import PAUSE, PLAY, RUN_OUTPUTS, next_token, render_scrub, show_run, toggle_play, view_opened
 from explorer.page import build_demo
-from explorer.runs import check_run, side_by_side
-from explorer.session import Session
-from explorer.share import FLAGS, RESTORE_OUTPUTS, TEXTS, controls_from_query, controls_query, restore_from_link
 from tests.apphelpers import CountingEngine, serve
-from tests.test_page_teaches import (
+from tests.pagehelpers import (
     ARTIFACTS,
     DESKTOP,
     PHONE,
@@ -49,161 +42,7 @@ def demo(engine):
     return build_demo(lambda name: engine, model_names=("tiny",), public=False, caps=Caps(max_new_tokens=64))
 
 
-@pytest.fixture(scope="module")
-def session(engine, demo) -> Session:
-    """A finished run of the page's kind (D3 and full depth side by side, the lens's inputs kept), in a session."""
-    demo.pool.engine("tiny")
-    cfg = D3Config(alpha=0.9)
-    last = None
-    for last in side_by_side(engine, "the cat sat", cfg, GenerationConfig(max_new_tokens=10),
-                             TraceConfig(lens_states=True), with_comparison=False):
-        pass
-    s = Session()
-    s.finish(last, "D3")
-    return s
-
-
-def figure_of(value):
-    return value if hasattr(value, "data") else value["value"]
-
-
-def by_role(fig, role: str):
-    return [t for t in fig.data if (t.meta or {}).get("role") == role]
-
-
 # ---------------------------------------------------------------- handlers (no browser)
-
-
-def test_the_page_keeps_the_lens_inputs_for_its_runs_unless_switched_off(demo) -> None:
-    trace = check_run(demo.pool, DEFAULTS.with_(prompt="hi", model="tiny")).trace
-    assert trace.lens_states and not trace.logit_lens  # no LM head per layer while generating: read out on demand
-    assert not check_run(demo.pool, DEFAULTS.with_(prompt="hi", model="tiny", logit_lens=False)).trace.lens_states
-    with pytest.raises(ValueError, match="logit_lens"):
-        check_run(demo.pool, DEFAULTS.with_(prompt="hi", model="tiny", logit_lens="maybe"))
-
-
-def test_the_lens_and_scrubber_are_drawn_only_while_their_tab_is_open(demo, session) -> None:
-    view_opened("usage", session)
-    skipped = lambda o: isinstance(o, dict) and o == gr.skip()  # noqa: E731
-    assert all(skipped(o) for o in show_run(demo.pool, session, 0))  # nothing is sent after a run
-    view_opened("lens", session)
-    assert not any(skipped(o) for o in show_run(demo.pool, session, 0))
-
-
-def test_the_lens_is_read_out_only_when_its_tab_opens(demo, engine) -> None:
-    from d3.lens import has_lens_states
-
-    last = None
-    for last in side_by_side(engine, "a dog", D3Config(alpha=0.9), GenerationConfig(max_new_tokens=6),
-                             TraceConfig(lens_states=True), with_comparison=False):
-        pass
-    s = Session()
-    s.finish(last, "D3")
-    assert has_lens_states(s.d3) and s.full.steps[0].lens_states is None  # kept for the D3 pane only
-    view_opened("usage", s)
-    show_run(demo.pool, s, 0)
-    assert has_lens_states(s.d3)  # another tab is open: nothing read
-    view_opened("lens", s)
-    out = dict(zip(RUN_OUTPUTS, show_run(demo.pool, s, 0)))
-    assert not has_lens_states(s.d3) and len(s.d3.steps[0].lens_prob) == LAYERS
-    assert by_role(out["lens"], "lens")[0].z.shape == (LAYERS, len(s.d3.steps))
-
-
-def test_after_a_run_the_lens_has_a_column_per_token_and_a_row_per_layer(demo, session) -> None:
-    view_opened("lens", session)
-    out = dict(zip(RUN_OUTPUTS, show_run(demo.pool, session, 99)))
-    lens, tokens = out["lens"], len(session.d3.steps)
-    heat = by_role(lens, "lens")[0]
-    assert heat.z.shape == (LAYERS, tokens)  # z[layer][token]: tokens along x
-    assert len(by_role(lens, "prediction-depth")[0].x) == tokens
-    assert out["scrub_index"]["maximum"] == tokens - 1 and out["scrub_index"]["value"] == tokens - 1  # 99: the last
-    layers = by_role(out["scrub"], "token-layers")[0]
-    ran = [c == CELL_COLORS[RAN] for c in layers.marker.color]
-    assert sum(ran) == session.d3.steps[-1].n_layers and len(ran) == LAYERS
-
-
-def test_the_scrubber_compares_top5_with_full_depth_while_the_texts_agree(session) -> None:
-    layers, topk, card = render_scrub(session, 0)
-    assert {t.name for t in by_role(topk, "topk")} == {"D3", "full depth"}  # token 0: nothing written before it
-    assert by_role(layers, "token-layers")[0].meta["step"] == 0
-    assert "Token 0 of" in card
-
-
-def test_the_scrubber_says_plainly_what_is_wrong(session) -> None:
-    with pytest.raises(gr.Error, match="token must be an integer"):
-        render_scrub(session, "three")
-    _, _, card = render_scrub(session, 500)
-    assert "Token 500 does not exist" in card
-    _, _, card = render_scrub(None, 0)
-    assert "Press Generate" in card
-
-
-def test_play_steps_through_the_tokens_and_stops_at_the_last(session) -> None:
-    last = len(session.d3.steps) - 1
-    index, playing, timer, label = toggle_play(session, 2, False)
-    assert (index, playing, label) == (2, True, PAUSE) and timer.active
-    index, playing, timer, label = next_token(session, index, playing)
-    assert (index, playing) == (3, True)
-    index, playing, timer, label = next_token(session, last - 1, True)
-    assert (index, playing, label) == (last, False, PLAY) and not timer.active
-    assert toggle_play(session, last, False)[:2] == (0, True)  # Play at the end starts again from the first token
-    assert toggle_play(session, 4, True)[:2] == (4, False)  # Pause keeps the token
-    assert toggle_play(None, 0, False)[1] is False  # nothing to play
-
-
-def test_a_link_carries_every_control_and_reads_back_the_same(demo) -> None:
-    controls = DEFAULTS.with_(prompt="Ünïcode & ?x=1 #hash", model="tiny", alpha=0.93, core_head=2, core_tail=5,
-                              start=3, drop_order="strided", fill="propagate", max_new_tokens=24, decoding="sample",
-                              temperature=1.2, seed=7, unified_ratio=2.0, skipdecode_max=20, skipdecode_min=8,
-                              threshold=0.8, attention_layer=11, attention_head=1, metric="cos", log_kl=True,
-                              presentation=True, strategy="skipdecode", chat_template=False)
-    params = dict(parse_qsl(controls_query(controls)[1:], keep_blank_values=True))  # an empty order box too
-    assert set(params) == set(CONTROL_NAMES)
-    assert controls_from_query(demo.pool, params) == {n: getattr(controls, n) for n in CONTROL_NAMES}
-
-
-@pytest.mark.parametrize("params, message", [
-    ({"alpha": "1.5"}, "alpha"), ({"core_head": "20", "core_tail": "12"}, "core"), ({"fill": "glue"}, "fill"),
-    ({"prompt": " "}, "prompt is empty"), ({"max_new_tokens": "1000"}, "max_new_tokens"),
-    ({"chat_template": "maybe"}, "chat_template"), ({"attention_head": "99"}, "attention_head"),
-])
-def test_a_bad_link_says_why_and_leaves_the_controls(demo, params, message) -> None:
-    with pytest.raises(ValueError, match=message):
-        controls_from_query(demo.pool, params)
-    request = type("Request", (), {"query_params": params})()
-    out = dict(zip(RESTORE_OUTPUTS, restore_from_link(demo.pool, request)))
-    assert "not loaded" in out["status"] and all(isinstance(out[n], type(gr.skip())) for n in CONTROL_NAMES)
-
-
-@pytest.mark.parametrize("name", [n for n in CONTROL_NAMES if n not in FLAGS + TEXTS])
-def test_a_link_with_a_number_that_is_not_one_names_the_fields_real_range(demo, name) -> None:
-    """Not "alpha must be a number in [-inf, inf]": the range said is the one the field is checked against."""
-    with pytest.raises(ValueError, match=f"{name}='fast' is not a number") as err:
-        controls_from_query(demo.pool, {name: "fast"})
-    assert "inf" not in str(err.value), str(err.value)
-
-
-def test_a_link_with_a_non_numeric_alpha_says_alphas_range(demo) -> None:
-    for raw in ("fast", "nan", "1e999"):
-        with pytest.raises(ValueError, match=r"alpha must be a number in \(0, 1\]"):
-            controls_from_query(demo.pool, {"alpha": raw})
-
-
-def test_a_link_to_another_model_sizes_the_layer_sliders_to_it() -> None:
-    """The page is built for its first model (30 layers); a link naming a loaded 12-layer model resizes the core,
-    attention-layer and head sliders to that model, with the link's values or the model's defaults."""
-    engines = {"tiny": CountingEngine(tiny_llama(LAYERS), tiny_tokenizer(), name="tiny"),
-               "tiny12": CountingEngine(tiny_llama(12), tiny_tokenizer(), name="tiny12")}
-    two = build_demo(lambda name: engines[name], model_names=("tiny", "tiny12"), public=False,
-                     caps=Caps(max_new_tokens=64))
-    two.pool.facts("tiny12")  # loaded, as after choosing it in the Model picker
-    request = type("Request", (), {"query_params": {"model": "tiny12", "core_head": "2", "prompt": "hi"}})()
-    out = dict(zip(RESTORE_OUTPUTS, restore_from_link(two.pool, request)))
-    head, tail = default_core(12)
-    sized = {n: (out[n]["maximum"], out[n]["value"]) for n in ("core_head", "core_tail", "attention_layer")}
-    assert sized == {"core_head": (11 - tail, 2), "core_tail": (11 - 2, tail),
-                     "attention_layer": (11, default_attention_layer(12))}
-    assert out["model"] == "tiny12" and out["prompt"] == "hi" and "loaded from the link" in out["status"]
 
 
 # ---------------------------------------------------------------- in the browser

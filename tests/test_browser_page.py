@@ -1,15 +1,12 @@
-"""Issue 11, "The page teaches": the page in headless Chromium as a new user, a presenter and a phone see it.
+"""The page in headless Chromium as a new user, a presenter and a phone see it: results on the first screen,
+scenarios, figures that fill their boxes, one plain message for bad input, the decay curve following the sliders.
 
 One server per module on a tiny random Llama with SmolLM2's 30 layers (so slider ranges, the default core and
 the layer grid have the real model's shape); the tests drive it by URL, element ids and visible text."""
 
 from __future__ import annotations
 
-import os
-import re
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 import requests
@@ -18,6 +15,22 @@ from d3.config import D3Config
 from d3.schedule import budgets
 from explorer.caps import Caps
 from explorer.page import build_demo
+from tests.pagehelpers import (
+    ARTIFACTS,
+    assert_plots_fit,
+    DESKTOP,
+    ERROR_PILLS,
+    generate,
+    IN_VIEW,
+    open_view,
+    PHONE,
+    PRESENTATION,
+    TIMEOUT_MS,
+    TOASTS,
+    UNREACHABLE_VIEWS,
+    view_names,
+    wait_for_status,
+)
 from tests.apphelpers import CountingEngine, serve
 from tests.tiny import tiny_llama, tiny_tokenizer
 from viz.depth import raw_decay
@@ -26,28 +39,6 @@ from viz.layout import strategy_label
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::UserWarning")]
 playwright_api = pytest.importorskip("playwright.sync_api")
-
-# Screenshots for a person to look at: into $D3_SCREENSHOTS when set, else the test run's scratch folder (removed
-# at the end, see tests/conftest.py), so a plain run leaves nothing behind.
-ARTIFACTS = Path(os.environ.get("D3_SCREENSHOTS") or Path(tempfile.gettempdir()) / "screenshots")
-TIMEOUT_MS = 120_000
-DESKTOP = {"width": 1280, "height": 800}
-PHONE = {"width": 390, "height": 844}
-PRESENTATION = "Presentation mode"
-
-# Each visible plot: the width plotly drew (its svg) and the width of the box it sits in.
-PLOT_WIDTHS = """() => Array.from(document.querySelectorAll('[id^=plot-]')).filter(c => c.offsetParent !== null)
-  .map(c => { const svg = c.querySelector('.js-plotly-plot .main-svg');
-    return {id: c.id, box: c.getBoundingClientRect().width, drawn: svg ? svg.getBoundingClientRect().width : null}; })
-  .filter(w => w.drawn !== null)"""
-PLOTS_FIT = f"() => ({PLOT_WIDTHS})().every(w => Math.abs(w.box - w.drawn) <= 4)"
-IN_VIEW = """(sel) => { const r = document.querySelector(sel).getBoundingClientRect();
-  return r.height > 0 && r.top >= 0 && r.bottom <= window.innerHeight && r.left >= 0 && r.right <= window.innerWidth; }"""
-# Red "Error" pills gradio draws over outputs of a failed event.
-ERROR_PILLS = """() => Array.from(document.querySelectorAll('.error, [class*=error]'))
-  .filter(e => e.offsetParent !== null && (e.innerText || '').trim() === 'Error').length"""
-TOASTS = """() => Array.from(document.querySelectorAll('[data-testid=toast-body], .toast-body'))
-  .filter(t => t.offsetParent !== null).map(t => t.innerText)"""
 
 
 @pytest.fixture(scope="module")
@@ -71,43 +62,6 @@ def page(browser, url, request):
     pg.wait_for_selector("#generate")
     yield pg
     pg.close()
-
-
-def wait_for_status(page, text: str) -> None:
-    page.wait_for_function("(t) => document.querySelector('#status')?.innerText.includes(t)", arg=text)
-
-
-def generate(page, tokens: int = 16) -> None:
-    page.fill("#max-new-tokens input", str(tokens))
-    page.click("#generate")
-    page.wait_for_function("() => !document.querySelector('#status').innerText.includes('Ready')")
-    wait_for_status(page, "Done.")
-
-
-# gradio keeps every tab's button in a visually hidden list (for measuring) and shows each one either in the tab
-# bar or in its overflow list; these are the ones a person sees.
-SHOWN_TABS = "#views .tab-wrapper > .tab-container:not(.visually-hidden) button, #views .overflow-dropdown button"
-ALL_VIEWS = "() => Array.from(document.querySelectorAll('#views .visually-hidden button')).map(b => b.innerText.trim())"
-UNREACHABLE_VIEWS = f"""() => ({ALL_VIEWS})().filter(name => !Array.from(document.querySelectorAll('{SHOWN_TABS}'))
-  .some(b => b.innerText.trim() === name && b.getBoundingClientRect().height >= 16))"""
-
-
-def view_names(page) -> list[str]:
-    return [n for n in page.evaluate(ALL_VIEWS) if n not in ("Run history", "Export")]
-
-
-def open_view(page, name: str) -> None:
-    """Show a view by its name, as a person would: click its visible tab."""
-    page.locator(SHOWN_TABS).filter(has_text=re.compile(f"^{re.escape(name)}$")).first.click()
-    page.wait_for_function("(n) => Array.from(document.querySelectorAll('#views button.selected'))"
-                           ".some(b => b.innerText.trim() === n)", arg=name)
-
-
-def assert_plots_fit(page, where: str) -> None:
-    try:
-        page.wait_for_function(PLOTS_FIT, timeout=3000)
-    except playwright_api.TimeoutError:
-        pytest.fail(f"{where}: plots drawn narrower or wider than their box: {page.evaluate(PLOT_WIDTHS)}")
 
 
 # ---------------------------------------------------------------- 1: results above the fold

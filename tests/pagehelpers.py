@@ -1,0 +1,104 @@
+"""Helpers shared by the page's browser tests: where screenshots go, viewports, and how a person reaches things on
+the page (open it, click a view's tab, wait for the status line, generate), plus the JavaScript probes the tests
+read the page with (is a plot drawn with data, does it fill its box, is an element on the first screen)."""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from explorer.wording import VIEWS
+
+# Screenshots for a person to look at: into $D3_SCREENSHOTS when set, else the test run's scratch folder (removed
+# at the end, see tests/conftest.py), so a plain run leaves nothing behind.
+ARTIFACTS = Path(os.environ.get("D3_SCREENSHOTS") or Path(tempfile.gettempdir()) / "screenshots")
+TIMEOUT_MS = 120_000
+DESKTOP = {"width": 1280, "height": 800}
+PHONE = {"width": 390, "height": 844}
+PRESENTATION = "Presentation mode"
+
+# A plot counts as rendered with data when plotly drew it and some trace holds values (plain arrays, or the
+# base64 typed arrays {dtype, bdata} that plotly.py sends for numpy data).
+PLOT_HAS_DATA = """(id) => {
+  const plot = document.querySelector(`#${id} .js-plotly-plot`);
+  if (!plot || !plot.data || !plot.querySelector('.main-svg')) return false;
+  const filled = v => v && ((v.bdata && v.bdata.length > 0) || (v.length > 0 && Array.from(v).some(x => x !== null)));
+  return plot.data.some(t => filled(t.x) || filled(t.y) || filled(t.z));
+}"""
+TOKENS_IN = "(id) => document.querySelectorAll(`#${id} .d3-tok`).length"
+# Each visible plot: the width plotly drew (its svg) and the width of the box it sits in.
+PLOT_WIDTHS = """() => Array.from(document.querySelectorAll('[id^=plot-]')).filter(c => c.offsetParent !== null)
+  .map(c => { const svg = c.querySelector('.js-plotly-plot .main-svg');
+    return {id: c.id, box: c.getBoundingClientRect().width, drawn: svg ? svg.getBoundingClientRect().width : null}; })
+  .filter(w => w.drawn !== null)"""
+PLOTS_FIT = f"() => ({PLOT_WIDTHS})().every(w => Math.abs(w.box - w.drawn) <= 4)"
+IN_VIEW = """(sel) => { const r = document.querySelector(sel).getBoundingClientRect();
+  return r.height > 0 && r.top >= 0 && r.bottom <= window.innerHeight && r.left >= 0 && r.right <= window.innerWidth; }"""
+# Red "Error" pills gradio draws over outputs of a failed event.
+ERROR_PILLS = """() => Array.from(document.querySelectorAll('.error, [class*=error]'))
+  .filter(e => e.offsetParent !== null && (e.innerText || '').trim() === 'Error').length"""
+TOASTS = """() => Array.from(document.querySelectorAll('[data-testid=toast-body], .toast-body'))
+  .filter(t => t.offsetParent !== null).map(t => t.innerText)"""
+
+# gradio keeps every tab's button in a visually hidden list (for measuring) and shows each one either in the tab
+# bar or in its overflow list; these are the ones a person sees.
+SHOWN_TABS = "#views .tab-wrapper > .tab-container:not(.visually-hidden) button, #views .overflow-dropdown button"
+ALL_VIEWS = "() => Array.from(document.querySelectorAll('#views .visually-hidden button')).map(b => b.innerText.trim())"
+UNREACHABLE_VIEWS = f"""() => ({ALL_VIEWS})().filter(name => !Array.from(document.querySelectorAll('{SHOWN_TABS}'))
+  .some(b => b.innerText.trim() === name && b.getBoundingClientRect().height >= 16))"""
+
+
+def open_page(browser, url: str, viewport: dict | None = None):
+    """A new tab on the page, once its Generate button is there (1440x1000 unless a viewport is given)."""
+    page = browser.new_page(viewport=viewport or {"width": 1440, "height": 1000})
+    page.set_default_timeout(TIMEOUT_MS)
+    page.goto(url)
+    page.wait_for_selector("#generate")
+    return page
+
+
+def wait_for_status(page, text: str) -> None:
+    page.wait_for_function("(t) => document.querySelector('#status')?.innerText.includes(t)", arg=text,
+                           timeout=TIMEOUT_MS)
+
+
+def generate(page, tokens: int = 16) -> None:
+    page.fill("#max-new-tokens input", str(tokens))
+    page.click("#generate")
+    page.wait_for_function("() => !document.querySelector('#status').innerText.includes('Ready')")
+    wait_for_status(page, "Done.")
+
+
+def click_tab(page, key: str) -> None:
+    """Open a view's tab by its key; the decay curve has none: it sits beside the panes."""
+    if key != "decay":
+        page.locator(SHOWN_TABS).filter(has_text=re.compile(f"^{re.escape(VIEWS[key])}$")).first.click()
+
+
+def show_tab(page, key: str) -> None:
+    click_tab(page, key)
+    page.wait_for_function(PLOT_HAS_DATA, arg=f"plot-{key}", timeout=TIMEOUT_MS)
+
+
+def view_names(page) -> list[str]:
+    return [n for n in page.evaluate(ALL_VIEWS) if n not in ("Run history", "Export")]
+
+
+def open_view(page, name: str) -> None:
+    """Show a view by its name, as a person would: click its visible tab."""
+    page.locator(SHOWN_TABS).filter(has_text=re.compile(f"^{re.escape(name)}$")).first.click()
+    page.wait_for_function("(n) => Array.from(document.querySelectorAll('#views button.selected'))"
+                           ".some(b => b.innerText.trim() === n)", arg=name)
+
+
+def assert_plots_fit(page, where: str) -> None:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function(PLOTS_FIT, timeout=3000)
+    except PlaywrightTimeout:
+        pytest.fail(f"{where}: plots drawn narrower or wider than their box: {page.evaluate(PLOT_WIDTHS)}")

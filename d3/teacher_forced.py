@@ -68,7 +68,7 @@ class TeacherForced:
         a = self.adapter
         positions = (self.mask.long().cumsum(-1) - 1).clamp_min(0)
         self.positions = positions[:, self.P:]
-        cache = DynamicCache(config=a.config)
+        cache = DynamicCache()  # every layer keeps every position: a sliding layer's window is in its mask
         with torch.inference_mode():
             hidden = a.embed(ids)
             masks = a.masks(hidden, self.mask, cache, positions)
@@ -84,7 +84,7 @@ class TeacherForced:
             self._ref_probs = self.reference.exp()
             self._neg_entropy = (self._ref_probs * self.reference).sum(-1)  # KL(ref || q) = this - sum(ref * log q)
             self._base: tuple[tuple[int, ...], list[torch.Tensor]] | None = None
-            sizing = DynamicCache([(k, v) for k, v in self.kv], config=a.config)
+            sizing = DynamicCache([(k, v) for k, v in self.kv])  # the prompt's whole length, as _PromptPast gives it
             cont = resid[0]
             self.masks = a.masks(cont, self.mask, sizing, self.positions)
             self.ropes = a.rope(cont, self.positions)

@@ -1,0 +1,88 @@
+"""d3/teacher_forced.py: one parallel pass that reads a removal's log-probs over forced continuations. Checked
+against a separate computation: the model's own forward over prompt + continuation, with each removed layer made
+the identity on the continuation's positions only (by a forward hook), which is what D3's decode does when no
+generated token runs those layers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from d3.adapter import Adapter
+from d3.teacher_forced import TeacherForced
+from d3.testing import tiny_llama
+from tests.tiny import tiny_gemma3
+
+PROMPTS = [[5, 17, 3, 42], [8, 23]]  # left padded against each other
+CONTS = [[11, 9, 30], [4, 4, 7, 19, 2]]  # right padded
+
+
+def reference(model, prompt: list[int], cont: list[int], removed: set[int]) -> torch.Tensor:
+    """log-probs [len(cont), vocab] predicting after each continuation position, removed layers skipped there."""
+    P = len(prompt)
+
+    def identity_on_continuation(module, args, output):
+        out = output[0] if isinstance(output, tuple) else output
+        out = torch.cat([out[:, :P], args[0][:, P:]], dim=1)
+        return (out, *output[1:]) if isinstance(output, tuple) else out
+
+    hooks = [model.model.layers[i].register_forward_hook(identity_on_continuation) for i in removed]
+    try:
+        with torch.inference_mode():
+            logits = model(torch.tensor([prompt + cont])).logits[0, P:].float()
+    finally:
+        for h in hooks:
+            h.remove()
+    return torch.log_softmax(logits, dim=-1)
+
+
+@pytest.fixture(scope="module", params=["llama", "gemma3"])
+def forced(request):
+    model = (tiny_llama(6) if request.param == "llama" else tiny_gemma3()).eval()
+    return model, TeacherForced(Adapter(model), PROMPTS, CONTS, targets=[c[1:] for c in CONTS])
+
+
+@pytest.mark.parametrize("removed", [(), (2,), (3, 1), (1, 2, 4)])
+def test_a_removals_log_probs_equal_the_models_forward_with_those_layers_skipped_after_the_prompt(forced, removed) -> None:
+    model, tf = forced
+    logp = tf.logprobs(removed)
+    for row, (prompt, cont) in enumerate(zip(PROMPTS, CONTS)):
+        expected = reference(model, prompt, cont, set(removed))
+        torch.testing.assert_close(logp[row, :len(cont)], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_greedy_steps_share_a_removal_and_still_read_each_candidate_right(forced) -> None:
+    """The pass reuses the previous removal's residuals (the greedy search's shared prefix); reading (1,), then
+    (1, 3), then (1, 2) in a row gives what each gives alone."""
+    model, tf = forced
+    for removed in [(1,), (1, 3), (1, 2)]:
+        expected = reference(model, PROMPTS[0], CONTS[0], set(removed))
+        torch.testing.assert_close(tf.logprobs(removed)[0, :len(CONTS[0])], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_scores_count_only_the_targets_positions(forced) -> None:
+    """Agreement is the share of scored positions whose top-1 is the target; nll the targets' mean NLL; full depth
+    has no KL from itself."""
+    model, tf = forced
+    removed = (2,)
+    hits, nll, n = 0, 0.0, 0
+    for prompt, cont in zip(PROMPTS, CONTS):
+        logp = reference(model, prompt, cont, set(removed))
+        for t, target in enumerate(cont[1:]):
+            hits += int(logp[t].argmax() == target)
+            nll -= float(logp[t, target])
+            n += 1
+    assert tf.score(removed, "agreement").value == pytest.approx(hits / n)
+    assert tf.score(removed, "nll").value == pytest.approx(nll / n, rel=1e-4)
+    assert tf.score((), "agreement").kl == pytest.approx(0.0, abs=1e-6) and tf.score(removed, "nll").kl > 0
+    assert not math.isnan(tf.score(removed, "agreement").kl)
+
+
+def test_empty_prompts_or_continuations_are_refused() -> None:
+    adapter = Adapter(tiny_llama(2))
+    with pytest.raises(ValueError, match="non-empty"):
+        TeacherForced(adapter, [[1, 2], []], [[3], [4]], [[], []])
+    with pytest.raises(ValueError, match="non-empty"):
+        TeacherForced(adapter, [[1, 2]], [[]], [[]])

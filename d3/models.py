@@ -94,11 +94,6 @@ class LoadedModel:
     def has_chat_template(self) -> bool:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
-    @classmethod
-    def from_objects(cls, model: Any, tokenizer: Any, name: str = "custom") -> "LoadedModel":
-        """Wrap an already-built model and tokenizer (tests build tiny random models this way)."""
-        return _finish(name, model, tokenizer)
-
 
 # ---------------------------------------------------------------- devices and dtypes
 
@@ -169,12 +164,6 @@ def get_model(name: str = DEFAULT_MODEL, **kwargs: Any) -> LoadedModel:
         if key not in _MODELS:
             _MODELS[key] = load_model(name, **kwargs)
         return _MODELS[key]
-
-
-def clear_model_cache() -> None:
-    """Forget every model `get_model` has loaded (tests; freeing memory)."""
-    with _LOAD_LOCK:
-        _MODELS.clear()
 
 
 def describe(loaded: LoadedModel) -> dict[str, Any]:

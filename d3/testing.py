@@ -73,3 +73,18 @@ def tiny_family_model(model_type: str, seed: int = 0, scale: float = 4.0) -> Any
     model.generation_config.eos_token_id = 2
     model.generation_config.pad_token_id = 0
     return model
+
+
+def loaded_from_objects(model: Any, tokenizer: Any, name: str = "custom") -> Any:
+    """A `d3.models.LoadedModel` around an already-built model and tokenizer, checked as a loaded one is."""
+    from d3 import models as loader
+
+    return loader._finish(name, model, tokenizer)
+
+
+def clear_model_cache() -> None:
+    """Forget every model `d3.models.get_model` has loaded, so the next call loads afresh."""
+    from d3 import models as loader
+
+    with loader._LOAD_LOCK:
+        loader._MODELS.clear()

@@ -13,6 +13,7 @@ import torch
 
 from d3 import models
 from d3.models import KNOWN_MODELS, SUPPORTED_ARCHS, LoadedModel, ModelFacts, describe, get_model, load_model
+from d3.testing import clear_model_cache, loaded_from_objects
 
 WORDS = ["<pad>", "<eos>", "<unk>", "hello", "world", "the", "cat", "sat", "on", "mat", "a", "dog"]
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
@@ -272,9 +273,9 @@ def test_bfloat16_load(tiny_dir: Path):
     assert all(p.dtype == torch.bfloat16 for p in loaded.model.parameters())
 
 
-def test_from_objects_and_describe():
+def test_loaded_from_objects_and_describe():
     model = tiny_llama()
-    loaded = LoadedModel.from_objects(model, tiny_tokenizer())
+    loaded = loaded_from_objects(model, tiny_tokenizer())
     info = describe(loaded)
     assert loaded.name == "custom" and not model.training
     assert info["num_layers"] == 4 and info["num_kv_heads"] == 2 and info["vocab_size"] == 99
@@ -282,16 +283,16 @@ def test_from_objects_and_describe():
     assert info["default_core"] == (1, 1) and info["dtype"] == "float32" and info["device"] == "cpu"
 
 
-def test_from_objects_rejects_unsupported_architectures():
+def test_loaded_from_objects_rejects_unsupported_architectures():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=99))
     with pytest.raises(ValueError, match="not supported"):
-        LoadedModel.from_objects(model, tiny_tokenizer())
+        loaded_from_objects(model, tiny_tokenizer())
 
 
 def test_get_model_loads_once_under_concurrent_calls(tiny_dir: Path):
-    models.clear_model_cache()
+    clear_model_cache()
     results: list[LoadedModel] = []
     threads = [threading.Thread(target=lambda: results.append(get_model(str(tiny_dir), device="cpu"))) for _ in range(4)]
     for thread in threads:
@@ -300,7 +301,7 @@ def test_get_model_loads_once_under_concurrent_calls(tiny_dir: Path):
         thread.join()
     assert len(results) == 4 and all(r is results[0] for r in results)
     assert get_model(str(tiny_dir), device="cpu", dtype="bfloat16") is not results[0]
-    models.clear_model_cache()
+    clear_model_cache()
 
 
 def test_import_loads_no_model():

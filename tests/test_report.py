@@ -168,8 +168,9 @@ def test_report_html_is_self_contained_with_every_figure(tmp_path: Path) -> None
     assert text.count("<script type='text/javascript'>") == 1  # plotly.js once
     assert "<script src" not in text and "<link" not in text  # nothing fetched from elsewhere
     n_figs = len(re.findall(r"Plotly\.newPlot\(", text))
-    assert n_figs == 5 + 1 + 1 + 1  # five Pareto views, per-task delta, layers vs step, block change
-    for heading in ("Headline", "Accuracy difference per task", "Layers vs step", "Change per block across layers",
+    assert n_figs == 5 + 1 + 1 + 1 + 1  # five Pareto views, per-task delta, layers vs step, Fig. 1's grids, block change
+    for heading in ("Headline", "Accuracy difference per task", "Layers vs step", "Which layers each token ran",
+                    "Change per block across layers",
                     "At matched mean depth", "Task accuracy beside chance", "All settings"):
         assert heading in text, heading
     assert "d3 fast ok" in text and "<table" in text

@@ -19,6 +19,7 @@ from d3.reports.generation import matched_table as generation_table
 from d3.research.sweep.table import read_results
 from viz.depth import layers_vs_step
 from viz.flow import block_change
+from viz.grid import fig1_panels
 from viz.results import paired_curves, pareto, task_accuracy_delta
 
 
@@ -41,6 +42,7 @@ def figures(df: pd.DataFrame, records: list[dict[str, Any]]) -> list[tuple[str, 
     traces = layer_traces(records, df)
     if traces:
         out.append(("layers vs step", layers_vs_step(traces)))
+        out.append(("which layers each token ran", fig1_panels(traces)))
     blocks = block_frame(records)
     if not blocks.empty:
         out.append(("change per block across layers",

@@ -374,16 +374,6 @@ def test_the_page_defaults_fit_within_the_caps(capped) -> None:
     assert "Done." in client.predict(**values, api_name="/generate")[0]
 
 
-@pytest.mark.parametrize("env, expected", [
-    ({"D3_MAX_NEW_TOKENS": "lots", "D3_QUEUE_SIZE": "-4"}, (Caps().max_new_tokens, 1)),
-    ({"D3_MAX_NEW_TOKENS": "99999999", "D3_QUEUE_SIZE": "10**9"}, (1024, Caps().queue_size)),
-    ({"D3_MAX_NEW_TOKENS": " 32 ", "D3_QUEUE_SIZE": ""}, (32, Caps().queue_size)),
-])
-def test_caps_from_a_malformed_environment_fall_back_or_clamp(env, expected) -> None:
-    caps = Caps.from_env(env)
-    assert (caps.max_new_tokens, caps.queue_size) == expected
-
-
 # ---------------------------------------------------------------- (e) public deployments
 
 
@@ -436,12 +426,6 @@ def test_the_public_loader_never_touches_a_path_or_the_hub(monkeypatch) -> None:
                                                    "attention_layer": 15}))
         with pytest.raises(ValueError, match="not allowed here"):
             d3.models.load_model(model, allow_paths=False)
-
-
-def test_a_local_deployment_is_not_public(monkeypatch) -> None:
-    for name in ("D3_PUBLIC", "SPACE_ID"):
-        monkeypatch.delenv(name, raising=False)
-    assert not is_public() and not is_public({"D3_PUBLIC": "0"}) and is_public({"D3_PUBLIC": " Yes "})
 
 
 def _calls(path: Path) -> set[str]:

@@ -8,7 +8,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 import tomllib
 import venv
 from pathlib import Path
@@ -48,7 +47,6 @@ def test_explorer_help_names_its_flags(capsys):
 def test_pip_install_into_a_fresh_venv_gives_working_commands(tmp_path):
     """A real install of this package (no editable link, run from outside the checkout). The venv sees the system's
     site-packages so torch and the rest are not downloaded again; `--no-deps --no-build-isolation` keeps it offline."""
-    start = time.monotonic()
     src = tmp_path / "src"
     src.mkdir()
     for name in PACKAGE_FILES:
@@ -76,4 +74,3 @@ def test_pip_install_into_a_fresh_venv_gives_working_commands(tmp_path):
     assert json.loads(info.stdout)["num_layers"] == 30  # the embedded SmolLM2-135M
     served = run(str(bin_dir / "d3-explorer"), "--help")
     assert served.returncode == 0 and "--port" in served.stdout, served.stderr
-    assert time.monotonic() - start < 120

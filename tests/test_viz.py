@@ -17,7 +17,7 @@ from d3.config import D3Config, EarlyExitConfig, FullConfig, SkipDecodeConfig, S
 from d3.schedule import budgets, d3_budget, plan, planned_grid
 from d3.trace import FILL_CODES, FILLED_COPY, HOLE, RAN, SKIPPED, Comparison, PromptStats, TokenStep, Trace
 import viz
-from viz.layout import plot_text, readable_token
+from viz.layout import CELL_COLORS, plot_text, readable_token
 from tests.figures import message, title_text
 from tests.traces import WORDS, make_trace  # noqa: F401
 
@@ -97,8 +97,10 @@ def test_layer_grid_draws_the_trace_grid_with_token_labels_and_core_bands(d3_tra
     lines = sorted(s.x0 for s in fig.layout.shapes if s.type == "line")
     head, tail = d3_trace.core
     assert lines == [head - 0.5, d3_trace.num_layers - tail - 0.5]
-    assert list(fig.layout.coloraxis.colorbar.ticktext) == ["skipped", "ran", "filled (copy)", "filled (propagate)",
-                                                            "hole (masked)"]
+    assert fig.layout.coloraxis.showscale is False  # the colours are named in the legend, which wraps on a phone
+    keys = [t for t in fig.data if (t.meta or {}).get("role") == "cell-legend"]
+    assert [t.name for t in keys] == ["skipped", "ran", "filled (copy)", "filled (propagate)", "hole (masked)"]
+    assert [t.marker.color for t in keys] == [CELL_COLORS[t.meta["code"]] for t in keys]
 
 
 def test_layer_grid_hover_explains_each_cell(d3_trace: Trace) -> None:
@@ -285,7 +287,7 @@ def test_sublayer_flow_plots_the_nan_means_as_change(d3_trace: Trace, full_trace
             expected = 1.0 - expected
         np.testing.assert_allclose(np.asarray(line.y, dtype=np.float64), expected, rtol=1e-6)
         assert_hover(line)
-    assert "1 − cos" in fig.layout.yaxis.title.text and "higher = more change" in fig.layout.yaxis.title.text
+    assert "1 − cos" in fig.layout.yaxis.title.text and "higher = more" in fig.layout.annotations[0].text
     assert sum(s.type == "rect" for s in fig.layout.shapes) == 4  # head and tail band in each subplot
 
 

@@ -124,9 +124,9 @@ def test_cell_hover_names_the_copy_source_the_decoder_recorded() -> None:
     sources = np.array([[-1, 2, -1, 0, -1]])
     hover = cell_hover(codes, ["token 'a' (step 1)"], ["core", "flex", "flex", "flex", "core"], sources=sources)
     assert hover.shape == (1, 5)
-    assert hover[0, 1].endswith("copying layer 2 (no lower layer of its type ran)")
+    assert hover[0, 1].endswith("copying layer 2<br>(no lower layer of its type ran)")
     assert hover[0, 3].endswith("skipped: KV filled by copying layer 0")
-    assert hover[0, 4] == "token 'a' (step 1) · layer 4 (core) · skipped: no KV entry written"
+    assert hover[0, 4] == "token 'a' (step 1)<br>layer 4 (core) · skipped: no KV entry written"
     assert cell_hover(codes, ["t"], ["flex"] * 5)[0, 3].endswith("skipped: KV filled by copy")
 
 

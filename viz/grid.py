@@ -54,8 +54,8 @@ def cell_legend() -> list[go.Scatter]:
 STATE_PHRASES = {
     RAN: "ran",
     SKIPPED: "skipped: no KV entry written",
-    FILLED_PROPAGATE: "skipped: KV computed from the hidden state passed through unchanged (propagate)",
-    HOLE: "skipped: KV left empty and masked out of attention (hole)",
+    FILLED_PROPAGATE: "skipped: KV computed from the hidden state<br>passed through unchanged (propagate)",
+    HOLE: "skipped: KV left empty<br>and masked out of attention (hole)",
 }
 
 
@@ -77,11 +77,12 @@ def cell_hover(codes: np.ndarray, row_labels: Sequence[str], kinds: Sequence[str
     from_above = known & (src > layer_ids)
     state[from_below] = np.array([f"skipped: KV filled by copying layer {k}" for k in range(num_layers)],
                                  dtype=object)[src[from_below]]
-    state[from_above] = np.array([f"skipped: KV filled by copying layer {k} (no lower layer of its type ran)"
+    state[from_above] = np.array([f"skipped: KV filled by copying layer {k}<br>(no lower layer of its type ran)"
                                   for k in range(num_layers)], dtype=object)[src[from_above]]
     state[copied & ~known] = "skipped: KV filled by copy"
     prefix = " · planned: " if planned else " · "
-    rows = np.array([f"{label} · " for label in row_labels], dtype=object)[:, None]  # [T, 1]
+    # Short lines (the row, then the cell): a label as wide as a phone's grid would be cut at its edge.
+    rows = np.array([f"{label}<br>" for label in row_labels], dtype=object)[:, None]  # [T, 1]
     layers = np.array([f"layer {layer} ({kinds[layer]}){prefix}" for layer in range(num_layers)], dtype=object)
     return rows + layers[None, :] + state  # [T, L]
 

@@ -59,3 +59,17 @@ def test_a_scenario_sets_the_example_picker_to_its_prompt_or_to_none(pool) -> No
     assert arithmetic["example"]["value"] is None
     fill = dict(zip(SCENARIO_OUTPUTS, apply_scenario(pool, "fill", 0, None, "tiny")))
     assert fill["example"]["value"] == "Explain"  # the sky question is the first example
+
+
+@pytest.mark.parametrize("field, value, label", [("core_head", 99, "Core head"), ("max_new_tokens", 0, "New tokens"),
+                                                 ("drop_order", "bogus", "Drop order")])
+def test_a_schedule_that_cannot_be_drawn_names_the_control_as_the_page_labels_it(pool, field, value, label) -> None:
+    """The decay curve and the planned grid say why they are empty in the page's words, never a code field
+    (issue 24: `max_new_tokens` etc. on the page)."""
+    from explorer.view_handlers import redraw_schedule
+    from tests.apphelpers import DEFAULTS
+    from tests.figures import message
+
+    for fig in redraw_schedule(pool, Session(), **{**DEFAULTS, field: value}):
+        text = message(fig)
+        assert text.startswith("Cannot draw this schedule") and label in text and field not in text, text

@@ -177,7 +177,8 @@ class View:
     run ends (and emptied when one starts); live: drawn while a run streams, with the heavy figures. controls(ui,
     facts): its own components above its plot; wire(pool, ui, runs): its own events (`runs`: API suffix -> each
     run's final event). tab: False for a view that sits outside the tabs (the decay curve). plot: False when
-    `controls` makes the view's plots itself. export: whether Export offers it (drawn from the session's run)."""
+    `controls` makes the view's plots itself. export: whether Export offers it (every view does:
+    explorer.export.FIGURES)."""
 
     key: str
     title: str

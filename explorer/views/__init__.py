@@ -25,7 +25,7 @@ from viz.grid import layer_grid, planned_grid_figure
 from viz.layout import empty_figure, readable_token, strategy_label
 
 
-DECAY_HEIGHT = {False: 265, True: 220}  # px; the decay curve shares the first screen with the panes
+DECAY_HEIGHT = {False: 265, True: 240}  # px; the decay curve shares the first screen with the panes
 
 
 def waiting(message: str, *, presentation: bool = False) -> go.Figure:

@@ -23,8 +23,10 @@ from plotly.offline import get_plotlyjs
 
 from explorer import views
 from explorer.controls import Controls, takes_controls
-from explorer.explain import lens_view, read_session_lens
-from explorer.parse import as_choice
+from explorer.explain import lens_view, read_session_lens, scrub_views
+from explorer.layers_view import redraw_layers
+from explorer.needs import redraw_needs
+from explorer.parse import as_choice, as_number
 from explorer.pool import ModelPool
 from explorer.session import Session
 from explorer.ui import user_errors
@@ -40,9 +42,10 @@ EXPORT_MAX_BYTES = 256 * 2**20  # every export folder together; beyond it the ol
 EXPORTS_PER_MINUTE = 10  # per session
 SERVER_EXPORTS_PER_MINUTE = 20  # all sessions together, the sweep's CSV included
 PLOTLY_JS = "plotly.min.js"  # one copy in EXPORT_ROOT, downloaded beside each figure page
-# Every view Export offers: the schedule preview's two, each view drawn from the session's run (the registry) and
-# the lens (read out of the run first).
-FIGURES = ("decay", "planned", *views.drawn_from_session(), "lens")
+# Every view Export offers: every view of the registry, in tab order (the decay curve first). Most are drawn from the
+# session's run; the schedule's two from the controls; the lens is read out of the run first; "What each token
+# needs" and "Which layers matter" from their own measurements (kept in their states); the scrubber at a token.
+FIGURES = tuple(v.key for v in views.registry() if v.export)
 
 
 _PRUNING = threading.Lock()  # one pruner at a time in this process: two would delete and stat the same folders
@@ -149,14 +152,41 @@ NOT_COMPUTED: dict[str, tuple[Callable[[Session], Any], str]] = {
     "fills": (lambda s: s.fills, "press “Compare fills” in the Fill strategies tab first."),
     "lens": (lambda s: s.d3 is not None and has_lens(s.d3), "press Generate first (with “Record the logit lens” "
                                                             "ticked)."),
+    "scrub": (lambda s: s.d3 is not None and s.d3.steps, "press Generate first."),
 }
+MEASURED_FIRST = {"needs": "press “Measure what each token needs” in its tab first.",
+                  "layers": "press “Measure which layers matter” in its tab first."}
+
+
+def _figures(pool: ModelPool, s: Session, key: str, measured: Any, token: Any, controls: Controls) -> dict[str, Any]:
+    """The view's figure(s) by file name (the scrubber has two); `measured`: the view's own measurement, if any."""
+    p = controls.view.presentation
+    if key in ("decay", "planned"):
+        decay, planned = redraw_schedule(pool, s, **vars(controls))
+        return {key: decay if key == "decay" else planned}
+    if key in MEASURED_FIRST:
+        if measured is None:
+            raise gr.Error(f"Nothing to export yet: {MEASURED_FIRST[key]}", print_exception=False)
+        redraw = redraw_needs if key == "needs" else redraw_layers
+        return {key: redraw(pool, measured, **vars(controls))}
+    if key == "scrub":
+        last = len(s.d3.steps) - 1
+        index = last if token is None else int(as_number("Token", token, 0, last, integer=True))
+        layers, topk, _ = scrub_views(s.d3, s.full, index, presentation=p)
+        return {"scrub": layers, "scrub_topk": topk}
+    if key == "lens":
+        return {key: lens_view(s.d3, s.full, presentation=p)}
+    return {key: views.draw(key, views.Shown.of(s), controls.view)}
 
 
 @takes_controls
-def export_figure(pool: ModelPool, session: Session | None, figure: str, controls: Controls) -> list[str]:
-    """One view as an HTML page that loads plotly.js from the file beside it: both are returned, so the
-    page works offline once both are downloaded into one folder."""
-    s, view = session, controls.view
+def export_figure(pool: ModelPool, session: Session | None, figure: str, needs_state: Any = None,
+                  layers_state: Any = None, scrub_index: Any = None, controls: Controls = None) -> list[str]:
+    """One view as an HTML page (the scrubber: its two) that loads plotly.js from the file beside it: all are
+    returned, so the pages work offline once downloaded into one folder. `needs_state` / `layers_state`: the
+    measurements of "What each token needs" and "Which layers matter"; `scrub_index`: the scrubber's token (None: the
+    last)."""
+    s = session
     if s is None:  # the page makes one on load; an API caller gets one by generating
         raise gr.Error("Nothing to export yet: press Generate first.", print_exception=False)
     with user_errors():
@@ -165,16 +195,13 @@ def export_figure(pool: ModelPool, session: Session | None, figure: str, control
             read_session_lens(pool, s)
         if key in NOT_COMPUTED and not NOT_COMPUTED[key][0](s):
             raise gr.Error(f"Nothing to export yet: {NOT_COMPUTED[key][1]}", print_exception=False)
-        p = view.presentation
-        if key in ("decay", "planned"):
-            decay, planned = redraw_schedule(pool, s, **vars(controls))
-            fig = decay if key == "decay" else planned
-        else:
-            fig = lens_view(s.d3, s.full, presentation=p) if key == "lens" else views.draw(key, views.Shown.of(s), view)
-    page = to_html(fig, plotlyjs=PLOTLY_JS)
-    path = export_dir(s, room=len(page)) / f"{key}.html"
-    path.write_text(page, encoding="utf-8")
-    return [str(path), str(plotly_js())]
+        measured = needs_state if key == "needs" else layers_state if key == "layers" else None
+        figures = _figures(pool, s, key, measured, scrub_index, controls)
+    pages = {name: to_html(fig, plotlyjs=PLOTLY_JS) for name, fig in figures.items()}
+    folder = export_dir(s, room=sum(map(len, pages.values())))
+    for name, page in pages.items():
+        (folder / f"{name}.html").write_text(page, encoding="utf-8")
+    return [*(str(folder / f"{name}.html") for name in pages), str(plotly_js())]
 
 
 def export_sweep(sweep_results: pd.DataFrame | None) -> str:

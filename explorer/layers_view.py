@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from d3.research.calibrate import Calibration, calibrate_and_compare, prompt_set
 from d3.config import D3Config
 from d3.schedule import flex_drop_order, order_key
-from explorer.controls import CONTROL_NAMES, Controls, layer_order_text, takes_controls
+from explorer.controls import CONTROL_NAMES, Controls, layer_order_text, page_words, takes_controls
 from explorer.pool import ModelPool
 from explorer.runs import check_run, prepare_run
 from explorer.ui import model_queue, ordered, user_errors, within_limit
@@ -128,7 +128,7 @@ def redraw_layers(pool: ModelPool, state: Layers | None, controls: Controls) -> 
     try:
         cfg, key, layers = _setup(pool, controls)
     except ValueError as err:
-        return waiting(f"Cannot draw this order:<br>{html.escape(str(err))}", presentation=p)
+        return waiting(f"Cannot draw this order:<br>{html.escape(page_words(str(err)))}", presentation=p)
     if key != state.key:
         return waiting("The prompt, model, length or core changed: measure again.", presentation=p)
     in_use, name = _in_use(cfg, layers)

@@ -108,7 +108,7 @@ def _panes(ui: dict[str, Any]) -> None:
             ui["d3_tokens"] = gr.HTML(elem_classes=["d3-pane-tokens"], elem_id="d3-pane")
             ui["d3_counters"] = gr.HTML(elem_id="d3-counters")
         with gr.Column(elem_classes=["d3-pane"], min_width=260):
-            gr.Markdown("### Full depth (every layer, the reference)")
+            gr.Markdown("### Full depth (every layer)", elem_id="full-title")
             ui["full_tokens"] = gr.HTML(elem_classes=["d3-pane-tokens"], elem_id="full-pane")
             ui["full_counters"] = gr.HTML(elem_id="full-counters")
 
@@ -136,7 +136,9 @@ def _tabs(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> None:
                 _view_tab(view, ui, facts)
         with gr.Tab("Run history", id="history"):
             gr.Markdown("Every run of this session: compare scenarios here (only you see your runs).")
-            ui["history"] = gr.Dataframe(pd.DataFrame(columns=HISTORY_COLUMNS), interactive=False)
+            # Wrapped, in the box's width (assets/style.css): a row is read whole, never scrolled sideways.
+            ui["history"] = gr.Dataframe(pd.DataFrame(columns=HISTORY_COLUMNS), interactive=False, wrap=True,
+                                         elem_id="history", elem_classes=["d3-history"])
         with gr.Tab("Export", id="export"):
             with gr.Row():
                 ui["export_trace"] = gr.Button("Download traces (JSON + CSV)")
@@ -180,7 +182,7 @@ def _prompt_and_run(pool: ModelPool, ui: dict[str, Any]) -> None:
                                     min_width=110, scale=4, elem_id="example")
         ui["model"] = gr.Dropdown(list(pool.names), value=pool.names[0], label="Model", min_width=130, scale=5,
                                   elem_id="model", allow_custom_value=not pool.public)
-    with gr.Row():
+    with gr.Row(elem_id="run-row"):
         ui["generate"] = gr.Button("Generate", variant="primary", elem_id="generate", min_width=100)
         ui["stop"] = gr.Button("Stop", variant="stop", elem_id="stop", min_width=80)
     with gr.Group(elem_classes=["d3-scenarios"]):
@@ -195,7 +197,9 @@ def _prompt_and_run(pool: ModelPool, ui: dict[str, Any]) -> None:
 def _live_tab(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> None:
     """Controls on the left; on the right, what a run shows first: the status, both panes and the decay curve
     (on one 1280x800 screen), then the other views."""
-    with gr.Row(equal_height=False):
+    # On a phone the two columns stack: the prompt and Generate, then the results, then the other controls
+    # (assets/style.css reorders them), so that a run is seen without scrolling past every control.
+    with gr.Row(equal_height=False, elem_classes=["d3-live"]):
         with gr.Column(scale=1, min_width=300, elem_classes=["d3-side"]):
             with gr.Accordion("What is D3? (read me first)", open=False, elem_id="intro"):
                 gr.Markdown(INTRO)

@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 from d3.config import D3Config
 from d3.research.oracle import measure
 from d3.research.oracle_fit import fit_alpha, underserved_fraction
-from explorer.controls import CONTROL_NAMES, Controls, takes_controls
+from explorer.controls import CONTROL_NAMES, Controls, page_words, takes_controls
 from explorer.pool import ModelPool
 from explorer.runs import check_run, prepare_run
 from explorer.ui import model_queue, ordered, user_errors, within_limit
@@ -122,7 +122,7 @@ def redraw_needs(pool: ModelPool, state: Needs | None, controls: Controls) -> An
     try:
         cfg, key, _ = _config(pool, controls)
     except ValueError as err:
-        return waiting(f"Cannot draw this schedule:<br>{html.escape(str(err))}", presentation=p)
+        return waiting(f"Cannot draw this schedule:<br>{html.escape(page_words(str(err)))}", presentation=p)
     if key != state.key:
         return waiting("The prompt or the layer settings changed: measure again.", presentation=p)
     return _figure(state, cfg, presentation=p)

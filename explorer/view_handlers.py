@@ -211,7 +211,7 @@ def redraw_schedule(pool: ModelPool, session: Session | None, controls: Controls
             raise ValueError("the schedule is drawn once this model is loaded (press Generate)")
         s = parse_schedule(controls, facts.num_layers, pool.caps)
     except ValueError as err:  # shown in the preview; Generate says it in the status line
-        message = views.waiting(f"Cannot draw this schedule:<br>{html.escape(str(err))}", presentation=p)
+        message = views.waiting(f"Cannot draw this schedule:<br>{html.escape(page_words(str(err)))}", presentation=p)
         return message, message
     trace = session.d3 if session is not None else None
     return (views.decay_view(s.strategy, s.num_layers, s.steps, trace=trace, others=s.others, presentation=p),

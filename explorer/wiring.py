@@ -232,7 +232,9 @@ def wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     _redraw_after(pool, ui, loaded)
     _wire_views(pool, ui)
     ui["export_trace"].click(export_trace, ui["session"], ui["files"], api_name="export_trace")
-    ui["export_figure"].click(functools.partial(export_figure, pool), _with_controls(ui, "session", "figure"),
+    # the measured views' states and the scrubber's token: Export offers every view (explorer.export.FIGURES)
+    ui["export_figure"].click(functools.partial(export_figure, pool),
+                              _with_controls(ui, "session", "figure", "needs_state", "layers_state", "scrub_index"),
                               ui["files"], api_name="export_figure", preprocess=False)
     _wire_sweep(pool, ui, demo)
     _redraw_after(pool, ui, wire_needs(pool, ui))  # fit α sets α

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 import app
-from explorer import export, live, page, view_handlers
+from explorer import export, live, page, view_handlers, views
 from d3.config import D3Config
 from d3.models import ModelFacts
 from d3.schedule import budgets, planned_grid
@@ -351,22 +351,46 @@ def test_export_trace_writes_json_and_csv_under_server_chosen_names(finished) ->
         export.export_trace(Session())
 
 
+def measured(pool, figure: str, args: dict) -> dict:
+    """The state argument of a view that draws its own measurement (needs, layers), measured on the tiny model."""
+    from explorer import layers_view, needs
+
+    if figure == "needs":
+        return {"needs_state": needs.measure_needs(pool, None, prompt=DEFAULTS["prompt"], **args)[0]}
+    if figure == "layers":
+        return {"layers_state": layers_view.measure_layers(pool, None, prompt=DEFAULTS["prompt"], **args)[0]}
+    return {}
+
+
+def test_export_offers_every_view_of_the_registry() -> None:
+    assert export.FIGURES == tuple(v.key for v in views.registry())  # in tab order, the decay curve first
+
+
 @pytest.mark.parametrize("figure", export.FIGURES)
-def test_export_figure_is_a_standalone_html_page(pool, finished, figure) -> None:
-    session = finished
+def test_export_figure_is_a_standalone_html_page(pool, finished, figure, monkeypatch) -> None:
+    from collections import deque
+
+    monkeypatch.setattr(export, "_SERVER_EXPORTS", deque())  # each view's exports counted afresh (the server's rate)
+    session = Session(d3=finished.d3, full=finished.full, comparison=finished.comparison)  # and the session's
     args = {k: v for k, v in DEFAULTS.items() if k != "prompt"}
     if figure == "fills":  # never computed for this session: the export says so rather than export a placeholder
         with pytest.raises(gr.Error, match="Nothing to export yet: press “Compare fills”"):
             export.export_figure(pool, session, figure, **args)
         session = Session(d3=finished.d3, full=finished.full, fills={"copy": finished.comparison})
-    if figure == "lens":  # a run stopped before its first token has no lens to export
+    if figure in ("lens", "scrub"):  # a run stopped before its first token has no lens or token to export
         with pytest.raises(gr.Error, match="Nothing to export yet: press Generate first"):
             export.export_figure(pool, Session(d3=finished.d3.with_steps([]), full=finished.full), figure, **args)
-    path, script = map(Path, export.export_figure(pool, session, figure, **args))
-    text = path.read_text()
-    assert path.name == f"{figure}.html" and "<html>" in text and "Plotly" in text
-    assert "Press Generate" not in text and "Nothing to" not in text  # the figure, not its placeholder
-    assert script == export.EXPORT_ROOT / "plotly.min.js" and 'src="plotly.min.js"' in text
+    if figure in ("needs", "layers"):  # drawn from their own measurement: none yet, the export says what to press
+        with pytest.raises(gr.Error, match="Nothing to export yet: press “Measure"):
+            export.export_figure(pool, session, figure, **args)
+    *pages, script = map(Path, export.export_figure(pool, session, figure, **measured(pool, figure, args), **args))
+    assert [p.name for p in pages] == (["scrub.html", "scrub_topk.html"] if figure == "scrub" else [f"{figure}.html"])
+    for path in pages:
+        text = path.read_text()
+        assert "<html>" in text and "Plotly" in text
+        assert "Press Generate" not in text and "Nothing to" not in text and "Press “Measure" not in text
+        assert 'src="plotly.min.js"' in text
+    assert script == export.EXPORT_ROOT / "plotly.min.js"
 
 
 def test_export_figure_refuses_unknown_names(pool) -> None:

@@ -105,3 +105,16 @@ def test_a_model_switch_forgets_the_other_models_run_and_sizes_both_core_sliders
     layers = tiny_engine.num_layers
     head, tail = out["core_head"], out["core_tail"]
     assert head["maximum"] == layers - 1 - tail["value"] and tail["maximum"] == layers - 1 - head["value"]
+
+@pytest.mark.parametrize("field, value, label", [("core_head", 99, "Core head"), ("max_new_tokens", 0, "New tokens"),
+                                                 ("drop_order", "bogus", "Drop order")])
+def test_a_schedule_that_cannot_be_drawn_names_the_control_as_the_page_labels_it(pool, field, value, label) -> None:
+    """The decay curve and the planned grid say why they are empty in the page's words, never a code field
+    (issue 24: `max_new_tokens` etc. on the page)."""
+    from explorer.view_handlers import redraw_schedule
+    from tests.apphelpers import DEFAULTS
+    from tests.figures import message
+
+    for fig in redraw_schedule(pool, Session(), **{**DEFAULTS, field: value}):
+        text = message(fig)
+        assert text.startswith("Cannot draw this schedule") and label in text and field not in text, text

@@ -17,7 +17,7 @@ from d3.config import D3Config, EarlyExitConfig, FullConfig, SkipDecodeConfig, S
 from d3.schedule import budgets, d3_budget, planned_grid
 from d3.trace import FILL_CODES, FILLED_COPY, HOLE, RAN, SKIPPED, Comparison, TokenStep, Trace
 import viz
-from viz.layout import plot_text, readable_token
+from viz.layout import CELL_COLORS, plot_text, readable_token
 from tests.figures import message, title_text
 from tests.traces import WORDS, make_trace  # noqa: F401
 from d3.config import GenerationConfig
@@ -99,8 +99,10 @@ def test_layer_grid_draws_the_trace_grid_with_token_labels_and_core_bands(d3_tra
     lines = sorted(s.x0 for s in fig.layout.shapes if s.type == "line")
     head, tail = d3_trace.core
     assert lines == [head - 0.5, d3_trace.num_layers - tail - 0.5]
-    assert list(fig.layout.coloraxis.colorbar.ticktext) == ["skipped", "ran", "filled (copy)", "filled (propagate)",
-                                                            "hole (masked)"]
+    assert fig.layout.coloraxis.showscale is False  # the colours are named in the legend, which wraps on a phone
+    keys = [t for t in fig.data if (t.meta or {}).get("role") == "cell-legend"]
+    assert [t.name for t in keys] == ["skipped", "ran", "filled (copy)", "filled (propagate)", "hole (masked)"]
+    assert [t.marker.color for t in keys] == [CELL_COLORS[t.meta["code"]] for t in keys]
 
 
 def test_layer_grid_hover_explains_each_cell(d3_trace: Trace) -> None:
@@ -124,9 +126,9 @@ def test_cell_hover_names_the_copy_source_the_decoder_recorded() -> None:
     sources = np.array([[-1, 2, -1, 0, -1]])
     hover = cell_hover(codes, ["token 'a' (step 1)"], ["core", "flex", "flex", "flex", "core"], sources=sources)
     assert hover.shape == (1, 5)
-    assert hover[0, 1].endswith("copying layer 2 (no lower layer of its type ran)")
+    assert hover[0, 1].endswith("copying layer 2<br>(no lower layer of its type ran)")
     assert hover[0, 3].endswith("skipped: KV filled by copying layer 0")
-    assert hover[0, 4] == "token 'a' (step 1) · layer 4 (core) · skipped: no KV entry written"
+    assert hover[0, 4] == "token 'a' (step 1)<br>layer 4 (core) · skipped: no KV entry written"
     assert cell_hover(codes, ["t"], ["flex"] * 5)[0, 3].endswith("skipped: KV filled by copy")
 
 
@@ -287,7 +289,7 @@ def test_sublayer_flow_plots_the_nan_means_as_change(d3_trace: Trace, full_trace
             expected = 1.0 - expected
         np.testing.assert_allclose(np.asarray(line.y, dtype=np.float64), expected, rtol=1e-6)
         assert_hover(line)
-    assert "1 − cos" in fig.layout.yaxis.title.text and "higher = more change" in fig.layout.yaxis.title.text
+    assert "1 − cos" in fig.layout.yaxis.title.text and "higher = more" in fig.layout.annotations[0].text
     assert sum(s.type == "rect" for s in fig.layout.shapes) == 4  # head and tail band in each subplot
 
 

@@ -95,8 +95,8 @@ def decay_curve(cfg: StrategyConfig, num_layers: int, steps: int, *, trace: Trac
                 title: str | None = None, presentation: bool = False, height: int | None = None) -> go.Figure:
     """Layers per step: the raw decay floor(L * alpha ** i) [steps] (dashed, D3 only), the planned budget
     `budgets(cfg)` [steps] with the core floor and the delayed start marked, the layers each token of
-    `trace` used [T] (markers), other strategies' planned budgets, and the actual usage of
-    `others_traces` (early exit has no plan, so only its trace can show it). Cheap enough for every
+    `trace` used [T] (markers), other strategies' planned budgets (legend entries, drawn when clicked: the curve
+    draws what the run uses), and the actual usage of `others_traces` (early exit has no plan, so only its trace can show it). Cheap enough for every
     slider move (about 15 ms for 512 steps with three other strategies)."""
     cfg.check_layers(num_layers)
     others = others or {}
@@ -114,7 +114,7 @@ def decay_curve(cfg: StrategyConfig, num_layers: int, steps: int, *, trace: Trac
     notes: list[dict] = []
     if isinstance(cfg, D3Config):
         data.append(go.Scatter(x=np.arange(steps), y=raw_decay(cfg, num_layers, steps), mode="lines",
-                               name="floor(L·α^i), unclamped", showlegend=not presentation, line=dict(color=main_color, dash="dash", width=1.5),
+                               name="floor(L·α^i), unclamped", showlegend=False, line=dict(color=main_color, dash="dash", width=1.5),
                                hovertemplate="step %{x}: the formula alone gives %{y} layers<extra></extra>",
                                meta={"role": "raw"}))
         shapes, notes = d3_guides(cfg, num_layers)
@@ -126,8 +126,10 @@ def decay_curve(cfg: StrategyConfig, num_layers: int, steps: int, *, trace: Trac
     for (key, other), color in zip(others.items(), colors[1:]):
         if decode_plan(other, num_layers).dynamic:
             continue  # early exit decides while decoding: only its trace (below) can show it
-        data.append(_planned_line(other, num_layers, steps, name=key if presentation else f"{key}: planned",
-                                  color=color, width=2))
+        # What the run does not use is a legend entry to click, not a line: the curve shows the run's schedule.
+        line = _planned_line(other, num_layers, steps, name=key if presentation else f"{key}: planned", color=color,
+                             width=2)
+        data.append(line.update(visible="legendonly"))
     other_colors = dict(zip(others, colors[1:]))
     extra_colors = iter(colors[1 + len(others):])
     for key, other_trace in others_traces.items():
@@ -138,15 +140,15 @@ def decay_curve(cfg: StrategyConfig, num_layers: int, steps: int, *, trace: Trac
         # Presentation mode: the legend is one row over the curve, on the first screen with it.
         **({"legend": dict(yref="container", y=1, yanchor="top", x=0, xanchor="left")} if presentation else {}),
         # Room in the right margin for the core floor's label (d3_guides), none needed without it; in presentation
-        # mode the top margin is the legend's row.
+        # mode the top margin is the legend's row, and without a title (beside the panes) it is all but gone.
         margin=dict(**({"r": round(FLOOR_LABEL_EM * font_size(presentation, delta=-1)) + FLOOR_LABEL_GAP + 8}
-                       if notes else {}), **({"t": 36} if presentation else {})),
+                       if notes else {}), **({"t": 34} if presentation else {"t": 14} if title == "" else {})),
         # Presentation mode: no axis title under the steps (the legend over the curve says "D3: planned" per step),
         # so that the curve, its ticks and its legend keep a readable height on the first 1280x800 screen.
         xaxis=dict(title=dict(text="" if presentation else "generated token (step i)"),
                    range=[-0.5, max(steps, 1) - 0.5]),
-        # Short in presentation mode: the curve is kept low there (it shares the first screen with the panes).
-        yaxis=dict(title=dict(text="layers run" if presentation else "decoder layers run"), range=[0, num_layers + 1]))
+        # Short: the curve is kept low (it shares the first screen with the panes) and the title must fit its height.
+        yaxis=dict(title=dict(text="layers run"), range=[0, num_layers + 1]))
     if d3 is not None:
         layout["meta"] = {"d3_schedule": d3_schedule_meta(d3, num_layers, steps, main=d3 is cfg,
                                                           short_names=presentation)}

@@ -28,9 +28,10 @@ from viz.titles import fit_title
 
 SUBLAYERS = ("attn", "mlp")
 METRIC_AXES = {
-    # Short: a rotated axis title longer than its plot is runs up into the figure's title.
-    "cos": ("cosine change", "1 − cos(in, out)<br>(higher = more change)"),
-    "dist": ("relative distance", "‖out − in‖ / ‖in‖<br>(higher = more change)"),
+    # (panel title, y title). One short line each: a rotated axis title longer than its plot runs up into the
+    # figure's title, and a second line of the right panel's title reaches back over the left panel's plot.
+    "cos": ("cosine change (higher = more)", "1 − cos(in, out)"),
+    "dist": ("relative distance (higher = more)", "‖out − in‖ / ‖in‖"),
 }
 
 
@@ -51,7 +52,7 @@ def as_change(values: np.ndarray, metric: str) -> np.ndarray:
 
 def _flow_layout(metrics: list[str], num_layers: int, core: tuple[int, int]) -> dict[str, Any]:
     """Layout of side-by-side panels (one per metric) with layers on x and the core layers shaded."""
-    layout = panels(len(metrics), titles=[METRIC_AXES[m][0] for m in metrics], spacing=0.12)
+    layout = panels(len(metrics), titles=[METRIC_AXES[m][0] for m in metrics], spacing=0.14)
     shapes: list[dict] = []
     for index, metric in enumerate(metrics, start=1):
         xref, yref = axis_ref(index)

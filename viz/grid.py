@@ -19,7 +19,6 @@ from viz.layout import (
     core_shapes,
     decode_plan,
     display_core,
-    font_size,
     layer_kinds,
     make_figure,
     panels,
@@ -33,22 +32,30 @@ from viz.titles import fit_title
 assert CELL_CODES == tuple(range(len(CELL_CODES))), "the discrete colour scale assumes codes 0..n-1"
 
 
-def _cell_coloraxis(presentation: bool) -> dict:
-    """A shared discrete colour axis: one flat colour band per cell code, named on the colour bar."""
+def _cell_coloraxis() -> dict:
+    """A shared discrete colour axis: one flat colour band per cell code. No colour bar: each colour is a legend
+    entry (`cell_legend`), which wraps under the grid on a narrow screen where a colour bar would take the width
+    of ten layers."""
     n = len(CELL_CODES)
     scale = []
     for code in CELL_CODES:
         scale += [[code / n, CELL_COLORS[code]], [(code + 1) / n, CELL_COLORS[code]]]
-    return dict(colorscale=scale, cmin=-0.5, cmax=n - 0.5,
-                colorbar=dict(title=dict(text="cell"), tickvals=list(CELL_CODES), ticktext=cell_names(),
-                              tickfont=dict(size=font_size(presentation, delta=-2)), len=0.9, thickness=18))
+    return dict(colorscale=scale, cmin=-0.5, cmax=n - 0.5, showscale=False)
+
+
+def cell_legend() -> list[go.Scatter]:
+    """One legend entry per cell colour, in code order (invisible traces: the legend names the grid's colours)."""
+    return [go.Scatter(x=[None], y=[None], mode="markers", name=name, legendrank=1000 + code, hoverinfo="skip",
+                       marker=dict(symbol="square", size=14, color=CELL_COLORS[code], line=dict(color="#6B7280", width=1)),
+                       meta={"role": "cell-legend", "code": code})
+            for code, name in zip(CELL_CODES, cell_names())]
 
 
 STATE_PHRASES = {
     RAN: "ran",
     SKIPPED: "skipped: no KV entry written",
-    FILLED_PROPAGATE: "skipped: KV computed from the hidden state passed through unchanged (propagate)",
-    HOLE: "skipped: KV left empty and masked out of attention (hole)",
+    FILLED_PROPAGATE: "skipped: KV computed from the hidden state<br>passed through unchanged (propagate)",
+    HOLE: "skipped: KV left empty<br>and masked out of attention (hole)",
 }
 
 
@@ -70,11 +77,12 @@ def cell_hover(codes: np.ndarray, row_labels: Sequence[str], kinds: Sequence[str
     from_above = known & (src > layer_ids)
     state[from_below] = np.array([f"skipped: KV filled by copying layer {k}" for k in range(num_layers)],
                                  dtype=object)[src[from_below]]
-    state[from_above] = np.array([f"skipped: KV filled by copying layer {k} (no lower layer of its type ran)"
+    state[from_above] = np.array([f"skipped: KV filled by copying layer {k}<br>(no lower layer of its type ran)"
                                   for k in range(num_layers)], dtype=object)[src[from_above]]
     state[copied & ~known] = "skipped: KV filled by copy"
     prefix = " · planned: " if planned else " · "
-    rows = np.array([f"{label} · " for label in row_labels], dtype=object)[:, None]  # [T, 1]
+    # Short lines (the row, then the cell): a label as wide as a phone's grid would be cut at its edge.
+    rows = np.array([f"{label}<br>" for label in row_labels], dtype=object)[:, None]  # [T, 1]
     layers = np.array([f"layer {layer} ({kinds[layer]}){prefix}" for layer in range(num_layers)], dtype=object)
     return rows + layers[None, :] + state  # [T, L]
 
@@ -128,8 +136,8 @@ def _grid_figure(panels_: list[tuple[go.Heatmap, list[dict], dict, dict]], *, ti
     layout["yaxis"]["title"] = dict(text=y_title)
     for note in layout["annotations"]:
         note["yshift"] = 14  # subplot titles clear the core/flex ribbon
-    layout.update(shapes=shapes, coloraxis=_cell_coloraxis(presentation))
-    data = [heat for heat, *_ in panels_] + [core_legend_entry()]
+    layout.update(shapes=shapes, coloraxis=_cell_coloraxis())
+    data = [heat for heat, *_ in panels_] + cell_legend() + [core_legend_entry()]
     return make_figure(data, layout, title=title, presentation=presentation, height=height)
 
 

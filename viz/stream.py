@@ -80,14 +80,15 @@ def _token_title(step: TokenStep, num_layers: int, other: TokenStep | None) -> s
 
 
 def _legend_strip(few: int, many: int, extra: str = "") -> str:
-    """A row of swatches from few to many layers."""
-    values = sorted({int(round(v)) for v in np.linspace(few, many, num=min(8, many - few + 1))})
+    """One line of swatches from few to many layers (at most 5: the pane's answer keeps its lines), then `extra`."""
+    values = sorted({int(round(v)) for v in np.linspace(few, many, num=min(5, many - few + 1))})
     swatches = []
     for n in values:
         background, text = _colors(n, few, many)
-        swatches.append(f'<span style="background:{background};color:{text};padding:0 6px;border-radius:3px">{n}</span>')
-    return ('<div class="d3-legend" style="font-size:0.85em;margin-bottom:6px">layers used: few '
-            + " ".join(swatches) + f' many (of {many}){extra}</div>')
+        swatches.append(f'<span style="background:{background};color:{text};padding:0 4px;border-radius:3px">{n}</span>')
+    return ('<div class="d3-legend" title="layers each token used: lighter is fewer" style="font-size:0.75em;'
+            'margin-bottom:4px;line-height:1.5;white-space:nowrap;overflow:hidden;text-overflow:ellipsis">layers '
+            + " ".join(swatches) + f' of {many}{extra}</div>')
 
 
 # How likely full depth finds a token of D3's text (teacher-forced on that text): a paraphrase full depth would also
@@ -101,14 +102,16 @@ def plausibility(p: float) -> tuple[str, str]:
 
 
 def _plausibility_legend(full_ppl: float | None = None) -> str:
-    """One short strip, so the pane keeps its height (presentation mode fits the panes on the first screen)."""
-    marks = " ".join(f'<span style="border-bottom:3px solid {c};padding:0 3px">{w}</span>' for _, c, w in PLAUSIBILITY)
+    """The words of the underlines, on the swatches' line (the pane keeps its height for the answer); the
+    perplexity in its tooltip (the status line shows it too)."""
+    marks = " ".join(f'<span style="border-bottom:3px solid {c};padding:0 2px">{w}</span>' for _, c, w in PLAUSIBILITY)
+    ppl = f"perplexity {full_ppl:.2f}: " if full_ppl is not None and math.isfinite(full_ppl) else "perplexity: "
     tip = ("full depth's probability of each token, read on this text: likely p ≥ 0.3, possible p ≥ 0.05, else "
-           "unlikely; perplexity: how surprised full depth is by the whole text (a paraphrase stays near full depth's "
+           f"unlikely; {ppl}how surprised full depth is by the whole text (a paraphrase stays near full depth's "
            "own, a broken answer rises)")
-    ppl = f" · perplexity {full_ppl:.2f}" if full_ppl is not None and math.isfinite(full_ppl) else ""
-    return (f'<span class="d3-plausibility" title="{html.escape(tip, quote=True)}" style="margin-left:10px">'
-            f'full depth finds it: {marks}{ppl}</span>')
+    return (f'<span class="d3-plausibility" title="{html.escape(tip, quote=True)}"> · <span class="d3-plausibility-words">'
+            f'full depth finds it: </span>'
+            f'{marks}</span>')
 
 
 def token_html(trace: Trace, *, reference: Trace | None = None, full_prob: Sequence[float] | None = None,
@@ -149,7 +152,7 @@ def token_html(trace: Trace, *, reference: Trace | None = None, full_prob: Seque
                      f'style="{style}">{text}</span>')
     body = "".join(spans) if spans else '<span style="color:#6B7280">(no tokens yet)</span>'
     return (f'<div class="d3-tokens" style="font-family:{html.escape(FONT_FAMILY, quote=True)};font-size:1.05em;'
-            f'line-height:1.9">{_legend_strip(few, many, _plausibility_legend(full_ppl) if full_prob is not None else "")}'
+            f'line-height:1.75">{_legend_strip(few, many, _plausibility_legend(full_ppl) if full_prob is not None else "")}'
             f'<div class="d3-stream" style="white-space:pre-wrap">{body}</div></div>')
 
 

@@ -25,7 +25,7 @@ from viz.grid import layer_grid, planned_grid_figure
 from viz.layout import empty_figure, readable_token, strategy_label
 
 
-DECAY_HEIGHT = {False: 280, True: 235}  # px; the decay curve shares the first screen with the panes
+DECAY_HEIGHT = {False: 265, True: 240}  # px; the decay curve shares the first screen with the panes
 
 
 def waiting(message: str, *, presentation: bool = False) -> go.Figure:
@@ -177,7 +177,8 @@ class View:
     run ends (and emptied when one starts); live: drawn while a run streams, with the heavy figures. controls(ui,
     facts): its own components above its plot; wire(pool, ui, runs): its own events (`runs`: API suffix -> each
     run's final event). tab: False for a view that sits outside the tabs (the decay curve). plot: False when
-    `controls` makes the view's plots itself. export: whether Export offers it (drawn from the session's run)."""
+    `controls` makes the view's plots itself. export: whether Export offers it (every view does:
+    explorer.export.FIGURES)."""
 
     key: str
     title: str

@@ -18,5 +18,4 @@ can carry arithmetic: measure on the kind of text you care about."""
 
 
 VIEW = View("layers", "Which layers matter", EXPLAIN, needs="its own measurement (Measure), not a run", position=80,
-            empty=lambda presentation: layers_placeholder(), controls=lambda ui, facts: layers_controls(ui),
-            export=False)
+            empty=lambda presentation: layers_placeholder(), controls=lambda ui, facts: layers_controls(ui))

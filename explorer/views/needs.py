@@ -16,4 +16,4 @@ decay cuts layers that these tokens need. Measuring runs every budget for every 
 
 
 VIEW = View("needs", "What each token needs", EXPLAIN, needs="its own measurement (Measure), not a run", position=70,
-            empty=lambda presentation: cold_view(presentation=presentation), controls=lambda ui, facts: needs_controls(ui), export=False)
+            empty=lambda presentation: cold_view(presentation=presentation), controls=lambda ui, facts: needs_controls(ui))

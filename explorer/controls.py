@@ -344,7 +344,7 @@ def page_words(message: str) -> str:
     """A message worded for the API (fields by parameter name) worded for the page (fields as the page labels
     them): `core_head=99 ...` -> `Core head=99 ...`."""
     pattern = "|".join(sorted(map(re.escape, LABELS), key=len, reverse=True))
-    return re.sub(rf"\b({pattern})(?==| must| is |:)", lambda m: LABELS[m.group(1)], message)
+    return re.sub(rf"\b({pattern})(?==| must| is |:| \+ )", lambda m: LABELS[m.group(1)], message)
 
 
 def check_sliders(c: Controls, num_layers: int, caps: Caps) -> None:

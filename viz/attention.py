@@ -10,6 +10,7 @@ from viz.layout import (
     SEQUENTIAL,
     axis_ref,
     empty_figure,
+    fit_title,
     guide_line,
     make_figure,
     panels,
@@ -19,7 +20,6 @@ from viz.layout import (
     strategy_label,
     tick_subset,
 )
-from viz.titles import fit_title
 
 SKIPPED_TEXT = "#9CA3AF"
 SKIPPED_FILL = "#D1D5DB"  # a row whose token skipped the layer: filled grey, so it reads as skipped, not as empty

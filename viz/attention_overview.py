@@ -10,8 +10,16 @@ import plotly.graph_objects as go
 
 from d3.trace import Trace, token_agreement
 from viz.attention import SKIPPED_FILL, SKIPPED_TEXT, attention_matrix, prompt_length
-from viz.layout import SEQUENTIAL, axis_ref, empty_figure, font_size, guide_line, make_figure, short_label
-from viz.titles import fit_title
+from viz.layout import (
+    SEQUENTIAL,
+    axis_ref,
+    empty_figure,
+    fit_title,
+    font_size,
+    guide_line,
+    make_figure,
+    short_label,
+)
 
 DIVERGING = "RdBu_r"  # red: D3 attends more than full depth; blue: less; white: the same
 COLUMNS = ("d3", "full", "difference")

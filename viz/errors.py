@@ -12,13 +12,13 @@ from viz.layout import (
     FILL_COLORS,
     apply_layout,
     core_shapes,
+    fit_title,
     fmt,
     guide_line,
     layer_kinds,
     quoted,
     strategy_label,
 )
-from viz.titles import fit_title
 
 KL_COLORS = {"teacher": "#0072B2", "free": "#D55E00"}
 KL_NAMES = {"teacher": "KL teacher-forced (local error)", "free": "KL free-running (compounding error)"}

@@ -17,6 +17,7 @@ from viz.layout import (
     core_legend_entry,
     core_shapes,
     empty_figure,
+    fit_title,
     fmt,
     layer_kinds,
     make_figure,
@@ -24,7 +25,6 @@ from viz.layout import (
     panels,
     strategy_label,
 )
-from viz.titles import fit_title
 
 SUBLAYERS = ("attn", "mlp")
 METRIC_AXES = {

@@ -9,7 +9,15 @@ import plotly.graph_objects as go
 
 from d3.config import StrategyConfig
 from d3.schedule import planned_fills, planned_grid
-from d3.trace import FILL_CODES, FILLED_COPY, FILLED_PROPAGATE, HOLE, RAN, SKIPPED, Trace
+from d3.trace import (
+    FILL_CODES,
+    FILLED_COPY,
+    FILLED_PROPAGATE,
+    HOLE,
+    RAN,
+    SKIPPED,
+    Trace,
+)
 from viz.layout import (
     CELL_CODES,
     CELL_COLORS,
@@ -19,6 +27,7 @@ from viz.layout import (
     core_shapes,
     decode_plan,
     display_core,
+    fit_title,
     layer_kinds,
     make_figure,
     panels,
@@ -27,7 +36,6 @@ from viz.layout import (
     strategy_label,
     tick_subset,
 )
-from viz.titles import fit_title
 
 assert CELL_CODES == tuple(range(len(CELL_CODES))), "the discrete colour scale assumes codes 0..n-1"
 

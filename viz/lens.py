@@ -11,6 +11,7 @@ from viz.grid import cell_hover
 from viz.layout import (
     CELL_COLORS,
     core_shapes,
+    fit_title,
     fmt,
     guide_line,
     layer_kinds,
@@ -20,7 +21,6 @@ from viz.layout import (
     strategy_label,
     tick_subset,
 )
-from viz.titles import fit_title
 
 LENS_SCALE = "Viridis"  # apart from the blue/orange/green cell colours and the grey skip mask
 DEPTH_COLOR = "#000000"  # Okabe-Ito black: the prediction-depth line over any cell colour

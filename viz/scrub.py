@@ -10,12 +10,23 @@ from collections import defaultdict
 import numpy as np
 import plotly.graph_objects as go
 
-from d3.trace import FILLED_COPY, FILLED_PROPAGATE, HOLE, RAN, SKIPPED, TokenStep, Trace, token_agreement
+from d3.trace import (
+    FILLED_COPY,
+    FILLED_PROPAGATE,
+    HOLE,
+    RAN,
+    SKIPPED,
+    TokenStep,
+    Trace,
+    prediction_depth,
+    token_agreement,
+)
 from viz.grid import cell_hover
 from viz.layout import (
     CELL_COLORS,
     STRATEGY_COLORS,
     core_shapes,
+    fit_title,
     font_size,
     layer_kinds,
     make_figure,
@@ -24,9 +35,7 @@ from viz.layout import (
     readable_token,
     strategy_label,
 )
-from d3.trace import prediction_depth
 from viz.stream import layer_range_text
-from viz.titles import fit_title
 
 
 def full_context_agrees(trace: Trace, reference: Trace | None, index: int) -> bool:

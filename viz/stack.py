@@ -17,6 +17,7 @@ from viz.layout import (
     PANEL_TITLES,
     core_shapes,
     empty_figure,
+    fit_title,
     font_size,
     layer_kinds,
     make_figure,
@@ -24,7 +25,6 @@ from viz.layout import (
     readable_token,
     wrap_message,
 )
-from viz.titles import fit_title
 
 # x positions: the boxes span [0, 1]; the path detours left of them past skipped layers; fills sit in a lane right.
 BOX_RIGHT = 1.0

@@ -33,6 +33,7 @@ from explorer.session import Session
 from explorer.ui import core_sliders, ordered, refused, slider_range, user_errors
 
 # Presentation mode redraws every view drawn from the session's run, and hides every explanation.
+DRAWN_ON_OPEN = (*views.drawn_from_session(), "planned")  # views `open_view` draws when their tab opens
 VIEW_OUTPUTS = (*views.drawn_from_session(), "root", *(f"explain_{v.key}" for v in views.registry() if v.tab))
 SCENARIO_OUTPUTS = (*CONTROL_NAMES, "scenario_text", "scenario_finding", "example")
 SIZED_OUTPUTS = ("core_head", "core_tail", "attention_layer", "attention_head", "chat_template", "alpha", "drop_order",
@@ -44,7 +45,20 @@ MODEL_OUTPUTS = (*SIZED_OUTPUTS, "status", "session", *CLEARED_OUTPUTS)
 
 
 def new_session() -> Session:
-    return Session()
+    """The page's session: it opens on the first view tab, and only the open view is drawn (`Session.due`)."""
+    return Session(view=next(v.key for v in views.registry() if v.tab))
+
+
+@takes_controls
+def open_view(pool: ModelPool, key: str, session: Session | None, controls: Controls) -> Any:
+    """A person opened view `key`'s tab: draw it if what it shows is stale (it changed while its tab was hidden),
+    else send nothing."""
+    if session is None or not session.opened(key):
+        return gr.skip()
+    if key == "planned":
+        return redraw_schedule(pool, None, controls)[1]
+    with user_errors():
+        return views.draw(key, views.Shown.of(session), controls.view)
 
 
 def use_example(title: str) -> str:
@@ -81,7 +95,8 @@ def _cleared(session: Session | None, model: str, presentation: bool = False) ->
     blank = "<div class='d3-tokens'>(press Generate)</div>"
     p = presentation
     out = dict(session=session, d3_title="### D3", d3_tokens=blank, full_tokens=blank, d3_counters="",
-               full_counters="", layers_note="", **{key: views.empty(key, p) for key in views.drawn_from_session()})
+               full_counters="", layers_note="",
+               **{key: views.empty(key, p) for key in session.due(views.drawn_from_session())})
     was = f" (the last run, of {previous}, is in Run history)" if previous and previous != model else ""
     out["status"] = views.status_html(None, None, f"Model {model}: press Generate.{was}")
     return out
@@ -214,8 +229,9 @@ def redraw_schedule(pool: ModelPool, session: Session | None, controls: Controls
         message = views.waiting(f"Cannot draw this schedule:<br>{html.escape(str(err))}", presentation=p)
         return message, message
     trace = session.d3 if session is not None else None
+    planned = session.due(("planned",)) if session is not None else ("planned",)  # the grid: only if its tab is open
     return (views.decay_view(s.strategy, s.num_layers, s.steps, trace=trace, others=s.others, presentation=p),
-            views.planned_view(s.strategy, s.num_layers, s.steps, presentation=p))
+            views.planned_view(s.strategy, s.num_layers, s.steps, presentation=p) if planned else gr.skip())
 
 
 @takes_controls
@@ -225,11 +241,17 @@ def render_flow(session: Session | None, controls: Controls) -> Any:
         return views.flow_view(s.d3, s.full, metric=view.metric, presentation=view.presentation)
 
 
+ATTENTION_OUTPUTS = ("attention", "heads")  # the views drawn for the attention layer and head
+
+
 @takes_controls
-def render_attention(session: Session | None, controls: Controls) -> Any:
-    view, s = controls.view, session or Session()
+def render_attention(session: Session | None, controls: Controls) -> tuple[Any, Any]:
+    """The one-head and all-heads attention views for the chosen layer and head (each only if its tab is open)."""
+    s = session or Session()
+    shown = views.Shown.of(s)
     with user_errors():
-        return views.attention_view(s.d3, s.full, view.layer, view.head, presentation=view.presentation)
+        return ordered(ATTENTION_OUTPUTS, **{key: views.draw(key, shown, controls.view)
+                                             for key in s.due(ATTENTION_OUTPUTS)})
 
 
 @takes_controls
@@ -247,8 +269,9 @@ def set_presentation(session: Session | None, controls: Controls) -> tuple[Any, 
     classes = ["d3-root", "d3-present"] if p else ["d3-root"]
     explain = {f"explain_{v.key}": gr.update(visible=not p) for v in views.registry() if v.tab}
     shown = views.Shown.of(session)
+    due = session.due(views.drawn_from_session()) if session is not None else views.drawn_from_session()
     with user_errors():
-        return ordered(VIEW_OUTPUTS, **{key: views.draw(key, shown, view) for key in views.drawn_from_session()},
+        return ordered(VIEW_OUTPUTS, **{key: views.draw(key, shown, view) for key in due},
                        root=gr.update(elem_classes=classes), **explain)
 
 

@@ -16,6 +16,8 @@ from explorer.controls import (
     CONTROL_NAMES,
     Controls,
     check_sliders,
+    clamped_core,
+    core_of,
     default_attention_layer,
     derived,
     fitted,
@@ -145,39 +147,58 @@ def settle_controls(pool: ModelPool, session: Session | None, controls: Controls
 @takes_controls
 def settle_released(pool: ModelPool, session: Session | None, controls: Controls) -> tuple[Any, ...]:
     """After a person let go of a slider: as `settle_controls`, except that a value just typed out of the slider's
-    range keeps its message: the browser has clamped the box to the slider's end as it lost focus, and that
-    clamped value is not what the person asked for (`check_release` then runs nothing)."""
+    range keeps its message: the browser clamps the box to the slider's end as it loses focus, and that clamped
+    value is not what the person asked for (`check_release` then runs nothing). The other core slider's bound
+    still follows the clamped value."""
     if session is not None and session.typed_out_of_range:
-        return ordered(SETTLE_OUTPUTS)
+        facts = _facts(pool, controls)
+        if facts is None:
+            return ordered(SETTLE_OUTPUTS)
+        return ordered(SETTLE_OUTPUTS, **_bounds(clamped_core(controls, facts.num_layers, session.core),
+                                                 facts.num_layers, pool.caps))
     return _settle(pool, session, controls)
+
+
+def _facts(pool: ModelPool, controls: Controls) -> ModelFacts | None:
+    try:
+        return pool.known_facts(controls.model)
+    except ValueError:
+        return None
+
+
+def _bounds(controls: Controls, layers: int, caps: Any) -> dict[str, Any]:
+    """The core sliders' maxima, as component updates that set nothing else (no value: the browser keeps it)."""
+    return {k: gr.update(**v) for k, v in derived(controls, layers, caps).items()}
 
 
 def _settle(pool: ModelPool, session: Session | None, controls: Controls) -> tuple[Any, ...]:
     """After a person's move of a control: what follows from the one state of the controls, set once, by the
     server, on components nothing listens to (so it starts no other update): the core sliders' maxima (head + tail
-    below L), a calibrated order re-fitted to a new core (said in one line), and in the status line what is wrong
-    with the controls, named as the page labels it with its real range, or that message taken back once every
-    control is valid again. Nothing runs."""
-    try:
-        facts = pool.known_facts(controls.model)
-    except ValueError:
-        facts = None
+    below L; a value typed past a slider's end counts as that end, where the browser puts it), a calibrated order
+    re-fitted to a new core (said in one line), and in the status line what is wrong with the controls, named as
+    the page labels it with its real range, or that message taken back once every control is valid again. Nothing
+    runs."""
+    facts = _facts(pool, controls)
     if facts is None:
         return ordered(SETTLE_OUTPUTS)  # not loaded yet: Generate checks it after the load
     layers = facts.num_layers
-    out: dict[str, Any] = {k: gr.update(**v) for k, v in derived(controls, layers, pool.caps).items()}
+    last = session.core if session is not None else None
+    try:
+        check_sliders(controls, layers, pool.caps, last)
+        typed = False
+    except ValueError:
+        typed = True
+    out: dict[str, Any] = _bounds(clamped_core(controls, layers, last) if typed else controls, layers, pool.caps)
+    if session is not None:
+        session.typed_out_of_range = typed
+        if not typed:
+            session.core = core_of(controls, layers)
     controls, note = fitted(controls, layers)
     if note:
         out["layer_order"] = controls.layer_order
     try:
-        try:
-            check_sliders(controls, layers, pool.caps)
-        except ValueError:
-            if session is not None:
-                session.typed_out_of_range = True
-            raise
-        if session is not None:
-            session.typed_out_of_range = False
+        if typed:
+            check_sliders(controls, layers, pool.caps, last)
         parse_controls(controls, layers, pool.caps)
     except ValueError as err:
         message = page_words(str(err))

@@ -35,6 +35,21 @@ def test_a_value_typed_out_of_range_runs_nothing_though_the_browser_clamps_it(po
     assert check_release(pool, s, **clamped) is None  # the next release of the slider runs
 
 
+def test_a_core_value_typed_past_its_end_bounds_the_other_slider_by_where_the_browser_clamps_it(pool) -> None:
+    """6 layers, head 2: the tail's slider ends at 3. Tail typed 40 is said once; the head's maximum follows the
+    tail the browser clamps to (3, so head at most 2), both while typing and as the box loses focus, and the head's
+    value is never pushed down (a maximum of 1 would have moved it from 2 to 1)."""
+    s = Session()
+    controls = dict(model="tiny", core_head=2, drop_order="middle_out")
+    settle_controls(pool, s, core_tail=1, **controls)
+    for typed in (settle_controls(pool, s, core_tail=40, **controls), settle_released(pool, s, core_tail=40, **controls),
+                  settle_released(pool, s, core_tail=3, **controls)):
+        out = _settled(typed)
+        assert out["core_head"]["maximum"] == 2 and out["core_tail"]["maximum"] == 3
+        assert "value" not in out["core_head"] and "value" not in out["core_tail"]
+    assert "Core tail=40" in _settled(settle_controls(pool, s, core_tail=40, **controls))["status"]
+
+
 def test_a_calibrated_order_follows_a_core_move_in_one_line(pool) -> None:
     out = _settled(settle_controls(pool, Session(), model="tiny", core_head=2, core_tail=1, drop_order="calibrated",
                                    layer_order="1, 2, 3, 4"))

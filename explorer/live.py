@@ -139,6 +139,14 @@ def _first_outputs(session: Session, setup: RunSetup, view: ViewOptions, *, clea
                    d3_counters="", full_counters="", **emptied, **fills)
 
 
+def measuring_note(done: int, tokens: int) -> str:
+    """What the comparison is measuring now, and how far it is."""
+    if done < tokens:
+        return (f"Teacher-forced D3 run on full depth's text (for the KL per token): token {done} of {tokens} "
+                f"({100 * done // max(tokens, 1)}%).")
+    return "Full depth's probabilities of D3's text (for the free-running KL and perplexity): one pass…"
+
+
 def _time_limit_note(limit_s: int) -> str:
     return f"This run reached the server's time limit of {limit_s} s: try fewer tokens."
 
@@ -157,6 +165,10 @@ def _stream(session: Session, run_id: int, setup: RunSetup, view: ViewOptions, c
                 session.finish(update, label)
             else:
                 session.show(update)
+            if update.measuring is not None:  # the comparison's progress: the status line alone
+                yield ordered(GENERATE_OUTPUTS, status=views.status_html(update.d3, update.full, "comparing",
+                                                                           note=measuring_note(*update.measuring)))
+                continue
             late = update.phase == "stopped" and time.monotonic() > deadline
             figures = pace.figures(update)
             if pace.panes(update) or figures:

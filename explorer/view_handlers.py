@@ -91,6 +91,7 @@ def _cleared(session: Session | None, model: str, presentation: bool = False) ->
     if session is None:
         return {}
     interrupt(session)
+    session.settled = session.released = None  # the controls are set anew: the next settle answers in full
     previous = session.d3.model if session.d3 is not None else None
     session.clear()
     session.problem = None
@@ -181,6 +182,10 @@ def _settle(pool: ModelPool, session: Session | None, controls: Controls) -> tup
     facts = _facts(pool, controls)
     if facts is None:
         return ordered(SETTLE_OUTPUTS)  # not loaded yet: Generate checks it after the load
+    if session is not None:
+        if session.settled == controls:  # already answered: an update of a slider can fire its input again (the
+            return ordered(SETTLE_OUTPUTS)  # browser sent core-head's input ~7 times a second, issue 24)
+        session.settled = controls
     layers = facts.num_layers
     last = session.core if session is not None else None
     try:
@@ -226,6 +231,8 @@ def check_release(pool: ModelPool, session: Session | None, controls: Controls) 
     if session is not None and session.typed_out_of_range:
         session.typed_out_of_range = False
         raise refused(ValueError("a value typed out of the slider's range: press Generate to run what it shows"))
+    if session is not None and session.released == controls:  # a release that changed nothing (or one the
+        raise refused(ValueError("nothing changed since the last run: press Generate to run it again"))  # page repeats)
     try:
         facts = pool.known_facts(controls.model)
         if facts is not None:
@@ -233,6 +240,8 @@ def check_release(pool: ModelPool, session: Session | None, controls: Controls) 
             parse_controls(fitted(controls, facts.num_layers)[0], facts.num_layers, pool.caps)
     except ValueError as err:
         raise refused(ValueError(page_words(str(err)))) from None
+    if session is not None:
+        session.released = controls
 
 
 @takes_controls
@@ -299,6 +308,8 @@ def set_presentation(session: Session | None, controls: Controls) -> tuple[Any, 
 def apply_scenario(pool: ModelPool, key: str, step: int, session: Session | None, model: str) -> tuple[Any, ...]:
     """Set the controls of run `step` of a preset scenario (and stop whatever this session is running)."""
     interrupt(session)
+    if session is not None:
+        session.settled = session.released = None  # the controls are set anew: the next settle answers in full
     with user_errors():
         layers = pool.facts(model).num_layers
         values = scenario_controls(key, step, layers, model)

@@ -42,12 +42,12 @@ def test_a_core_value_typed_past_its_end_bounds_the_other_slider_by_where_the_br
     s = Session()
     controls = dict(model="tiny", core_head=2, drop_order="middle_out")
     settle_controls(pool, s, core_tail=1, **controls)
-    for typed in (settle_controls(pool, s, core_tail=40, **controls), settle_released(pool, s, core_tail=40, **controls),
-                  settle_released(pool, s, core_tail=3, **controls)):
-        out = _settled(typed)
+    typed = _settled(settle_controls(pool, s, core_tail=40, **controls))
+    assert "Core tail=40" in typed["status"] and "[0, 3]" in typed["status"]
+    for out in (typed, _settled(settle_released(pool, s, core_tail=40, **controls)),
+                _settled(settle_released(pool, s, core_tail=3, **controls))):
         assert out["core_head"]["maximum"] == 2 and out["core_tail"]["maximum"] == 3
         assert "value" not in out["core_head"] and "value" not in out["core_tail"]
-    assert "Core tail=40" in _settled(settle_controls(pool, s, core_tail=40, **controls))["status"]
 
 
 def test_a_calibrated_order_follows_a_core_move_in_one_line(pool) -> None:
@@ -74,3 +74,24 @@ def test_a_scenario_sets_the_example_picker_to_its_prompt_or_to_none(pool) -> No
     assert arithmetic["example"]["value"] is None
     fill = dict(zip(SCENARIO_OUTPUTS, apply_scenario(pool, "fill", 0, None, "tiny")))
     assert fill["example"]["value"] == "Explain"  # the sky question is the first example
+
+
+def test_the_same_controls_settled_or_released_again_send_nothing_and_run_nothing(pool) -> None:
+    """Issue 24's hang: the browser fired core-head's input about 7 times a second with nothing changed (each answer
+    updated the slider, which fired it again), and a slider's release as often, each starting a run. An identical
+    repeat is answered with no update and runs nothing; a real move, or controls set anew by a model switch, are
+    answered in full."""
+    from explorer.view_handlers import model_changed
+
+    s = Session()
+    controls = dict(model="tiny", core_head=2, core_tail=1, drop_order="middle_out")
+    assert _settled(settle_controls(pool, s, **controls))["core_head"] != gr.skip()
+    assert all(out == gr.skip() for out in settle_controls(pool, s, **controls))
+    assert all(out == gr.skip() for out in settle_released(pool, s, **controls))
+    assert check_release(pool, s, **controls) is None
+    with pytest.raises(gr.Error, match="nothing changed"):
+        check_release(pool, s, **controls)
+    assert _settled(settle_controls(pool, s, **{**controls, "core_tail": 2}))["core_head"]["maximum"] == 3
+    model_changed(pool, "tiny", s)
+    assert _settled(settle_controls(pool, s, **{**controls, "core_tail": 2}))["core_head"]["maximum"] == 3
+    assert check_release(pool, s, **controls) is None

@@ -58,7 +58,7 @@ def open_view(pool: ModelPool, key: str, session: Session | None, controls: Cont
     if session is None or not session.opened(key):
         return gr.skip()
     if key == "planned":
-        return redraw_schedule(pool, None, controls)[1]
+        return redraw_schedule.__wrapped__(pool, None, controls)[1]  # the controls already parsed into `Controls`
     with user_errors():
         return views.draw(key, views.Shown.of(session), controls.view)
 

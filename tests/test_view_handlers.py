@@ -95,3 +95,29 @@ def test_the_same_controls_settled_or_released_again_send_nothing_and_run_nothin
     model_changed(pool, "tiny", s)
     assert _settled(settle_controls(pool, s, **{**controls, "core_tail": 2}))["core_head"]["maximum"] == 3
     assert check_release(pool, s, **controls) is None
+
+
+def test_only_the_open_view_is_drawn_and_a_hidden_one_when_its_tab_opens(pool) -> None:
+    """Issue 24's hang: every heavy view was sent to the browser at every run end, scenario and model switch, into
+    hidden tabs too. On the page's session a run draws the open view; the others are drawn when their tab opens,
+    once (an API client's session, with no tab, still gets every view)."""
+    import plotly.graph_objects as go
+
+    from explorer.live import GENERATE_OUTPUTS, generate
+    from explorer.view_handlers import new_session, open_view
+
+    run = dict(prompt="hello", model="tiny", max_new_tokens=3, drop_order="middle_out", attention_layer=2)
+    page = new_session()
+    last = dict(zip(GENERATE_OUTPUTS, list(generate(pool, page, **run))[-1]))
+    assert isinstance(last["usage"], go.Figure)
+    assert all(last[k] == gr.skip() for k in ("stack", "heads", "flow", "errors"))
+    stack = open_view(pool, "stack", page, **run)
+    assert isinstance(stack, go.Figure) and stack.data
+    assert open_view(pool, "stack", page, **run) == gr.skip()  # drawn already: not sent again
+    from explorer.view_handlers import redraw_schedule
+
+    decay, planned = redraw_schedule(pool, page, **run)  # the controls moved: the curve, and the grid once shown
+    assert isinstance(decay, go.Figure) and planned == gr.skip()
+    assert isinstance(open_view(pool, "planned", page, **run), go.Figure)
+    api = dict(zip(GENERATE_OUTPUTS, list(generate(pool, Session(), **run))[-1]))
+    assert all(isinstance(api[k], go.Figure) for k in ("usage", "stack", "heads", "flow", "errors"))

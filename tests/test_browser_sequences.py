@@ -113,8 +113,15 @@ def open_more(page) -> None:
 
 
 def reset_core(page) -> None:
-    for slider in ("#core-head", "#core-tail"):
-        page.locator(f"{slider} button.reset-button").click()
+    """Both core resets. A core side at its end leaves the other none (head + tail < L): that slider and its reset
+    are disabled until the other side is reset, as a person would find them."""
+    head, tail = (page.locator(f"{slider} button.reset-button") for slider in ("#core-head", "#core-tail"))
+    if not head.is_enabled():
+        tail.click()
+        page.wait_for_function("() => !document.querySelector('#core-head button.reset-button').disabled",
+                               timeout=GUARD_S * 1000)
+    head.click()
+    tail.click()
 
 
 def drag(page, slider: str, fraction: float) -> None:
@@ -265,3 +272,21 @@ def test_the_all_heads_view_follows_the_attention_layer_after_a_run(watched) -> 
     except playwright_api.TimeoutError:
         pytest.fail(f"the all-heads view kept its drawing: {annotations(page, 'heads')!r}")
     watched.settle()
+
+
+def test_a_sweep_row_loaded_then_a_scenario(watched) -> None:
+    """A row of the Sweep table loads its setting into the Live tab; a scenario right after runs, and the page
+    settles and answers."""
+    page = watched.page
+    page.get_by_role("tab", name="Sweep").click()
+    page.fill("#sweep-tokens input[type=number]", str(TOKENS))
+    page.click("#sweep-run")
+    page.wait_for_function("() => document.querySelector('#sweep-note').innerText.includes('Click a point')",
+                           timeout=GUARD_S * 1000)
+    page.locator("table tbody tr").filter(has_text="d3").first.locator("td").first.click()
+    watched.wait_status("Loaded from the sweep")
+    watched.settle()
+    page.get_by_role("tab", name=re.compile("^Live")).click()
+    page.click(f"#scenario-{next(iter(SCENARIOS))}")
+    watched.wait_status("Done.", "Cannot run this")
+    watched.check("a sweep row loaded then a scenario")

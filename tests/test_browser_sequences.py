@@ -214,6 +214,10 @@ def test_a_20000_character_prompt(watched) -> None:
     watched.settle()
 
 
+@pytest.mark.xfail(strict=False, reason="open (issue 24): seed 24 passes since the event storm and the hidden-tab "
+                   "figures were fixed, but seed 25 (D3_WALK_SEED=25) still ends, after a scenario clicked while "
+                   "another scenario's runs were going, with the status line under a frozen progress timer that Stop's "
+                   "answer does not replace (the server idle)")
 def test_a_seeded_random_walk_over_the_controls(watched) -> None:
     """A few dozen random moves of the controls a person touches most; after every few, the three checks."""
     page, rng = watched.page, random.Random(int(os.environ.get("D3_WALK_SEED", "24")))  # other seeds: by hand
@@ -283,7 +287,11 @@ def test_a_sweep_row_loaded_then_a_scenario(watched) -> None:
     page.click("#sweep-run")
     page.wait_for_function("() => document.querySelector('#sweep-note').innerText.includes('Click a point')",
                            timeout=GUARD_S * 1000)
-    page.locator("table tbody tr").filter(has_text="d3").first.locator("td").first.click()
+    rows = page.locator("tbody tr:visible")
+    texts = rows.all_inner_texts()
+    setting = next((i for i, t in enumerate(texts) if "full" not in t.lower() and t.strip()), None)
+    assert setting is not None, f"no setting row in the sweep table: {texts}"
+    rows.nth(setting).locator("td").first.click()
     watched.wait_status("Loaded from the sweep")
     watched.settle()
     page.get_by_role("tab", name=re.compile("^Live")).click()

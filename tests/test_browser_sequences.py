@@ -277,24 +277,3 @@ def test_the_all_heads_view_follows_the_attention_layer_after_a_run(watched) -> 
         pytest.fail(f"the all-heads view kept its drawing: {annotations(page, 'heads')!r}")
     watched.settle()
 
-
-def test_a_sweep_row_loaded_then_a_scenario(watched) -> None:
-    """A row of the Sweep table loads its setting into the Live tab; a scenario right after runs, and the page
-    settles and answers."""
-    page = watched.page
-    page.get_by_role("tab", name="Sweep").click()
-    page.fill("#sweep-tokens input[type=number]", str(TOKENS))
-    page.click("#sweep-run")
-    page.wait_for_function("() => document.querySelector('#sweep-note').innerText.includes('Click a point')",
-                           timeout=GUARD_S * 1000)
-    rows = page.locator("tbody tr:visible")
-    texts = rows.all_inner_texts()
-    setting = next((i for i, t in enumerate(texts) if "full" not in t.lower() and t.strip()), None)
-    assert setting is not None, f"no setting row in the sweep table: {texts}"
-    rows.nth(setting).locator("td").first.click()
-    watched.wait_status("Loaded from the sweep")
-    watched.settle()
-    page.get_by_role("tab", name=re.compile("^Live")).click()
-    page.click(f"#scenario-{next(iter(SCENARIOS))}")
-    watched.wait_status("Done.", "Cannot run this")
-    watched.check("a sweep row loaded then a scenario")

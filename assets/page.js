@@ -11,12 +11,17 @@
     if (plot.offsetParent === null || !plot._responsiveChartHandler || fits(plot)) return;
     plot._responsiveChartHandler();
   };
-  const watched = new WeakSet();
+  // An observed element stays reachable from the observer: a plot gradio has replaced is let go here, or every
+  // figure ever drawn would stay in memory with its whole DOM.
+  const watched = new Set();
   const observer = new ResizeObserver((entries) => entries.forEach((e) => fit(e.target)));
-  const scan = () => document.querySelectorAll('.js-plotly-plot').forEach((plot) => {
-    if (!watched.has(plot)) { watched.add(plot); observer.observe(plot); }
-    fit(plot);
-  });
+  const scan = () => {
+    watched.forEach((plot) => { if (!plot.isConnected) { observer.unobserve(plot); watched.delete(plot); } });
+    document.querySelectorAll('.js-plotly-plot').forEach((plot) => {
+      if (!watched.has(plot)) { watched.add(plot); observer.observe(plot); }
+      fit(plot);
+    });
+  };
   setInterval(scan, 300);
 
   // Hover linking: a token in either pane lights its row in the per-token layer grid (#plot-usage), and a row of

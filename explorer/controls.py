@@ -340,6 +340,26 @@ def _core_or_default(c: Controls, num_layers: int) -> tuple[int, int]:
     return h, t
 
 
+def core_of(c: Controls, num_layers: int) -> tuple[int, int]:
+    """(head, tail) as the controls ask for them, each read leniently (see `slider_ranges`)."""
+    return _core_or_default(c, num_layers)
+
+
+def clamped_core(c: Controls, num_layers: int, last: tuple[int, int] | None) -> Controls:
+    """The controls with a core value typed past its slider's end set to that end, as the browser sets it when the
+    box loses focus. That end is what the other side leaves (head + tail < L), the other side being the one the
+    person did not just change (`last`: the core as it was last settled; None: nothing is clamped)."""
+    if last is None:
+        return c
+    head, tail = _core_or_default(c, num_layers)
+    top = num_layers - 1
+    if head == last[0] and tail != last[1]:
+        tail = min(tail, max(top - head, 0))
+    elif tail == last[1] and head != last[0]:
+        head = min(head, max(top - tail, 0))
+    return c.with_(core_head=head, core_tail=tail)
+
+
 def page_words(message: str) -> str:
     """A message worded for the API (fields by parameter name) worded for the page (fields as the page labels
     them): `core_head=99 ...` -> `Core head=99 ...`."""
@@ -347,9 +367,11 @@ def page_words(message: str) -> str:
     return re.sub(rf"\b({pattern})(?==| must| is |:| \+ )", lambda m: LABELS[m.group(1)], message)
 
 
-def check_sliders(c: Controls, num_layers: int, caps: Caps) -> None:
-    """ValueError naming the slider as the page labels it, with its real range (None: the default)."""
-    for name, (lo, hi, integer) in slider_ranges(c, num_layers, caps).items():
+def check_sliders(c: Controls, num_layers: int, caps: Caps, last: tuple[int, int] | None = None) -> None:
+    """ValueError naming the slider as the page labels it, with its real range (None: the default). `last`: the
+    core as last settled, so that a core value typed past its end is judged against the range the other side
+    leaves (and the message names the one typed)."""
+    for name, (lo, hi, integer) in slider_ranges(clamped_core(c, num_layers, last), num_layers, caps).items():
         value = getattr(c, name)
         if value is not None:
             as_number(LABELS[name], value, lo, hi, integer=integer)

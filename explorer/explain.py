@@ -18,7 +18,6 @@ from explorer.parse import as_number, whole
 from explorer.pool import ModelPool
 from explorer.session import Session
 from explorer.ui import ordered, user_errors
-from explorer import views
 from explorer.views import waiting
 from viz.lens import has_lens, logit_lens_heatmap
 from viz.scrub import scrub_html, token_layers, topk_compare
@@ -134,7 +133,7 @@ def next_token(session: Session | None, index: Any, playing: Any) -> tuple[Any, 
 def view_opened(key: str, session: Session | None) -> None:
     """Remember which view tab is open (the lens and the scrubber draw only then)."""
     if session is not None:
-        session.view = key
+        session.opened(key)
 
 
 def lens_switch(ui: dict[str, Any]) -> None:
@@ -160,7 +159,7 @@ def scrub_controls(ui: dict[str, Any]) -> None:
             ui["scrub_topk"] = gr.Plot(show_label=False, elem_id="plot-scrub-topk")
 
 
-def wire_explain(pool: ModelPool, ui: dict[str, Any], runs: dict[str, Any]) -> None:
+def wire_explain(pool: ModelPool, ui: dict[str, Any], runs: dict[str, Any], opened: dict[str, Any]) -> None:
     """The views' events, none of which runs the model (out of the queue): after each run (`runs`: API name
     suffix -> the run's event) and on presentation mode, both views redraw; the slider and Play move the
     scrubber."""
@@ -172,11 +171,8 @@ def wire_explain(pool: ModelPool, ui: dict[str, Any], runs: dict[str, Any]) -> N
     for suffix, run in runs.items():
         run.then(show, with_index, outputs, api_name=f"show_run{suffix}", **instant)
     ui["presentation"].input(show, with_index, outputs, api_name=False, **instant)
-    for key in (k for k in views.titles() if f"tab_{k}" in ui):
-        opened = ui[f"tab_{key}"].select(functools.partial(view_opened, key), ui["session"], None, api_name=False,
-                                         **instant)
-        if key in LAZY_VIEWS:
-            opened.then(show, with_index, outputs, api_name=False, **instant)
+    for key in LAZY_VIEWS:  # `opened`: each view tab's select event (explorer/wiring.py)
+        opened[key].then(show, with_index, outputs, api_name=False, **instant)
     scrub = [ui[n] for n in SCRUB_OUTPUTS]  # a person's move of the slider; Play's ticks draw their own token
     gr.on([ui["scrub_index"].input, ui["scrub_index"].release], render_scrub, with_index, scrub,
           api_name="render_scrub", trigger_mode="always_last", **instant)

@@ -3,7 +3,7 @@ Components go into one dict by name, the names the handlers' inputs and outputs 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import gradio as gr
 import pandas as pd

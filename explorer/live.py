@@ -115,12 +115,13 @@ def _render(session: Session, setup: RunSetup, update: LiveUpdate, view: ViewOpt
     shown = views.Shown(d3, full, update.comparison, session.fills, update.phase)
     if figures:
         cfg, steps, layers = setup.strategy, setup.gen.max_new_tokens, setup.engine.num_layers
+        live = session.due(v.key for v in views.registry() if v.live and v.after_run)
         out.update(decay=views.decay_view(cfg, layers, steps, trace=d3, others=setup.others, presentation=p),
-                   **{v.key: views.draw(v.key, shown, view) for v in views.registry() if v.live and v.after_run})
+                   **{key: views.draw(key, shown, view) for key in live})
     if update.phase == "comparing":  # the last tokens are in: the error view says it is being computed
-        out.update(errors=views.draw("errors", shown, view))
-    if update.finished:  # the heavy views once, at the end (each costs the page a plotly render)
-        out.update({key: views.draw(key, shown, view) for key in RUN_VIEWS})
+        out.update({key: views.draw(key, shown, view) for key in session.due(("errors",))})
+    if update.finished:  # the heavy views once, at the end, and only the one whose tab is open (Session.due)
+        out.update({key: views.draw(key, shown, view) for key in session.due(RUN_VIEWS)})
         out["history"] = session.history_frame()
     return ordered(GENERATE_OUTPUTS, **out)
 
@@ -131,11 +132,19 @@ def _first_outputs(session: Session, setup: RunSetup, view: ViewOptions, *, clea
     a view whose tab was never opened is drawn by gradio as an empty box with an icon."""
     p = view.presentation
     blank = "<div class='d3-tokens'>(waiting for the first token…)</div>"
-    emptied = {key: views.empty(key, p) for key in RUN_VIEWS if not views.by_key()[key].live}
+    emptied = {key: views.empty(key, p) for key in session.due(k for k in RUN_VIEWS if not views.by_key()[k].live)}
+    fills = {"fills": views.empty("fills", p) for _ in session.due(("fills",) if clear_fills else ())}
     return ordered(GENERATE_OUTPUTS, session=session, status=views.status_html(None, None, "streaming"),
                    d3_title=f"### {views.pane_title(setup.strategy, 'D3')}", d3_tokens=blank, full_tokens=blank,
-                   d3_counters="", full_counters="", **emptied,
-                   fills=views.empty("fills", p) if clear_fills else gr.skip())
+                   d3_counters="", full_counters="", **emptied, **fills)
+
+
+def measuring_note(done: int, tokens: int) -> str:
+    """What the comparison is measuring now, and how far it is."""
+    if done < tokens:
+        return (f"Teacher-forced D3 run on full depth's text (for the KL per token): token {done} of {tokens} "
+                f"({100 * done // max(tokens, 1)}%).")
+    return "Full depth's probabilities of D3's text (for the free-running KL and perplexity): one pass…"
 
 
 def _time_limit_note(limit_s: int) -> str:
@@ -156,6 +165,10 @@ def _stream(session: Session, run_id: int, setup: RunSetup, view: ViewOptions, c
                 session.finish(update, label)
             else:
                 session.show(update)
+            if update.measuring is not None:  # the comparison's progress: the status line alone
+                yield ordered(GENERATE_OUTPUTS, status=views.status_html(update.d3, update.full, "comparing",
+                                                                           note=measuring_note(*update.measuring)))
+                continue
             late = update.phase == "stopped" and time.monotonic() > deadline
             figures = pace.figures(update)
             if pace.panes(update) or figures:
@@ -220,7 +233,8 @@ def _fills(session: Session, run_id: int, setup: RunSetup, p: bool, limit_s: int
                 return
             session.fills = {**session.fills, name: comparison}
             yield (session, views.status_html(None, None, f"Comparing fills: {', '.join(session.fills)} done…"),
-                   views.fills_view(session.fills, presentation=p))
+                   views.fills_view(session.fills, presentation=p) if session.due(("fills",)) else gr.skip())
     done = "Fill comparison done: see the Fill strategies tab." if len(session.fills) == len(FILLS) else "Stopped."
     note = _time_limit_note(limit_s) if done == "Stopped." and time.monotonic() > deadline else ""
-    yield session, views.status_html(None, None, done, note=note), views.fills_view(session.fills, presentation=p)
+    yield (session, views.status_html(None, None, done, note=note),
+           views.fills_view(session.fills, presentation=p) if session.due(("fills",)) else gr.skip())

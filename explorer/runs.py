@@ -3,8 +3,11 @@ after them, and the fill comparison."""
 
 from __future__ import annotations
 
+import functools
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Generator, Iterator
 
 from d3.compare import Recorded, compare, record, run_recorded
 from d3.config import FILLS, TRACE_OFF, FullConfig, GenerationConfig, StrategyConfig, TraceConfig
@@ -65,13 +68,15 @@ def prepare_run(pool: ModelPool, c: Controls | RunSetup) -> RunSetup:
 @dataclass(frozen=True)
 class LiveUpdate:
     """Both runs so far. pane: which run just grew ("d3" or "full"; "" for phase changes).
-    phase: streaming, comparing (the error views are being computed), done, or stopped."""
+    phase: streaming, comparing (the error views are being computed), done, or stopped. measuring: while
+    comparing, (tokens done, tokens in all) of the teacher-forced D3 run the comparison makes (None: not started)."""
 
     d3: Trace | None
     full: Trace | None
     pane: str = ""
     phase: str = "streaming"
     comparison: Comparison | None = None
+    measuring: tuple[int, int] | None = None
 
     @property
     def finished(self) -> bool:
@@ -118,11 +123,50 @@ def side_by_side(engine: Engine, prompt: str, strategy: StrategyConfig, gen: Gen
         yield LiveUpdate(latest["d3"], latest["full"], phase="stopped" if should_stop() else "done")
         return
     yield LiveUpdate(latest["d3"], latest["full"], phase="comparing")
-    comparison = compare(engine, prompt, strategy, gen, trace, chat_template=chat_template, full=recs["full"],
-                         skip=recs["d3"], should_stop=should_stop)  # None when stopped
+    run = functools.partial(compare, engine, prompt, strategy, gen, trace, chat_template=chat_template,
+                            full=recs["full"], skip=recs["d3"])
+    tokens = len(latest["full"].steps) if latest["full"] is not None else 0
+    measuring = _measured(run, tokens, should_stop)
+    while True:
+        try:
+            done = next(measuring)
+        except StopIteration as end:
+            comparison = end.value  # None when stopped
+            break
+        yield LiveUpdate(latest["d3"], latest["full"], phase="comparing", measuring=done)
     recs.clear()
     yield LiveUpdate(latest["d3"], latest["full"], phase="stopped" if comparison is None else "done",
                      comparison=comparison)
+
+
+MEASURING_EVERY_S = 0.5  # while the comparison is measured, its progress goes to the page this often
+
+
+def _measured(run: Callable[..., Comparison | None], tokens: int, should_stop: Callable[[], bool]
+              ) -> Generator[tuple[int, int], None, Comparison | None]:
+    """Run the comparison (`run(should_stop=...)`) in a worker thread and say how far it is every MEASURING_EVERY_S
+    ((tokens done, tokens) of its teacher-forced run); returns the comparison (None if stopped). The
+    comparison calls should_stop before each of its decode steps, which is what is counted; closing this
+    generator (a new run, a closed tab) stops the comparison within one step."""
+    calls, closed = [0], threading.Event()
+
+    def counted() -> bool:
+        calls[0] += 1
+        return closed.is_set() or should_stop()
+
+    def done() -> tuple[int, int]:
+        return min(max(calls[0] - 1, 0), tokens), tokens  # the first call comes before the teacher-forced run
+
+    with ThreadPoolExecutor(1, thread_name_prefix="d3-compare") as worker:
+        future = worker.submit(run, should_stop=counted)
+        try:
+            while True:
+                try:
+                    return future.result(timeout=MEASURING_EVERY_S)
+                except TimeoutError:
+                    yield done()
+        finally:
+            closed.set()
 
 
 def fill_comparison(engine: Engine, prompt: str, strategy: StrategyConfig, gen: GenerationConfig, *,

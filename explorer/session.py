@@ -7,7 +7,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import pandas as pd
 
@@ -53,7 +53,13 @@ class Session:
     running: int | None = None  # the run streaming now, if any (what Stop would stop)
     problem: str | None = None  # what the status line says is wrong with the controls, until it is fixed
     typed_out_of_range: bool = False  # a value typed into a slider's box outside its range, not yet fixed
-    view: str = "usage"  # the view tab open on the page (the lens and scrubber draw only while theirs is open)
+    core: tuple[int, int] | None = None  # (head, tail) as last settled on valid values (which one a person typed)
+    settled: Any = None  # the controls the last settle answered (an identical one sends no update: no event storm)
+    released: Any = None  # the controls a slider's release last ran (the same again runs nothing)
+    # The view tab open on the page (None: not a page but an API client, which gets every view). On the page only
+    # that view is drawn; the others are `stale` and drawn when their tab opens (`due`, `opened`).
+    view: str | None = None
+    stale: set[str] = field(default_factory=set, repr=False)
     exports: deque[float] = field(default_factory=deque, repr=False)  # when this session last downloaded
     _since: dict[int, float] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -90,6 +96,28 @@ class Session:
         run is past its `deadline` (time.monotonic()): a job nobody reads must not hold its slot for ever."""
         since = self._since.get(run_id, math.inf)
         return lambda: run_id != self.run_id or self.stop_at > since or time.monotonic() > deadline
+
+    def due(self, keys: Iterable[str]) -> tuple[str, ...]:
+        """Of these views (whose figures just changed), the ones to send to the page now: every one for an API
+        client; on the page only the one whose tab is open, the others marked stale and drawn when their tab opens
+        (`opened`). A figure sent into a hidden tab costs the browser as much as a shown one: re-sending every
+        heavy view at every run end, scenario and model switch is what made a long walk over the page hang."""
+        keys = tuple(keys)
+        with self._lock:
+            if self.view is None:
+                return keys
+            now = tuple(k for k in keys if k == self.view)
+            self.stale.update(k for k in keys if k != self.view)
+            self.stale.difference_update(now)
+            return now
+
+    def opened(self, key: str) -> bool:
+        """The page opened view `key`'s tab: whether its figure is stale (then it is to be drawn now)."""
+        with self._lock:
+            self.view = key
+            stale = key in self.stale
+            self.stale.discard(key)
+            return stale
 
     def clear(self) -> None:
         """Forget the previous run's results when a new run starts (the history stays)."""

@@ -16,6 +16,8 @@ from explorer.controls import (
     CONTROL_NAMES,
     Controls,
     check_sliders,
+    clamped_core,
+    core_of,
     default_attention_layer,
     derived,
     fitted,
@@ -26,13 +28,14 @@ from explorer.controls import (
     takes_controls,
 )
 from explorer.live import interrupt
-from explorer.parse import as_choice, whole
+from explorer.parse import as_choice
 from explorer.pool import ModelPool
 from explorer.scenarios import SCENARIOS, fill_finding, scenario_controls, scenario_finding, scenario_text
 from explorer.session import Session
 from explorer.ui import core_sliders, ordered, refused, slider_range, user_errors
 
 # Presentation mode redraws every view drawn from the session's run, and hides every explanation.
+DRAWN_ON_OPEN = (*views.drawn_from_session(), "planned")  # views `open_view` draws when their tab opens
 VIEW_OUTPUTS = (*views.drawn_from_session(), "root", *(f"explain_{v.key}" for v in views.registry() if v.tab))
 SCENARIO_OUTPUTS = (*CONTROL_NAMES, "scenario_text", "scenario_finding", "example")
 SIZED_OUTPUTS = ("core_head", "core_tail", "attention_layer", "attention_head", "chat_template", "alpha", "drop_order",
@@ -44,7 +47,20 @@ MODEL_OUTPUTS = (*SIZED_OUTPUTS, "status", "session", *CLEARED_OUTPUTS)
 
 
 def new_session() -> Session:
-    return Session()
+    """The page's session: it opens on the first view tab, and only the open view is drawn (`Session.due`)."""
+    return Session(view=next(v.key for v in views.registry() if v.tab))
+
+
+@takes_controls
+def open_view(pool: ModelPool, key: str, session: Session | None, controls: Controls) -> Any:
+    """A person opened view `key`'s tab: draw it if what it shows is stale (it changed while its tab was hidden),
+    else send nothing."""
+    if session is None or not session.opened(key):
+        return gr.skip()
+    if key == "planned":
+        return redraw_schedule.__wrapped__(pool, None, controls)[1]  # the controls already parsed into `Controls`
+    with user_errors():
+        return views.draw(key, views.Shown.of(session), controls.view)
 
 
 def use_example(title: str) -> str:
@@ -75,13 +91,15 @@ def _cleared(session: Session | None, model: str, presentation: bool = False) ->
     if session is None:
         return {}
     interrupt(session)
+    session.settled = session.released = None  # the controls are set anew: the next settle answers in full
     previous = session.d3.model if session.d3 is not None else None
     session.clear()
     session.problem = None
     blank = "<div class='d3-tokens'>(press Generate)</div>"
     p = presentation
     out = dict(session=session, d3_title="### D3", d3_tokens=blank, full_tokens=blank, d3_counters="",
-               full_counters="", layers_note="", **{key: views.empty(key, p) for key in views.drawn_from_session()})
+               full_counters="", layers_note="",
+               **{key: views.empty(key, p) for key in session.due(views.drawn_from_session())})
     was = f" (the last run, of {previous}, is in Run history)" if previous and previous != model else ""
     out["status"] = views.status_html(None, None, f"Model {model}: press Generate.{was}")
     return out
@@ -130,39 +148,62 @@ def settle_controls(pool: ModelPool, session: Session | None, controls: Controls
 @takes_controls
 def settle_released(pool: ModelPool, session: Session | None, controls: Controls) -> tuple[Any, ...]:
     """After a person let go of a slider: as `settle_controls`, except that a value just typed out of the slider's
-    range keeps its message: the browser has clamped the box to the slider's end as it lost focus, and that
-    clamped value is not what the person asked for (`check_release` then runs nothing)."""
+    range keeps its message: the browser clamps the box to the slider's end as it loses focus, and that clamped
+    value is not what the person asked for (`check_release` then runs nothing). The other core slider's bound
+    still follows the clamped value."""
     if session is not None and session.typed_out_of_range:
-        return ordered(SETTLE_OUTPUTS)
+        facts = _facts(pool, controls)
+        if facts is None:
+            return ordered(SETTLE_OUTPUTS)
+        return ordered(SETTLE_OUTPUTS, **_bounds(clamped_core(controls, facts.num_layers, session.core),
+                                                 facts.num_layers, pool.caps))
     return _settle(pool, session, controls)
+
+
+def _facts(pool: ModelPool, controls: Controls) -> ModelFacts | None:
+    try:
+        return pool.known_facts(controls.model)
+    except ValueError:
+        return None
+
+
+def _bounds(controls: Controls, layers: int, caps: Any) -> dict[str, Any]:
+    """The core sliders' maxima, as component updates that set nothing else (no value: the browser keeps it)."""
+    return {k: gr.update(**v) for k, v in derived(controls, layers, caps).items()}
 
 
 def _settle(pool: ModelPool, session: Session | None, controls: Controls) -> tuple[Any, ...]:
     """After a person's move of a control: what follows from the one state of the controls, set once, by the
     server, on components nothing listens to (so it starts no other update): the core sliders' maxima (head + tail
-    below L), a calibrated order re-fitted to a new core (said in one line), and in the status line what is wrong
-    with the controls, named as the page labels it with its real range, or that message taken back once every
-    control is valid again. Nothing runs."""
-    try:
-        facts = pool.known_facts(controls.model)
-    except ValueError:
-        facts = None
+    below L; a value typed past a slider's end counts as that end, where the browser puts it), a calibrated order
+    re-fitted to a new core (said in one line), and in the status line what is wrong with the controls, named as
+    the page labels it with its real range, or that message taken back once every control is valid again. Nothing
+    runs."""
+    facts = _facts(pool, controls)
     if facts is None:
         return ordered(SETTLE_OUTPUTS)  # not loaded yet: Generate checks it after the load
+    if session is not None:
+        if session.settled == controls:  # already answered: an update of a slider can fire its input again (the
+            return ordered(SETTLE_OUTPUTS)  # browser sent core-head's input ~7 times a second, issue 24)
+        session.settled = controls
     layers = facts.num_layers
-    out: dict[str, Any] = {k: gr.update(**v) for k, v in derived(controls, layers, pool.caps).items()}
+    last = session.core if session is not None else None
+    try:
+        check_sliders(controls, layers, pool.caps, last)
+        typed = False
+    except ValueError:
+        typed = True
+    out: dict[str, Any] = _bounds(clamped_core(controls, layers, last) if typed else controls, layers, pool.caps)
+    if session is not None:
+        session.typed_out_of_range = typed
+        if not typed:
+            session.core = core_of(controls, layers)
     controls, note = fitted(controls, layers)
     if note:
         out["layer_order"] = controls.layer_order
     try:
-        try:
-            check_sliders(controls, layers, pool.caps)
-        except ValueError:
-            if session is not None:
-                session.typed_out_of_range = True
-            raise
-        if session is not None:
-            session.typed_out_of_range = False
+        if typed:
+            check_sliders(controls, layers, pool.caps, last)
         parse_controls(controls, layers, pool.caps)
     except ValueError as err:
         message = page_words(str(err))
@@ -190,6 +231,8 @@ def check_release(pool: ModelPool, session: Session | None, controls: Controls) 
     if session is not None and session.typed_out_of_range:
         session.typed_out_of_range = False
         raise refused(ValueError("a value typed out of the slider's range: press Generate to run what it shows"))
+    if session is not None and session.released == controls:  # a release that changed nothing (or one the
+        raise refused(ValueError("nothing changed since the last run: press Generate to run it again"))  # page repeats)
     try:
         facts = pool.known_facts(controls.model)
         if facts is not None:
@@ -197,6 +240,8 @@ def check_release(pool: ModelPool, session: Session | None, controls: Controls) 
             parse_controls(fitted(controls, facts.num_layers)[0], facts.num_layers, pool.caps)
     except ValueError as err:
         raise refused(ValueError(page_words(str(err)))) from None
+    if session is not None:
+        session.released = controls
 
 
 @takes_controls
@@ -214,8 +259,9 @@ def redraw_schedule(pool: ModelPool, session: Session | None, controls: Controls
         message = views.waiting(f"Cannot draw this schedule:<br>{html.escape(page_words(str(err)))}", presentation=p)
         return message, message
     trace = session.d3 if session is not None else None
+    planned = session.due(("planned",)) if session is not None else ("planned",)  # the grid: only if its tab is open
     return (views.decay_view(s.strategy, s.num_layers, s.steps, trace=trace, others=s.others, presentation=p),
-            views.planned_view(s.strategy, s.num_layers, s.steps, presentation=p))
+            views.planned_view(s.strategy, s.num_layers, s.steps, presentation=p) if planned else gr.skip())
 
 
 @takes_controls
@@ -225,11 +271,17 @@ def render_flow(session: Session | None, controls: Controls) -> Any:
         return views.flow_view(s.d3, s.full, metric=view.metric, presentation=view.presentation)
 
 
+ATTENTION_OUTPUTS = ("attention", "heads")  # the views drawn for the attention layer and head
+
+
 @takes_controls
-def render_attention(session: Session | None, controls: Controls) -> Any:
-    view, s = controls.view, session or Session()
+def render_attention(session: Session | None, controls: Controls) -> tuple[Any, Any]:
+    """The one-head and all-heads attention views for the chosen layer and head (each only if its tab is open)."""
+    s = session or Session()
+    shown = views.Shown.of(s)
     with user_errors():
-        return views.attention_view(s.d3, s.full, view.layer, view.head, presentation=view.presentation)
+        return ordered(ATTENTION_OUTPUTS, **{key: views.draw(key, shown, controls.view)
+                                             for key in s.due(ATTENTION_OUTPUTS)})
 
 
 @takes_controls
@@ -247,14 +299,17 @@ def set_presentation(session: Session | None, controls: Controls) -> tuple[Any, 
     classes = ["d3-root", "d3-present"] if p else ["d3-root"]
     explain = {f"explain_{v.key}": gr.update(visible=not p) for v in views.registry() if v.tab}
     shown = views.Shown.of(session)
+    due = session.due(views.drawn_from_session()) if session is not None else views.drawn_from_session()
     with user_errors():
-        return ordered(VIEW_OUTPUTS, **{key: views.draw(key, shown, view) for key in views.drawn_from_session()},
+        return ordered(VIEW_OUTPUTS, **{key: views.draw(key, shown, view) for key in due},
                        root=gr.update(elem_classes=classes), **explain)
 
 
 def apply_scenario(pool: ModelPool, key: str, step: int, session: Session | None, model: str) -> tuple[Any, ...]:
     """Set the controls of run `step` of a preset scenario (and stop whatever this session is running)."""
     interrupt(session)
+    if session is not None:
+        session.settled = session.released = None  # the controls are set anew: the next settle answers in full
     with user_errors():
         layers = pool.facts(model).num_layers
         values = scenario_controls(key, step, layers, model)

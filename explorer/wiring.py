@@ -9,7 +9,7 @@ import gradio as gr
 
 from d3.research.data import ASSETS
 from explorer.controls import CONTROL_NAMES, REDRAW_NAMES
-from explorer.explain import wire_explain
+from explorer.explain import view_opened, wire_explain
 from explorer.export import export_figure, export_sweep, export_trace
 from explorer.live import FILLS_OUTPUTS, GENERATE_OUTPUTS, compare_fills, generate, interrupt, stop
 from explorer.layers_view import redraw_layers_after, wire_layers
@@ -25,7 +25,10 @@ from explorer.sweep_tab import (
     load_sweep_setting,
     run_sweep,
 )
+from explorer import views
 from explorer.view_handlers import (
+    ATTENTION_OUTPUTS,
+    DRAWN_ON_OPEN,
     MODEL_OUTPUTS,
     SCENARIO_OUTPUTS,
     VIEW_OUTPUTS,
@@ -35,6 +38,7 @@ from explorer.view_handlers import (
     load_model,
     model_changed,
     new_session,
+    open_view,
     redraw_schedule,
     render_attention,
     render_errors,
@@ -166,10 +170,24 @@ def _wire_views(pool: ModelPool, ui: dict[str, Any]) -> None:
           _pick(ui, SETTLE_OUTPUTS), api_name=False, trigger_mode="always_last", **instant)
     ui["metric"].input(render_flow, _with_controls(ui, "session"), ui["flow"], api_name="render_flow", **instant)
     gr.on(person_moved(ui, ("attention_layer", "attention_head")), render_attention, _with_controls(ui, "session"),
-          ui["attention"], api_name="render_attention", trigger_mode="always_last", **instant)
+          _pick(ui, ATTENTION_OUTPUTS), api_name="render_attention", trigger_mode="always_last", **instant)
     ui["log_kl"].input(render_errors, _with_controls(ui, "session"), ui["errors"], api_name="render_errors", **instant)
     ui["presentation"].input(set_presentation, _with_controls(ui, "session"), _pick(ui, VIEW_OUTPUTS),
                              api_name="set_presentation", **instant)
+
+
+def _wire_tabs(pool: ModelPool, ui: dict[str, Any]) -> dict[str, Any]:
+    """A view tab opened: drawn then if it changed while hidden (only the open view is drawn, `Session.due`).
+    Returns each tab's select event by view key."""
+    opened, instant = {}, dict(api_name=False, queue=False, preprocess=False, show_progress="hidden")
+    for key in (k for k in views.titles() if f"tab_{k}" in ui):
+        tab = ui[f"tab_{key}"]
+        if key in DRAWN_ON_OPEN:
+            opened[key] = tab.select(functools.partial(open_view, pool, key), _with_controls(ui, "session"), ui[key],
+                                     **instant)
+        else:
+            opened[key] = tab.select(functools.partial(view_opened, key), ui["session"], None, **instant)
+    return opened
 
 
 def _wire_sweep(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
@@ -239,7 +257,7 @@ def wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     _wire_sweep(pool, ui, demo)
     _redraw_after(pool, ui, wire_needs(pool, ui))  # fit α sets α
     _redraw_after(pool, ui, wire_layers(pool, ui))  # Use this order sets the order
-    wire_explain(pool, ui, runs)
+    wire_explain(pool, ui, runs, _wire_tabs(pool, ui))
     restored = wire_share(pool, ui, demo)
     _redraw_after(pool, ui, restored)  # on every page load, link or not: the first preview
     # A link may turn presentation mode on: nothing listens to the checkbox's .change, so apply it here.

@@ -198,18 +198,23 @@ def test_redraw_schedule_shows_a_bad_combination_instead_of_failing(pool) -> Non
     assert "Core head + Core tail" in message(decay) and not decay.data and "core_head" not in message(decay)
 
 
+def attention(session, **controls):
+    """The one-head attention view render_attention draws (it draws the all-heads view beside it)."""
+    return view_handlers.render_attention(session, **controls)[view_handlers.ATTENTION_OUTPUTS.index("attention")]
+
+
 def test_attention_view_follows_the_recorded_layer(finished) -> None:
-    fig = view_handlers.render_attention(finished, attention_layer=3, attention_head=1)  # layer 3 was recorded
+    fig = attention(finished, attention_layer=3, attention_head=1)  # layer 3 was recorded
     heat = [t for t in fig.data if (t.meta or {}).get("role") == "attention"]
     assert len(heat) == 2  # full depth and D3 side by side
-    missing = view_handlers.render_attention(finished, attention_layer=4, attention_head=0)
+    missing = attention(finished, attention_layer=4, attention_head=0)
     assert not missing.data and "Layer 4 was not recorded" in message(missing)
 
 
 def test_view_settings_that_make_no_sense_are_explained_not_raised(finished) -> None:
-    fig = view_handlers.render_attention(finished, attention_layer=3, attention_head=99)
+    fig = attention(finished, attention_layer=3, attention_head=99)
     assert not fig.data and "Head 99 does not exist" in message(fig)
-    junk = view_handlers.render_attention(finished, attention_layer=float("inf"), attention_head="x")  # junk falls back to layer 0, head 0 ...
+    junk = attention(finished, attention_layer=float("inf"), attention_head="x")  # junk falls back to layer 0, head 0 ...
     assert "Layer 0 was not recorded" in message(junk)
     assert view_handlers.render_flow(finished, metric="nonsense", presentation=None).data  # ... or to the default measure
 

@@ -157,9 +157,6 @@ def test_switching_models_clears_the_other_models_run_and_bounds_the_core_at_onc
         assert "18" not in text and "tiny18" not in text, (pane, text)
 
 
-@pytest.mark.xfail(strict=False, reason="regressed by the one-state rework (issue 24): after a value typed past the "
-                   "tail's maximum, the head's maximum does not follow the clamped tail (the typed value's message "
-                   "stays and nothing runs); open in issue 24")
 def test_a_persons_core_moves_bound_the_other_slider(page) -> None:
     """A dragged head lowers the tail's maximum; a tail typed past its maximum is clamped, and the head's maximum
     follows the clamped tail (head + tail < 30 throughout)."""

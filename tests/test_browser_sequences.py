@@ -8,7 +8,9 @@ No timed claims: the waits below are hang guards (a busy machine only makes them
 
 from __future__ import annotations
 
+import os
 import random
+import re
 import time
 
 import pytest
@@ -106,13 +108,20 @@ def watched(browser, url):
 
 def open_more(page) -> None:
     if not page.locator("#start").is_visible():
-        page.get_by_text("More controls", exact=True).click()
+        page.get_by_role("button", name=re.compile(r"^More controls")).click()  # the views' texts name it too
         page.wait_for_selector("#start", state="visible")
 
 
 def reset_core(page) -> None:
-    for slider in ("#core-head", "#core-tail"):
-        page.locator(f"{slider} button.reset-button").click()
+    """Both core resets. A core side at its end leaves the other none (head + tail < L): that slider and its reset
+    are disabled until the other side is reset, as a person would find them."""
+    head, tail = (page.locator(f"{slider} button.reset-button") for slider in ("#core-head", "#core-tail"))
+    if not head.is_enabled():
+        tail.click()
+        page.wait_for_function("() => !document.querySelector('#core-head button.reset-button').disabled",
+                               timeout=GUARD_S * 1000)
+    head.click()
+    tail.click()
 
 
 def drag(page, slider: str, fraction: float) -> None:
@@ -205,12 +214,13 @@ def test_a_20000_character_prompt(watched) -> None:
     watched.settle()
 
 
-@pytest.mark.xfail(strict=False, reason="known, not fixed: after some walks (several model switches and scenarios in a "
-                   "row) the browser's main thread stays busy and the page stops answering Stop; the server is idle "
-                   "(py-spy). Issue 24 stays open for it.")
+@pytest.mark.xfail(strict=False, reason="open (issue 24): seed 24 passes since the event storm and the hidden-tab "
+                   "figures were fixed, but seed 25 (D3_WALK_SEED=25) still ends, after a scenario clicked while "
+                   "another scenario's runs were going, with the status line under a frozen progress timer that Stop's "
+                   "answer does not replace (the server idle)")
 def test_a_seeded_random_walk_over_the_controls(watched) -> None:
     """A few dozen random moves of the controls a person touches most; after every few, the three checks."""
-    page, rng = watched.page, random.Random(24)
+    page, rng = watched.page, random.Random(int(os.environ.get("D3_WALK_SEED", "24")))  # other seeds: by hand
     moves = [
         lambda: drag(page, rng.choice(("#core-head", "#core-tail", "#alpha")), rng.random()),
         lambda: type_into(page, rng.choice(("#core-head", "#core-tail")), str(rng.randint(0, 40))),
@@ -226,3 +236,44 @@ def test_a_seeded_random_walk_over_the_controls(watched) -> None:
         if step % 6 == 5:
             watched.check(f"random move {step}")
     watched.check("end of the walk")
+
+
+VIEW_TABS = "#views .tab-wrapper > .tab-container:not(.visually-hidden) button, #views .overflow-dropdown button"
+
+
+def open_view(page, name: str) -> None:
+    """Show a view by its name as a person does: its tab, or the tab bar's overflow menu first."""
+    tab = page.locator(VIEW_TABS).filter(has_text=name).first
+    if not tab.is_visible():
+        page.locator("#views .overflow-menu > button, #views button.overflow-menu").first.click()
+    tab.click()
+    page.wait_for_function("(n) => Array.from(document.querySelectorAll('#views button.selected'))"
+                           ".some(b => b.innerText.trim() === n)", arg=name)
+
+
+def annotations(page, plot: str) -> str:
+    return page.evaluate(f"() => Array.from(document.querySelectorAll('#plot-{plot} .annotation-text'))"
+                         ".map(a => a.textContent).join(' | ')")
+
+
+def test_the_all_heads_view_follows_the_attention_layer_after_a_run(watched) -> None:
+    """Issue 24: the all-heads view did not redraw when its layer changed after a run. It is drawn when its tab
+    opens (nothing is sent into a hidden tab), and redrawn when the layer moves while it is shown."""
+    page = watched.page
+    page.fill("#max-new-tokens input", str(TOKENS))
+    page.click("#generate")
+    watched.wait_status("Done.")
+    open_view(page, "Attention: all heads")
+    page.wait_for_function("() => (document.querySelector('#plot-heads .js-plotly-plot')?.data || [])"
+                           ".some(t => t.type === 'heatmap')", timeout=GUARD_S * 1000)  # drawn as the tab opened
+    open_more(page)
+    box = page.locator('input[aria-label="number input for Attention layer to record"]')
+    box.fill("1")
+    box.press("Tab")
+    try:
+        page.wait_for_function("() => Array.from(document.querySelectorAll('#plot-heads .annotation-text'))"
+                               ".some(a => a.textContent.includes('Layer 1 was not recorded'))", timeout=GUARD_S * 1000)
+    except playwright_api.TimeoutError:
+        pytest.fail(f"the all-heads view kept its drawing: {annotations(page, 'heads')!r}")
+    watched.settle()
+

@@ -173,6 +173,8 @@ def _attention_figure(handler: str, out: Any) -> Any:
         return last_value(out, "attention")
     if handler == "set_presentation":
         return out[view_handlers.VIEW_OUTPUTS.index("attention")]
+    if handler == "render_attention":
+        return out[view_handlers.ATTENTION_OUTPUTS.index("attention")]
     return out
 
 

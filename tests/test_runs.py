@@ -58,3 +58,48 @@ def test_a_finished_run_that_never_diverged_says_so_without_so_far(tiny_engine) 
     assert last.phase == "done"
     text = views.status_html(last.d3, last.full, "done", comparison=last.comparison)
     assert "so far" not in text and "No divergence" in text
+
+@pytest.fixture()
+def slowed(tiny_engine, monkeypatch):
+    """The tiny engine slowed to about 20 ms a decoding step, and the comparison's progress read every 2 ms."""
+    import time
+
+    from explorer import runs
+
+    original = type(tiny_engine).run
+
+    def run(self, *args, **kwargs):
+        for item in original(self, *args, **kwargs):
+            time.sleep(0.02)
+            yield item
+
+    monkeypatch.setattr(type(tiny_engine), "run", run)
+    monkeypatch.setattr(runs, "MEASURING_EVERY_S", 0.002)
+    return tiny_engine
+
+
+def test_the_comparison_says_what_it_measures_and_how_far_it_is(slowed, pool) -> None:
+    """Issue 24: the default run's last ~17 s of "measuring" showed no progress. While the comparison runs, the status
+    line names what is measured and counts the teacher-forced run's tokens up to the run's length."""
+    from explorer.live import GENERATE_OUTPUTS
+
+    statuses = [dict(zip(GENERATE_OUTPUTS, out))["status"]
+                for out in generate(pool, Session(), prompt="hello", model="tiny", max_new_tokens=6,
+                                    drop_order="middle_out")]
+    measuring = [s for s in statuses if isinstance(s, str) and "Teacher-forced D3 run" in s]
+    counts = [int(s.split("token ")[-1].split(" of ")[0]) for s in measuring]
+    assert len(set(counts)) >= 3 and counts == sorted(counts) and max(counts) <= 6, counts
+    assert all(" of 6 " in s for s in measuring)
+    assert "Done." in statuses[-1]
+
+
+def test_closing_a_run_while_it_measures_stops_the_comparison(slowed) -> None:
+    import threading
+
+    from d3.config import D3Config, GenerationConfig
+    from explorer.runs import side_by_side
+
+    stream = side_by_side(slowed, "hello", D3Config(), GenerationConfig(max_new_tokens=6))
+    next(u for u in stream if u.measuring is not None)
+    stream.close()  # a new run or a closed tab
+    assert not [t for t in threading.enumerate() if t.name.startswith("d3-compare")]

@@ -36,6 +36,21 @@ def test_a_value_typed_out_of_range_runs_nothing_though_the_browser_clamps_it(po
     assert check_release(pool, s, **clamped) is None  # the next release of the slider runs
 
 
+def test_a_core_value_typed_past_its_end_bounds_the_other_slider_by_where_the_browser_clamps_it(pool) -> None:
+    """6 layers, head 2: the tail's slider ends at 3. Tail typed 40 is said once; the head's maximum follows the
+    tail the browser clamps to (3, so head at most 2), both while typing and as the box loses focus, and the head's
+    value is never pushed down (a maximum of 1 would have moved it from 2 to 1)."""
+    s = Session()
+    controls = dict(model="tiny", core_head=2, drop_order="middle_out")
+    settle_controls(pool, s, core_tail=1, **controls)
+    typed = _settled(settle_controls(pool, s, core_tail=40, **controls))
+    assert "Core tail=40" in typed["status"] and "[0, 3]" in typed["status"]
+    for out in (typed, _settled(settle_released(pool, s, core_tail=40, **controls)),
+                _settled(settle_released(pool, s, core_tail=3, **controls))):
+        assert out["core_head"]["maximum"] == 2 and out["core_tail"]["maximum"] == 3
+        assert "value" not in out["core_head"] and "value" not in out["core_tail"]
+
+
 def test_a_calibrated_order_follows_a_core_move_in_one_line(pool) -> None:
     out = _settled(settle_controls(pool, Session(), model="tiny", core_head=2, core_tail=1, drop_order="calibrated",
                                    layer_order="1, 2, 3, 4"))
@@ -118,3 +133,49 @@ def test_a_schedule_that_cannot_be_drawn_names_the_control_as_the_page_labels_it
     for fig in redraw_schedule(pool, Session(), **{**DEFAULTS, field: value}):
         text = message(fig)
         assert text.startswith("Cannot draw this schedule") and label in text and field not in text, text
+
+def test_the_same_controls_settled_or_released_again_send_nothing_and_run_nothing(pool) -> None:
+    """Issue 24's hang: the browser fired core-head's input about 7 times a second with nothing changed (each answer
+    updated the slider, which fired it again), and a slider's release as often, each starting a run. An identical
+    repeat is answered with no update and runs nothing; a real move, or controls set anew by a model switch, are
+    answered in full."""
+    from explorer.view_handlers import model_changed
+
+    s = Session()
+    controls = dict(model="tiny", core_head=2, core_tail=1, drop_order="middle_out")
+    assert _settled(settle_controls(pool, s, **controls))["core_head"] != gr.skip()
+    assert all(out == gr.skip() for out in settle_controls(pool, s, **controls))
+    assert all(out == gr.skip() for out in settle_released(pool, s, **controls))
+    assert check_release(pool, s, **controls) is None
+    with pytest.raises(gr.Error, match="nothing changed"):
+        check_release(pool, s, **controls)
+    assert _settled(settle_controls(pool, s, **{**controls, "core_tail": 2}))["core_head"]["maximum"] == 3
+    model_changed(pool, "tiny", s)
+    assert _settled(settle_controls(pool, s, **{**controls, "core_tail": 2}))["core_head"]["maximum"] == 3
+    assert check_release(pool, s, **controls) is None
+
+
+def test_only_the_open_view_is_drawn_and_a_hidden_one_when_its_tab_opens(pool) -> None:
+    """Issue 24's hang: every heavy view was sent to the browser at every run end, scenario and model switch, into
+    hidden tabs too. On the page's session a run draws the open view; the others are drawn when their tab opens,
+    once (an API client's session, with no tab, still gets every view)."""
+    import plotly.graph_objects as go
+
+    from explorer.live import GENERATE_OUTPUTS, generate
+    from explorer.view_handlers import new_session, open_view
+
+    run = dict(prompt="hello", model="tiny", max_new_tokens=3, drop_order="middle_out", attention_layer=2)
+    page = new_session()
+    last = dict(zip(GENERATE_OUTPUTS, list(generate(pool, page, **run))[-1]))
+    assert isinstance(last["usage"], go.Figure)
+    assert all(last[k] == gr.skip() for k in ("stack", "heads", "flow", "errors"))
+    stack = open_view(pool, "stack", page, **run)
+    assert isinstance(stack, go.Figure) and stack.data
+    assert open_view(pool, "stack", page, **run) == gr.skip()  # drawn already: not sent again
+    from explorer.view_handlers import redraw_schedule
+
+    decay, planned = redraw_schedule(pool, page, **run)  # the controls moved: the curve, and the grid once shown
+    assert isinstance(decay, go.Figure) and planned == gr.skip()
+    assert isinstance(open_view(pool, "planned", page, **run), go.Figure)
+    api = dict(zip(GENERATE_OUTPUTS, list(generate(pool, Session(), **run))[-1]))
+    assert all(isinstance(api[k], go.Figure) for k in ("usage", "stack", "heads", "flow", "errors"))

@@ -119,8 +119,15 @@ class CountingEngine(Engine):
 @contextlib.contextmanager
 def serve(demo: gr.Blocks) -> Iterator[str]:
     """Serve `demo` on 127.0.0.1 on a free port; always closed afterwards."""
-    port = free_port()
-    page.launch(demo, prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
+    for attempt in range(3):
+        port = free_port()
+        try:
+            page.launch(demo, prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
+            break
+        except ValueError as err:  # gradio's own check of the new server gives up after one 3 s request
+            demo.close()
+            if "localhost is not accessible" not in str(err) or attempt == 2:
+                raise
     try:
         yield f"http://127.0.0.1:{port}/"
     finally:

@@ -24,7 +24,10 @@ os.environ["OMP_NUM_THREADS"] = "1"
 # pytest's own temporary area, removed when the run ends: nothing is left behind in the shared /tmp. Set here, at
 # import, because gradio reads its cache folder when test modules import it, before any fixture runs. Modules
 # that use the exports_in_tmp fixture narrow this to a folder of their own.
-SCRATCH = Path(tempfile.gettempdir()) / f"pytest-of-{getpass.getuser()}"
+# Test workers (pytest-xdist) inherit TMPDIR from the controller: they make their folder beside its, not inside it, so
+# paths stay short (Chromium refuses a profile whose socket path passes about 100 characters).
+ROOT_TMP = os.environ.setdefault("D3_TESTS_TMP_ROOT", tempfile.gettempdir())
+SCRATCH = Path(ROOT_TMP) / f"pytest-of-{getpass.getuser()}"
 SCRATCH.mkdir(mode=0o700, exist_ok=True)
 SCRATCH = Path(tempfile.mkdtemp(prefix="d3-scratch-", dir=SCRATCH))
 os.environ.update(TMPDIR=str(SCRATCH), GRADIO_TEMP_DIR=str(SCRATCH / "gradio"), D3_CALIBRATION_DIR=str(SCRATCH / "calibration"))

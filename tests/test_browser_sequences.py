@@ -8,6 +8,7 @@ No timed claims: the waits below are hang guards (a busy machine only makes them
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -39,12 +40,22 @@ def url():
         yield address
 
 
+def _event_of(request) -> str:
+    """An event the page sent (its fn_index and route), or "" for any other request."""
+    if request.method != "POST" or not re.search(r"/(queue/join|run/predict)", request.url):
+        return ""
+    try:
+        return f"{request.url.rsplit('/', 1)[-1]}:{json.loads(request.post_data or '{}').get('fn_index')}"
+    except ValueError:
+        return request.url
+
+
 class Watched:
     """A page and every request it sends."""
 
     def __init__(self, page) -> None:
         self.page, self.requests, self.moves = page, [], []
-        page.on("request", lambda r: self.requests.append((time.monotonic(), r.url)))
+        page.on("request", lambda r: self.requests.append((time.monotonic(), r.url, _event_of(r))))
 
     def settle(self) -> None:
         """Wait until no request has gone out for QUIET_S; fail (with the requests) if the page never goes quiet."""
@@ -54,7 +65,7 @@ class Watched:
             if time.monotonic() - max(last, start) >= QUIET_S:
                 return
             if time.monotonic() - start > GUARD_S:
-                recent = [u for t, u in self.requests if t > time.monotonic() - 20]
+                recent = [u for t, u, _ in self.requests if t > time.monotonic() - 20]
                 pytest.fail(f"the page never went quiet: {len(recent)} requests in the last 20 s, e.g. {recent[-5:]}")
             time.sleep(0.25)
 
@@ -62,11 +73,14 @@ class Watched:
         return self.page.evaluate("() => document.querySelector('#status').innerText")
 
     def wait_status(self, *texts: str) -> str:
+        asked = time.monotonic()
         try:
             self.page.wait_for_function("(ts) => ts.some(t => document.querySelector('#status')?.innerText"
                                         ".includes(t))", arg=list(texts), timeout=GUARD_S * 1000)
         except playwright_api.TimeoutError:
-            pytest.fail(f"the status line never said any of {texts}: it says {self.status()!r} (moves: {self.moves})")
+            events = [e for t, _, e in self.requests if t > asked - 30 and e]
+            pytest.fail(f"the status line never said any of {texts}: it says {self.status()!r} (moves: {self.moves};"
+                        f" the events the page sent in the last 30 s, by fn_index: {events})")
         return self.status()
 
     def answers_a_click(self) -> None:

@@ -20,6 +20,7 @@ from explorer.caps import Caps
 from explorer.page import build_demo
 from explorer.scenarios import SCENARIOS
 from tests.apphelpers import CountingEngine, serve
+from tests.pagehelpers import D3_POINT, PLOT_HAS_DATA
 from tests.tiny import tiny_llama, tiny_tokenizer
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
@@ -291,3 +292,34 @@ def test_the_all_heads_view_follows_the_attention_layer_after_a_run(watched) -> 
         pytest.fail(f"the all-heads view kept its drawing: {annotations(page, 'heads')!r}")
     watched.settle()
 
+
+
+def load_a_sweep_point(page) -> str:
+    """Run the Sweep tab's default sweep and click one of its D3 points, as tests/test_browser.py's sweep test does:
+    the point's setting is loaded into the live controls. Returns the point's label."""
+    page.get_by_role("tab", name="Sweep").click()
+    page.fill("#sweep-tokens input[type=number]", str(TOKENS))
+    page.click("#sweep-run")
+    page.wait_for_function(PLOT_HAS_DATA, arg="plot-sweep", timeout=GUARD_S * 1000)
+    page.wait_for_function("() => document.querySelector('#sweep-note').innerText.includes('Click a point')")
+    page.locator("#plot-sweep").scroll_into_view_if_needed()
+    # sweep_click.js attaches its listener to a newly drawn plot within 400 ms: a click before that would be lost
+    page.wait_for_function("() => document.querySelector('#plot-sweep .js-plotly-plot').__d3PointClick === true")
+    point = page.evaluate(D3_POINT)
+    page.mouse.move(point["x"], point["y"])
+    page.mouse.click(point["x"], point["y"])
+    page.wait_for_function("() => window.__clicked !== null")
+    return page.evaluate("() => window.__clicked")["text"].split(" · ")[0]
+
+
+def test_a_sweep_row_loaded_then_a_scenario(watched) -> None:
+    """A sweep point's setting loaded into the Live tab (it moves there), then a scenario: it runs, and the page
+    settles, answers and runs Generate (issue 24: the drop-order handlers once looped after these two moves)."""
+    page = watched.page
+    label = load_a_sweep_point(page)
+    assert label.startswith("d3 α="), label
+    watched.wait_status(f"Loaded from the sweep: {label}")
+    watched.settle()
+    page.click(f"#scenario-{next(iter(SCENARIOS))}")
+    watched.wait_status("Done.", "Cannot run this")
+    watched.check("a sweep row loaded then a scenario")

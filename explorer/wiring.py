@@ -252,7 +252,10 @@ def wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     runs = {"": _wire_generation(pool, ui, [ui["generate"].click, ui["prompt"].submit]),
             "_on_release": _wire_generation(pool, ui, [ui[n].release for n in RELEASE_TRIGGERS], "_on_release",
                                           checked=True)}
-    ui["stop"].click(stop, ui["session"], ui["status"], api_name="stop", queue=False, show_progress="hidden")
+    # Every click of Stop is sent: with gradio's default for a click ("once") the page drops a click while an
+    # earlier one is still in flight, and Stop would seem not to answer.
+    ui["stop"].click(stop, ui["session"], ui["status"], api_name="stop", queue=False, show_progress="hidden",
+                     trigger_mode="multiple")
     fills = gr.on([ui["fills_button"].click], interrupt, [ui["session"]], None, queue=False,
                   api_name="interrupt_fills", show_progress="hidden")
     _wire_fills(pool, ui, fills, "")

@@ -60,3 +60,9 @@ def test_a_scenarios_later_steps_run_only_while_it_goes_on(demo) -> None:
         before = fns[fn.trigger_after]
         assert fn.trigger_only_on_success and fn.trigger_mode == "always_last", fn.api_name
         assert _handler(before) in ("apply_scenario", "scenario_goes_on"), (fn.api_name, _handler(before))
+
+
+def test_every_click_of_stop_is_sent(demo) -> None:
+    """The page drops a click of a "once" event while an earlier one is in flight: Stop must always answer."""
+    stops = [fn for fn in demo.fns.values() if fn.api_name == "stop"]
+    assert len(stops) == 1 and stops[0].trigger_mode == "multiple" and not stops[0].queue

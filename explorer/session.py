@@ -70,7 +70,8 @@ class Session:
 
     def trigger(self) -> None:
         """A new run was asked for (before it waits in the queue): stop the running one now. A Stop
-        pressed from here on also stops the new run, even while it still waits in the queue."""
+        pressed from here on also stops the new run, even while it still waits in the queue. A scenario whose run
+        was going runs none of its next runs (`start_scenario`)."""
         with self._lock:
             self.stop_at = self.triggered_at = time.monotonic()
             self.asks += 1

@@ -30,7 +30,8 @@ from explorer.controls import (
 from explorer.live import interrupt
 from explorer.parse import as_choice
 from explorer.pool import ModelPool
-from explorer.scenarios import SCENARIOS, fill_finding, scenario_controls, scenario_finding, scenario_text
+from explorer.scenarios import (INTERRUPTED, SCENARIOS, fill_finding, scenario_controls, scenario_finding,
+                                scenario_text)
 from explorer.session import Session
 from explorer.ui import core_sliders, ordered, refused, slider_range, user_errors
 
@@ -322,9 +323,6 @@ def apply_scenario(pool: ModelPool, key: str, step: int, session: Session | None
     titles = {p.prompt: p.title for p in example_prompts()}  # the picker names the scenario's prompt, or none
     return ordered(SCENARIO_OUTPUTS, scenario_text=scenario_text(key, step), **finding, **values,
                    example=gr.update(value=titles.get(values["prompt"])))
-
-
-INTERRUPTED = "*The scenario was interrupted before all its runs finished: click it again to see its numbers.*"
 
 
 def scenario_interrupted(key: str, session: Session | None) -> Any:

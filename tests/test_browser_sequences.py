@@ -241,7 +241,8 @@ def test_a_scenario_clicked_during_another_scenarios_runs(watched, engines) -> N
     engine.delay = 0.2  # the first scenario's first run outlasts the second click (a hang guard, not a timing claim)
     try:
         page.click("#scenario-core")  # two runs: the default core, then core 0 + 0 at α 0.99
-        page.wait_for_function("() => document.querySelectorAll('#d3-pane .d3-tok').length >= 2", timeout=GUARD_S * 1000)
+        page.wait_for_function("() => document.querySelectorAll('#d3-pane .d3-tok').length >= 2",
+                               timeout=GUARD_S * 1000)
         page.click("#scenario-aggressive")  # one run at α 0.9 with the default core
     finally:
         engine.delay = 0.0

@@ -54,7 +54,8 @@ def test_a_scenarios_later_steps_run_only_while_it_goes_on(demo) -> None:
     success (the step refuses when something else was asked for since, `Session.start_scenario`), and a click of
     the same scenario during its run defers its run (always_last) instead of dropping it (once)."""
     fns = {fn._id: fn for fn in demo.fns.values()}
-    runs = [fn for fn in demo.fns.values() if str(fn.api_name).startswith(("generate_scenario_", "compare_fills_scenario"))]
+    runs = [fn for fn in demo.fns.values()
+            if str(fn.api_name).startswith(("generate_scenario_", "compare_fills_scenario"))]
     assert len(runs) >= 5
     for fn in runs:
         before = fns[fn.trigger_after]

@@ -256,6 +256,28 @@ def test_a_scenario_clicked_during_another_scenarios_runs(watched, engines) -> N
     watched.check("a scenario clicked during another's runs")
 
 
+def test_generate_clicked_during_a_scenarios_runs(watched, engines) -> None:
+    """Generate during a scenario's first run: that run stops, Generate's run takes over on the controls as they
+    are, and the scenario's second run never comes (it would set core 0 + 0 under the new run and stop it); the
+    scenario's text says it was interrupted."""
+    page, engine = watched.page, engines["smollm2-135m"]
+    engine.delay = 0.2  # the scenario's first run outlasts the click (a hang guard, not a timing claim)
+    try:
+        page.click("#scenario-core")
+        page.wait_for_function("() => document.querySelectorAll('#d3-pane .d3-tok').length >= 2",
+                               timeout=GUARD_S * 1000)
+        page.fill("#max-new-tokens input", str(TOKENS))
+        page.click("#generate")
+    finally:
+        engine.delay = 0.0
+    watched.wait_status("Done.")
+    watched.settle()
+    assert int(page.input_value("#core-head input[type=number]")) > 0, "the scenario's second run came"
+    assert "interrupted" in page.inner_text("#scenario-finding")
+    assert "Run 1 of 2" in page.inner_text("#scenario-text")
+    watched.check("Generate clicked during a scenario's runs")
+
+
 def test_a_seeded_random_walk_over_the_controls(watched) -> None:
     """A few dozen random moves of the controls a person touches most; after every few, the three checks."""
     # Seed 25 clicks a scenario while another scenario's runs go (the last hang of issue 24); others by hand.

@@ -116,6 +116,9 @@ def _quoted_text(text: str, limit: int = 160) -> str:
     return "“" + text.replace("*", "\\*").replace("_", "\\_").replace("~", "\\~") + "”"  # ~ would strike text through
 
 
+INTERRUPTED = "*The scenario was interrupted before all its runs finished: click it again to see its numbers.*"
+
+
 def scenario_finding(key: str, summaries: list[dict[str, Any]], num_layers: int) -> str:
     """What the scenario's runs showed, in numbers (Markdown): `summaries` are its runs' history summaries, in order
     (with `layers`, `agree` and `text` where known, `RunRecord.detail`). Runs of different lengths (one stopped at
@@ -123,7 +126,7 @@ def scenario_finding(key: str, summaries: list[dict[str, Any]], num_layers: int)
     stays visible after the second has replaced it in the panes."""
     scenario = SCENARIOS[key]
     if len(summaries) < len(scenario.runs):
-        return "*The scenario was interrupted before all its runs finished: click it again to see its numbers.*"
+        return INTERRUPTED
     if len(scenario.runs) == 1:
         return f"**This run:** {_one_run(summaries[-1], num_layers)}."
     runs = summaries[-len(scenario.runs):]

@@ -51,6 +51,10 @@ class Session:
     stop_at: float = -math.inf  # when Stop was last pressed (time.monotonic())
     triggered_at: float | None = None  # when the page last asked for a run that has not begun yet
     running: int | None = None  # the run streaming now, if any (what Stop would stop)
+    asks: int = 0  # runs and stops a person has asked for, counted: a scenario goes on only while none came after it
+    scenario: tuple[str, int] | None = None  # the scenario whose runs go on, and the ask of its latest run
+    ended_ask: int | None = None  # the ask under which the run that ended last began
+    _asked: dict[int, int] = field(default_factory=dict, repr=False)  # the running run's ask
     problem: str | None = None  # what the status line says is wrong with the controls, until it is fixed
     typed_out_of_range: bool = False  # a value typed into a slider's box outside its range, not yet fixed
     core: tuple[int, int] | None = None  # (head, tail) as last settled on valid values (which one a person typed)
@@ -66,9 +70,12 @@ class Session:
 
     def trigger(self) -> None:
         """A new run was asked for (before it waits in the queue): stop the running one now. A Stop
-        pressed from here on also stops the new run, even while it still waits in the queue."""
+        pressed from here on also stops the new run, even while it still waits in the queue. A scenario whose run
+        was going runs none of its next runs (`start_scenario`)."""
         with self._lock:
             self.stop_at = self.triggered_at = time.monotonic()
+            self.asks += 1
+            self.scenario = None
 
     def begin(self) -> int:
         """Start a run; any earlier run of this session stops within one decoding step."""
@@ -77,6 +84,7 @@ class Session:
             self._since = {self.run_id: self.triggered_at if self.triggered_at is not None else time.monotonic()}
             self.triggered_at = None
             self.running = self.run_id
+            self._asked = {self.run_id: self.asks}
             return self.run_id
 
     def end(self, run_id: int) -> None:
@@ -84,9 +92,36 @@ class Session:
         with self._lock:
             if self.running == run_id:
                 self.running = None
+            if run_id in self._asked:
+                self.ended_ask = self._asked.pop(run_id)
 
     def request_stop(self) -> None:
-        self.stop_at = time.monotonic()
+        """Stop pressed: the running run stops within one token, and a scenario runs none of its next runs."""
+        with self._lock:
+            self.stop_at = time.monotonic()
+            self.asks += 1
+            self.scenario = None
+
+    def start_scenario(self, key: str, step: int) -> bool:
+        """Run `step` of scenario `key` is about to be set: stop the running run (`trigger`). Step 0 (a click)
+        always starts; a later step goes on only after the scenario's own previous run, with nothing asked for
+        since it was (no Generate, Stop, scenario, even this one again, or slider release): otherwise False, and
+        the scenario's chain ends there."""
+        if step > 0 and self.scenario_state(key) != "current":
+            return False
+        self.trigger()
+        with self._lock:
+            self.scenario = (key, self.asks)
+        return True
+
+    def scenario_state(self, key: str) -> str:
+        """Where scenario `key` stands once one of its runs has ended: "current" (that run was its latest ask and
+        nothing was asked for since), "replaced" (the scenario was clicked again, or another one, since that run
+        began) or "interrupted" (a Stop, a Generate or a release came after it)."""
+        with self._lock:
+            if self.scenario is None:
+                return "interrupted"
+            return "current" if self.scenario == (key, self.asks) == (key, self.ended_ask) else "replaced"
 
     def is_current(self, run_id: int) -> bool:
         return run_id == self.run_id

@@ -30,7 +30,8 @@ from explorer.controls import (
 from explorer.live import interrupt
 from explorer.parse import as_choice
 from explorer.pool import ModelPool
-from explorer.scenarios import SCENARIOS, fill_finding, scenario_controls, scenario_finding, scenario_text
+from explorer.scenarios import (INTERRUPTED, SCENARIOS, fill_finding, scenario_controls, scenario_finding,
+                                scenario_text)
 from explorer.session import Session
 from explorer.ui import core_sliders, ordered, refused, slider_range, user_errors
 
@@ -306,9 +307,13 @@ def set_presentation(session: Session | None, controls: Controls) -> tuple[Any, 
 
 
 def apply_scenario(pool: ModelPool, key: str, step: int, session: Session | None, model: str) -> tuple[Any, ...]:
-    """Set the controls of run `step` of a preset scenario (and stop whatever this session is running)."""
-    interrupt(session)
+    """Set the controls of run `step` of a preset scenario (and stop whatever this session is running). A later
+    run of a scenario is refused (silently: the chain of its runs ends) when a person asked for something else
+    since its previous run began (Stop, Generate, another scenario, a slider released): it would set the controls
+    under the newer run and stop it (issue 24, a scenario clicked during another's runs)."""
     if session is not None:
+        if not session.start_scenario(key, step):
+            raise refused(ValueError(f"the scenario {SCENARIOS[key].title!r} was interrupted"))
         session.settled = session.released = None  # the controls are set anew: the next settle answers in full
     with user_errors():
         layers = pool.facts(model).num_layers
@@ -320,10 +325,26 @@ def apply_scenario(pool: ModelPool, key: str, step: int, session: Session | None
                    example=gr.update(value=titles.get(values["prompt"])))
 
 
-def show_finding(pool: ModelPool, key: str, session: Session | None, model: str) -> str:
-    """What a scenario's runs showed, with their numbers, under its text (after its last run or fill comparison)."""
+def scenario_interrupted(key: str, session: Session | None) -> Any:
+    """A scenario's chain ended before its last run: say so under its text, unless another scenario's text is there."""
+    return INTERRUPTED if session is not None and session.scenario_state(key) == "interrupted" else gr.skip()
+
+
+def scenario_goes_on(key: str, session: Session | None) -> None:
+    """Before a scenario's fill comparison: refused (silently, ending its chain) when something else was asked for
+    since its run began."""
+    if session is not None and session.scenario_state(key) != "current":
+        raise refused(ValueError(f"the scenario {SCENARIOS[key].title!r} was interrupted"))
+
+
+def show_finding(pool: ModelPool, key: str, session: Session | None, model: str) -> Any:
+    """What a scenario's runs showed, with their numbers, under its text (after its last run or fill comparison);
+    nothing when another scenario's runs came after them (that one's text is shown)."""
     if session is None or not session.history:
         return ""
+    state = session.scenario_state(key)
+    if state != "current":
+        return gr.skip() if state == "replaced" else INTERRUPTED
     try:
         layers = pool.facts(model).num_layers
     except ValueError:

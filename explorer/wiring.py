@@ -43,6 +43,8 @@ from explorer.view_handlers import (
     render_attention,
     render_errors,
     render_flow,
+    scenario_goes_on,
+    scenario_interrupted,
     set_presentation,
     settle_controls,
     settle_released,
@@ -122,23 +124,32 @@ def _redraw_after(pool: ModelPool, ui: dict[str, Any], event: Any) -> None:
 
 def _wire_scenarios(pool: ModelPool, ui: dict[str, Any]) -> dict[str, Any]:
     """Each scenario's chain of runs; returns its last run's event by API name suffix (the views that draw a
-    finished run follow it)."""
-    done = {}
+    finished run follow it). Each step after a run goes on only while nothing else was asked for since
+    (`Session.start_scenario`): a scenario, Generate, Stop or release during a scenario's run ends its chain there,
+    instead of its next run setting the controls under the newer run and stopping it (issue 24)."""
+    done, hidden = {}, dict(queue=False, preprocess=False, show_progress="hidden", show_progress_on=[ui["run_state"]])
     for key, scenario in SCENARIOS.items():
         event = ui[f"scenario_{key}"].click
+        interrupted = functools.partial(scenario_interrupted, key)
         for step in range(len(scenario.runs)):
             applied = (event if step == 0 else event.then)(
                 functools.partial(apply_scenario, pool, key, step), [ui["session"], ui["model"]],
-                _pick(ui, SCENARIO_OUTPUTS), queue=False, api_name=f"scenario_{key}_{step}", preprocess=False)
+                _pick(ui, SCENARIO_OUTPUTS), api_name=f"scenario_{key}_{step}", **hidden)
+            applied.failure(interrupted, ui["session"], ui["scenario_finding"], api_name=False, **hidden)
             _redraw_after(pool, ui, applied)
-            event = applied.then(functools.partial(generate, pool), _with_controls(ui, "session"),
-                                 _pick(ui, GENERATE_OUTPUTS), api_name=f"generate_scenario_{key}_{step}",
-                                 **_queued(pool, ui))
+            event = applied.success(functools.partial(generate, pool), _with_controls(ui, "session"),
+                                    _pick(ui, GENERATE_OUTPUTS), api_name=f"generate_scenario_{key}_{step}",
+                                    trigger_mode="always_last", **_queued(pool, ui))
         done[f"_scenario_{key}"] = event
         if scenario.fills:
-            event = _wire_fills(pool, ui, event, f"_scenario_{key}")
+            going_on = event.then(functools.partial(scenario_goes_on, key), ui["session"], None, api_name=False,
+                                  **hidden)
+            going_on.failure(interrupted, ui["session"], ui["scenario_finding"], api_name=False, **hidden)
+            event = going_on.success(functools.partial(compare_fills, pool), _with_controls(ui, "session"),
+                                     _pick(ui, FILLS_OUTPUTS), api_name=f"compare_fills_scenario_{key}",
+                                     trigger_mode="always_last", **_queued(pool, ui))
         event.then(functools.partial(show_finding, pool, key), [ui["session"], ui["model"]], ui["scenario_finding"],
-                   queue=False, api_name=f"scenario_{key}_finding", preprocess=False, show_progress="hidden")
+                   api_name=f"scenario_{key}_finding", **hidden)
     return done
 
 
@@ -241,7 +252,10 @@ def wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     runs = {"": _wire_generation(pool, ui, [ui["generate"].click, ui["prompt"].submit]),
             "_on_release": _wire_generation(pool, ui, [ui[n].release for n in RELEASE_TRIGGERS], "_on_release",
                                           checked=True)}
-    ui["stop"].click(stop, ui["session"], ui["status"], api_name="stop", queue=False, show_progress="hidden")
+    # Every click of Stop is sent: with gradio's default for a click ("once") the page drops a click while an
+    # earlier one is still in flight, and Stop would seem not to answer.
+    ui["stop"].click(stop, ui["session"], ui["status"], api_name="stop", queue=False, show_progress="hidden",
+                     trigger_mode="multiple")
     fills = gr.on([ui["fills_button"].click], interrupt, [ui["session"]], None, queue=False,
                   api_name="interrupt_fills", show_progress="hidden")
     _wire_fills(pool, ui, fills, "")

@@ -29,6 +29,21 @@ PLOT_HAS_DATA = """(id) => {
   const filled = v => v && ((v.bdata && v.bdata.length > 0) || (v.length > 0 && Array.from(v).some(x => x !== null)));
   return plot.data.some(t => filled(t.x) || filled(t.y) || filled(t.z));
 }"""
+# Where on the screen a D3 point of the Sweep tab's Pareto view is, and a listener that remembers what a click hit.
+# The centre of the D3 point farthest from every other strategy's point: timings on the tiny model are noisy, so
+# a D3 point can land under another strategy's, and a click there would pick that one.
+D3_POINT = """() => {
+  const plot = document.querySelector('#plot-sweep .js-plotly-plot');
+  window.__clicked = null;
+  plot.on('plotly_click', (e) => { window.__clicked = {row: e.points[0].customdata, text: e.points[0].text}; });
+  const groups = document.querySelectorAll('#plot-sweep .scatterlayer .trace');
+  const centres = (i) => Array.from(groups[i].querySelectorAll('path.point')).map(p => {
+    const r = p.getBoundingClientRect(); return {x: r.x + r.width / 2, y: r.y + r.height / 2}; });
+  const d3 = plot.data.findIndex(d => d.meta && d.meta.role === 'points' && d.meta.name === 'd3');
+  const others = plot.data.flatMap((d, i) => (i !== d3 && d.meta && d.meta.role === 'points') ? centres(i) : []);
+  const room = (c) => Math.min(Infinity, ...others.map(o => Math.hypot(o.x - c.x, o.y - c.y)));
+  return centres(d3).reduce((best, c) => (room(c) > room(best) ? c : best));
+}"""
 TOKENS_IN = "(id) => document.querySelectorAll(`#${id} .d3-tok`).length"
 # Each visible plot: the width plotly drew (its svg) and the width of the box it sits in.
 PLOT_WIDTHS = """() => Array.from(document.querySelectorAll('[id^=plot-]')).filter(c => c.offsetParent !== null)

@@ -240,7 +240,10 @@ def test_compare_fills_yields_one_comparison_per_fill(pool) -> None:
 
 def test_scenarios_set_the_controls(pool) -> None:
     index = {name: i for i, name in enumerate(view_handlers.SCENARIO_OUTPUTS)}
-    values = view_handlers.apply_scenario(pool, "core", 1, Session(), "tiny")
+    session = Session()
+    view_handlers.apply_scenario(pool, "core", 0, session, "tiny")
+    session.end(session.begin())  # its first run, then its second run's controls
+    values = view_handlers.apply_scenario(pool, "core", 1, session, "tiny")
     head, tail = values[index["core_head"]], values[index["core_tail"]]
     assert (head["value"], tail["value"]) == (0, 0) and head["maximum"] == tail["maximum"] == 5  # both bounds set
     assert "Run 2 of 2" in values[index["scenario_text"]]

@@ -12,6 +12,7 @@ from explorer.page import build_demo
 from tests.pagehelpers import (
     ARTIFACTS,
     click_tab,
+    D3_POINT,
     open_page,
     PLOT_HAS_DATA,
     show_tab,
@@ -130,23 +131,6 @@ def test_the_embedded_model_in_the_page(browser) -> None:
                 page.locator(f"#plot-{key}").screenshot(path=str(ARTIFACTS / f"browser_embedded_{key}.png"))
         finally:
             page.close()
-
-
-# Where on the screen a D3 point of the Sweep tab's Pareto view is, and a listener that remembers what a click hit.
-# The centre of the D3 point farthest from every other strategy's point: timings on the tiny model are noisy, so
-# a D3 point can land under another strategy's, and a click there would pick that one.
-D3_POINT = """() => {
-  const plot = document.querySelector('#plot-sweep .js-plotly-plot');
-  window.__clicked = null;
-  plot.on('plotly_click', (e) => { window.__clicked = {row: e.points[0].customdata, text: e.points[0].text}; });
-  const groups = document.querySelectorAll('#plot-sweep .scatterlayer .trace');
-  const centres = (i) => Array.from(groups[i].querySelectorAll('path.point')).map(p => {
-    const r = p.getBoundingClientRect(); return {x: r.x + r.width / 2, y: r.y + r.height / 2}; });
-  const d3 = plot.data.findIndex(d => d.meta && d.meta.role === 'points' && d.meta.name === 'd3');
-  const others = plot.data.flatMap((d, i) => (i !== d3 && d.meta && d.meta.role === 'points') ? centres(i) : []);
-  const room = (c) => Math.min(Infinity, ...others.map(o => Math.hypot(o.x - c.x, o.y - c.y)));
-  return centres(d3).reduce((best, c) => (room(c) > room(best) ? c : best));
-}"""
 
 
 def test_clicking_a_sweep_point_loads_its_setting_into_the_live_controls(browser, url) -> None:

@@ -114,7 +114,7 @@ def handlers(pool: ModelPool, finished: Session) -> dict[str, tuple[Callable[...
         "model_changed": (lambda **kw: view_handlers.model_changed(pool, **kw), {"model": "tiny"}),
         "load_model": (lambda **kw: view_handlers.load_model(pool, **kw), {"model": "tiny"}),
         "use_example": (lambda **kw: view_handlers.use_example(**kw), {"title": "Fact"}),
-        "apply_scenario": (lambda **kw: view_handlers.apply_scenario(pool, "core", 1, finished, **kw), {"model": "tiny"}),
+        "apply_scenario": (lambda **kw: view_handlers.apply_scenario(pool, "core", 0, finished, **kw), {"model": "tiny"}),
         "render_flow": (lambda **kw: view_handlers.render_flow(finished, **kw), _pick(view, ("metric", "presentation"))),
         "render_attention": (lambda **kw: view_handlers.render_attention(finished, **kw),
                              _pick(view, ("attention_layer", "attention_head", "presentation"))),

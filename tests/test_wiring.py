@@ -47,3 +47,23 @@ def test_a_slider_let_go_runs_only_after_its_value_is_checked(demo) -> None:
     assert len(checks) == 1 and checks[0].trigger_only_on_success
     generates = [fn for fn in demo.fns.values() if fn.api_name == "generate_on_release"]
     assert generates and all(fn.trigger_after is not None for fn in generates)
+
+
+def test_a_scenarios_later_steps_run_only_while_it_goes_on(demo) -> None:
+    """Issue 24, a scenario clicked during another's runs: each run of a scenario follows its controls' step only on
+    success (the step refuses when something else was asked for since, `Session.start_scenario`), and a click of
+    the same scenario during its run defers its run (always_last) instead of dropping it (once)."""
+    fns = {fn._id: fn for fn in demo.fns.values()}
+    runs = [fn for fn in demo.fns.values()
+            if str(fn.api_name).startswith(("generate_scenario_", "compare_fills_scenario"))]
+    assert len(runs) >= 5
+    for fn in runs:
+        before = fns[fn.trigger_after]
+        assert fn.trigger_only_on_success and fn.trigger_mode == "always_last", fn.api_name
+        assert _handler(before) in ("apply_scenario", "scenario_goes_on"), (fn.api_name, _handler(before))
+
+
+def test_every_click_of_stop_is_sent(demo) -> None:
+    """The page drops a click of a "once" event while an earlier one is in flight: Stop must always answer."""
+    stops = [fn for fn in demo.fns.values() if fn.api_name == "stop"]
+    assert len(stops) == 1 and stops[0].trigger_mode == "multiple" and not stops[0].queue

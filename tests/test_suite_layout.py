@@ -16,7 +16,6 @@ ELSEWHERE = {
     "explorer/cli.py": "test_packaging.py",  # the d3-explorer command, installed
     "explorer/ui.py": "test_robustness.py",  # gr.Error for a person's mistake, outputs in order
     "explorer/wording.py": "test_views.py",  # the views' titles and explanations
-    "explorer/session.py": "test_expiry.py",  # sessions forgotten when idle, bounded in number
     "explorer/layout.py": "test_wiring.py",  # the components and what listens to them
 }
 

@@ -29,12 +29,13 @@ from d3.research.stats import exact_difference
 from d3.research.study import (COLLAPSE, GO_ON, NAMED_ORDERS, TARGETS, Eta, Outcome, QuestionSet, collapsed, curve_name,
                               goes_on, paired_row, screen_tasks, settings, timing_pairs)
 
-VERSION = 2  # results of the paired, swept study (version 1 held one alpha per target depth, unpaired)
+VERSION = 3  # the sequential, paired, swept study (2: every setting on every question; 1: one alpha per target, unpaired)
 SHORT = {"smollm2-135m": "smollm2", "gemma3-270m": "gemma3"}
-# (signal, greedy steps, validation questions per task) on the kept tasks: agreement is a teacher-forced parallel
-# pass (cheap: 4 greedy steps on 100 questions per task); task answers every question per candidate removal
-# (24 candidates a step), so it orders the layers by their single drops on 50 questions per task
-PLAN = (("agreement", 4, 100), ("task", 1, 50))
+# (signal, greedy steps, validation questions per task) on the kept tasks. Each greedy step scores every flex layer
+# left (24, 23, ... on SmolLM2), so one step, the order of the single drops, is what an hour allows: agreement
+# (teacher-forced on full depth's own answers) on 40 questions per task, task (exact match, every question
+# answered per candidate) on 25
+PLAN = (("agreement", 1, 40), ("task", 1, 25))
 
 
 def say(line: str) -> None:

@@ -51,11 +51,14 @@ def load(path: Path) -> dict:
     return result if result.get("version") == VERSION else {"version": VERSION}
 
 
-def calibrations(engine, result: dict, tasks: list[str], scale: float, save) -> dict[str, dict]:
+def calibrations(engine, result: dict, tasks: list[str], scale: float, save, signals: set[str]) -> dict[str, dict]:
     """The plan's calibrated orders on the validation questions (cached), as D3Config fields by name; `scale`
-    multiplies the plan's validation questions per task."""
+    multiplies the plan's validation questions per task; only the plan's `signals` are measured (those measured
+    before stay in the study)."""
     done = result.setdefault("calibrations", {})
     for signal, steps, per_task in PLAN:
+        if signal not in signals:
+            continue
         val_limit = max(1, round(per_task * scale))
         cal_set = CalibrationSet(f"task:{'+'.join(tasks)}:{val_limit}", tasks=tuple(tasks), chat_template=False,
                                  val_limit=val_limit)
@@ -187,7 +190,7 @@ def run_model(model: str, args, parts: set[str]) -> Path:
     result["tasks"] = tasks
     orders = {o: {"drop_order": o} for o in NAMED_ORDERS}
     if "calibrate" in parts:
-        orders.update(calibrations(engine, result, tasks, args.val_scale, save))
+        orders.update(calibrations(engine, result, tasks, args.val_scale, save, set(args.signals.split(","))))
     if "sweep" in parts:
         sweep(engine, result, tasks, orders, args, save)
     result["test_limit"] = args.test_limit
@@ -220,6 +223,8 @@ def main() -> int:
                    "calibration of the plan reads (agreement 100, task 50)")
     p.add_argument("--test-limit", type=int, default=500, help="test questions per task")
     p.add_argument("--targets", default=",".join(map(str, TARGETS)), help="planned mean depths (fractions of L)")
+    p.add_argument("--signals", default=",".join(s for s, _, _ in PLAN), help="the plan's calibrations to measure")
+    p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument("--stage1", type=int, default=50, help="first-stage test questions per task (every setting)")
     p.add_argument("--go-on", type=float, default=GO_ON, help="a setting answers the rest of the test questions "
                    "while its first-stage interval allows a loss this small (fraction: 0.03 = 3 points)")
@@ -234,6 +239,9 @@ def main() -> int:
     p.add_argument("--partial", default=None, help="mark the results as a partial run, described so ('' unmarks)")
     p.add_argument("--only", default="", help="comma-separated parts: screen,calibrate,sweep,report")
     args = p.parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
     parts = set(args.only.split(",")) if args.only else {"screen", "calibrate", "sweep", "report"}
     started = time.perf_counter()
     paths = [run_model(m, args, parts) for m in args.models.split(",") if m]

@@ -46,7 +46,7 @@ def setting_rows(study: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({"label": label, "name": name, "target": target, "layers": row["mean_layers"], **row["diff"],
                     "speedup": row["measured_speedup"] if timed else row.get("cpu_speedup", float("nan")),
                     "timed": timed, "spread": row.get("speedup_spread"), "stage": row.get("stage", 2),
-                    "same": row.get("same_answer", {}).get("diff"), "accuracy": row["accuracy"], "qps": row.get("qps"),
+                    "same": row.get("same_answer", {}).get("diff"), "accuracy": row["accuracy"], "qps": row.get("qps"), "asked": row.get("asked"),
                     "qps_cpu": row.get("qps_cpu")})
     return out
 
@@ -157,7 +157,7 @@ def settings_table(study: dict[str, Any]) -> str:
         sp = f" [{r['spread'][0]:.2f}, {r['spread'][1]:.2f}]" if r.get("spread") else ""
         kind = "" if r["timed"] else " CPU"
         stage = "" if r["stage"] == 2 else " (first stage)"
-        lines.append(f"| {r['label']} | {r['layers']:.2f} | {r['n']}{stage} | {100 * r['accuracy']:.1f}% | {_interval(r)} | "
+        lines.append(f"| {r['label']} | {r['layers']:.2f} | {r.get('n', r.get('asked'))}{stage} | {100 * r['accuracy']:.1f}% | {_interval(r)} | "
                      f"{100 * (1 + r['same']):.0f}% | {r['speedup']:.2f}{kind}{sp} | {r['qps']:.2f} "
                      f"({r.get('qps_cpu') or float('nan'):.2f}) |")
     return "\n".join(lines)

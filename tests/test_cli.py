@@ -201,3 +201,16 @@ def test_sweep_prints_every_difference_with_its_paired_interval() -> None:
     assert lines[1] == ("d3 a=0.99: 27.50 layers, 1.08x measured; accuracy -2.0 [-5.0, +1.0] pts; "
                         "agreement -25.0 [-50.0, +0.0] pts")
     assert lines[2] == "one prompt: 27.50 layers, 1.08x measured; agreement -25.0 pts (one prompt: no interval)"
+
+
+def test_sweep_on_a_tiny_model_prints_each_rows_paired_interval(tiny_engine, tmp_path, capsys) -> None:
+    """`d3 sweep` with two of the shipped prompts: every row's line carries agreement's 95% interval over the prompts."""
+    from d3.cli import build_parser
+    from d3.cli.sweep import main as sweep_main
+
+    args = build_parser().parse_args(["sweep", "--prompts", "2", "--new-tokens", "3", "--repeats", "1",
+                                      "--depths", "0.5", "--baselines", "", "--ppl-chunks", "0",
+                                      "--out", str(tmp_path / "s.csv")])
+    assert sweep_main(args, engine=tiny_engine) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if "layers," in x]
+    assert len(lines) == 2 and all("agreement" in x and "[" in x and "pts" in x for x in lines)

@@ -120,7 +120,11 @@ def sweep(engine, result: dict, tasks: list[str], orders: dict, args, save) -> N
     _cost(result, "prefill", t0, c0)
     say(f"{engine.name}: {len(first)} first-stage and {len(rest)} further test questions prefilled "
         f"({time.perf_counter() - t0:.0f} s)")
-    result.update(test_sizes=[a + b for a, b in zip(first.sizes, rest.sizes)],
+    design = {"stage1": args.stage1, "test_limit": args.test_limit, "go_on": args.go_on, "tasks": tasks}
+    if result.get("design", design) != design and result.get("settings"):  # rows of another design never mix
+        say(f"{engine.name}: the results on file were measured with {result['design']}; starting the sweep again")
+        result.pop("settings"), result.pop("curves_stopped", None)
+    result.update(test_sizes=[a + b for a, b in zip(first.sizes, rest.sizes)], design=design,
                   stages=[first.sizes, rest.sizes], go_on=args.go_on, collapse=COLLAPSE)
     rows = result.setdefault("settings", {})
     todo = settings(engine.num_layers, orders, [float(t) for t in args.targets.split(",")])

@@ -120,3 +120,11 @@ def test_a_setting_stopped_after_the_first_stage_is_marked_timed_by_cpu_and_pair
     assert "d3 bad: lost 20 points or more at d3 bad @0.85; its deeper cuts were not run" in text
     line = next(x for x in rep.paired_orders(study) if x.startswith("d3 good @0.85"))
     assert "on 20 questions" in line  # the stopped setting's first stage: the questions both ran
+
+
+def test_a_study_where_no_two_curves_share_a_depth_says_so_instead_of_an_empty_table() -> None:
+    study = {**STUDY, "settings": {"full depth": STUDY["settings"]["full depth"],
+                                   "d3 good @0.95": STUDY["settings"]["d3 good @0.95"]}}
+    text = rep.section(study)
+    assert "No whole layer count is covered by two orders' curves" in text and "| order |  |" not in text
+    assert "- no depth is covered by two orders' curves" in text

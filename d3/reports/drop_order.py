@@ -107,8 +107,10 @@ def headline(study: dict[str, Any], bound: float) -> str:
     if not rows:
         return "no setting that skips a layer measured yet"
     r = max(rows, key=lambda r: r["low"])
+    speed = f"{r['speedup']:.2f}x" + ("" if r.get("timed", True) else " by CPU time")
     return (f"loss bound <= {100 * bound:.0f} point(s): **none**; the closest is {r['label']} at {r['layers']:.2f} "
-            f"layers, {r['speedup']:.2f}x, accuracy {_interval(r)} pts (loss up to {-100 * r['low']:.1f} points)")
+            f"layers, {speed}, accuracy {_interval(r)} pts on {r.get('n', r.get('asked'))} questions "
+            f"(loss up to {-100 * r['low']:.1f} points)")
 
 
 def _spread(r: dict[str, Any]) -> str:
@@ -137,6 +139,8 @@ def paired_orders(study: dict[str, Any], within: float = 0.1) -> list[str]:
 def matched_table(study: dict[str, Any]) -> str:
     """Orders and baselines at common depths: interpolated difference [interval] in points."""
     depths = common_depths(study)
+    if not depths:
+        return "No whole layer count is covered by two orders' curves (each order's settings are in the table below)."
     lines = ["| order | " + " | ".join(f"{d:.0f} layers" for d in depths) + " |", "|---|" + "---|" * len(depths)]
     for name, c in curves(study).items():
         cells = [_interval(v) if (v := at_depth(c, d)) else "" for d in depths]
@@ -211,7 +215,7 @@ def section(study: dict[str, Any]) -> str:
         *(f"- Headline: {headline(study, b)}." for b in BOUNDS), "",
         *(f"- {line}." for line in cost_lines(study)), "",
         "Which order wins at each depth (interpolated along each order's curve):", "",
-        *(f"- {w}" for w in winners(study)), "",
+        *(f"- {w}" for w in winners(study) or ["no depth is covered by two orders' curves"]), "",
         "Orders that ran the same depth, paired on the same questions:", "",
         *(f"- {line}" for line in paired_orders(study) or ["none ran within 0.1 layers of another"]), "",
         "### At common depths (accuracy difference from full depth, points [95%], interpolated)", "",

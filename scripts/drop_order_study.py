@@ -2,7 +2,10 @@
 questions, each setting's accuracy as a paired difference from full depth with its exact 95% interval, at the
 depth it actually ran, with its measured speedup; the SUMMARY section and the README's numbers from the results.
 
-Usage: python scripts/drop_order_study.py [--models smollm2-135m,gemma3-270m] [--test-limit 500] [--only PARTS]
+Usage: python scripts/drop_order_study.py [--models smollm2-135m,gemma3-270m] [--test-limit 500] [--stage1 50]
+       [--targets 0.97,0.93,...] [--signals agreement,task] [--only PARTS]
+Sequential: every setting answers the first --stage1 test questions of each task; those whose paired interval
+can still show a loss of at most --go-on (3 points) answer the rest and are timed (d3.research.study).
 Resumable: each model's results go to results/drop_order_<model>.json as every setting finishes; a rerun skips what
 is there (calibrations are cached by d3.research.calibrate). Progress with the time left goes to stderr.
 Parts: screen (full depth on validation, drops tasks the model cannot do), calibrate (on validation only), sweep

@@ -49,6 +49,14 @@ class DecodeState:
         self.next_positions = self.next_positions.expand(n, -1).contiguous()
         self.holes = {layer: hole.expand(n, -1).contiguous() for layer, hole in self.holes.items()}
 
+    def keep(self, rows: torch.Tensor) -> None:
+        """Keep only `rows` (indices into the batch, [kept]) of the cache, the masks and the positions: finished
+        replies leave the batch, so later steps compute only the rows still writing."""
+        self.cache.batch_select_indices(rows)
+        self.attention_mask = self.attention_mask[rows]
+        self.next_positions = self.next_positions[rows]
+        self.holes = {layer: hole[rows] for layer, hole in self.holes.items()}
+
     def mark_hole(self, layer: int) -> None:
         """The newest position of `layer` holds no real KV entry."""
         if layer not in self.holes:

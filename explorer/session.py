@@ -11,12 +11,13 @@ from typing import Any, Callable, Iterable
 
 import pandas as pd
 
+from d3.research.stats import bootstrap_difference
 from d3.trace import Comparison, Trace, token_agreement
 from d3.trace import measured_speedup
 from explorer.runs import LiveUpdate
 
 HISTORY_COLUMNS = ["run", "strategy", "tokens", "mean layers", "theoretical ×", "measured ×", "agreement",
-                   "first divergence", "KL teacher", "KL free"]
+                   "agree 95%", "first divergence", "KL teacher", "KL free"]
 HISTORY_LIMIT = 50  # runs kept per session, like everything a session keeps: bounded
 
 
@@ -30,6 +31,7 @@ class RunRecord:
     text: str = ""  # what the skipping run wrote
     layers: tuple[int, ...] = ()  # layers it ran per token
     agree: tuple[bool, ...] = ()  # per position, whether its token equals full depth's
+    prompt: str = ""  # what it answered (the unit of the history's paired interval)
 
     def detail(self) -> dict[str, Any]:
         """The summary with the run's text and its per-token layers and agreement (scenario findings)."""
@@ -173,7 +175,7 @@ class Session:
             speedup = measured_speedup(d3, full)
             measured = speedup.ratio if speedup is not None and speedup.resolvable else None
             self.history.append(RunRecord(label, summary, measured, text=d3.text,
-                                          layers=tuple(int(n) for n in d3.layers_used), agree=agree))
+                                          layers=tuple(int(n) for n in d3.layers_used), agree=agree, prompt=d3.prompt))
             del self.history[:-HISTORY_LIMIT]
 
     def history_frame(self) -> pd.DataFrame:
@@ -181,10 +183,23 @@ class Session:
                  "mean layers": round(r.summary["mean_layers"], 2),
                  "theoretical ×": round(r.summary["theoretical_speedup"], 2),
                  "measured ×": None if r.measured is None else round(r.measured, 2),
-                 "agreement": round(r.summary["agreement"], 3), "first divergence": r.summary["first_divergence"],
+                 "agreement": round(r.summary["agreement"], 3), "agree 95%": agreement_interval(self.history[:i + 1]),
+                 "first divergence": r.summary["first_divergence"],
                  "KL teacher": _round(r.summary.get("kl_teacher_mean")), "KL free": _round(r.summary.get("kl_free_mean"))}
                 for i, r in enumerate(self.history)]
         return pd.DataFrame(rows, columns=HISTORY_COLUMNS)
+
+
+def agreement_interval(runs: list[RunRecord]) -> str | None:
+    """The last run's strategy's agreement over its runs so far on different prompts, with the 95% interval of a
+    paired bootstrap over those prompts ("0.62-0.91 (3)"): each run is paired with full depth on its own prompt.
+    None until that strategy has run on two prompts (one prompt's tokens are not independent draws)."""
+    label = runs[-1].label
+    by_prompt = {r.prompt: r.summary["agreement"] for r in runs if r.label == label}  # a prompt rerun counts once
+    if len(by_prompt) < 2:
+        return None
+    d = bootstrap_difference([1.0] * len(by_prompt), list(by_prompt.values()))
+    return f"{1 + d.low:.2f}-{1 + d.high:.2f} ({len(by_prompt)})"
 
 
 def _round(value: float | None) -> float | None:

@@ -56,7 +56,8 @@ SWEEP_MIN_NEW_TOKENS = 2
 SWEEP_REPEATS = 3  # timing pairs per prompt: one pair made full depth against itself read 3.6x
 SWEEP_MAX_S = 60  # a sweep stops here (or at the server's run limit, if lower) and shows the rows it finished
 SWEEP_TABLE_COLUMNS = ["label", "strategy", "target_depth", "mean_layers", "theoretical_speedup", "measured_speedup",
-                       "agreement", "first_divergence", "kl_teacher", "kl_free", "params"]
+                       "agreement", "agreement_low", "agreement_high", "first_divergence", "kl_teacher", "kl_free",
+                       "params"]
 
 
 def sweep_bounds_text() -> str:
@@ -247,10 +248,19 @@ def sweep_outputs(df: pd.DataFrame, spec: SweepSpec) -> dict[str, Any]:
     else:
         note = (f"Measured {len(df)} rows ({len(df) - 1} settings + the full-depth reference) on {len(spec.prompts)} "
                 f"prompt(s), {spec.max_new_tokens} new tokens, {spec.repeats} timing pairs each (median). Full depth "
-                f"timed against itself read {noise:.2f}×: differences that small are timing noise. Click a point or a "
-                "row to load its setting into the controls.")
+                f"timed against itself read {noise:.2f}×: differences that small are timing noise. "
+                f"{interval_note(len(spec.prompts))} Click a point or a row to load its setting into the controls.")
     return dict(sweep_results=df, sweep_table=sweep_table(df), sweep_pareto=_sweep_figure(df), sweep_note=note,
                 sweep_file=None)  # the previous sweep's CSV is no longer offered
+
+
+def interval_note(prompts: int) -> str:
+    """What the agreement's interval is, or why there is none (its unit is the prompt)."""
+    if prompts < 2:
+        return ("Agreement is full depth's tokens kept, on one prompt: no interval (its tokens are not independent; "
+                "type a second prompt on its own line for a 95% interval over prompts).")
+    return ("Agreement is paired with full depth on the same prompts; agreement_low/high and the error bars are its "
+            f"95% interval (paired bootstrap over the {prompts} prompts: wide with so few).")
 
 
 def reference_as_one(df: pd.DataFrame) -> tuple[pd.DataFrame, float]:

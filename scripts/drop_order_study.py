@@ -2,7 +2,10 @@
 questions, each setting's accuracy as a paired difference from full depth with its exact 95% interval, at the
 depth it actually ran, with its measured speedup; the SUMMARY section and the README's numbers from the results.
 
-Usage: python scripts/drop_order_study.py [--models smollm2-135m,gemma3-270m] [--test-limit 500] [--only PARTS]
+Usage: python scripts/drop_order_study.py [--models smollm2-135m,gemma3-270m] [--test-limit 500] [--stage1 50]
+       [--targets 0.97,0.93,...] [--signals agreement,task] [--only PARTS]
+Sequential: every setting answers the first --stage1 test questions of each task; those whose paired interval
+can still show a loss of at most --go-on (3 points) answer the rest and are timed (d3.research.study).
 Resumable: each model's results go to results/drop_order_<model>.json as every setting finishes; a rerun skips what
 is there (calibrations are cached by d3.research.calibrate). Progress with the time left goes to stderr.
 Parts: screen (full depth on validation, drops tasks the model cannot do), calibrate (on validation only), sweep
@@ -25,11 +28,17 @@ from d3.research import calibrate as cal
 from d3.research.answers import PrefilledQuestions
 from d3.research.calibration_sets import CalibrationSet
 from d3.research.gentasks import SYNTHETIC_TASKS, get_generation_task
-from d3.research.study import NAMED_ORDERS, TARGETS, Eta, QuestionSet, paired_row, screen_tasks, settings, timing_pairs
+from d3.research.stats import exact_difference
+from d3.research.study import (COLLAPSE, GO_ON, NAMED_ORDERS, TARGETS, Eta, Outcome, QuestionSet, collapsed, curve_name,
+                              goes_on, paired_row, screen_tasks, settings, timing_pairs)
 
-VERSION = 2  # results of the paired, swept study (version 1 held one alpha per target depth, unpaired)
+VERSION = 3  # the sequential, paired, swept study (2: every setting on every question; 1: one alpha per target, unpaired)
 SHORT = {"smollm2-135m": "smollm2", "gemma3-270m": "gemma3"}
-PLAN = (("agreement", 4), ("task", 4))  # (signal, greedy steps) on the kept tasks' validation questions
+# (signal, greedy steps, validation questions per task) on the kept tasks. Each greedy step scores every flex layer
+# left (24, 23, ... on SmolLM2), so one step, the order of the single drops, is what an hour allows: agreement
+# (teacher-forced on full depth's own answers) on 40 questions per task, task (exact match, every question
+# answered per candidate) on 25
+PLAN = (("agreement", 1, 40), ("task", 1, 25))
 
 
 def say(line: str) -> None:
@@ -45,59 +54,123 @@ def load(path: Path) -> dict:
     return result if result.get("version") == VERSION else {"version": VERSION}
 
 
-def calibrations(engine, result: dict, tasks: list[str], val_limit: int, save) -> dict[str, dict]:
-    """The plan's calibrated orders on the validation questions (cached), as D3Config fields by name."""
-    cal_set = CalibrationSet(f"task:{'+'.join(tasks)}:{val_limit}", tasks=tuple(tasks), chat_template=False,
-                             val_limit=val_limit)
+def calibrations(engine, result: dict, tasks: list[str], scale: float, save, signals: set[str]) -> dict[str, dict]:
+    """The plan's calibrated orders on the validation questions (cached), as D3Config fields by name; `scale`
+    multiplies the plan's validation questions per task; only the plan's `signals` are measured (those measured
+    before stay in the study)."""
     done = result.setdefault("calibrations", {})
-    for signal, steps in PLAN:
+    for signal, steps, per_task in PLAN:
+        if signal not in signals:
+            continue
+        val_limit = max(1, round(per_task * scale))
+        cal_set = CalibrationSet(f"task:{'+'.join(tasks)}:{val_limit}", tasks=tuple(tasks), chat_template=False,
+                                 val_limit=val_limit)
         if signal not in done:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             c = cal.calibrate(engine, signal, cal_set, steps=steps,
                               progress=lambda d, t, w: print(f"\r{signal} [{d}/{t}] {w}   ", end="", file=sys.stderr))
-            done[signal] = {"order": list(c.order), "steps": steps, "val_questions": val_limit * len(tasks),
+            done[signal] = {"order": list(c.order), "steps": steps, "val_questions": sum(len(get_generation_task(t).split("validation")[:val_limit]) for t in tasks),
                             "seconds": round(time.perf_counter() - t0, 1)}
+            _cost(result, "calibrate", t0, c0)
             say(f"\ncalibrated by {signal}: {c.order[:8]} ({done[signal]['seconds']:.0f} s)")
             save()
     return {f"calibrated {s}": {"drop_order": "calibrated", "layer_order": tuple(c["order"])} for s, c in done.items()}
 
 
+def _full_row(out: Outcome, first: Outcome, timing: dict) -> dict:
+    """Full depth's row: every test question's answer and right/wrong (the reference every setting pairs with)."""
+    return {"accuracy": round(out.accuracy, 5), "right": sum(out.correct), "asked": len(out.correct),
+            "mean_layers": out.mean_layers, "tokens": out.tokens, "seconds": round(out.seconds, 2),
+            "cpu_seconds": round(out.cpu_seconds, 2), "stage1_cpu_seconds": round(first.cpu_seconds, 2),
+            "qps": round(len(out.correct) / out.seconds, 3), "qps_cpu": round(len(out.correct) / out.cpu_seconds, 3),
+            "answers": list(out.answers), "bits": "".join("1" if c else "0" for c in out.correct), **timing}
+
+
+def _reference(row: dict) -> Outcome:
+    return Outcome(tuple(b == "1" for b in row["bits"]), tuple(row["answers"]), row["mean_layers"], row["tokens"],
+                   row["seconds"], row["cpu_seconds"])
+
+
+def _setting_row(cfg, first: QuestionSet, rest: QuestionSet, full: Outcome, full_first_cpu: float, timing_q,
+                 args) -> dict:
+    """One setting, sequentially: the first stage; the rest of the test questions (and ABBA timing) only if its
+    paired interval can still reach a loss of at most --go-on points."""
+    n1 = len(first)
+    head = first.run(cfg)
+    stage1 = exact_difference(full.correct[:n1], head.correct).to_dict()
+    if goes_on(stage1, args.go_on) and len(rest):
+        out = head.join(rest.run(cfg))
+        row = paired_row(full, out, [first.sizes, rest.sizes])
+        row.update(stage=2, **timing_pairs(timing_q, cfg, args.pairs))
+    else:
+        row = paired_row(full.head(n1), head, first.sizes)
+        row.update(stage=1, stopped=bool(len(rest)))
+    row.update(stage1=stage1, cpu_speedup=round(full_first_cpu / max(head.cpu_seconds, 1e-9), 4),
+               config=cfg.to_dict())
+    return row
+
+
 def sweep(engine, result: dict, tasks: list[str], orders: dict, args, save) -> None:
-    """Full depth, then every setting not yet in the results, on the test questions only."""
-    test = QuestionSet(engine, tasks, "test", limit=args.test_limit, batch=args.batch)
-    first = get_generation_task(tasks[0])
-    timing_q = PrefilledQuestions(engine, first, first.split("test")[:args.timing_questions], batch=args.timing_questions)
-    result.update(test_sizes=test.sizes)
+    """Full depth, then every setting not yet in the results, on the test questions only, sequentially (a first
+    stage of --stage1 questions per task for every setting; the rest for those that can still meet the bound)."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    first = QuestionSet(engine, tasks, "test", limit=min(args.stage1, args.test_limit), batch=args.batch)
+    rest = QuestionSet(engine, tasks, "test", limit=args.test_limit, batch=args.batch, start=args.stage1,
+                       keep=args.keep_rest)
+    head_task = get_generation_task(tasks[0])
+    timing_q = PrefilledQuestions(engine, head_task, head_task.split("test")[:args.timing_questions],
+                                  batch=args.timing_questions)
+    _cost(result, "prefill", t0, c0)
+    say(f"{engine.name}: {len(first)} first-stage and {len(rest)} further test questions prefilled "
+        f"({time.perf_counter() - t0:.0f} s)")
+    design = {"stage1": args.stage1, "test_limit": args.test_limit, "go_on": args.go_on, "tasks": tasks}
+    if result.get("design", design) != design and result.get("settings"):  # rows of another design never mix
+        say(f"{engine.name}: the results on file were measured with {result['design']}; starting the sweep again")
+        result.pop("settings"), result.pop("curves_stopped", None)
+    result.update(test_sizes=[a + b for a, b in zip(first.sizes, rest.sizes)], design=design,
+                  stages=[first.sizes, rest.sizes], go_on=args.go_on, collapse=COLLAPSE)
     rows = result.setdefault("settings", {})
     todo = settings(engine.num_layers, orders, [float(t) for t in args.targets.split(",")])
     eta = Eta(total=1 + len(todo), say=say, done=sum(1 for k in ["full depth", *todo] if k in rows))
     if "full depth" not in rows:
-        full = test.run(FullConfig())
-        rows["full depth"] = {"accuracy": round(full.accuracy, 5), "right": sum(full.correct), "asked": len(full.correct),
-                              "mean_layers": full.mean_layers, "tokens": full.tokens, "seconds": round(full.seconds, 2),
-                              "cpu_seconds": round(full.cpu_seconds, 2),
-                              "qps": round(len(full.correct) / full.seconds, 3), "answers": list(full.answers),
-                              "bits": "".join("1" if c else "0" for c in full.correct),
-                              **timing_pairs(timing_q, FullConfig(), args.pairs)}
+        t0, c0 = time.perf_counter(), time.process_time()
+        head = first.run(FullConfig())
+        full = head.join(rest.run(FullConfig()))
+        rows["full depth"] = _full_row(full, head, timing_pairs(timing_q, FullConfig(), args.pairs))
+        _cost(result, "sweep", t0, c0)
         save()
         eta.tick("full depth", full.seconds, f"{100 * full.accuracy:.1f}% of {len(full.correct)}, "
-                 f"{rows['full depth']['qps']:.2f} questions/s; full against itself "
-                 f"{rows['full depth']['measured_speedup']:.2f}x")
-    from d3.research.study import Outcome
-
-    ref = rows["full depth"]
-    full = Outcome(tuple(b == "1" for b in ref["bits"]), tuple(ref["answers"]), ref["mean_layers"], ref["tokens"], ref["seconds"])
+                 f"{rows['full depth']['qps']:.2f} questions/s ({rows['full depth']['qps_cpu']:.2f} per CPU-second); "
+                 f"full against itself {rows['full depth']['measured_speedup']:.2f}x")
+    full, full_first_cpu = _reference(rows["full depth"]), rows["full depth"]["stage1_cpu_seconds"]
+    stopped: dict[str, str] = result.setdefault("curves_stopped", {})
     for label, cfg in todo.items():
         if label in rows:
             continue
-        t0 = time.perf_counter()
-        row = paired_row(full, test.run(cfg), test.sizes)
-        row.update(timing_pairs(timing_q, cfg, args.pairs), config=cfg.to_dict())
+        name = curve_name(label)
+        if name in stopped:
+            eta.skip()
+            continue
+        t0, c0 = time.perf_counter(), time.process_time()
+        row = _setting_row(cfg, first, rest, full, full_first_cpu, timing_q, args)
         rows[label] = row
+        if collapsed(row["stage1"]):
+            stopped[name] = label
+        _cost(result, "sweep", t0, c0)
         save()
+        d, speed = row["diff"], row.get("measured_speedup")
         eta.tick(label, time.perf_counter() - t0, f"{row['mean_layers']:.2f} layers, accuracy "
-                 f"{100 * row['diff']['diff']:+.1f} [{100 * row['diff']['low']:+.1f}, {100 * row['diff']['high']:+.1f}] "
-                 f"pts, {row['measured_speedup']:.2f}x, {row['qps']:.2f} q/s")
+                 f"{100 * d['diff']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}] pts on {d['n']}"
+                 + (f", {speed:.2f}x (ABBA)" if speed else f" (stopped after the first stage), CPU ratio "
+                    f"{row['cpu_speedup']:.2f}x") + f", {row['qps_cpu']:.2f} q/CPU-s"
+                 + (f"; {name} collapsed: deeper cuts not run" if name in stopped else ""))
+
+
+def _cost(result: dict, part: str, t0: float, c0: float) -> None:
+    """Add this part's wall and process CPU seconds to the run's cost (summed over resumed runs)."""
+    cost = result.setdefault("cost", {}).setdefault(part, {"wall_s": 0.0, "cpu_s": 0.0})
+    cost["wall_s"] = round(cost["wall_s"] + time.perf_counter() - t0, 1)
+    cost["cpu_s"] = round(cost["cpu_s"] + time.process_time() - c0, 1)
 
 
 def run_model(model: str, args, parts: set[str]) -> Path:
@@ -115,14 +188,16 @@ def run_model(model: str, args, parts: set[str]) -> Path:
                   started=result.get("started", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())))
     if "screen" not in result:
         say(f"{model}: full depth on {args.screen} validation questions per task ...")
+        t0, c0 = time.perf_counter(), time.process_time()
         result["screen"] = screen_tasks(engine, args.tasks.split(","), args.screen, batch=args.batch, say=say)
+        _cost(result, "screen", t0, c0)
         save()
     tasks = [t for t, v in result["screen"].items() if v["kept"]]
     say(f"{model}: tasks kept {tasks}; dropped {[t for t, v in result['screen'].items() if not v['kept']]}")
     result["tasks"] = tasks
     orders = {o: {"drop_order": o} for o in NAMED_ORDERS}
     if "calibrate" in parts:
-        orders.update(calibrations(engine, result, tasks, args.val_limit, save))
+        orders.update(calibrations(engine, result, tasks, args.val_scale, save, set(args.signals.split(","))))
     if "sweep" in parts:
         sweep(engine, result, tasks, orders, args, save)
     result["test_limit"] = args.test_limit
@@ -151,18 +226,29 @@ def main() -> int:
     p.add_argument("--models", default="smollm2-135m,gemma3-270m")
     p.add_argument("--tasks", default=",".join(SYNTHETIC_TASKS), help="candidate tasks (screened on validation)")
     p.add_argument("--screen", type=int, default=48, help="validation questions per task for the screen")
-    p.add_argument("--val-limit", type=int, default=100, help="validation questions per task for calibration")
+    p.add_argument("--val-scale", type=float, default=1.0, help="multiplies the validation questions per task each "
+                   "calibration of the plan reads (agreement 100, task 50)")
     p.add_argument("--test-limit", type=int, default=500, help="test questions per task")
     p.add_argument("--targets", default=",".join(map(str, TARGETS)), help="planned mean depths (fractions of L)")
-    p.add_argument("--pairs", type=int, default=3, help="ABBA timing pairs per setting")
-    p.add_argument("--timing-questions", type=int, default=16)
-    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--signals", default=",".join(s for s, _, _ in PLAN), help="the plan's calibrations to measure")
+    p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.add_argument("--stage1", type=int, default=50, help="first-stage test questions per task (every setting)")
+    p.add_argument("--go-on", type=float, default=GO_ON, help="a setting answers the rest of the test questions "
+                   "while its first-stage interval allows a loss this small (fraction: 0.03 = 3 points)")
+    p.add_argument("--keep-rest", action="store_true", help="hold the further questions' prefill (memory) instead "
+                   "of running their few own tokens again per setting")
+    p.add_argument("--pairs", type=int, default=2, help="ABBA timing pairs per setting that goes on (2 = ABBA)")
+    p.add_argument("--timing-questions", type=int, default=32)
+    p.add_argument("--batch", type=int, default=64)
     p.add_argument("--out-dir", default="results")
     p.add_argument("--summary", default="results/SUMMARY.md")
     p.add_argument("--readme", default="README.md")
     p.add_argument("--partial", default=None, help="mark the results as a partial run, described so ('' unmarks)")
     p.add_argument("--only", default="", help="comma-separated parts: screen,calibrate,sweep,report")
     args = p.parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
     parts = set(args.only.split(",")) if args.only else {"screen", "calibrate", "sweep", "report"}
     started = time.perf_counter()
     paths = [run_model(m, args, parts) for m in args.models.split(",") if m]

@@ -180,3 +180,37 @@ def test_an_unknown_layer_order_name_suggests_real_signals(tiny_cli, capsys, tmp
     err = capsys.readouterr().err.strip()
     assert "--layer-order 'nonexistent'" in err and "agreement, perplexity, task" in err
     assert "--signal nonexistent" not in err
+
+
+def test_sweep_prints_every_difference_with_its_paired_interval() -> None:
+    import pandas as pd
+
+    from d3.cli.sweep import paired_lines
+
+    df = pd.DataFrame([
+        {"label": "full depth", "mean_layers": 30.0, "measured_speedup": 1.0, "agreement": 1.0, "agreement_low": 1.0,
+         "agreement_high": 1.0, "diff": 0.0, "diff_low": 0.0, "diff_high": 0.0},
+        {"label": "d3 a=0.99", "mean_layers": 27.5, "measured_speedup": 1.08, "agreement": 0.75, "agreement_low": 0.5,
+         "agreement_high": 1.0, "diff": -0.02, "diff_low": -0.05, "diff_high": 0.01},
+        {"label": "one prompt", "mean_layers": 27.5, "measured_speedup": 1.08, "agreement": 0.75,
+         "agreement_low": float("nan"), "agreement_high": float("nan"), "diff": float("nan"), "diff_low": float("nan"),
+         "diff_high": float("nan")}])
+    lines = paired_lines(df)
+    assert lines[0] == ("full depth: 30.00 layers, 1.00x measured; accuracy +0.0 [+0.0, +0.0] pts; "
+                        "agreement +0.0 [+0.0, +0.0] pts")
+    assert lines[1] == ("d3 a=0.99: 27.50 layers, 1.08x measured; accuracy -2.0 [-5.0, +1.0] pts; "
+                        "agreement -25.0 [-50.0, +0.0] pts")
+    assert lines[2] == "one prompt: 27.50 layers, 1.08x measured; agreement -25.0 pts (one prompt: no interval)"
+
+
+def test_sweep_on_a_tiny_model_prints_each_rows_paired_interval(tiny_engine, tmp_path, capsys) -> None:
+    """`d3 sweep` with two of the shipped prompts: every row's line carries agreement's 95% interval over the prompts."""
+    from d3.cli import build_parser
+    from d3.cli.sweep import main as sweep_main
+
+    args = build_parser().parse_args(["sweep", "--prompts", "2", "--new-tokens", "3", "--repeats", "1",
+                                      "--depths", "0.5", "--baselines", "", "--ppl-chunks", "0",
+                                      "--out", str(tmp_path / "s.csv")])
+    assert sweep_main(args, engine=tiny_engine) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if "layers," in x]
+    assert len(lines) == 2 and all("agreement" in x and "[" in x and "pts" in x for x in lines)

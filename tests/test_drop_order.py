@@ -9,9 +9,9 @@ from d3.reports import drop_order as rep
 
 
 def _row(layers: float, diff: float, low: float, high: float, speedup: float) -> dict:
-    return {"mean_layers": layers, "accuracy": 0.8 + diff, "diff": {"diff": diff, "low": low, "high": high},
+    return {"mean_layers": layers, "accuracy": 0.8 + diff, "diff": {"diff": diff, "low": low, "high": high, "n": 200},
             "measured_speedup": speedup, "speedup_spread": [speedup - 0.02, speedup + 0.02],
-            "same_answer": {"diff": -0.1}, "qps": 3.0}
+            "same_answer": {"diff": -0.1}, "qps": 3.0, "qps_cpu": 6.0, "stage": 2}
 
 
 STUDY = {
@@ -61,7 +61,7 @@ def test_the_winner_at_a_depth_says_whether_it_survives_the_intervals() -> None:
 def test_the_section_states_realized_depth_screen_and_intervals_and_replaces_its_old_self(tmp_path) -> None:
     text = rep.section(STUDY)
     assert "a 80% (kept)" not in text and "a 80%; b 5% (dropped)" in text
-    assert "| d3 good @0.9 | 8.80 | 78.0% | -2.0 [-3.5, -1.0] | 90% | 1.10 [1.08, 1.12] | 3.00 |" in text
+    assert "| d3 good @0.9 | 8.80 | 200 | 78.0% | -2.0 [-3.5, -1.0] | 90% | 1.10 [1.08, 1.12] | 3.00 (6.00) |" in text
     assert "1.00 (against itself 1.01 [0.98, 1.03])" in text
     summary = tmp_path / "SUMMARY.md"
     summary.write_text("# S\n\n## Drop order: which layers m can spare\nold\n\n## Other\nkept\n")
@@ -99,6 +99,32 @@ def test_orders_at_the_same_depth_are_paired_question_by_question() -> None:
     (line,) = rep.paired_orders({**STUDY, "settings": settings})
     # a wins 10 of 20 questions and loses none; by hand: Clopper-Pearson(10 of 10) starts at 0.025 ** (1 / 10)
     low = 100 * 10 * (2 * 0.025 ** 0.1 - 1) / 20
-    assert line == f"d3 a @0.9 over d3 b @0.9 at 9.00 / 9.05 layers: +50.0 [{low:+.1f}, +50.0] pts (beyond the interval)"
+    assert line == (f"d3 a @0.9 over d3 b @0.9 at 9.00 / 9.05 layers: +50.0 [{low:+.1f}, +50.0] pts on 20 questions "
+                    "(beyond the interval)")
     few = {k: {**v, "bits": v["bits"][:10]} for k, v in settings.items()}  # 5 wins of 10: not enough to resolve
     assert "not resolved" in rep.paired_orders({**STUDY, "settings": few})[0]
+
+
+def test_a_setting_stopped_after_the_first_stage_is_marked_timed_by_cpu_and_paired_on_what_it_ran() -> None:
+    stopped = {**_row(8.6, -0.3, -0.4, -0.2, 1.2), "diff": {"diff": -0.3, "low": -0.4, "high": -0.2, "n": 20},
+               "stage": 1, "cpu_speedup": 1.2, "accuracy": 0.5, "bits": "1" * 10 + "0" * 10}
+    del stopped["measured_speedup"], stopped["speedup_spread"]
+    whole = {**_row(8.65, -0.01, -0.03, 0.0, 1.1), "accuracy": 0.79, "bits": "1" * 20 + "1" * 150 + "0" * 30}
+    study = {**STUDY, "settings": {**STUDY["settings"], "d3 bad @0.85": stopped, "d3 good @0.85": whole},
+             "stages": [[20], [180]], "go_on": 0.03, "collapse": 0.2, "curves_stopped": {"d3 bad": "d3 bad @0.85"},
+             "cost": {"screen": {"wall_s": 600.0, "cpu_s": 120.0}, "sweep": {"wall_s": 1200.0, "cpu_s": 600.0}}}
+    text = rep.section(study)
+    assert "| d3 bad @0.85 | 8.60 | 20 (first stage) | 50.0% | -30.0 [-40.0, -20.0] | 90% | 1.20 CPU | 3.00 (6.00) |" in text
+    assert "12.0 CPU-minutes of this process" in text and "30.0 minutes of wall time" in text
+    assert "every setting answered the first 20 test questions" in text and "went on to all 200" in text
+    assert "d3 bad: lost 20 points or more at d3 bad @0.85; its deeper cuts were not run" in text
+    line = next(x for x in rep.paired_orders(study) if x.startswith("d3 good @0.85"))
+    assert "on 20 questions" in line  # the stopped setting's first stage: the questions both ran
+
+
+def test_a_study_where_no_two_curves_share_a_depth_says_so_instead_of_an_empty_table() -> None:
+    study = {**STUDY, "settings": {"full depth": STUDY["settings"]["full depth"],
+                                   "d3 good @0.95": STUDY["settings"]["d3 good @0.95"]}}
+    text = rep.section(study)
+    assert "No whole layer count is covered by two orders' curves" in text and "| order |  |" not in text
+    assert "- no depth is covered by two orders' curves" in text

@@ -1,9 +1,10 @@
-"""Session: a scenario's chain of runs goes on only while nothing else was asked for (issue 24: a scenario clicked
-during another's runs, whose next run then set the controls under the newer run and stopped it)."""
+"""explorer/session.py: a scenario's chain of runs goes on only while nothing else was asked for (issue 24: a
+scenario clicked during another's runs, whose next run then set the controls under the newer run and stopped it),
+and the run history's paired figure (agreement over a strategy's runs on different prompts)."""
 
 from __future__ import annotations
 
-from explorer.session import Session
+from explorer.session import HISTORY_COLUMNS, RunRecord, Session, agreement_interval
 
 
 def _ran(session: Session) -> None:
@@ -51,3 +52,27 @@ def test_the_same_scenario_clicked_again_goes_on_only_from_its_new_run() -> None
     assert not s.start_scenario("core", 1)  # the old run's chain ends
     _ran(s)  # the new click's run
     assert s.start_scenario("core", 1)
+
+
+def _run(label: str, prompt: str, agreement: float) -> RunRecord:
+    summary = {"tokens": 8, "mean_layers": 20.0, "theoretical_speedup": 1.5, "agreement": agreement,
+               "first_divergence": 3, "kl_teacher_mean": None, "kl_free_mean": None}
+    return RunRecord(label, summary, None, prompt=prompt)
+
+
+def test_the_interval_needs_two_prompts_and_counts_a_rerun_once() -> None:
+    a1, a1_again = _run("D3", "one", 0.5), _run("D3", "one", 0.5)
+    assert agreement_interval([a1]) is None and agreement_interval([a1, a1_again]) is None
+    other = _run("Unified", "two", 1.0)
+    assert agreement_interval([a1, other]) is None  # another strategy's run does not pair with D3's
+    # two prompts at 0.25 and 0.75: the bootstrap's means are 0.25, 0.5 and 0.75
+    assert agreement_interval([_run("D3", "one", 0.25), other, _run("D3", "two", 0.75)]) == "0.25-0.75 (2)"
+
+
+def test_the_history_frame_shows_it_per_row() -> None:
+    session = Session()
+    session.history = [_run("D3", "one", 0.25), _run("D3", "two", 0.75), _run("Unified", "one", 1.0)]
+    frame = session.history_frame()
+    assert list(frame.columns) == HISTORY_COLUMNS
+    shown = frame["agree 95%"].tolist()
+    assert shown[1] == "0.25-0.75 (2)" and frame["agree 95%"].isna().tolist() == [True, False, True]

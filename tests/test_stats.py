@@ -76,3 +76,39 @@ def test_two_strategies_that_answer_alike_on_a_tiny_model_differ_by_exactly_zero
     agree = [float(a == b) for a, b in zip(full.texts, same.texts)]
     for d in (exact_difference(full.correct, same.correct), bootstrap_difference([1.0] * 6, agree)):
         assert (d.low, d.diff, d.high) == (0.0, 0.0, 0.0)
+
+
+class _Parity:
+    """A checkable task for a random tiny model: right when the reply's characters sum to an even code (each strategy's
+    right/wrong bits then differ question by question, as a real model's do)."""
+
+    name, max_new_tokens = "parity", 6
+
+    def __init__(self, task):
+        self.task = task
+
+    def prompt(self, ex):
+        return self.task.prompt(ex)
+
+    def score(self, ex, text):
+        return sum(map(ord, text)) % 2 == 0
+
+
+def test_a_tiny_models_paired_interval_matches_a_hand_computation(tiny_engine) -> None:
+    """Full depth against a shallow D3 on 24 questions: the discordant pairs counted by hand, and the interval's
+    ends are where the binomial tails of those counts are 2.5% each (summed here with math.comb)."""
+    base = get_generation_task("gen_1_digit_addition")
+    questions = PrefilledQuestions(tiny_engine, _Parity(base), base.split("test")[:24], batch=8)
+    full = questions.answer(FullConfig()).correct
+    shallow = questions.answer(D3Config(alpha=0.5, core_head=1, core_tail=1)).correct
+    won = sum(1 for a, b in zip(full, shallow) if b and not a)
+    lost = sum(1 for a, b in zip(full, shallow) if a and not b)
+    m, n = won + lost, len(full)
+    assert m >= 3  # the two strategies really disagree on several questions
+    d = exact_difference(full, shallow)
+    assert (d.won, d.lost, d.n) == (won, lost, n) and d.diff == pytest.approx((won - lost) / n)
+    p_low, p_high = (d.low * n / m + 1) / 2, (d.high * n / m + 1) / 2  # back from points to Binomial(m, p)
+    if won > 0:
+        assert _tail(won, m, p_low, upper=True) == pytest.approx(0.025, abs=1e-6)
+    if won < m:
+        assert _tail(won, m, p_high, upper=False) == pytest.approx(0.025, abs=1e-6)

@@ -46,11 +46,12 @@ def test_timing_alternates_full_depth_and_the_setting(tiny_engine) -> None:
 
 def test_the_sweep_has_every_order_and_baseline_at_every_target() -> None:
     orders = {"bottom_up": {"drop_order": "bottom_up"}, "cal": {"drop_order": "calibrated", "layer_order": tuple(range(3, 27))}}
-    got = settings(30, orders, (0.97, 0.9))
-    assert list(got) == ["d3 bottom_up @0.97", "d3 cal @0.97", "unified @0.97", "skipdecode @0.97",
-                         "d3 bottom_up @0.9", "d3 cal @0.9", "unified @0.9", "skipdecode @0.9"]
+    got = settings(30, orders, (0.99, 0.97, 0.9))
+    # at 0.99 D3 and Unified plan full depth (alpha 1, ratio 1): left out; SkipDecode's shape does not move: once
+    assert list(got) == ["skipdecode @0.99", "d3 bottom_up @0.97", "d3 cal @0.97",
+                         "d3 bottom_up @0.9", "d3 cal @0.9", "unified @0.9"]
     assert got["d3 bottom_up @0.97"].alpha == got["d3 cal @0.97"].alpha > got["d3 bottom_up @0.9"].alpha
-    assert isinstance(got["unified @0.9"], UnifiedConfig) and isinstance(got["skipdecode @0.9"], SkipDecodeConfig)
+    assert isinstance(got["unified @0.9"], UnifiedConfig) and isinstance(got["skipdecode @0.99"], SkipDecodeConfig)
 
 
 def test_the_screen_reads_validation_only_and_drops_what_full_depth_cannot_do(tiny_engine) -> None:
@@ -66,3 +67,32 @@ def test_progress_estimates_the_time_left_from_the_settings_done() -> None:
     eta.tick("a", 60.0, "x")
     eta.tick("b", 180.0, "y")
     assert lines == ["[2/4] a: x (60 s; about 2 min left)", "[3/4] b: y (180 s; about 2 min left)"]
+
+
+def test_a_first_stage_and_the_rest_join_into_the_whole_test_set(tiny_engine, test_set) -> None:
+    """QuestionSet's start splits each task's questions; the joined outcome pairs as the whole set does."""
+    first = QuestionSet(tiny_engine, TASKS, "test", limit=1, batch=2)
+    rest = QuestionSet(tiny_engine, TASKS, "test", limit=3, batch=2, start=1, keep=False)
+    assert (first.sizes, rest.sizes, len(first) + len(rest)) == ([1, 1], [2, 2], 6)
+    cfg = D3Config(alpha=0.5, core_head=1, core_tail=1)
+    whole, staged = test_set.run(cfg), first.run(cfg).join(rest.run(cfg))
+    order = [0, 3, 1, 2, 4, 5]  # the staged run asks task 1's first, task 2's first, then the rest of each
+    assert staged.correct == tuple(whole.correct[i] for i in order)
+    assert staged.answers == tuple(whole.answers[i] for i in order)
+    assert staged.tokens == whole.tokens and staged.mean_layers == pytest.approx(whole.mean_layers)
+    full = first.run(FullConfig()).join(rest.run(FullConfig()))
+    row = paired_row(full, staged, [first.sizes, rest.sizes])
+    assert row["per_task"] == paired_row(test_set.run(FullConfig()), whole, test_set.sizes)["per_task"]
+    assert staged.head(2).correct == staged.correct[:2] and len(staged.head(2).answers) == 2
+
+
+def test_a_setting_goes_on_only_while_its_interval_reaches_the_bound_and_an_order_stops_when_it_collapses() -> None:
+    from d3.research.stats import exact_difference
+    from d3.research.study import collapsed, curve_name, goes_on
+
+    full = [True] * 100
+    close = exact_difference(full, [True] * 99 + [False]).to_dict()  # -1 point, interval reaches 0
+    far = exact_difference(full, [True] * 80 + [False] * 20).to_dict()  # -20 points, upper end about -12
+    assert goes_on(close) and not goes_on(far) and goes_on(far, bound=0.2)
+    assert collapsed(far) and not collapsed(close)
+    assert curve_name("d3 calibrated agreement @0.93") == "d3 calibrated agreement" and curve_name("unified @0.9") == "unified"

@@ -270,3 +270,30 @@ def test_d3_labels_tell_an_alpha_just_below_one_from_full_depth() -> None:
     assert "α=0.999999 " in grid._d3_label(D3Config(alpha=0.999999), 30)
     assert "α=1.0000 " in grid._d3_label(D3Config(alpha=1.0), 30)
     assert "α=0.9792 " in grid._d3_label(D3Config(alpha=0.979184), 30)
+
+
+def test_agreement_carries_its_interval_over_prompts(swept) -> None:
+    """Two prompts: every row's agreement sits in its paired-bootstrap interval; full depth's is exactly [1, 1]."""
+    _, df, _ = swept
+    for row in df.to_dict("records"):
+        assert row["agreement_low"] <= row["agreement"] <= row["agreement_high"], row["label"]
+    full = df[df["strategy"] == "full"].iloc[0]
+    assert (full["agreement_low"], full["agreement_high"]) == (1.0, 1.0)
+    assert (df["agreement_high"] - df["agreement_low"] > 0).any()  # a setting whose two prompts agree differently
+
+
+def test_agreement_interval_by_hand_and_none_from_one_prompt() -> None:
+    one = measure.agreement_interval([0.5])
+    assert np.isnan(one["agreement_low"]) and np.isnan(one["agreement_high"])
+    two = measure.agreement_interval([0.25, 0.75])  # resampling two prompts: the means are 0.25, 0.5 or 0.75
+    assert two == pytest.approx({"agreement_low": 0.25, "agreement_high": 0.75})
+
+
+def test_accuracy_difference_pools_the_tasks_and_pairs_each_question() -> None:
+    full = {"a": [True, True, False], "b": [True, False]}
+    method = {"a": [True, False, False], "b": [True, True]}  # lost one, won one
+    d = measure.accuracy_difference(full, method)
+    assert d["diff"] == 0.0 and d["diff_low"] < 0 < d["diff_high"]
+    same = measure.accuracy_difference(full, full)
+    assert (same["diff"], same["diff_low"], same["diff_high"]) == (0.0, 0.0, 0.0)
+    assert np.isnan(measure.accuracy_difference({}, {})["diff"])

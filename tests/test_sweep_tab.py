@@ -57,6 +57,30 @@ def test_sweep_gives_one_row_per_setting_and_a_matching_pareto_view(swept) -> No
     assert "Click a point or a row" in out[OUT["sweep_note"]]
 
 
+def test_two_prompts_give_agreement_its_paired_interval_in_the_table_and_as_error_bars(pool) -> None:
+    """Two prompts: each row's agreement with its 95% interval over prompts, in the table and on the plot; one
+    prompt (the module's sweep) says why it has none."""
+    request = {**REQUEST, "sweep_prompts": "hello there\nthe sky is", "sweep_settings": ["d3_67"]}
+    out = sweep_tab.run_sweep(pool, **request, progress=lambda fraction, desc=None: None)
+    table, figure, note = out[OUT["sweep_table"]], out[OUT["sweep_pareto"]], out[OUT["sweep_note"]]
+    assert (table["agreement_low"] <= table["agreement"]).all() and (table["agreement"] <= table["agreement_high"]).all()
+    assert table.loc[table["strategy"] == "full", ["agreement_low", "agreement_high"]].values.tolist() == [[1.0, 1.0]]
+    bars = {}
+    for t in figure.data:
+        if (t.meta or {}).get("role") == "points":
+            for y, up, down in zip(t.y, t.error_y.array, t.error_y.arrayminus):
+                bars[round(float(y), 4)] = (round(float(y) - down, 4), round(float(y) + up, 4))
+    for row in table.to_dict("records"):
+        assert bars[round(row["agreement"], 4)] == (round(row["agreement_low"], 4), round(row["agreement_high"], 4))
+    assert "95% interval (paired bootstrap over the 2 prompts" in note
+
+
+def test_one_prompt_says_agreement_has_no_interval(swept) -> None:
+    out, _ = swept
+    assert out[OUT["sweep_table"]]["agreement_low"].isna().all()
+    assert "on one prompt: no interval" in out[OUT["sweep_note"]]
+
+
 @pytest.mark.parametrize("index", [1, 2, 3, 4])
 def test_selecting_a_row_loads_its_params_into_the_controls(swept, index) -> None:
     results = swept[0][OUT["sweep_results"]]

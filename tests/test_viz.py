@@ -470,6 +470,17 @@ def test_pareto_front_empty_input() -> None:
     assert viz.pareto_front(np.zeros((0, 2))).tolist() == []
 
 
+def test_pareto_draws_a_paired_interval_as_error_bars_and_none_without_one() -> None:
+    df = pd.DataFrame({"strategy": ["full", "d3", "d3"], "label": ["full", "a", "b"], "measured_speedup": [1.0, 1.2, 1.4],
+                       "agreement": [1.0, 0.8, 0.5], "agreement_low": [1.0, 0.7, 0.2], "agreement_high": [1.0, 0.9, 0.6]})
+    fig = viz.pareto(df, y="agreement")
+    d3 = next(t for t in fig.data if (t.meta or {}).get("name") == "d3")
+    assert list(d3.error_y.array) == pytest.approx([0.1, 0.1]) and list(d3.error_y.arrayminus) == pytest.approx([0.1, 0.3])
+    assert "[95%: 0.7 to 0.9]" in d3.text[0] or "[95%: 0.700 to 0.900]" in d3.text[0]
+    bare = viz.pareto(df.drop(columns=["agreement_low", "agreement_high"]), y="agreement")
+    assert all(t.error_y.array is None for t in bare.data if (t.meta or {}).get("role") == "points")
+
+
 def _results() -> pd.DataFrame:
     rng = np.random.default_rng(0)
     rows = [{"strategy": "full", "label": "full depth", "measured_speedup": 1.0, "agreement": 1.0, "kl_teacher": 0.0,

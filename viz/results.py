@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -80,8 +80,21 @@ def _point_hover(row: pd.Series, on_front: bool) -> str:
         if col in row and pd.notna(row[col]):
             value = row[col]
             parts.append(f"{col.replace('_', ' ')} {value:.2f}×" if col.endswith("speedup") else f"{col.replace('_', ' ')} {fmt(value)}")
+            low, high = row.get(f"{col}_low"), row.get(f"{col}_high")
+            if low is not None and high is not None and pd.notna(low) and pd.notna(high):
+                parts[-1] += f" [95%: {fmt(low)} to {fmt(high)}]"
     parts.append("on the Pareto front" if on_front else "dominated: another setting is at least as fast and at least as good")
     return " · ".join(parts)
+
+
+def _error_bars(rows: pd.DataFrame, y: str) -> dict[str, Any] | None:
+    """Plotly error bars from `y`_low / `y`_high (None where the table has no interval for `y`)."""
+    low, high = f"{y}_low", f"{y}_high"
+    if low not in rows or high not in rows or not (rows[low].notna() & rows[high].notna()).any():
+        return None
+    up = (pd.to_numeric(rows[high], errors="coerce") - rows[y]).clip(lower=0).fillna(0)
+    down = (rows[y] - pd.to_numeric(rows[low], errors="coerce")).clip(lower=0).fillna(0)
+    return dict(type="data", symmetric=False, array=up.tolist(), arrayminus=down.tolist(), thickness=1.5, width=4)
 
 
 def pareto(df: pd.DataFrame, *, x: str = "measured_speedup", y: str = "agreement", higher_is_better: bool | None = None,
@@ -89,9 +102,10 @@ def pareto(df: pd.DataFrame, *, x: str = "measured_speedup", y: str = "agreement
            height: int | None = None) -> go.Figure:
     """Quality (`y`) against speedup (`x`, higher is better), one colour per `strategy`, the Pareto front
     as a step line through exactly the non-dominated rows, and the paper's operating point, `target` =
-    (speedup, quality loss) (about 1.5x at under 1% loss), as a region and a star.
+    (speedup, quality loss) (about 1.5x at under 1% loss), as a region and a star. Where `y`_low and `y`_high
+    are given (a paired 95% interval), each point carries them as error bars.
 
-    df: one row per run with columns `strategy`, `label`, `x`, `y` (plus any of HOVER_COLUMNS)."""
+    df: one row per run with columns `strategy`, `label`, `x`, `y` (plus any of HOVER_COLUMNS, `y`_low, `y`_high)."""
     if df.empty or x not in df or y not in df:
         return empty_figure(f"No results with columns {x!r} and {y!r} yet: run a benchmark first.", title=title,
                             presentation=presentation, height=height)
@@ -111,7 +125,7 @@ def pareto(df: pd.DataFrame, *, x: str = "measured_speedup", y: str = "agreement
             customdata=rows.index.tolist(),  # the row of `df` each point is: a click on it can load that setting
             marker=dict(color=color, size=[14 if on_front[i] else 10 for i in rows.index],
                         line=dict(color="#111827", width=[2 if on_front[i] else 0 for i in rows.index])),
-            meta={"role": "points", "name": str(group)}))
+            error_y=_error_bars(rows, y), meta={"role": "points", "name": str(group)}))
     data.append(go.Scatter(x=df.loc[front, x], y=df.loc[front, y], mode="lines", name="Pareto front",
                            line=dict(color="#111827", width=2, shape="vh"), hoverinfo="skip",
                            meta={"role": "front", "index": front.tolist()}))

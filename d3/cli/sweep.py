@@ -181,10 +181,40 @@ def main(args: argparse.Namespace, engine: Any = None) -> int:
             from d3.research.sweep.generation import run_generation_sweep
 
             df = run_generation_sweep(spec, args.out, engine=engine, progress=progress, limit=args.limit)
-            print(f"{len(df)} rows in {args.out}")
-            return 0
-        df = run_sweep(spec, args.out, engine=engine, progress=progress, limit=args.limit)
+        else:
+            df = run_sweep(spec, args.out, engine=engine, progress=progress, limit=args.limit)
     finally:
         close()
-    print(f"{len(df)} rows in {args.out} (JSON: {sidecar(args.out, 'json')})")
+    print("\n".join(paired_lines(df)))
+    json_note = "" if spec.task_mode == "generate" else f" (JSON: {sidecar(args.out, 'json')})"
+    print(f"{len(df)} rows in {args.out}{json_note}")
     return 0
+
+
+def _pts(row: Any, key: str) -> str:
+    """"-2.6 [-4.9, -0.6] pts" from the row's `key`, `key`_low and `key`_high (fractions); "" when not measured."""
+    values = [row.get(k) for k in (key, f"{key}_low", f"{key}_high")]
+    if any(v is None or v != v for v in values):  # NaN: not measured, or no interval (one prompt)
+        return ""
+    d, lo, hi = (100 * float(v) for v in values)
+    return f"{d:+.1f} [{lo:+.1f}, {hi:+.1f}] pts"
+
+
+def paired_lines(df: Any) -> list[str]:
+    """One line per row: depth run, measured speedup and every quality figure as a paired difference from full
+    depth on the same prompts or questions with its 95% interval (accuracy: exact McNemar; agreement and the
+    same-answer rate: paired bootstrap, over prompts for agreement)."""
+    lines = []
+    for row in df.to_dict("records"):
+        parts = [f"{row.get('label', '')}: {float(row.get('mean_layers', float('nan'))):.2f} layers, "
+                 f"{float(row.get('measured_speedup', float('nan'))):.2f}x measured"]
+        if _pts(row, "diff"):
+            parts.append(f"accuracy {_pts(row, 'diff')}")
+        for key, name in (("agreement", "agreement"), ("same_answer", "same answer")):
+            value = row.get(key)
+            if value is not None and value == value:
+                shifted = {key: value - 1, f"{key}_low": row.get(f"{key}_low", float("nan")) - 1,
+                           f"{key}_high": row.get(f"{key}_high", float("nan")) - 1}
+                parts.append(f"{name} {_pts(shifted, key) or f'{100 * (value - 1):+.1f} pts (one prompt: no interval)'}")
+        lines.append("; ".join(parts))
+    return lines

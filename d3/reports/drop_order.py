@@ -42,9 +42,12 @@ def setting_rows(study: dict[str, Any]) -> list[dict[str, Any]]:
         name, target = _name(label)
         if target is None or "diff" not in row:
             continue
+        timed = "measured_speedup" in row  # ABBA pairs (settings that went on); else the CPU-time ratio
         out.append({"label": label, "name": name, "target": target, "layers": row["mean_layers"], **row["diff"],
-                    "speedup": row.get("measured_speedup", float("nan")), "spread": row.get("speedup_spread"),
-                    "same": row.get("same_answer", {}).get("diff"), "accuracy": row["accuracy"], "qps": row.get("qps")})
+                    "speedup": row["measured_speedup"] if timed else row.get("cpu_speedup", float("nan")),
+                    "timed": timed, "spread": row.get("speedup_spread"), "stage": row.get("stage", 2),
+                    "same": row.get("same_answer", {}).get("diff"), "accuracy": row["accuracy"], "qps": row.get("qps"), "asked": row.get("asked"),
+                    "qps_cpu": row.get("qps_cpu")})
     return out
 
 
@@ -104,11 +107,15 @@ def headline(study: dict[str, Any], bound: float) -> str:
     if not rows:
         return "no setting that skips a layer measured yet"
     r = max(rows, key=lambda r: r["low"])
+    speed = f"{r['speedup']:.2f}x" + ("" if r.get("timed", True) else " by CPU time")
     return (f"loss bound <= {100 * bound:.0f} point(s): **none**; the closest is {r['label']} at {r['layers']:.2f} "
-            f"layers, {r['speedup']:.2f}x, accuracy {_interval(r)} pts (loss up to {-100 * r['low']:.1f} points)")
+            f"layers, {speed}, accuracy {_interval(r)} pts on {r.get('n', r.get('asked'))} questions "
+            f"(loss up to {-100 * r['low']:.1f} points)")
 
 
 def _spread(r: dict[str, Any]) -> str:
+    if not r.get("timed", True):
+        return "CPU-time ratio, not timed in pairs"
     return f"timing pairs {r['spread'][0]:.2f}-{r['spread'][1]:.2f}x" if r.get("spread") else "no spread"
 
 
@@ -121,16 +128,19 @@ def paired_orders(study: dict[str, Any], within: float = 0.1) -> list[str]:
         for kb, b in runs[i + 1:]:
             if abs(a["mean_layers"] - b["mean_layers"]) <= within:
                 (kw, w), (kl, lo) = ((ka, a), (kb, b)) if a["accuracy"] >= b["accuracy"] else ((kb, b), (ka, a))
-                d = exact_difference([c == "1" for c in lo["bits"]], [c == "1" for c in w["bits"]])
+                n = min(len(lo["bits"]), len(w["bits"]))  # a stopped setting ran the first stage only
+                d = exact_difference([c == "1" for c in lo["bits"][:n]], [c == "1" for c in w["bits"][:n]])
                 verdict = "beyond the interval" if d.low > 0 else "within the interval: not resolved"
                 lines.append(f"{kw} over {kl} at {w['mean_layers']:.2f} / {lo['mean_layers']:.2f} layers: "
-                             f"{d.points()} ({verdict})")
+                             f"{d.points()} on {n} questions ({verdict})")
     return lines
 
 
 def matched_table(study: dict[str, Any]) -> str:
     """Orders and baselines at common depths: interpolated difference [interval] in points."""
     depths = common_depths(study)
+    if not depths:
+        return "No whole layer count is covered by two orders' curves (each order's settings are in the table below)."
     lines = ["| order | " + " | ".join(f"{d:.0f} layers" for d in depths) + " |", "|---|" + "---|" * len(depths)]
     for name, c in curves(study).items():
         cells = [_interval(v) if (v := at_depth(c, d)) else "" for d in depths]
@@ -140,18 +150,50 @@ def matched_table(study: dict[str, Any]) -> str:
 
 def settings_table(study: dict[str, Any]) -> str:
     """Every setting as measured: realized depth, accuracy, paired difference, same answer, speedup, throughput."""
-    lines = ["| setting (target depth) | layers run | accuracy | vs full depth, pts [95%] | same answer | "
-             "measured speedup [spread] | questions/s |", "|---|---|---|---|---|---|---|"]
+    lines = ["| setting (target depth) | layers run | questions | accuracy | vs full depth, pts [95%] | same answer | "
+             "speedup [spread] | questions/s (per CPU-s) |", "|---|---|---|---|---|---|---|---|"]
     full = study.get("settings", {}).get("full depth")
     if full:
-        lines.append(f"| full depth | {full['mean_layers']:.2f} | {100 * full['accuracy']:.1f}% | 0 | 100% | 1.00 "
-                     f"(against itself {full['measured_speedup']:.2f} [{full['speedup_spread'][0]:.2f}, "
-                     f"{full['speedup_spread'][1]:.2f}]) | {full['qps']:.2f} |")
+        lines.append(f"| full depth | {full['mean_layers']:.2f} | {full['asked']} | {100 * full['accuracy']:.1f}% | 0 | "
+                     f"100% | 1.00 (against itself {full['measured_speedup']:.2f} [{full['speedup_spread'][0]:.2f}, "
+                     f"{full['speedup_spread'][1]:.2f}]) | {full['qps']:.2f} ({full.get('qps_cpu', float('nan')):.2f}) |")
     for r in sorted(setting_rows(study), key=lambda r: (r["name"], -r["layers"])):
         sp = f" [{r['spread'][0]:.2f}, {r['spread'][1]:.2f}]" if r.get("spread") else ""
-        lines.append(f"| {r['label']} | {r['layers']:.2f} | {100 * r['accuracy']:.1f}% | {_interval(r)} | "
-                     f"{100 * (1 + r['same']):.0f}% | {r['speedup']:.2f}{sp} | {r['qps']:.2f} |")
+        kind = "" if r["timed"] else " CPU"
+        stage = "" if r["stage"] == 2 else " (first stage)"
+        lines.append(f"| {r['label']} | {r['layers']:.2f} | {r.get('n', r.get('asked'))}{stage} | {100 * r['accuracy']:.1f}% | {_interval(r)} | "
+                     f"{100 * (1 + r['same']):.0f}% | {r['speedup']:.2f}{kind}{sp} | {r['qps']:.2f} "
+                     f"({r.get('qps_cpu') or float('nan'):.2f}) |")
     return "\n".join(lines)
+
+
+def cost_lines(study: dict[str, Any]) -> list[str]:
+    """What the run cost (wall and this process's CPU seconds per part, summed over resumed runs), the design of
+    its stages, where curves stopped, and throughput at full depth and under D3."""
+    cost = study.get("cost", {})
+    lines = []
+    if cost:
+        parts = ", ".join(f"{k} {v['cpu_s'] / 60:.1f} CPU-min ({v['wall_s'] / 60:.1f} min wall)" for k, v in cost.items())
+        cpu = sum(v["cpu_s"] for v in cost.values())
+        wall = sum(v["wall_s"] for v in cost.values())
+        lines.append(f"Cost: {cpu / 60:.1f} CPU-minutes of this process (one torch thread), {wall / 60:.1f} minutes of "
+                     f"wall time on a shared machine: {parts}")
+    stages = study.get("stages")
+    if stages:
+        lines.append(f"Sequential design: every setting answered the first {sum(stages[0])} test questions; those whose "
+                     f"interval there still allowed a loss of at most {100 * study.get('go_on', 0.03):.0f} points went on "
+                     f"to all {sum(stages[0]) + sum(stages[1])}; the others report their interval on the first stage")
+    for name, label in study.get("curves_stopped", {}).items():
+        lines.append(f"{name}: lost {100 * study.get('collapse', 0.2):.0f} points or more at {label}; its deeper cuts "
+                     "were not run (its curve stops there)")
+    full = study.get("settings", {}).get("full depth")
+    rows = [r for r in setting_rows(study) if r.get("qps_cpu")]
+    if full and rows:
+        best = max(rows, key=lambda r: r["qps_cpu"])
+        lines.append(f"Throughput: full depth {full['qps']:.2f} questions/s ({full.get('qps_cpu', float('nan')):.2f} per "
+                     f"CPU-second); D3 settings {min(r['qps_cpu'] for r in rows):.2f}-{best['qps_cpu']:.2f} per CPU-second "
+                     f"(fastest {best['label']})")
+    return lines
 
 
 def section(study: dict[str, Any]) -> str:
@@ -171,8 +213,9 @@ def section(study: dict[str, Any]) -> str:
         "exact 95% interval (McNemar, `d3.research.stats`); depths are the layers per generated token each setting "
         "actually ran. Made by `python scripts/drop_order_study.py`.", "",
         *(f"- Headline: {headline(study, b)}." for b in BOUNDS), "",
+        *(f"- {line}." for line in cost_lines(study)), "",
         "Which order wins at each depth (interpolated along each order's curve):", "",
-        *(f"- {w}" for w in winners(study)), "",
+        *(f"- {w}" for w in winners(study) or ["no depth is covered by two orders' curves"]), "",
         "Orders that ran the same depth, paired on the same questions:", "",
         *(f"- {line}" for line in paired_orders(study) or ["none ran within 0.1 layers of another"]), "",
         "### At common depths (accuracy difference from full depth, points [95%], interpolated)", "",

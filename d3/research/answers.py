@@ -16,9 +16,11 @@ from typing import Any, Sequence
 import torch
 
 from d3.config import TRACE_OFF, EarlyExitConfig, StrategyConfig
-from d3.decoder import DecodeState, decode_one_token, prefill
+from d3.decoder import DecodeState, StepOutput, decode_one_token, forward, left_padded_positions, prefill
 from d3.research.gentasks import STOP
-from d3.schedule import plan
+from d3.schedule import LayerPlan, plan
+
+MIN_SHARED = 8  # a shared prefix shorter than this is not worth a separate pass
 
 
 @dataclass(frozen=True)
@@ -38,16 +40,22 @@ class Answers:
 class PrefilledQuestions:
     """A task's questions (each a `task.prompt(example)`, raw text), prefilled once in batches of `batch`."""
 
-    def __init__(self, engine: Any, task: Any, examples: Sequence[Any], batch: int = 32) -> None:
+    def __init__(self, engine: Any, task: Any, examples: Sequence[Any], batch: int = 32, keep: bool = True) -> None:
+        """keep: hold every batch's prefilled state (memory: the KV cache of every prompt); else hold only the
+        shots' shared prefix and run each batch's questions on it again at every `answer` (a few tokens each)."""
         self.engine, self.task, self.examples = engine, task, list(examples)
         self.max_new_tokens = task.max_new_tokens
-        self._batches: list[tuple[list[Any], DecodeState, torch.Tensor]] = []
-        with engine.lock, torch.inference_mode():
-            for i in range(0, len(self.examples), batch):
-                part = self.examples[i:i + batch]
-                ids, mask = engine.encode([task.prompt(ex) for ex in part], chat_template=False)
-                state, out = prefill(engine.adapter, ids, mask)
-                self._batches.append((part, state, out.logits.argmax(-1)))
+        self.keep = keep
+        self._batches: list[tuple[list[Any], Any]] = []
+        for i in range(0, len(self.examples), batch):
+            part = self.examples[i:i + batch]
+            ids, mask = engine.encode([task.prompt(ex) for ex in part], chat_template=False)
+            self._batches.append((part, self._prefill(ids, mask) if keep else (ids, mask)))
+
+    def _prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[DecodeState, torch.Tensor]:
+        with self.engine.lock, torch.inference_mode():
+            state, out = shared_prefill(self.engine.adapter, ids, mask, room=self.max_new_tokens)
+        return state, out.logits.argmax(-1)
 
     def answer(self, strategy: StrategyConfig) -> Answers:
         """Every question answered greedily under `strategy` (checked against the model first)."""
@@ -56,8 +64,9 @@ class PrefilledQuestions:
         correct: list[bool] = []
         texts: list[str] = []
         layers = tokens = 0
-        for part, state, first in self._batches:
-            rows, used, n = self._decode(copy.deepcopy(state), first, strategy)
+        for part, held in self._batches:
+            state, first = copy.deepcopy(held) if self.keep else self._prefill(*held)
+            rows, used, n = self._decode(state, first, strategy)
             layers, tokens = layers + used, tokens + n
             for ex, ids in zip(part, rows):
                 text = self.engine.tokenizer.decode([t for t in ids if t not in self.engine.eos_ids])
@@ -66,29 +75,70 @@ class PrefilledQuestions:
         return Answers(tuple(correct), layers / max(tokens, 1), tuple(texts), tokens)
 
     def _decode(self, state: DecodeState, first: torch.Tensor, strategy: StrategyConfig) -> tuple[list[list[int]], int, int]:
-        """(each row's ids up to its reply's end, layers summed over those tokens, those tokens)."""
+        """(each row's ids up to its reply's end, layers summed over those tokens, those tokens).
+
+        A finished reply leaves the batch (its rows of the cache too), so a batch costs what its replies still
+        write, not its longest reply times its size; rows are independent, so the answers are the same. Early exit
+        keeps every row: its exit is decided over the batch."""
         eng = self.engine
         rows: list[list[int]] = [[int(t)] for t in first.tolist()]
-        done = [self._ended(r) for r in rows]
-        layers = tokens = 0
-        n_first = eng.num_layers  # token 0 comes from the prefill, at full depth
-        layers, tokens = layers + n_first * len(rows), tokens + len(rows)
-        last = first
+        live = [k for k, r in enumerate(rows) if not self._ended(r)]  # rows of the batch still writing
+        layers, tokens = eng.num_layers * len(rows), len(rows)  # token 0 comes from the prefill, at full depth
         early = strategy if isinstance(strategy, EarlyExitConfig) else None
+        if early is None and len(live) < len(rows):
+            state.keep(torch.tensor(live, dtype=torch.long))
+        last = first[live] if early is None else first
         for step in range(1, self.max_new_tokens):
-            if all(done):
+            if not live:
                 break
             layer_plan = plan(strategy, eng.num_layers, step)
             with eng.lock, torch.inference_mode():
                 out = decode_one_token(eng.adapter, state, last, layer_plan, strategy.fill, early_exit=early)
-            last = out.logits.argmax(-1)
-            for k, token in enumerate(last.tolist()):
-                if not done[k]:
-                    rows[k].append(token)
-                    layers, tokens = layers + len(out.layers_run), tokens + 1
-                    done[k] = self._ended(rows[k])
+            last = out.logits.argmax(-1)  # [live rows] (every row under early exit)
+            picked = last.tolist() if early is None else [last[k].item() for k in live]
+            still = []
+            for j, (k, token) in enumerate(zip(live, picked)):
+                rows[k].append(token)
+                layers, tokens = layers + len(out.layers_run), tokens + 1
+                if not self._ended(rows[k]):
+                    still.append(j)
+            if early is None and still and len(still) < len(live):
+                state.keep(torch.tensor(still, dtype=torch.long))
+                last = last[still]
+            live = [live[j] for j in still]
         return rows, layers, tokens
 
     def _ended(self, ids: list[int]) -> bool:
         """The reply is complete: an end-of-sequence token, or its text reached the blank line."""
         return bool(ids) and (ids[-1] in self.engine.eos_ids or STOP in self.engine.tokenizer.decode(ids))
+
+
+def shared_prefill(adapter: Any, ids: torch.Tensor, mask: torch.Tensor, room: int = 0) -> tuple[DecodeState, StepOutput]:
+    """`d3.decoder.prefill` of left-padded prompts ([batch, prompt_len]) that begin alike (the same shots): the
+    common prefix runs once for one row, its cache is repeated for every row, and only each prompt's own tail
+    runs per row (left-padded after the prefix: the padding sits between prefix and tail, masked as keys, and
+    positions skip it). Same state and first logits as `prefill`, up to float rounding; `prefill` itself when
+    the prompts share fewer than MIN_SHARED tokens, or when a sliding-window layer's window (counted in cache
+    entries, padding included) is shorter than the prompts plus `room` tokens to come, where the padding's
+    place would change what the window holds."""
+    rows = [r[m.bool()].tolist() for r, m in zip(ids, mask)]
+    shared = min(len(r) for r in rows) - 1  # every row keeps at least one token of its own
+    for k in range(shared):
+        if any(r[k] != rows[0][k] for r in rows):
+            shared = k
+            break
+    window = getattr(adapter.config, "sliding_window", None)
+    windowed = "sliding_attention" in adapter.layer_types and window is not None
+    if shared < MIN_SHARED or (windowed and window < ids.shape[1] + room):
+        return prefill(adapter, ids, mask)
+    state, _ = prefill(adapter, ids.new_tensor([rows[0][:shared]]), mask.new_ones(1, shared))
+    state.repeat(len(rows))
+    width = max(len(r) - shared for r in rows)
+    tail = ids.new_tensor([[rows[0][0]] * (width - len(r) + shared) + r[shared:] for r in rows])  # [batch, width]
+    tail_mask = mask.new_tensor([[0] * (width - len(r) + shared) + [1] * (len(r) - shared) for r in rows])
+    state.attention_mask = torch.cat([state.attention_mask, tail_mask], dim=1)  # [batch, shared + width]
+    positions = shared + left_padded_positions(tail_mask)  # [batch, width]
+    full = LayerPlan(tuple(range(adapter.num_layers)), adapter.num_layers)
+    out = forward(adapter, state, adapter.embed(tail), positions, full, "copy")
+    state.next_positions = positions[:, -1:] + 1
+    return state, out

@@ -19,10 +19,13 @@ from d3.research.answers import Answers, PrefilledQuestions
 from d3.research.gentasks import answer_text, get_generation_task
 from d3.research.stats import bootstrap_difference, exact_difference
 from d3.research.sweep.grid import d3_for_depth, skipdecode_for_depth, unified_for_depth
+from d3.schedule import planned_mean_layers
 
 ANSWER_TOKENS = 20  # a worked answer's length in tokens, the span alpha's planned mean depth is set over
 NAMED_ORDERS = ("middle_out", "bottom_up", "top_down")
-TARGETS = (0.99, 0.97, 0.95, 0.93, 0.9, 0.87, 0.83)  # planned mean depth as a fraction of L: the alpha grid
+TARGETS = (0.97, 0.95, 0.93, 0.9, 0.87, 0.83, 0.78)  # planned mean depth as a fraction of L: the alpha grid
+GO_ON = 0.03  # a setting goes on past the first stage while its interval's upper end is at least -GO_ON (3 points)
+COLLAPSE = 0.2  # an order whose first-stage accuracy falls 20 points below full depth is not run at deeper cuts
 
 
 @dataclass(frozen=True)
@@ -40,16 +43,32 @@ class Outcome:
     def accuracy(self) -> float:
         return sum(self.correct) / max(len(self.correct), 1)
 
+    def join(self, other: "Outcome") -> "Outcome":
+        """This outcome's questions, then `other`'s (a first stage and the rest)."""
+        tokens = self.tokens + other.tokens
+        layers = (self.mean_layers * self.tokens + other.mean_layers * other.tokens) / max(tokens, 1)
+        return Outcome(self.correct + other.correct, self.answers + other.answers, layers, tokens,
+                       self.seconds + other.seconds, self.cpu_seconds + other.cpu_seconds)
+
+    def head(self, n: int) -> "Outcome":
+        """The first `n` questions' answers (times and layers are the whole run's: only for pairing)."""
+        return Outcome(self.correct[:n], self.answers[:n], self.mean_layers, self.tokens, self.seconds, self.cpu_seconds)
+
 
 class QuestionSet:
-    """The test questions of the tasks (`limit` per task), prefilled once; `run` answers them under a strategy."""
+    """The questions `start:limit` of each task's split, prefilled once (keep) or per run; `run` answers them
+    under a strategy, task after task."""
 
     def __init__(self, engine: Any, tasks: Sequence[str], split: str = "test", limit: int | None = None,
-                 batch: int = 32) -> None:
+                 batch: int = 32, start: int = 0, keep: bool = True) -> None:
         self.tasks = tuple(tasks)
-        self.sets = [PrefilledQuestions(engine, get_generation_task(t), get_generation_task(t).split(split)[:limit],
-                                        batch=batch) for t in self.tasks]
-        self.sizes = [len(s.examples) for s in self.sets]
+        splits = [get_generation_task(t).split(split)[:limit][start:] for t in self.tasks]
+        self.sets = [PrefilledQuestions(engine, get_generation_task(t), part, batch=batch, keep=keep)
+                     for t, part in zip(self.tasks, splits) if part]
+        self.sizes = [len(part) for part in splits]
+
+    def __len__(self) -> int:
+        return sum(self.sizes)
 
     def run(self, strategy: StrategyConfig) -> Outcome:
         t0, c0 = time.perf_counter(), time.process_time()
@@ -82,34 +101,47 @@ def timing_pairs(questions: PrefilledQuestions, strategy: StrategyConfig, pairs:
             "qps_full": round(n / statistics.median(full_s), 3), "qps_method": round(n / statistics.median(method_s), 3)}
 
 
-def paired_row(full: Outcome, out: Outcome, sizes: Sequence[int]) -> dict[str, Any]:
+def paired_row(full: Outcome, out: Outcome, sizes: Sequence[int] | Sequence[Sequence[int]]) -> dict[str, Any]:
     """A setting's row against full depth: accuracy, its paired difference (exact McNemar), the same-answer rate
-    (bootstrap), realized depth, per-task accuracy, and the per-question bits for later pairings."""
+    (bootstrap), realized depth, per-task accuracy, and the per-question bits for later pairings.
+
+    sizes: questions per task, in the order answered; or one such list per stage (stage after stage)."""
     same = [float(a == b) for a, b in zip(full.answers, out.answers)]
-    per_task, k = [], 0
-    for n in sizes:
-        per_task.append(round(sum(out.correct[k:k + n]) / max(n, 1), 4))
-        k += n
+    stages = [list(sizes)] if sizes and isinstance(sizes[0], int) else [list(st) for st in sizes]  # type: ignore[arg-type]
+    right, asked, k = [0] * len(stages[0]), [0] * len(stages[0]), 0
+    for stage in stages:
+        for t, n in enumerate(stage):
+            right[t] += sum(out.correct[k:k + n])
+            asked[t] += n
+            k += n
+    per_task = [round(r / max(n, 1), 4) for r, n in zip(right, asked)]
     return {"accuracy": round(out.accuracy, 5), "right": sum(out.correct), "asked": len(out.correct),
             "diff": exact_difference(full.correct, out.correct).to_dict(),
             "same_answer": bootstrap_difference([1.0] * len(same), same).to_dict(),
             "mean_layers": round(out.mean_layers, 3), "tokens": out.tokens, "seconds": round(out.seconds, 2),
             "cpu_seconds": round(out.cpu_seconds, 2),
-            "qps": round(len(out.correct) / max(out.seconds, 1e-9), 3), "per_task": per_task,
+            "qps": round(len(out.correct) / max(out.seconds, 1e-9), 3),
+            "qps_cpu": round(len(out.correct) / max(out.cpu_seconds, 1e-9), 3), "per_task": per_task,
             "bits": "".join("1" if c else "0" for c in out.correct)}
 
 
 def settings(num_layers: int, orders: dict[str, dict[str, Any]], targets: Sequence[float],
              baselines: Sequence[str] = ("unified", "skipdecode")) -> dict[str, StrategyConfig]:
-    """The sweep: each order at each target's alpha, and each baseline at the target; labelled "name @0.93"."""
+    """The sweep: each order at each target's alpha, and each baseline at the target; labelled "name @0.93".
+    A target whose config plans full depth (alpha 1), or repeats the same name's config at an earlier target
+    (the grid is coarse for few layers; SkipDecode's shape does not move with it), is left out."""
     out: dict[str, StrategyConfig] = {}
     for target in targets:
         alpha = d3_for_depth(target, num_layers, ANSWER_TOKENS).alpha
-        for name, fields in orders.items():
-            out[f"d3 {name} @{target:g}"] = D3Config(alpha=alpha, **fields)
+        made = {f"d3 {name}": D3Config(alpha=alpha, **fields) for name, fields in orders.items()}
         for base in baselines:
-            make = unified_for_depth if base == "unified" else skipdecode_for_depth
-            out[f"{base} @{target:g}"] = make(target, num_layers, ANSWER_TOKENS)
+            made[base] = (unified_for_depth if base == "unified" else skipdecode_for_depth)(target, num_layers,
+                                                                                            ANSWER_TOKENS)
+        for name, cfg in made.items():
+            full = planned_mean_layers(cfg, num_layers, ANSWER_TOKENS) >= num_layers - 1e-9
+            seen = any(curve_name(k) == name and v == cfg for k, v in out.items())
+            if not (full or seen):
+                out[f"{name} @{target:g}"] = cfg
     return out
 
 
@@ -131,6 +163,21 @@ def screen_tasks(engine: Any, tasks: Sequence[str], limit: int, batch: int = 32,
     return out
 
 
+def goes_on(first: dict[str, Any], bound: float = GO_ON) -> bool:
+    """After the first stage: can the setting still show a loss of at most `bound`? (its interval reaches it)"""
+    return first["high"] >= -bound - 1e-12
+
+
+def collapsed(first: dict[str, Any], limit: float = COLLAPSE) -> bool:
+    """The first stage lost `limit` or more: deeper cuts of the same order are not run."""
+    return first["diff"] <= -limit + 1e-12
+
+
+def curve_name(label: str) -> str:
+    """"d3 bottom_up @0.93" -> "d3 bottom_up": the order (or baseline) a setting's label belongs to."""
+    return label.rsplit(" @", 1)[0]
+
+
 @dataclass
 class Eta:
     """Progress with an estimate of the time left, from the mean time of the settings run so far."""
@@ -139,6 +186,10 @@ class Eta:
     say: Callable[[str], None]
     done: int = 0
     spent: list[float] = field(default_factory=list)
+
+    def skip(self, n: int = 1) -> None:
+        """Settings that will not run (an order's deeper cuts after it collapsed)."""
+        self.total -= n
 
     def tick(self, label: str, seconds: float, line: str) -> None:
         self.done += 1

@@ -16,7 +16,8 @@ from d3.config import TRACE_OFF, FullConfig, StrategyConfig, TraceConfig
 from d3.research.data import chance_level, ppl_text
 from d3.schedule import planned_mean_layers, theoretical_speedup
 from d3.research.sweep.spec import Progress, Setting, SweepSpec
-from d3.research.sweep.tasks import load_examples, scoring_note, task_accuracy
+from d3.research.stats import bootstrap_difference, exact_difference
+from d3.research.sweep.tasks import accuracy_of, load_examples, scoring_note, task_correct
 
 
 @dataclass
@@ -28,6 +29,7 @@ class References:
     ppl_full: float = float("nan")
     examples: dict[str, list[Any]] = field(default_factory=dict)
     accuracy_full: dict[str, float] = field(default_factory=dict)
+    correct_full: dict[str, list[bool]] = field(default_factory=dict)  # per task, per question
 
 
 def timing(engine: Any, spec: SweepSpec, cfg: StrategyConfig) -> tuple[dict[str, Any], list[Any]]:
@@ -82,7 +84,8 @@ def quality(engine: Any, spec: SweepSpec, cfg: StrategyConfig, refs: References,
     if isinstance(cfg, FullConfig):
         layers = [r.trace.mean_layers for r in refs.recorded]
         return {"mean_layers": float(np.mean(layers)), "agreement": 1.0, "first_divergence": float(spec.max_new_tokens),
-                "kl_teacher": 0.0, "kl_free": 0.0, "filled_kv_error": float("nan")}, refs.recorded[0].trace
+                "kl_teacher": 0.0, "kl_free": 0.0, "filled_kv_error": float("nan"),
+                **agreement_interval([1.0] * len(spec.prompts))}, refs.recorded[0].trace
     rows, first = [], None
     runs = list(runs) if runs else [None] * len(spec.prompts)
     for prompt, full, skip in zip(spec.prompts, refs.recorded, runs):
@@ -94,7 +97,30 @@ def quality(engine: Any, spec: SweepSpec, cfg: StrategyConfig, refs: References,
     mean = lambda k: float(np.nanmean([r[k] for r in rows])) if any(np.isfinite(r[k]) for r in rows) else float("nan")
     return {"mean_layers": mean("mean_layers"), "agreement": mean("agreement"),
             "first_divergence": mean("first_divergence"), "kl_teacher": mean("kl_teacher_mean"),
-            "kl_free": mean("kl_free_mean"), "filled_kv_error": mean("filled_kv_error")}, first
+            "kl_free": mean("kl_free_mean"), "filled_kv_error": mean("filled_kv_error"),
+            **agreement_interval([r["agreement"] for r in rows])}, first
+
+
+def agreement_interval(per_prompt: Sequence[float]) -> dict[str, float]:
+    """The mean agreement's 95% interval, a paired bootstrap over prompts (full depth agrees with itself on every
+    one: the difference from 1). A prompt's tokens are not independent (once a run diverges it seldom returns),
+    so prompts are the unit; one prompt gives no interval (NaN)."""
+    if len(per_prompt) < 2:
+        return {"agreement_low": float("nan"), "agreement_high": float("nan")}
+    d = bootstrap_difference([1.0] * len(per_prompt), list(per_prompt))
+    mean = float(np.mean(per_prompt))  # the same number the row states (1 + d.diff may round differently)
+    return {"agreement_low": min(1.0 + d.low, mean), "agreement_high": max(1.0 + d.high, mean)}
+
+
+def accuracy_difference(full: dict[str, list[bool]], method: dict[str, list[bool]]) -> dict[str, float]:
+    """Accuracy of the method minus full depth's on the same questions (all tasks pooled), with its exact paired
+    95% interval (McNemar, `d3.research.stats.exact_difference`); NaN without task questions."""
+    a = [c for t in full for c in full[t]]
+    b = [c for t in full for c in method.get(t, [])]
+    if not a or len(a) != len(b):
+        return {"diff": float("nan"), "diff_low": float("nan"), "diff_high": float("nan")}
+    d = exact_difference(a, b)
+    return {"diff": d.diff, "diff_low": d.low, "diff_high": d.high}
 
 
 def ppl_chunks(engine: Any, spec: SweepSpec) -> list[list[int]]:
@@ -130,7 +156,8 @@ def references(engine: Any, spec: SweepSpec, progress: Progress | None = None) -
     if refs.examples:
         if progress:
             progress(0.0, "full-depth task accuracy")
-        refs.accuracy_full = task_accuracy(engine, spec, FullConfig(), refs.examples)
+        refs.correct_full = task_correct(engine, spec, FullConfig(), refs.examples)
+        refs.accuracy_full = accuracy_of(refs.correct_full)
     return refs
 
 
@@ -153,8 +180,10 @@ def measure_row(engine: Any, spec: SweepSpec, setting: Setting, refs: References
     ppl = refs.ppl_full if isinstance(cfg, FullConfig) else chunked_perplexity(engine, refs.ppl_chunks, cfg, spec.ppl_prefix)
     row.update({"ppl": ppl, "ppl_full": refs.ppl_full, "ppl_ratio": ppl / refs.ppl_full if refs.ppl_chunks else float("nan"),
                 "ppl_tokens": len(refs.ppl_chunks) * T})
-    acc = refs.accuracy_full if isinstance(cfg, FullConfig) else (
-        task_accuracy(engine, spec, cfg, refs.examples) if refs.examples else {})
+    correct = refs.correct_full if isinstance(cfg, FullConfig) else (
+        task_correct(engine, spec, cfg, refs.examples) if refs.examples else {})
+    acc = accuracy_of(correct)
+    row.update(accuracy_difference(refs.correct_full, correct))
     per_task = {t: {"accuracy": acc[t], "accuracy_full": refs.accuracy_full[t], "chance": chance_level(refs.examples[t]),
                     "n": len(refs.examples[t])} for t in acc}
     row.update({"accuracy": _mean([v["accuracy"] for v in per_task.values()]),

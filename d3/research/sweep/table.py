@@ -19,9 +19,9 @@ COLUMNS = (
     "theoretical_speedup", "theoretical_speedup_fixed", "measured_speedup", "measured_speedup_iqr",
     "measured_speedup_min", "measured_speedup_max", "self_speedup",
     "decode_speedup", "full_tokens_per_s", "method_tokens_per_s", "timing_pairs",
-    "agreement", "first_divergence", "kl_teacher", "kl_free", "filled_kv_error",
+    "agreement", "agreement_low", "agreement_high", "first_divergence", "kl_teacher", "kl_free", "filled_kv_error",
     "ppl", "ppl_full", "ppl_ratio", "ppl_tokens",
-    "accuracy", "accuracy_full", "chance", "task_scoring", "task_accuracy", "seconds", "finished_at",
+    "accuracy", "accuracy_full", "diff", "diff_low", "diff_high", "chance", "task_scoring", "task_accuracy", "seconds", "finished_at",
 )
 FLOAT_COLUMNS = tuple(c for c in COLUMNS if c not in (
     "key", "model", "strategy", "label", "params", "task_scoring", "task_accuracy", "finished_at",

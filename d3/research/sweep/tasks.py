@@ -42,16 +42,26 @@ def _generate_correct(engine: Any, cfg: StrategyConfig, examples: list[Any], bat
     return out
 
 
-def task_accuracy(engine: Any, spec: SweepSpec, cfg: StrategyConfig, examples: dict[str, list[Any]]) -> dict[str, float]:
-    """Accuracy per task (prompts are plain text `format_prompt`, no chat template, as a base-model eval)."""
-    acc = {}
+def task_correct(engine: Any, spec: SweepSpec, cfg: StrategyConfig, examples: dict[str, list[Any]]) -> dict[str, list[bool]]:
+    """Right or wrong per question, per task (prompts are plain text `format_prompt`, no chat template, as a
+    base-model eval): the bits a paired difference between two strategies reads."""
+    out = {}
     for task, exs in examples.items():
         if spec.task_scoring == "loglik" and all(ex.choices for ex in exs):
-            correct = [_loglik_correct(engine, cfg, ex, False) for ex in exs]
+            out[task] = [bool(_loglik_correct(engine, cfg, ex, False)) for ex in exs]
         else:
-            correct = _generate_correct(engine, cfg, exs)
-        acc[task] = float(np.mean(correct)) if correct else float("nan")
-    return acc
+            out[task] = [bool(c) for c in _generate_correct(engine, cfg, exs)]
+    return out
+
+
+def accuracy_of(correct: dict[str, list[bool]]) -> dict[str, float]:
+    """Accuracy per task from `task_correct`'s bits."""
+    return {task: float(np.mean(bits)) if bits else float("nan") for task, bits in correct.items()}
+
+
+def task_accuracy(engine: Any, spec: SweepSpec, cfg: StrategyConfig, examples: dict[str, list[Any]]) -> dict[str, float]:
+    """Accuracy per task (see `task_correct`)."""
+    return accuracy_of(task_correct(engine, spec, cfg, examples))
 
 
 def scoring_note(spec: SweepSpec, examples: dict[str, list[Any]]) -> str:

@@ -175,9 +175,3 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """`-n auto`: one worker per core plus one, at most 4. The browser tests spend much of their time waiting for a
-    page to stay idle (no request for 5 s), so a third worker on two cores keeps both busy."""
-    return min((os.cpu_count() or 1) + 1, 4)

@@ -243,7 +243,8 @@ def test_play_and_step_work_in_chromium_as_gradio_draws_the_figure(tmp_path) -> 
         assert sorted(paused["arrows"]) == ([[1, 2], [1, 3]] if i % 2 else [])
         rail = page.locator(".slider-rail-rect").bounding_box()  # step: a click on the slider's first tick
         page.mouse.click(rail["x"] + 2, rail["y"] + rail["height"] / 2)
-        page.wait_for_function("() => document.getElementById('stack').layout.sliders[0].active === 0")
+        # the slider marks the tick at once and the frame's caption follows with the animation: wait for both
+        page.wait_for_function(f"() => {{ const s = ({SHOWN})(); return s.active === 0 && s.caption.startsWith('token 0 '); }}")
         first = page.evaluate(SHOWN)
         assert first["ran"] == L and first["arrows"] == [] and first["caption"].startswith("token 0 ")
         browser.close()

@@ -58,6 +58,7 @@ LABELS: dict[str, str] = {
     **{name: param_of(name).label for name in FIELDS},
     "attention_layer": "Attention layer to record", "attention_head": "Head", "layer_order": "Calibrated order",
     "strategy": "Strategy", "decoding": "Decoding", "prompt": "Prompt", "model": "Model",
+    "sweep_prompts": "Prompts", "sweep_settings": "Settings", "sweep_tokens": "New tokens per run",
 }
 HELP: dict[str, str] = {name: param_of(name).help for name in FIELDS}
 ALPHA_RANGE = (0.8, 1.0)  # the α slider's range: the part of (0, 1] where a decay leaves anything to look at
@@ -360,11 +361,29 @@ def clamped_core(c: Controls, num_layers: int, last: tuple[int, int] | None) -> 
     return c.with_(core_head=head, core_tail=tail)
 
 
+def _reworded(message: str, word: Callable[[str], str]) -> str:
+    """`message` with each field it names (a parameter name before `=`, ` must`, ` is `, `:` or ` + `) as `word`
+    writes it."""
+    pattern = "|".join(sorted(map(re.escape, LABELS), key=len, reverse=True))
+    return re.sub(rf"\b({pattern})(?==| must| is |:| \+ )", lambda m: word(m.group(1)), message)
+
+
 def page_words(message: str) -> str:
     """A message worded for the API (fields by parameter name) worded for the page (fields as the page labels
     them): `core_head=99 ...` -> `Core head=99 ...`."""
-    pattern = "|".join(sorted(map(re.escape, LABELS), key=len, reverse=True))
-    return re.sub(rf"\b({pattern})(?==| must| is |:| \+ )", lambda m: LABELS[m.group(1)], message)
+    return _reworded(message, LABELS.__getitem__)
+
+
+def both_words(message: str) -> str:
+    """A message that both a person on the page and an API caller read (a raised gr.Error): each field by its
+    label and its parameter name, `max_new_tokens must ...` -> `New tokens (max_new_tokens) must ...`,
+    `alpha must ...` -> `α (decay rate, alpha) must ...`; a label that is its name stays one word."""
+    def word(name: str) -> str:
+        label = LABELS[name]
+        if label.lower() == name:
+            return label
+        return f"{label[:-1]}, {name})" if label.endswith(")") else f"{label} ({name})"
+    return _reworded(message, word)
 
 
 def check_sliders(c: Controls, num_layers: int, caps: Caps, last: tuple[int, int] | None = None) -> None:

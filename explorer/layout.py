@@ -32,6 +32,8 @@ from explorer.share import share_box
 from explorer.sweep_tab import (
     SWEEP_DEFAULT,
     SWEEP_MAX_NEW_TOKENS,
+    SWEEP_MAX_PROMPTS,
+    SWEEP_MAX_SETTINGS,
     SWEEP_MENU,
     SWEEP_MIN_NEW_TOKENS,
     SWEEP_TABLE_COLUMNS,
@@ -154,14 +156,16 @@ def _sweep_tab(pool: ModelPool, ui: dict[str, Any]) -> None:
         gr.Markdown(f"*{sweep_bounds_text()}*")
         with gr.Row():
             with gr.Column(scale=3):
-                ui["sweep_prompts"] = gr.Textbox(BUILTIN_PROMPTS[0], lines=2, max_lines=6,
-                                                 label="Prompts (one per line, at most 2)")
-                ui["sweep_settings"] = gr.CheckboxGroup([(c.label, k) for k, c in SWEEP_MENU.items()],
-                                                        value=list(SWEEP_DEFAULT), label="Settings (at most 4)")
+                ui["sweep_prompts"] = gr.Textbox(
+                    BUILTIN_PROMPTS[0], lines=2, max_lines=6,
+                    label=f"{LABELS['sweep_prompts']} (one per line, at most {SWEEP_MAX_PROMPTS})")
+                ui["sweep_settings"] = gr.CheckboxGroup(
+                    [(c.label, k) for k, c in SWEEP_MENU.items()], value=list(SWEEP_DEFAULT),
+                    label=f"{LABELS['sweep_settings']} (at most {SWEEP_MAX_SETTINGS})")
             with gr.Column(scale=1, min_width=220):
                 top = min(SWEEP_MAX_NEW_TOKENS, max(pool.caps.max_new_tokens, SWEEP_MIN_NEW_TOKENS))
                 ui["sweep_tokens"] = gr.Slider(SWEEP_MIN_NEW_TOKENS, top, value=min(16, top), step=1,
-                                               label=f"New tokens per run (at most {top})", elem_id="sweep-tokens")
+                                               label=f"{LABELS['sweep_tokens']} (at most {top})", elem_id="sweep-tokens")
                 ui["sweep_run"] = gr.Button("Run sweep", variant="primary", elem_id="sweep-run")
                 ui["sweep_export"] = gr.Button("Download results (CSV)")
         ui["sweep_note"] = gr.Markdown(elem_id="sweep-note")

@@ -87,7 +87,7 @@ def sweep_spec(model: str, prompts: Any, choices: Any, new_tokens: Any, chat_tem
     keys = list(dict.fromkeys(as_choice("setting", c, tuple(SWEEP_MENU)) for c in choices))
     if len(keys) > SWEEP_MAX_SETTINGS:
         raise ValueError(f"{len(keys)} settings chosen; the sweep runs at most {SWEEP_MAX_SETTINGS}: untick some")
-    tokens = int(as_number("new_tokens", new_tokens, SWEEP_MIN_NEW_TOKENS, min(SWEEP_MAX_NEW_TOKENS, max(
+    tokens = int(as_number("sweep_tokens", new_tokens, SWEEP_MIN_NEW_TOKENS, min(SWEEP_MAX_NEW_TOKENS, max(
         caps.max_new_tokens, SWEEP_MIN_NEW_TOKENS)), integer=True))
     picked = [SWEEP_MENU[k] for k in keys]
     d3_depths = tuple(c.depth for c in picked if c.strategy == "d3")

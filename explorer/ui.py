@@ -11,19 +11,21 @@ import gradio as gr
 from gradio.context import LocalContext
 
 from d3.research import ShouldStop, Stopped
+from explorer.controls import both_words
 
 log = logging.getLogger("d3.app")
 
 
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
-    """A person's mistake (ValueError) becomes a clear gr.Error; anything else is logged, never shown as a trace."""
+    """A person's mistake (ValueError) becomes a clear gr.Error naming each field as the page labels it and as the
+    API calls it (`both_words`: the same toast reaches both); anything else is logged, never shown as a trace."""
     try:
         yield
     except gr.Error:
         raise
     except ValueError as err:
-        raise gr.Error(str(err), print_exception=False) from None
+        raise gr.Error(both_words(str(err)), print_exception=False) from None
     except Exception:
         log.exception("handler failed")
         raise gr.Error("Something went wrong on the server (the details are in its log). The app is still "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gradio as gr
 import pytest
 
 from d3.config import D3Config
@@ -12,6 +13,7 @@ from explorer.controls import (
     derived,
     fitted,
     model_defaults,
+    both_words,
     page_words,
     parse_layer_order,
     parse_strategy,
@@ -22,6 +24,7 @@ from explorer.controls import DEFAULTS
 from explorer.parse import as_choice, as_number
 from explorer.pool import ModelPool
 from explorer.runs import check_run
+from explorer.ui import user_errors
 from tests.apphelpers import tiny_factory
 import numpy as np
 from d3.schedule import plan
@@ -80,6 +83,17 @@ def test_a_value_typed_out_of_range_is_said_with_the_pages_label_and_the_sliders
     assert str(err.value) == "Core head=99 is out of range: Core head must be an integer in [0, 26]"
     assert page_words("max_new_tokens=0 is out of range: max_new_tokens must be an integer in [1, 64]") == \
         "New tokens=0 is out of range: New tokens must be an integer in [1, 64]"
+
+
+def test_a_toast_names_each_field_for_the_page_and_for_the_api() -> None:
+    """A raised gr.Error reaches a person on the page and an API caller alike: each field by its label and its
+    parameter name; the label that is its name once."""
+    assert both_words("alpha='x' is not a number; max_new_tokens must be an integer in [1, 64]; prompt is empty") == \
+        "α (decay rate, alpha)='x' is not a number; New tokens (max_new_tokens) must be an integer in [1, 64]; " \
+        "Prompt is empty"
+    with pytest.raises(gr.Error) as err, user_errors():
+        raise ValueError("sweep_tokens must be an integer in [2, 24]")
+    assert err.value.message == "New tokens per run (sweep_tokens) must be an integer in [2, 24]"
 
 
 # ---------------------------------------------------------------- derived from d3.config's registry (issue 23)

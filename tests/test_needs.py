@@ -68,7 +68,7 @@ def test_redraw_follows_the_slider_and_asks_to_measure_again(pool, measured):
 
 
 def test_bad_controls_are_a_clear_error(pool):
-    with pytest.raises(gr.Error, match="prompt"):
+    with pytest.raises(gr.Error, match="Prompt is empty"):
         view.measure_needs(pool, None, **{**CONTROLS, "prompt": "   "})
     with pytest.raises(gr.Error, match="core"):
         view.fit_to_prompt(pool, None, **{**CONTROLS, "core_head": 5, "core_tail": 5})

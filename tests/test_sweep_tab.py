@@ -163,13 +163,13 @@ def test_export_writes_a_csv_with_the_same_rows(swept) -> None:
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"sweep_prompts": ""}, "prompt is empty"),
-    ({"sweep_prompts": " \n \n"}, "prompt is empty"),
+    ({"sweep_prompts": ""}, "Prompt is empty"),
+    ({"sweep_prompts": " \n \n"}, "Prompt is empty"),
     ({"sweep_prompts": "a\nb\nc"}, "at most 2"),
     ({"sweep_settings": []}, "no settings chosen"),
     ({"sweep_settings": ["d3_85", "magic"]}, "setting must be one of"),
     ({"sweep_settings": list(sweep_tab.SWEEP_MENU)}, f"at most {SWEEP_MAX_SETTINGS}"),
-    ({"sweep_tokens": 500}, r"new_tokens must be an integer in \[2, 24\]"),
+    ({"sweep_tokens": 500}, r"New tokens per run \(sweep_tokens\) must be an integer in \[2, 24\]"),
     ({"model": "no-such-model"}, "unknown model|not allowed"),
 ])
 def test_bad_sweep_requests_are_clear_gr_errors(pool, overrides, message) -> None:

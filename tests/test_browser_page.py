@@ -261,19 +261,23 @@ def test_a_slider_drag_redraws_the_decay_curve_within_300_ms_of_release(page) ->
     assert max(release for release, _ in times) <= 300, times
 
 
-def test_a_run_streaming_the_old_schedule_does_not_take_the_curve_back(page) -> None:
+def test_a_run_streaming_the_old_schedule_does_not_take_the_curve_back(page, engine) -> None:
     """Moving α with the keys while a run streams: each streamed figure is drawn for the run's α; the page brings it
     back to the slider's, and hides the layers the run used (they belong to another schedule)."""
     page.wait_for_function("() => window.d3DecayPreview")
     page.fill("#max-new-tokens input", "64")
     time.sleep(1.0)
-    page.click("#generate")
-    page.wait_for_function("() => !document.querySelector('#status').innerText.includes('Ready')")
-    page.focus("#alpha input[type=range]")
-    for _ in range(3):
-        page.keyboard.press("ArrowLeft")  # a change without a release: the run goes on
-        time.sleep(0.2)
-    assert "Done." not in page.inner_text("#status")  # streamed figures are still to land
+    engine.delay = 0.05  # the run outlasts the key presses on any machine (a guard, not a timing claim)
+    try:
+        page.click("#generate")
+        page.wait_for_function("() => !document.querySelector('#status').innerText.includes('Ready')")
+        page.focus("#alpha input[type=range]")
+        for _ in range(3):
+            page.keyboard.press("ArrowLeft")  # a change without a release: the run goes on
+            time.sleep(0.2)
+        assert "Done." not in page.inner_text("#status")  # streamed figures are still to land
+    finally:
+        engine.delay = 0.0
     wait_for_status(page, "Done.")
     time.sleep(0.5)
     assert float(page.input_value("#alpha input[type=range]")) < 0.99

@@ -159,10 +159,17 @@ def scrub_controls(ui: dict[str, Any]) -> None:
             ui["scrub_topk"] = gr.Plot(show_label=False, elem_id="plot-scrub-topk")
 
 
+def explain_moves(pool: ModelPool, ui: dict[str, Any], moves: Any) -> None:
+    """Presentation mode redraws both views (a person's move: `moves` is explorer.moves.Moves)."""
+    moves.on([ui["presentation"].input], functools.partial(show_run, pool),
+             [ui["session"], ui["scrub_index"], *(ui[n] for n in CONTROL_NAMES)], [ui[n] for n in RUN_OUTPUTS],
+             queue=False, preprocess=False, show_progress="hidden")
+
+
 def wire_explain(pool: ModelPool, ui: dict[str, Any], runs: dict[str, Any], opened: dict[str, Any]) -> None:
     """The views' events, none of which runs the model (out of the queue): after each run (`runs`: API name
-    suffix -> the run's event) and on presentation mode, both views redraw; the slider and Play move the
-    scrubber."""
+    suffix -> the run's event) both views redraw (and on presentation mode: `explain_moves`); the slider and Play
+    move the scrubber."""
     instant = dict(queue=False, preprocess=False, show_progress="hidden")
     controls = [ui[n] for n in CONTROL_NAMES]
     with_index = [ui["session"], ui["scrub_index"], *controls]
@@ -170,7 +177,6 @@ def wire_explain(pool: ModelPool, ui: dict[str, Any], runs: dict[str, Any], open
     show = functools.partial(show_run, pool)
     for suffix, run in runs.items():
         run.then(show, with_index, outputs, api_name=f"show_run{suffix}", **instant)
-    ui["presentation"].input(show, with_index, outputs, api_name=False, **instant)
     for key in LAZY_VIEWS:  # `opened`: each view tab's select event (explorer/wiring.py)
         opened[key].then(show, with_index, outputs, api_name=False, **instant)
     scrub = [ui[n] for n in SCRUB_OUTPUTS]  # a person's move of the slider; Play's ticks draw their own token

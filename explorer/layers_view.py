@@ -149,8 +149,9 @@ def layers_controls(ui: dict[str, Any]) -> None:
     ui["layers_note"] = gr.Markdown(elem_id="layers-note")
 
 
-def wire_layers(pool: ModelPool, ui: dict[str, Any]) -> Any:
-    """Measure shares the model queue; Use this order and redraws run outside it. Returns Use this order's event
+def wire_layers(pool: ModelPool, ui: dict[str, Any], moves: Any) -> Any:
+    """Measure shares the model queue; Use this order and redraws run outside it, redraws after a person's moves
+    (`moves`: explorer.moves.Moves). Returns Use this order's event
     (it sets the order, after which the page redraws what follows from the controls)."""
     inputs = [ui[n] for n in ("layers_state", *CONTROL_NAMES)]
     queued = model_queue(pool.caps.concurrency)
@@ -158,9 +159,9 @@ def wire_layers(pool: ModelPool, ui: dict[str, Any]) -> Any:
                                api_name="measure_layers", **queued)
     use = ui["layers_use"].click(functools.partial(use_this_order, pool), inputs, [ui[n] for n in USE_OUTPUTS],
                            api_name="use_calibrated_order", queue=False, preprocess=False)
-    gr.on([*(ui[n].input for n in REDRAW_ON), *(ui[n].release for n in REDRAW_ON if isinstance(ui[n], gr.Slider))],
-          functools.partial(redraw_layers, pool), inputs, ui["layers"], api_name=False, queue=False, preprocess=False,
-          show_progress="hidden", trigger_mode="always_last")
+    moves.on([*(ui[n].input for n in REDRAW_ON), *(ui[n].release for n in REDRAW_ON if isinstance(ui[n], gr.Slider))],
+             functools.partial(redraw_layers, pool), inputs, [ui["layers"]], queue=False, preprocess=False,
+             show_progress="hidden")
     return use
 
 

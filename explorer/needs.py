@@ -137,8 +137,9 @@ def needs_controls(ui: dict[str, Any]) -> None:
     ui["needs_note"] = gr.Markdown(elem_id="needs-note")
 
 
-def wire_needs(pool: ModelPool, ui: dict[str, Any]) -> Any:
-    """The view's events: measure and fit share the model queue; redraws run outside it. Returns the fit's event
+def wire_needs(pool: ModelPool, ui: dict[str, Any], moves: Any) -> Any:
+    """The view's events: measure and fit share the model queue; redraws run outside it, after a person's moves
+    (`moves`: explorer.moves.Moves). Returns the fit's event
     (it sets α, after which the page redraws what follows from the controls)."""
     inputs = [ui[n] for n in ("needs_state", *CONTROL_NAMES)]
     queued = model_queue(pool.caps.concurrency)
@@ -146,9 +147,9 @@ def wire_needs(pool: ModelPool, ui: dict[str, Any]) -> Any:
                               api_name="measure_needs", **queued)
     fit = ui["needs_fit"].click(functools.partial(fit_to_prompt, pool), inputs, [ui[n] for n in FIT_OUTPUTS],
                           api_name="fit_alpha_to_prompt", **queued)
-    gr.on([*(ui[n].input for n in REDRAW_ON), *(ui[n].release for n in REDRAW_ON if isinstance(ui[n], gr.Slider))],
-          functools.partial(redraw_needs, pool), inputs, ui["needs"], api_name="redraw_needs", queue=False, preprocess=False,
-          show_progress="hidden", trigger_mode="always_last")
+    moves.on([*(ui[n].input for n in REDRAW_ON), *(ui[n].release for n in REDRAW_ON if isinstance(ui[n], gr.Slider))],
+             functools.partial(redraw_needs, pool), inputs, [ui["needs"]], api_name="redraw_needs", queue=False,
+             preprocess=False, show_progress="hidden")
     return fit
 
 

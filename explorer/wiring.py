@@ -9,8 +9,9 @@ import gradio as gr
 
 from d3.research.data import ASSETS
 from explorer.controls import CONTROL_NAMES, REDRAW_NAMES
-from explorer.explain import view_opened, wire_explain
+from explorer.explain import explain_moves, view_opened, wire_explain
 from explorer.export import export_figure, export_sweep, export_trace
+from explorer.moves import Moves
 from explorer.live import FILLS_OUTPUTS, GENERATE_OUTPUTS, compare_fills, generate, interrupt, stop
 from explorer.layers_view import redraw_layers_after, wire_layers
 from explorer.needs import redraw_needs_after, wire_needs
@@ -87,23 +88,35 @@ def _queued(pool: ModelPool, ui: dict[str, Any]) -> dict[str, Any]:
                 show_progress="minimal", show_progress_on=[ui["run_state"]])
 
 
-def _wire_generation(pool: ModelPool, ui: dict[str, Any], triggers: list[Any], suffix: str = "",
-                     checked: bool = False) -> Any:
-    """Stop this session's running generation out of the queue, then generate in the queue. `checked`: only on
-    valid controls (a slider let go on a value typed out of its range runs nothing; `settle_controls` says why)."""
-    if checked:  # what follows from the released value first, then whether it may run
-        settled = gr.on(triggers, functools.partial(settle_released, pool), _with_controls(ui, "session"),
-                        _pick(ui, SETTLE_OUTPUTS), queue=False, show_progress="hidden", api_name=False,
-                        preprocess=False, trigger_mode="always_last")
+def _wire_generation(pool: ModelPool, ui: dict[str, Any], triggers: list[Any], suffix: str = "") -> Any:
+    """Stop this session's running generation out of the queue, then generate in the queue."""
+    first = gr.on(triggers, interrupt, [ui["session"]], None, queue=False, show_progress="hidden",
+                  api_name=f"interrupt{suffix}", trigger_mode="multiple")
+    return _generate_after(pool, ui, first, suffix)
+
+
+def _generate_after(pool: ModelPool, ui: dict[str, Any], event: Any, suffix: str | bool) -> Any:
+    return event.then(functools.partial(generate, pool), _with_controls(ui, "session"), _pick(ui, GENERATE_OUTPUTS),
+                      api_name=f"generate{suffix}" if suffix is not False else False, trigger_mode="always_last",
+                      **_queued(pool, ui))
+
+
+def _wire_release(pool: ModelPool, ui: dict[str, Any], moves: Moves, runs: dict[str, Any]) -> None:
+    """A slider let go: what follows from the released value first (`settle_released`), then, only on valid
+    controls, stop this session's run and generate (a value typed out of the slider's range runs nothing;
+    `settle_controls` says why). Each generation it wires goes into `runs` (the views that draw a run follow it)."""
+    def then_run(settled: Any, first: bool) -> None:
+        name = (lambda n: f"{n}_on_release") if first else (lambda n: False)
         check = settled.success(functools.partial(check_release, pool), _with_controls(ui, "session"), None,
-                                queue=False, show_progress="hidden", api_name=f"check{suffix}", preprocess=False)
-        first = check.success(interrupt, [ui["session"]], None, queue=False, show_progress="hidden",
-                              api_name=f"interrupt{suffix}")
-    else:
-        first = gr.on(triggers, interrupt, [ui["session"]], None, queue=False, show_progress="hidden",
-                      api_name=f"interrupt{suffix}", trigger_mode="multiple")
-    return first.then(functools.partial(generate, pool), _with_controls(ui, "session"), _pick(ui, GENERATE_OUTPUTS),
-                      api_name=f"generate{suffix}", trigger_mode="always_last", **_queued(pool, ui))
+                                queue=False, show_progress="hidden", api_name=name("check"), preprocess=False)
+        stopped = check.success(interrupt, [ui["session"]], None, queue=False, show_progress="hidden",
+                                api_name=name("interrupt"))
+        runs["_on_release" if first else f"_on_release_{len(runs)}"] = _generate_after(
+            pool, ui, stopped, "_on_release" if first else False)
+
+    moves.on([ui[n].release for n in RELEASE_TRIGGERS], functools.partial(settle_released, pool),
+             _with_controls(ui, "session"), _pick(ui, SETTLE_OUTPUTS), after=then_run, queue=False,
+             show_progress="hidden", preprocess=False)
 
 
 def _wire_fills(pool: ModelPool, ui: dict[str, Any], event: Any, suffix: str) -> Any:
@@ -161,30 +174,32 @@ def person_moved(ui: dict[str, Any], names: tuple[str, ...]) -> list[Any]:
     return events + [ui[n].release for n in names if isinstance(ui[n], gr.Slider)]
 
 
-def _wire_views(pool: ModelPool, ui: dict[str, Any]) -> None:
+def _wire_views(pool: ModelPool, ui: dict[str, Any], moves: Moves) -> None:
     instant = dict(queue=False, preprocess=False, show_progress="hidden")
     # While a slider moves the browser redraws the decay curve itself (assets/decay_preview.js), with no round
     # trip: it keeps up with the pointer while the server is busy. The server redraws the curve and the heavy
     # planned grid when a slider is let go, when a person changes any other control, and after a scenario, a
-    # sweep row or a shared link set the controls (`_redraw_after`).
+    # sweep row, a model switch or a shared link set the controls (`_redraw_after`). (No backend: the page runs it
+    # and it defers nothing, see explorer/moves.py.)
     gr.on([ui[n].input for n in RELEASE_TRIGGERS], None, _pick(ui, RELEASE_TRIGGERS), None,
           js=f"({', '.join(RELEASE_TRIGGERS)}) => {{ window.d3DecayPreview?.follow({', '.join(RELEASE_TRIGGERS)}); }}",
           api_name=False, queue=False, show_progress="hidden")
-    gr.on([*(ui[n].release for n in RELEASE_TRIGGERS),
-           *(ui[n].input for n in REDRAW_NAMES if n not in RELEASE_TRIGGERS)],
-          functools.partial(redraw_schedule, pool), _with_controls(ui, "session"), [ui["decay"], ui["planned"]],
-          api_name="redraw_schedule", trigger_mode="always_last", **instant)
+    # Registered in the order they run after a move: what the person sees change first.
+    moves.on([ui["presentation"].input], set_presentation, _with_controls(ui, "session"), _pick(ui, VIEW_OUTPUTS),
+             api_name="set_presentation", **instant)
     # What follows from the one state of the controls (bounds, a re-fitted order, a message), set once per move.
     moved = [ui[n].input for n in SETTLED_CONTROLS] + [ui[n].release for n in SETTLED_CONTROLS
                                                          if isinstance(ui[n], gr.Slider) and n not in RELEASE_TRIGGERS]
-    gr.on(moved, functools.partial(settle_controls, pool), _with_controls(ui, "session"),
-          _pick(ui, SETTLE_OUTPUTS), api_name=False, trigger_mode="always_last", **instant)
+    moves.on(moved, functools.partial(settle_controls, pool), _with_controls(ui, "session"),
+             _pick(ui, SETTLE_OUTPUTS), **instant)
+    moves.on([*(ui[n].release for n in RELEASE_TRIGGERS),
+              *(ui[n].input for n in REDRAW_NAMES if n not in (*RELEASE_TRIGGERS, "model"))],
+             functools.partial(redraw_schedule, pool), _with_controls(ui, "session"), [ui["decay"], ui["planned"]],
+             api_name="redraw_schedule", **instant)
     ui["metric"].input(render_flow, _with_controls(ui, "session"), ui["flow"], api_name="render_flow", **instant)
-    gr.on(person_moved(ui, ("attention_layer", "attention_head")), render_attention, _with_controls(ui, "session"),
-          _pick(ui, ATTENTION_OUTPUTS), api_name="render_attention", trigger_mode="always_last", **instant)
+    moves.on(person_moved(ui, ("attention_layer", "attention_head")), render_attention, _with_controls(ui, "session"),
+             _pick(ui, ATTENTION_OUTPUTS), api_name="render_attention", **instant)
     ui["log_kl"].input(render_errors, _with_controls(ui, "session"), ui["errors"], api_name="render_errors", **instant)
-    ui["presentation"].input(set_presentation, _with_controls(ui, "session"), _pick(ui, VIEW_OUTPUTS),
-                             api_name="set_presentation", **instant)
 
 
 def _wire_tabs(pool: ModelPool, ui: dict[str, Any]) -> dict[str, Any]:
@@ -249,9 +264,10 @@ def wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     loaded = sized.then(functools.partial(load_model, pool), ui["model"], _pick(ui, MODEL_OUTPUTS),
                         api_name="load_model", preprocess=False, concurrency_id="load", concurrency_limit=1,
                         trigger_mode="always_last", show_progress_on=[ui["run_state"]])
-    runs = {"": _wire_generation(pool, ui, [ui["generate"].click, ui["prompt"].submit]),
-            "_on_release": _wire_generation(pool, ui, [ui[n].release for n in RELEASE_TRIGGERS], "_on_release",
-                                          checked=True)}
+    runs = {"": _wire_generation(pool, ui, [ui["generate"].click, ui["prompt"].submit])}
+    # A person's moves of the controls, one event per trigger (explorer/moves.py): registered here, wired below.
+    moves = Moves()
+    _wire_release(pool, ui, moves, runs)
     # Every click of Stop is sent: with gradio's default for a click ("once") the page drops a click while an
     # earlier one is still in flight, and Stop would seem not to answer.
     ui["stop"].click(stop, ui["session"], ui["status"], api_name="stop", queue=False, show_progress="hidden",
@@ -262,15 +278,18 @@ def wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     runs.update(_wire_scenarios(pool, ui))
     runs["_model"] = loaded  # the lens and scrubber forget the other model's run too
     _redraw_after(pool, ui, loaded)
-    _wire_views(pool, ui)
+    _wire_views(pool, ui, moves)
+    fitted, used = wire_needs(pool, ui, moves), wire_layers(pool, ui, moves)
+    explain_moves(pool, ui, moves)
+    moves.wire()
     ui["export_trace"].click(export_trace, ui["session"], ui["files"], api_name="export_trace")
     # the measured views' states and the scrubber's token: Export offers every view (explorer.export.FIGURES)
     ui["export_figure"].click(functools.partial(export_figure, pool),
                               _with_controls(ui, "session", "figure", "needs_state", "layers_state", "scrub_index"),
                               ui["files"], api_name="export_figure", preprocess=False)
     _wire_sweep(pool, ui, demo)
-    _redraw_after(pool, ui, wire_needs(pool, ui))  # fit α sets α
-    _redraw_after(pool, ui, wire_layers(pool, ui))  # Use this order sets the order
+    _redraw_after(pool, ui, fitted)  # fit α sets α
+    _redraw_after(pool, ui, used)  # Use this order sets the order
     wire_explain(pool, ui, runs, _wire_tabs(pool, ui))
     restored = wire_share(pool, ui, demo)
     _redraw_after(pool, ui, restored)  # on every page load, link or not: the first preview

@@ -3,7 +3,8 @@ questions, each setting's accuracy as a paired difference from full depth with i
 depth it actually ran, with its measured speedup; the SUMMARY section and the README's numbers from the results.
 
 Usage: python scripts/drop_order_study.py [--models smollm2-135m,gemma3-270m] [--test-limit 500] [--stage1 50]
-       [--targets 0.97,0.93,...] [--signals agreement,task] [--only PARTS]
+       [--targets 0.97,0.93,...] [--signals agreement,task] [--only PARTS] [--jobs 2]
+--jobs 2 measures the two models at once, one process (one torch thread) per core.
 Sequential: every setting answers the first --stage1 test questions of each task; those whose paired interval
 can still show a loss of at most --go-on (3 points) answer the rest and are timed (d3.research.study).
 Resumable: each model's results go to results/drop_order_<model>.json as every setting finishes; a rerun skips what
@@ -221,6 +222,46 @@ def write_curves(study: dict, path: Path) -> Path:
     return path
 
 
+def child_argv(argv: list[str], model: str, parts: list[str]) -> list[str]:
+    """This run's command line for one model and the measuring parts only (no --models, --only or --jobs)."""
+    out, skip = [], False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in ("--models", "--only", "--jobs"):
+            skip = "=" not in arg
+            continue
+        out.append(arg)
+    return [*out, "--models", model, "--only", ",".join(parts), "--jobs", "1"]
+
+
+def in_parallel(models: list[str], parts: list[str], jobs: int) -> None:
+    """Each model measured in its own process, `jobs` at a time, their progress lines prefixed by the model."""
+    import subprocess
+    import threading
+
+    def relay(model: str, stream) -> None:
+        for line in stream:
+            say(f"[{SHORT.get(model, model)}] {line.rstrip()}")
+
+    pending, running = list(models), []
+    while pending or running:
+        while pending and len(running) < jobs:
+            model = pending.pop(0)
+            child = subprocess.Popen([sys.executable, __file__, *child_argv(sys.argv[1:], model, parts)],
+                                     stderr=subprocess.PIPE, text=True)
+            threading.Thread(target=relay, args=(model, child.stderr), daemon=True).start()
+            running.append((model, child))
+        time.sleep(1)
+        for model, child in list(running):
+            if child.poll() is not None:
+                running.remove((model, child))
+                if child.returncode:
+                    raise SystemExit(f"{model}: the study stopped (exit {child.returncode}); rerun to resume")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default="smollm2-135m,gemma3-270m")
@@ -231,7 +272,9 @@ def main() -> int:
     p.add_argument("--test-limit", type=int, default=500, help="test questions per task")
     p.add_argument("--targets", default=",".join(map(str, TARGETS)), help="planned mean depths (fractions of L)")
     p.add_argument("--signals", default=",".join(s for s, _, _ in PLAN), help="the plan's calibrations to measure")
-    p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (per model)")
+    p.add_argument("--jobs", type=int, default=1, help="models measured at once, each in its own process (one per "
+                   "core: 2 on a 2-core machine); the report follows once every model is done")
     p.add_argument("--stage1", type=int, default=50, help="first-stage test questions per task (every setting)")
     p.add_argument("--go-on", type=float, default=GO_ON, help="a setting answers the rest of the test questions "
                    "while its first-stage interval allows a loss this small (fraction: 0.03 = 3 points)")
@@ -251,7 +294,13 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     parts = set(args.only.split(",")) if args.only else {"screen", "calibrate", "sweep", "report"}
     started = time.perf_counter()
-    paths = [run_model(m, args, parts) for m in args.models.split(",") if m]
+    models = [m for m in args.models.split(",") if m]
+    measured = parts & {"screen", "calibrate", "sweep"}
+    if args.jobs > 1 and len(models) > 1 and measured:
+        in_parallel(models, sorted(measured), args.jobs)
+        paths = [out_path(Path(args.out_dir), m) for m in models]
+    else:
+        paths = [run_model(m, args, parts) for m in models]
     if "report" in parts:
         from d3.reports.drop_order import write_readme, write_section
 

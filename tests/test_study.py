@@ -96,3 +96,19 @@ def test_a_setting_goes_on_only_while_its_interval_reaches_the_bound_and_an_orde
     assert goes_on(close) and not goes_on(far) and goes_on(far, bound=0.2)
     assert collapsed(far) and not collapsed(close)
     assert curve_name("d3 calibrated agreement @0.93") == "d3 calibrated agreement" and curve_name("unified @0.9") == "unified"
+
+
+def test_the_study_script_hands_each_model_its_own_command_line() -> None:
+    """`--jobs 2`: each model measured in its own process, with this run's flags, only the measuring parts, and
+    no second level of jobs (the report waits for both)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "drop_order_study.py"
+    spec = importlib.util.spec_from_file_location("drop_order_study", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    argv = ["--models", "smollm2-135m,gemma3-270m", "--test-limit", "100", "--jobs=2", "--only", "sweep,report",
+            "--stage1", "25"]
+    assert script.child_argv(argv, "gemma3-270m", ["sweep"]) == \
+        ["--test-limit", "100", "--stage1", "25", "--models", "gemma3-270m", "--only", "sweep", "--jobs", "1"]

@@ -137,15 +137,34 @@ def engine():
 
 
 @pytest.fixture(scope="module")
-def url(engine):
-    """The page serving `engine` on a free loopback port, closed after the module."""
+def demo(engine):
+    """The page over `engine` (named "tiny"), not served."""
     from explorer import page
     from explorer.caps import Caps
+
+    return page.build_demo(lambda name: engine, model_names=("tiny",), public=False, caps=Caps(max_new_tokens=64))
+
+
+@pytest.fixture(scope="module")
+def url(demo):
+    """The page (`demo`) served on a free loopback port, closed after the module."""
     from tests.apphelpers import serve
 
-    demo = page.build_demo(lambda name: engine, model_names=("tiny",), public=False, caps=Caps(max_new_tokens=64))
     with serve(demo) as address:
         yield address
+
+
+@pytest.fixture()
+def page(browser, url, request):
+    """A fresh tab on the served page (`url`), at the viewport the test is parametrized with (else desktop)."""
+    from tests.pagehelpers import DESKTOP, TIMEOUT_MS
+
+    pg = browser.new_page(viewport=getattr(request, "param", DESKTOP))
+    pg.set_default_timeout(TIMEOUT_MS)
+    pg.goto(url)
+    pg.wait_for_selector("#generate")
+    yield pg
+    pg.close()
 
 
 @pytest.fixture(scope="module")

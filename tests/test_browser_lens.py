@@ -10,9 +10,7 @@ from urllib.parse import parse_qsl, urlsplit
 import pytest
 
 from d3.trace import RAN
-from explorer.caps import Caps
-from explorer.page import build_demo
-from tests.apphelpers import CountingEngine, serve
+from tests.apphelpers import CountingEngine
 from tests.pagehelpers import (
     ARTIFACTS,
     DESKTOP,
@@ -37,33 +35,9 @@ def engine() -> CountingEngine:
     return CountingEngine(tiny_llama(LAYERS), tiny_tokenizer(), name="tiny")
 
 
-@pytest.fixture(scope="module")
-def demo(engine):
-    return build_demo(lambda name: engine, model_names=("tiny",), public=False, caps=Caps(max_new_tokens=64))
-
-
-# ---------------------------------------------------------------- handlers (no browser)
-
-
 # ---------------------------------------------------------------- in the browser
 
 playwright_api = pytest.importorskip("playwright.sync_api")
-
-
-@pytest.fixture(scope="module")
-def url(demo):
-    with serve(demo) as address:
-        yield address
-
-
-@pytest.fixture()
-def page(browser, url, request):
-    pg = browser.new_page(viewport=getattr(request, "param", DESKTOP))
-    pg.set_default_timeout(TIMEOUT_MS)
-    pg.goto(url)
-    pg.wait_for_selector("#generate")
-    yield pg
-    pg.close()
 
 
 def shot(page, name: str, selector: str | None = None) -> None:

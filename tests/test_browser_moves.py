@@ -15,7 +15,7 @@ from explorer.caps import Caps
 from explorer.controls import DEFAULTS, default_attention_layer
 from explorer.page import build_demo
 from tests.apphelpers import CountingEngine, serve
-from tests.pagehelpers import DESKTOP, PHONE, TIMEOUT_MS, generate, open_view, wait_for_status
+from tests.pagehelpers import DESKTOP, PHONE, generate, open_view, wait_for_status
 from tests.tiny import tiny_llama, tiny_tokenizer
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
@@ -36,16 +36,6 @@ def url(engine):
     demo = build_demo(engines.__getitem__, model_names=tuple(engines), public=False, caps=Caps(max_new_tokens=64))
     with serve(demo) as address:
         yield address
-
-
-@pytest.fixture()
-def page(browser, url, request):
-    pg = browser.new_page(viewport=getattr(request, "param", DESKTOP))
-    pg.set_default_timeout(TIMEOUT_MS)
-    pg.goto(url)
-    pg.wait_for_selector("#generate")
-    yield pg
-    pg.close()
 
 
 def pixel(page, x: float, y: float) -> tuple[int, int, int]:

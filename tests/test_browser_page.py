@@ -13,25 +13,21 @@ import requests
 
 from d3.config import D3Config
 from d3.schedule import budgets
-from explorer.caps import Caps
-from explorer.page import build_demo
 from tests.pagehelpers import (
     ARTIFACTS,
     assert_plots_fit,
-    DESKTOP,
     ERROR_PILLS,
     generate,
     IN_VIEW,
     open_view,
     PHONE,
     PRESENTATION,
-    TIMEOUT_MS,
     TOASTS,
     UNREACHABLE_VIEWS,
     view_names,
     wait_for_status,
 )
-from tests.apphelpers import CountingEngine, serve
+from tests.apphelpers import CountingEngine
 from tests.tiny import tiny_llama, tiny_tokenizer
 from viz.depth import raw_decay
 from viz.layout import strategy_label
@@ -44,24 +40,6 @@ playwright_api = pytest.importorskip("playwright.sync_api")
 @pytest.fixture(scope="module")
 def engine() -> CountingEngine:
     return CountingEngine(tiny_llama(30), tiny_tokenizer(), name="tiny")
-
-
-@pytest.fixture(scope="module")
-def url(engine):
-    demo = build_demo(lambda name: engine, model_names=("tiny",), public=False, caps=Caps(max_new_tokens=64))
-    with serve(demo) as address:
-        yield address
-
-
-@pytest.fixture()
-def page(browser, url, request):
-    viewport = getattr(request, "param", DESKTOP)
-    pg = browser.new_page(viewport=viewport)
-    pg.set_default_timeout(TIMEOUT_MS)
-    pg.goto(url)
-    pg.wait_for_selector("#generate")
-    yield pg
-    pg.close()
 
 
 # ---------------------------------------------------------------- 1: results above the fold

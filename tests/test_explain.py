@@ -10,10 +10,8 @@ import pytest
 
 from d3.config import D3Config, GenerationConfig, TraceConfig
 from d3.trace import RAN
-from explorer.caps import Caps
 from explorer.controls import DEFAULTS
 from explorer.explain import PAUSE, PLAY, RUN_OUTPUTS, next_token, render_scrub, show_run, toggle_play, view_opened
-from explorer.page import build_demo
 from explorer.runs import check_run, side_by_side
 from explorer.session import Session
 from tests.apphelpers import CountingEngine
@@ -29,11 +27,6 @@ LAYERS = 30
 @pytest.fixture(scope="module")
 def engine() -> CountingEngine:
     return CountingEngine(tiny_llama(LAYERS), tiny_tokenizer(), name="tiny")
-
-
-@pytest.fixture(scope="module")
-def demo(engine):
-    return build_demo(lambda name: engine, model_names=("tiny",), public=False, caps=Caps(max_new_tokens=64))
 
 
 @pytest.fixture(scope="module")

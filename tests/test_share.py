@@ -27,11 +27,6 @@ def engine() -> CountingEngine:
     return CountingEngine(tiny_llama(LAYERS), tiny_tokenizer(), name="tiny")
 
 
-@pytest.fixture(scope="module")
-def demo(engine):
-    return build_demo(lambda name: engine, model_names=("tiny",), public=False, caps=Caps(max_new_tokens=64))
-
-
 def test_a_link_carries_every_control_and_reads_back_the_same(demo) -> None:
     controls = DEFAULTS.with_(prompt="Ünïcode & ?x=1 #hash", model="tiny", alpha=0.93, core_head=2, core_tail=5,
                               start=3, drop_order="strided", fill="propagate", max_new_tokens=24, decoding="sample",

@@ -17,6 +17,10 @@ from transformers.cache_utils import DynamicCache
 from d3.adapter import Adapter
 
 
+CHUNK_ELEMENTS = 1 << 26  # log-probs read out at once: 256 MiB of float32 (256 positions of Gemma 3's vocabulary)
+KEPT_REFERENCE_ELEMENTS = 1 << 27  # full depth's log-probs are kept up to 512 MiB, else read out again per score
+
+
 @dataclass(frozen=True)
 class Score:
     """A removal's signal value and, where the signal has one, the mean KL(full depth || removal)."""
@@ -41,8 +45,8 @@ class _PromptPast:
 class TeacherForced:
     """Prompts (left padded, full depth) and continuations (right padded) read under a removal, in one pass.
 
-    Scored position t of row b is continuation position t, predicting `targets[b][t]`; `reference` is full depth's
-    log-probs there [B, T, vocab] (from the same pass with nothing removed)."""
+    Scored position t of row b is continuation position t, predicting `targets[b][t]`; a removal is scored against
+    full depth's log-probs there (from the same pass with nothing removed)."""
 
     adapter: Adapter
     prompts: list[list[int]]
@@ -80,10 +84,16 @@ class TeacherForced:
                 resid.append(hidden[:, self.P:])
             self.resid = resid  # L + 1 entries of [B, T, d_model]
             self.kv = [(layer.keys[..., :self.P, :], layer.values[..., :self.P, :]) for layer in cache.layers]
-            self.reference = torch.log_softmax(a.logits(hidden[:, self.P:]), dim=-1)
-            self._ref_probs = self.reference.exp()
-            self._neg_entropy = (self._ref_probs * self.reference).sum(-1)  # KL(ref || q) = this - sum(ref * log q)
             self._base: tuple[tuple[int, ...], list[torch.Tensor]] | None = None
+            self._targets = self.target_ids[self.scored]  # [N]: the scored positions, row by row
+            # Full depth's log-probs at the scored positions, [N, vocab] a chunk at a time: kept where they are
+            # small, else read out again from the last residual at each score (Gemma 3's 262k-token vocabulary
+            # over a few thousand positions is gigabytes per copy).
+            n, vocab = self._targets.numel(), self.adapter.model.lm_head.out_features
+            self._chunk = max(1, CHUNK_ELEMENTS // vocab)
+            kept = n * vocab <= KEPT_REFERENCE_ELEMENTS
+            self._reference = [self._read_out(resid[-1][self.scored][s:s + self._chunk])
+                               for s in range(0, n, self._chunk)] if kept else None
             sizing = DynamicCache([(k, v) for k, v in self.kv])  # the prompt's whole length, as _PromptPast gives it
             cont = resid[0]
             self.masks = a.masks(cont, self.mask, sizing, self.positions)
@@ -115,29 +125,40 @@ class TeacherForced:
         self._base = (removed, stack)
         return stack
 
-    def logprobs(self, removed: Sequence[int]) -> torch.Tensor:
-        """Next-token log-probs [B, T, vocab] with the layers in `removed` skipped at every continuation position.
+    def _read_out(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Log-probs of residuals `hidden` [n, d_model] -> [n, vocab]."""
+        return torch.log_softmax(self.adapter.logits(hidden), dim=-1)
+
+    def _last(self, removed: tuple[int, ...]) -> torch.Tensor:
+        """The continuation's residual leaving the last layer [B, T, d_model] with `removed` skipped.
 
         Below the last-named layer c, the residual is that of removed[:-1] (c changes nothing under it), so the pass
         starts at c from that removal's residuals (the previous greedy step's, computed once per step)."""
         if not removed:
-            return self.reference
-        removed = tuple(removed)
+            return self.resid[-1]
         *base, last = removed
+        start = self._stack(tuple(base))[last]
+        return self._run(start, last, set(removed))
+
+    def logprobs(self, removed: Sequence[int]) -> torch.Tensor:
+        """Next-token log-probs [B, T, vocab] with the layers in `removed` skipped at every continuation position
+        (full depth's with nothing removed). `score` reads the same a chunk of positions at a time."""
         with torch.inference_mode():
-            start = self._stack(tuple(base))[last]
-            hidden = self._run(start, last, set(removed))
-            return torch.log_softmax(self.adapter.logits(hidden), dim=-1)
+            return torch.log_softmax(self.adapter.logits(self._last(tuple(removed))), dim=-1)
 
     def score(self, removed: Sequence[int], metric: str) -> Score:
-        """agreement (share of targets top-1) or nll (mean NLL of the targets), with the mean KL from full depth."""
-        logp = self.logprobs(removed)
-        m = self.scored
-        kl = (self._neg_entropy - (self._ref_probs * logp).sum(-1)).clamp_min(0)[m].mean().item()
-        if metric == "agreement":
-            value = (logp.argmax(-1) == self.target_ids)[m].float().mean().item()
-        else:
-            value = -logp.gather(-1, self.target_ids[..., None])[..., 0][m].mean().item()
-        return Score(value, kl)
-
-
+        """agreement (share of targets top-1) or nll (mean NLL of the targets), with the mean KL from full depth,
+        over the scored positions, a chunk at a time (memory: a chunk's log-probs, not the whole [B, T, vocab])."""
+        with torch.inference_mode():
+            ours, full = self._last(tuple(removed))[self.scored], self.resid[-1][self.scored]  # [N, d_model]
+            n, value, kl = self._targets.numel(), 0.0, 0.0
+            for k, s in enumerate(range(0, n, self._chunk)):
+                logq = self._read_out(ours[s:s + self._chunk])
+                logp = self._reference[k] if self._reference is not None else self._read_out(full[s:s + self._chunk])
+                kl += (logp.exp() * (logp - logq)).sum(-1).clamp_min(0).sum().item()  # KL(full depth || removal)
+                targets = self._targets[s:s + self._chunk]
+                if metric == "agreement":
+                    value += (logq.argmax(-1) == targets).sum().item()
+                else:
+                    value -= logq.gather(-1, targets[:, None]).sum().item()
+        return Score(value / n, kl / n)

@@ -86,3 +86,25 @@ def test_empty_prompts_or_continuations_are_refused() -> None:
         TeacherForced(adapter, [[1, 2], []], [[3], [4]], [[], []])
     with pytest.raises(ValueError, match="non-empty"):
         TeacherForced(adapter, [[1, 2]], [[]], [[]])
+
+
+@pytest.mark.parametrize("kept", [True, False], ids=["reference kept", "reference read out again"])
+@pytest.mark.parametrize("removed", [(), (2,), (3, 1)])
+def test_a_score_read_a_chunk_at_a_time_equals_one_over_the_whole_log_probs(forced, removed, kept, monkeypatch) -> None:
+    """Scores are read two positions at a time (Gemma 3's vocabulary would make [B, T, vocab] gigabytes), with full
+    depth's log-probs kept or read out again: the same agreement, NLL and KL as over the whole tensors."""
+    import d3.teacher_forced as tf_module
+
+    model, whole = forced
+    vocab = model.lm_head.out_features
+    monkeypatch.setattr(tf_module, "CHUNK_ELEMENTS", 2 * vocab)
+    monkeypatch.setattr(tf_module, "KEPT_REFERENCE_ELEMENTS", 10**9 if kept else 0)
+    tf = TeacherForced(Adapter(model), PROMPTS, CONTS, targets=[c[1:] for c in CONTS])
+    assert tf._chunk == 2 and (tf._reference is not None) == kept
+    m, full, ours = tf.scored, whole.logprobs(()), whole.logprobs(removed)
+    kl = (full.exp() * (full - ours)).sum(-1).clamp_min(0)[m].mean().item()
+    agreement = (ours.argmax(-1) == tf.target_ids)[m].float().mean().item()
+    nll = -ours.gather(-1, tf.target_ids[..., None])[..., 0][m].mean().item()
+    for metric, value in (("agreement", agreement), ("nll", nll)):
+        score = tf.score(removed, metric)
+        assert score.value == pytest.approx(value, abs=1e-5) and score.kl == pytest.approx(kl, abs=1e-6)

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import gradio as gr
+
 
 @dataclass
 class _Handler:
@@ -51,8 +53,6 @@ class Moves:
         groups: dict[tuple[int, ...], list[Any]] = {}
         for trigger, handlers in self._triggers.values():
             groups.setdefault(tuple(handlers), []).append(trigger)
-        import gradio as gr
-
         for handlers, triggers in groups.items():
             head, *rest = (self._handlers[k] for k in handlers)
             event = self._make(head, lambda h, **kw: gr.on(triggers, h.fn, h.inputs, h.outputs, **kw))

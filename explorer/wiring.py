@@ -111,7 +111,8 @@ def _wire_release(pool: ModelPool, ui: dict[str, Any], moves: Moves, runs: dict[
                                 queue=False, show_progress="hidden", api_name=name("check"), preprocess=False)
         stopped = check.success(interrupt, [ui["session"]], None, queue=False, show_progress="hidden",
                                 api_name=name("interrupt"))
-        runs["_on_release" if first else f"_on_release_{len(runs)}"] = _generate_after(
+        key = "_on_release" if first else f"_on_release_{sum(k.startswith('_on_release') for k in runs) + 1}"
+        runs[key] = _generate_after(
             pool, ui, stopped, "_on_release" if first else False)
 
     moves.on([ui[n].release for n in RELEASE_TRIGGERS], functools.partial(settle_released, pool),

@@ -43,8 +43,7 @@ SIZED_OUTPUTS = ("core_head", "core_tail", "attention_layer", "attention_head", 
                  "layer_order")
 # A model switch also empties the panes and the views: what they showed was a run of the other model.
 CLEARED_OUTPUTS = ("d3_title", "d3_tokens", "d3_counters", "full_tokens", "full_counters",
-                   *views.drawn_from_session(), "layers_note",  # the note said what Use this order set: reset now
-                   "scenario_text", "scenario_finding")  # a scenario's words and numbers were the other model's
+                   *views.drawn_from_session(), "layers_note")  # the note said what Use this order set: reset now
 MODEL_OUTPUTS = (*SIZED_OUTPUTS, "status", "session", *CLEARED_OUTPUTS)
 
 
@@ -100,7 +99,7 @@ def _cleared(session: Session | None, model: str, presentation: bool = False) ->
     blank = "<div class='d3-tokens'>(press Generate)</div>"
     p = presentation
     out = dict(session=session, d3_title="### D3", d3_tokens=blank, full_tokens=blank, d3_counters="",
-               full_counters="", layers_note="", scenario_text="", scenario_finding="",
+               full_counters="", layers_note="",
                **{key: views.empty(key, p) for key in session.due(views.drawn_from_session())})
     was = f" (the last run, of {previous}, is in Run history)" if previous and previous != model else ""
     out["status"] = views.status_html(None, None, f"Model {model}: press Generate.{was}")

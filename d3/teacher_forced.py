@@ -46,7 +46,8 @@ class TeacherForced:
     """Prompts (left padded, full depth) and continuations (right padded) read under a removal, in one pass.
 
     Scored position t of row b is continuation position t, predicting `targets[b][t]`; a removal is scored against
-    full depth's log-probs there (from the same pass with nothing removed)."""
+    full depth's log-probs there (from the same pass with nothing removed). The prompts run once, their shared
+    prefix once for all (`_shared_prompt`); the continuation's residuals at every layer are kept."""
 
     adapter: Adapter
     prompts: list[list[int]]
@@ -60,44 +61,70 @@ class TeacherForced:
         P = max(len(p) for p in self.prompts)
         T = max(len(c) for c in self.continuations)
         pad = lambda row, width, left: ([0] * (width - len(row)) + row) if left else (row + [0] * (width - len(row)))  # noqa: E731
-        ids = torch.tensor([pad(p, P, True) + pad(c, T, False) for p, c in zip(self.prompts, self.continuations)], device=device)
-        self.mask = torch.tensor([[0] * (P - len(p)) + [1] * (len(p) + T) for p in self.prompts], device=device)
         self.scored = torch.tensor([[t < len(tg) for t in range(T)] for tg in self.targets], device=device)  # bool [B, T]
         self.target_ids = torch.tensor([pad(tg, T, False) for tg in self.targets], device=device)
-        self.P, self.T = P, T
-        self._full_pass(ids)
-
-    def _full_pass(self, ids: torch.Tensor) -> None:
-        """Every layer over prompt + continuation: the prompt's KV, the continuation's residual entering each layer."""
-        a = self.adapter
-        positions = (self.mask.long().cumsum(-1) - 1).clamp_min(0)
-        self.positions = positions[:, self.P:]
-        cache = DynamicCache()  # every layer keeps every position: a sliding layer's window is in its mask
+        self.T = T
+        prompt_ids = torch.tensor([pad(p, P, True) for p in self.prompts], device=device)
+        prompt_mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in self.prompts], device=device)
+        continuation = torch.tensor([pad(c, T, False) for c in self.continuations], device=device)
         with torch.inference_mode():
-            hidden = a.embed(ids)
-            masks = a.masks(hidden, self.mask, cache, positions)
-            ropes = a.rope(hidden, positions)
-            resid = [hidden[:, self.P:]]
-            for idx in range(a.num_layers):
-                kind = a.layer_types[idx]
-                hidden = a.run_layer(idx, hidden, masks[kind], ropes[kind], cache, positions)
-                resid.append(hidden[:, self.P:])
-            self.resid = resid  # L + 1 entries of [B, T, d_model]
-            self.kv = [(layer.keys[..., :self.P, :], layer.values[..., :self.P, :]) for layer in cache.layers]
-            self._base: tuple[tuple[int, ...], list[torch.Tensor]] | None = None
-            self._targets = self.target_ids[self.scored]  # [N]: the scored positions, row by row
-            # Full depth's log-probs at the scored positions, [N, vocab] a chunk at a time: kept where they are
-            # small, else read out again from the last residual at each score (Gemma 3's 262k-token vocabulary
-            # over a few thousand positions is gigabytes per copy).
-            n, vocab = self._targets.numel(), self.adapter.model.lm_head.out_features
-            self._chunk = max(1, CHUNK_ELEMENTS // vocab)
-            kept = n * vocab <= KEPT_REFERENCE_ELEMENTS
-            self._reference = [self._read_out(resid[-1][self.scored][s:s + self._chunk])
-                               for s in range(0, n, self._chunk)] if kept else None
-            sizing = DynamicCache([(k, v) for k, v in self.kv])  # the prompt's whole length, as _PromptPast gives it
-            cont = resid[0]
-            self.masks = a.masks(cont, self.mask, sizing, self.positions)
-            self.ropes = a.rope(cont, self.positions)
+            if not self._shared_prompt(prompt_ids, prompt_mask):
+                self._prompt_pass(prompt_ids, prompt_mask)
+            self._full_pass(continuation)
+
+    def _shared_prompt(self, ids: torch.Tensor, mask: torch.Tensor) -> bool:
+        """The prompts' keys and values from `d3.research.answers.shared_prefill` (prompts that begin alike, as
+        few-shot questions do, run their common prefix once); False where its cache does not hold every prompt
+        position (a sliding window shorter than prompt and continuation), left to `_prompt_pass`."""
+        from d3.research.answers import shared_prefill
+
+        state, _ = shared_prefill(self.adapter, ids, mask, room=self.T)
+        if any(layer.keys.shape[-2] != state.seq_len for layer in state.cache.layers):
+            return False
+        self.kv = [(layer.keys, layer.values) for layer in state.cache.layers]
+        self.prompt_mask = state.attention_mask
+        self.positions = state.next_positions + torch.arange(self.T, device=ids.device)  # [B, T]
+        return True
+
+    def _prompt_pass(self, ids: torch.Tensor, mask: torch.Tensor) -> None:
+        """Every layer over the (left padded) prompts at full depth, keeping every position's keys and values (a
+        sliding layer's window is in its mask)."""
+        a, cache = self.adapter, DynamicCache()
+        positions = (mask.long().cumsum(-1) - 1).clamp_min(0)
+        hidden = a.embed(ids)
+        masks, ropes = a.masks(hidden, mask, cache, positions), a.rope(hidden, positions)
+        for idx in range(a.num_layers):
+            hidden = a.run_layer(idx, hidden, masks[a.layer_types[idx]], ropes[a.layer_types[idx]], cache, positions)
+        self.kv = [(layer.keys, layer.values) for layer in cache.layers]
+        self.prompt_mask = mask
+        self.positions = positions[:, -1:] + 1 + torch.arange(self.T, device=ids.device)
+
+    def _full_pass(self, continuation: torch.Tensor) -> None:
+        """Every layer over the continuation at full depth, reading the prompt's keys and values: the residual
+        entering each layer (and leaving the last), and full depth's log-probs where they are small."""
+        a = self.adapter
+        self.mask = torch.cat([self.prompt_mask, self.prompt_mask.new_ones(continuation.shape)], dim=1)
+        cont = a.embed(continuation)
+        sizing = DynamicCache([(k, v) for k, v in self.kv])  # the prompt's whole length, as _PromptPast gives it
+        self.masks = a.masks(cont, self.mask, sizing, self.positions)
+        self.ropes = a.rope(cont, self.positions)
+        resid: list[torch.Tensor] = []
+        resid.append(self._run(cont, 0, set(), resid))
+        self.resid = resid  # L + 1 entries of [B, T, d_model]
+        self._base: tuple[tuple[int, ...], list[torch.Tensor]] | None = None
+        self._targets = self.target_ids[self.scored]  # [N]: the scored positions, row by row
+        # Full depth's log-probs at the scored positions, [N, vocab] a chunk at a time: kept where they are
+        # small, else read out again from the last residual at each score (Gemma 3's 262k-token vocabulary
+        # over a few thousand positions is gigabytes per copy).
+        n, vocab = self._targets.numel(), a.model.lm_head.out_features
+        self._chunk = max(1, CHUNK_ELEMENTS // vocab)
+        kept = n * vocab <= KEPT_REFERENCE_ELEMENTS
+        self._reference = [self._read_out(resid[-1][self.scored][s:s + self._chunk])
+                           for s in range(0, n, self._chunk)] if kept else None
+
+    @property
+    def positions_scored(self) -> int:
+        return int(self._targets.numel())
 
     def _run(self, hidden: torch.Tensor, start: int, skip: set[int], keep: list[torch.Tensor] | None = None) -> torch.Tensor:
         """Layers start .. L - 1 but those in `skip`, over the continuation; `keep` collects the residual entering each."""
@@ -162,3 +189,19 @@ class TeacherForced:
                 else:
                     value -= logq.gather(-1, targets[:, None]).sum().item()
         return Score(value / n, kl / n)
+
+
+@dataclass(frozen=True)
+class Batches:
+    """Several teacher-forced batches scored as one, each score the mean over all their scored positions.
+
+    Questions of different tasks share no shots, so each task's prompts form a batch of their own that runs its
+    shots once (`TeacherForced._shared_prompt`), with its continuations padded only to its own longest reply."""
+
+    parts: tuple[TeacherForced, ...]
+
+    def score(self, removed: Sequence[int], metric: str) -> Score:
+        n = [p.positions_scored for p in self.parts]
+        scores = [p.score(removed, metric) for p in self.parts]
+        total = sum(n)
+        return Score(sum(s.value * k for s, k in zip(scores, n)) / total, sum(s.kl * k for s, k in zip(scores, n)) / total)

@@ -203,6 +203,24 @@ def test_cli_calibrate_refuses_a_mismatched_set_in_one_line(capsys):
     assert "only applies" in capsys.readouterr().err
 
 
+def test_a_task_sets_questions_are_forced_one_batch_per_task_and_score_as_one(identity_engine):
+    """Each task's questions form a batch of their own (its shots run once); the scores are those of one batch
+    holding every question."""
+    from d3.research.calibrate import CalibrationSet, _own_answers
+    from d3.teacher_forced import Batches, TeacherForced
+
+    tasks = ("gen_1_digit_addition", "gen_counting")
+    tf = _own_answers(identity_engine, CalibrationSet("task:t", tasks=tasks, chat_template=False, val_limit=3), 12)
+    assert isinstance(tf, Batches) and len(tf.parts) == 2 and all(len(p.prompts) == 3 for p in tf.parts)
+    one = TeacherForced(identity_engine.adapter, *([row for p in tf.parts for row in getattr(p, name)]
+                                                   for name in ("prompts", "continuations", "targets")))
+    for removed in [(), (2,), (4, 6)]:
+        for metric in ("agreement", "nll"):
+            ours, theirs = tf.score(removed, metric), one.score(removed, metric)
+            assert ours.value == pytest.approx(theirs.value, abs=1e-5) and ours.kl == pytest.approx(theirs.kl, abs=1e-5)
+    assert tf.score((4,), "agreement").value == pytest.approx(1.0)  # the identity layer changes nothing
+
+
 @pytest.mark.integration
 def test_agreement_on_smollm2_one_prompt(smol_engine, cache_dir):
     from d3.research.calibrate import calibrate, prompt_set

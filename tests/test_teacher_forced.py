@@ -108,3 +108,28 @@ def test_a_score_read_a_chunk_at_a_time_equals_one_over_the_whole_log_probs(forc
     for metric, value in (("agreement", agreement), ("nll", nll)):
         score = tf.score(removed, metric)
         assert score.value == pytest.approx(value, abs=1e-5) and score.kl == pytest.approx(kl, abs=1e-6)
+
+
+SHOTS = [7, 31, 12, 5, 40, 22, 9, 14, 3, 28]  # a shared prefix of 10 tokens, as few-shot questions begin
+SHARED_PROMPTS = [SHOTS + [6, 18, 2], SHOTS + [25], SHOTS + [11, 4]]
+SHARED_CONTS = [[13, 8, 21], [16, 2, 2, 30], [19]]
+
+
+@pytest.mark.parametrize("family,window,shared", [("llama", None, True), ("gemma3", 64, True), ("gemma3", 4, False)],
+                         ids=["llama", "gemma3", "gemma3 window 4"])
+def test_prompts_that_begin_alike_run_their_prefix_once_and_read_the_same(family, window, shared) -> None:
+    """Few-shot prompts run their common prefix once (`shared_prefill`: the padding then sits between prefix and
+    tail); where a sliding window is shorter than prompt and continuation, they run whole, left padded. Either
+    way a removal's log-probs are the model's own forward with those layers skipped after the prompt."""
+    model = (tiny_llama(6) if family == "llama" else tiny_gemma3(sliding_window=window)).eval()
+    tf = TeacherForced(Adapter(model), SHARED_PROMPTS, SHARED_CONTS, targets=[c[1:] + [1] for c in SHARED_CONTS])
+    row = tf.mask[1].tolist()  # shared: [prefix, padding, the tail, the continuation]; else [padding, prompt, ...]
+    if shared:
+        assert row[:len(SHOTS)] == [1] * len(SHOTS) and 0 in row[len(SHOTS):] and row[-1] == 1
+    else:
+        assert row[0] == 0 and 0 not in row[row.index(1):]
+    for removed in [(), (2,), (3, 1)]:
+        logp = tf.logprobs(removed)
+        for k, (prompt, cont) in enumerate(zip(SHARED_PROMPTS, SHARED_CONTS)):
+            expected = reference(model, prompt, cont, set(removed))
+            torch.testing.assert_close(logp[k, :len(cont)], expected, rtol=1e-4, atol=1e-4)

@@ -31,6 +31,7 @@ class Answers:
     mean_layers: float
     texts: tuple[str, ...]
     tokens: int = 0  # generated tokens up to the replies' ends, over which mean_layers is taken
+    ids: tuple[tuple[int, ...], ...] = ()  # each reply's token ids up to its end (the end of sequence included)
 
     @property
     def accuracy(self) -> float:
@@ -63,16 +64,18 @@ class PrefilledQuestions:
         self.engine.check(strategy, TRACE_OFF)
         correct: list[bool] = []
         texts: list[str] = []
+        replies: list[tuple[int, ...]] = []
         layers = tokens = 0
         for part, held in self._batches:
             state, first = copy.deepcopy(held) if self.keep else self._prefill(*held)
             rows, used, n = self._decode(state, first, strategy)
             layers, tokens = layers + used, tokens + n
+            replies.extend(tuple(r) for r in rows)
             for ex, ids in zip(part, rows):
                 text = self.engine.tokenizer.decode([t for t in ids if t not in self.engine.eos_ids])
                 texts.append(text)
                 correct.append(bool(self.task.score(ex, text)))
-        return Answers(tuple(correct), layers / max(tokens, 1), tuple(texts), tokens)
+        return Answers(tuple(correct), layers / max(tokens, 1), tuple(texts), tokens, tuple(replies))
 
     def _decode(self, state: DecodeState, first: torch.Tensor, strategy: StrategyConfig) -> tuple[list[list[int]], int, int]:
         """(each row's ids up to its reply's end, layers summed over those tokens, those tokens).

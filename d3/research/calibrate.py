@@ -47,7 +47,7 @@ from d3.orders import (  # noqa: F401  (what a calibration is and where it is ke
     read_calibration, resolve,
 )
 from d3.research import ShouldStop, stop_if
-from d3.teacher_forced import Score, TeacherForced
+from d3.teacher_forced import Batches, Score, TeacherForced
 
 log = logging.getLogger(__name__)
 Progress = Callable[[int, int, str], None]  # (done, total, what) after each scored removal
@@ -112,26 +112,45 @@ def greedy_order(flex: Sequence[int], score: Callable[[tuple[int, ...]], Score],
 
 
 def _own_answers(engine: Any, cal_set: CalibrationSet, tokens: int,
-                 should_stop: ShouldStop | None = None) -> TeacherForced:
-    """Full depth's own greedy answers to the set's prompts (a task's up to the end of its reply), teacher-forced."""
-    from d3.research.sweep.generation import reply
-
+                 should_stop: ShouldStop | None = None) -> TeacherForced | Batches:
+    """Full depth's own greedy answers to the set's prompts (a task's up to the end of its reply), teacher-forced:
+    a task set's questions one batch per task (`Batches`: each task's shots run once)."""
     if cal_set.tasks:
-        pairs = task_prompts(cal_set)
-        prompts = [task.prompt(ex) for task, ex in pairs]
-        tokens = min(tokens, max(task.max_new_tokens for task, _ in pairs))
-    else:
-        prompts = list(cal_set.prompts)
-    ids = [engine.encode([p], cal_set.chat_template)[0][0].tolist() for p in prompts]  # the engine's own tokens
+        return Batches(tuple(_forced(engine.adapter, prompts, answers)
+                             for prompts, answers in _task_answers(engine, cal_set, tokens, should_stop)))
+    ids = [engine.encode([p], cal_set.chat_template)[0][0].tolist() for p in cal_set.prompts]  # the engine's own tokens
     traces = engine.generate_batch(ids, FullConfig(), GenerationConfig(max_new_tokens=tokens), TRACE_OFF,
                                    should_stop=should_stop)
     stop_if(should_stop)  # stopped within the answers: nothing to score
-    answers = []
-    for trace in traces:
-        n = reply(trace, engine.eos_ids)[1] if cal_set.tasks else len(trace.steps)
-        answers.append([s.token_id for s in trace.steps[:max(n, 2)]])
-    # Position t (fed answer[t]) predicts answer[t + 1]; answer[0] comes from the prompt at full depth.
-    return TeacherForced(engine.adapter, ids, [a[:-1] for a in answers], [a[1:] for a in answers])
+    return _forced(engine.adapter, ids, [[s.token_id for s in trace.steps] for trace in traces])
+
+
+def _forced(adapter: Any, prompts: list[list[int]], answers: list[list[int]]) -> TeacherForced:
+    """Position t (fed answer[t]) predicts answer[t + 1]; answer[0] comes from the prompt at full depth."""
+    return TeacherForced(adapter, prompts, [a[:-1] for a in answers], [a[1:] for a in answers])
+
+
+def _task_answers(engine: Any, cal_set: CalibrationSet, tokens: int,
+                  should_stop: ShouldStop | None = None) -> list[tuple[list[list[int]], list[list[int]]]]:
+    """Per task, (prompt ids, reply ids) of the set's questions answered at full depth, each reply up to its end
+    (at most `tokens`), the shots prefilled once per batch and finished replies leaving it
+    (`d3.research.answers`); a reply of one token has nothing to teacher-force and is left out."""
+    from d3.research.answers import PrefilledQuestions
+
+    groups: dict[str, tuple[Any, list[Any]]] = {}
+    for task, ex in task_prompts(cal_set):
+        groups.setdefault(task.name, (task, []))[1].append(ex)
+    out = []
+    for task, examples in groups.values():
+        stop_if(should_stop)
+        replies = PrefilledQuestions(engine, task, examples, batch=64).answer(FullConfig()).ids
+        kept = [(ex, list(reply[:tokens])) for ex, reply in zip(examples, replies) if len(reply) >= 2]
+        if kept:
+            out.append(([engine.encode([task.prompt(ex)], False)[0][0].tolist() for ex, _ in kept],
+                        [reply for _, reply in kept]))
+    if not out:
+        raise ValueError("every reply to the calibration questions is one token: nothing to teacher-force")
+    return out
 
 
 def _prose(engine: Any, cal_set: CalibrationSet, tokens: int, prefix: int = 32) -> TeacherForced:

@@ -106,6 +106,24 @@ class Adapter:
             logits = torch.tanh(logits / cap) * cap
         return logits.float()
 
+    def linear_head(self) -> tuple[torch.Tensor, torch.Tensor | None, float] | None:
+        """(weight [vocab, d_model], bias or None, scale) where `logits(h)` is scale * (weight @ norm(h) + bias)
+        computed in float32; None where it is not (a family that caps its logits, or a head in another dtype, whose
+        rounding a float32 product would not reproduce)."""
+        ops, head = self._logit_ops, self.model.lm_head
+        if ops.get("final_logit_softcapping") or getattr(head, "weight", None) is None or head.weight.dtype != torch.float32:
+            return None
+        scale = 1.0
+        if ops.get("logit_scale") is not None:
+            scale *= float(ops["logit_scale"])
+        if ops.get("logits_scaling") is not None:
+            scale /= float(ops["logits_scaling"])
+        return head.weight, head.bias, scale
+
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        """What the LM head reads: the final norm of the residual."""
+        return self.base.norm(hidden)
+
     # -- filling and inspection ----------------------------------------------------------------
     def _project(self, idx: int, hidden: torch.Tensor, which: str) -> torch.Tensor:
         """Layer idx's queries ("q"), keys ("k") or values ("v") of `hidden`, as its attention computes them before

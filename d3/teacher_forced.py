@@ -118,9 +118,24 @@ class TeacherForced:
         # over a few thousand positions is gigabytes per copy).
         n, vocab = self._targets.numel(), a.model.lm_head.out_features
         self._chunk = max(1, CHUNK_ELEMENTS // vocab)
-        kept = n * vocab <= KEPT_REFERENCE_ELEMENTS
-        self._reference = [self._read_out(resid[-1][self.scored][s:s + self._chunk])
-                           for s in range(0, n, self._chunk)] if kept else None
+        self._head = a.linear_head()
+        full = resid[-1][self.scored]
+        if self._head is not None:  # KL needs only these per position: no [N, vocab] copy, nothing read out again
+            self._summary = [self._summarize(full[s:s + self._chunk]) for s in range(0, n, self._chunk)]
+            self._reference = None
+        else:
+            kept = n * vocab <= KEPT_REFERENCE_ELEMENTS
+            self._reference = [self._read_out(full[s:s + self._chunk]) for s in range(0, n, self._chunk)] if kept else None
+
+    def _summarize(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Full depth's distribution p at positions `hidden` [n, d_model], as KL(p || q) needs it under a linear head
+        (logits z = s (W norm(h) + b)): sum p log p [n], p's mean head row p W [n, d_model], and p b [n]. Then
+        KL = sum p log p - s (pW . norm(h_q) + p b) + logsumexp(z_q), from the removal's own logits alone."""
+        weight, bias, _ = self._head
+        logp = self._read_out(hidden)
+        p = logp.exp()
+        plogp = (p * logp).sum(-1)
+        return plogp, p @ weight, (p @ bias) if bias is not None else torch.zeros_like(plogp)
 
     @property
     def positions_scored(self) -> int:
@@ -175,20 +190,31 @@ class TeacherForced:
 
     def score(self, removed: Sequence[int], metric: str) -> Score:
         """agreement (share of targets top-1) or nll (mean NLL of the targets), with the mean KL from full depth,
-        over the scored positions, a chunk at a time (memory: a chunk's log-probs, not the whole [B, T, vocab])."""
+        over the scored positions, a chunk at a time (memory: a chunk's logits, not the whole [B, T, vocab])."""
         with torch.inference_mode():
-            ours, full = self._last(tuple(removed))[self.scored], self.resid[-1][self.scored]  # [N, d_model]
+            ours = self._last(tuple(removed))[self.scored]  # [N, d_model]
             n, value, kl = self._targets.numel(), 0.0, 0.0
             for k, s in enumerate(range(0, n, self._chunk)):
-                logq = self._read_out(ours[s:s + self._chunk])
-                logp = self._reference[k] if self._reference is not None else self._read_out(full[s:s + self._chunk])
-                kl += (logp.exp() * (logp - logq)).sum(-1).clamp_min(0).sum().item()  # KL(full depth || removal)
+                logits = self.adapter.logits(ours[s:s + self._chunk])  # [chunk, vocab]
+                lse = torch.logsumexp(logits, dim=-1)
+                kl += self._kl(k, s, ours[s:s + self._chunk], logits, lse).clamp_min(0).sum().item()
                 targets = self._targets[s:s + self._chunk]
                 if metric == "agreement":
-                    value += (logq.argmax(-1) == targets).sum().item()
+                    value += (logits.argmax(-1) == targets).sum().item()
                 else:
-                    value -= logq.gather(-1, targets[:, None]).sum().item()
+                    value += (lse - logits.gather(-1, targets[:, None])[:, 0]).sum().item()
         return Score(value / n, kl / n)
+
+    def _kl(self, k: int, start: int, ours: torch.Tensor, logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+        """KL(full depth || removal) at chunk k's positions [chunk]: from full depth's summary under a linear head,
+        else from full depth's log-probs (kept, or read out again)."""
+        if self._head is not None:
+            plogp, p_weight, p_bias = self._summary[k]
+            p_logits = self._head[2] * ((p_weight * self.adapter.final_norm(ours)).sum(-1) + p_bias)  # sum p z_q
+            return plogp - p_logits + lse
+        logp = self._reference[k] if self._reference is not None else \
+            self._read_out(self.resid[-1][self.scored][start:start + self._chunk])
+        return (logp.exp() * (logp - (logits - lse[:, None]))).sum(-1)
 
 
 @dataclass(frozen=True)

@@ -119,16 +119,18 @@ def _quoted_text(text: str, limit: int = 160) -> str:
 INTERRUPTED = "*The scenario was interrupted before all its runs finished: click it again to see its numbers.*"
 
 
-def scenario_finding(key: str, summaries: list[dict[str, Any]], num_layers: int) -> str:
+def scenario_finding(key: str, summaries: list[dict[str, Any]], num_layers: int, model: str = "") -> str:
     """What the scenario's runs showed, in numbers (Markdown): `summaries` are its runs' history summaries, in order
     (with `layers`, `agree` and `text` where known, `RunRecord.detail`). Runs of different lengths (one stopped at
     its end-of-text token) are compared over the tokens both wrote, and each run's text is quoted, so the first
-    stays visible after the second has replaced it in the panes."""
+    stays visible after the second has replaced it in the panes. `model` is named, so the numbers still say whose
+    they are after the page switches to another model."""
     scenario = SCENARIOS[key]
     if len(summaries) < len(scenario.runs):
         return INTERRUPTED
+    on = f" on {model}" if model else ""
     if len(scenario.runs) == 1:
-        return f"**This run:** {_one_run(summaries[-1], num_layers)}."
+        return f"**This run{on}:** {_one_run(summaries[-1], num_layers)}."
     runs = summaries[-len(scenario.runs):]
     n = min(s["tokens"] for s in runs)
     lengths = [s["tokens"] for s in runs]
@@ -138,7 +140,7 @@ def scenario_finding(key: str, summaries: list[dict[str, Any]], num_layers: int)
         c = scenario_controls(key, step, num_layers)
         rows.append(f"- **run {step + 1}, core {c['core_head']} + {c['core_tail']}:** {_one_run(shown, num_layers)}"
                     + (f"\n  <br>wrote {_quoted_text(summary['text'])}" if summary.get("text") else ""))
-    over = (f" (compared over the first {n} tokens of each: the runs wrote {' and '.join(map(str, lengths))})"
+    over = on + (f" (compared over the first {n} tokens of each: the runs wrote {' and '.join(map(str, lengths))})"
             if len(set(lengths)) > 1 else "")
     return f"**These runs{over}:**\n" + "\n".join(rows) + f"\n\n{_lead(*equal[-2:])}"
 

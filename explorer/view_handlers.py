@@ -350,7 +350,7 @@ def show_finding(pool: ModelPool, key: str, session: Session | None, model: str)
     except ValueError:
         return ""
     runs = len(SCENARIOS[key].runs)
-    text = scenario_finding(key, [r.detail() for r in session.history[-runs:]], layers)
+    text = scenario_finding(key, [r.detail() for r in session.history[-runs:]], layers, model)
     if SCENARIOS[key].fills and session.fills:
         text += "\n\n" + fill_finding(session.fills)
     return text

@@ -4,7 +4,8 @@ depth it actually ran, with its measured speedup; the SUMMARY section and the RE
 
 Usage: python scripts/drop_order_study.py [--models smollm2-135m,gemma3-270m] [--test-limit 500] [--stage1 50]
        [--targets 0.97,0.93,...] [--signals agreement,task] [--only PARTS] [--jobs 2]
---jobs 2 measures the two models at once, one process (one torch thread) per core.
+--jobs 2 measures the two models at once, one process (one torch thread) per core; when one ends, the other
+takes its core (a second torch thread; each row records its threads).
 Sequential: every setting answers the first --stage1 test questions of each task; those whose paired interval
 can still show a loss of at most --go-on (3 points) answer the rest and are timed (d3.research.study).
 Resumable: each model's results go to results/drop_order_<model>.json as every setting finishes; a rerun skips what
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -84,7 +87,15 @@ def _full_row(out: Outcome, first: Outcome, timing: dict) -> dict:
             "mean_layers": out.mean_layers, "tokens": out.tokens, "seconds": round(out.seconds, 2),
             "cpu_seconds": round(out.cpu_seconds, 2), "stage1_cpu_seconds": round(first.cpu_seconds, 2),
             "qps": round(len(out.correct) / out.seconds, 3), "qps_cpu": round(len(out.correct) / out.cpu_seconds, 3),
-            "answers": list(out.answers), "bits": "".join("1" if c else "0" for c in out.correct), **timing}
+            "answers": list(out.answers), "bits": "".join("1" if c else "0" for c in out.correct), **timing,
+            "threads": _threads()}
+
+
+def _threads() -> int:
+    """Torch threads at the end of a row (a freed core adds one; its CPU seconds then count both threads)."""
+    import torch
+
+    return torch.get_num_threads()
 
 
 def _reference(row: dict) -> Outcome:
@@ -107,7 +118,7 @@ def _setting_row(cfg, first: QuestionSet, rest: QuestionSet, full: Outcome, full
         row = paired_row(full.head(n1), head, first.sizes)
         row.update(stage=1, stopped=bool(len(rest)))
     row.update(stage1=stage1, cpu_speedup=round(full_first_cpu / max(head.cpu_seconds, 1e-9), 4),
-               config=cfg.to_dict())
+               config=cfg.to_dict(), threads=_threads())
     return row
 
 
@@ -237,8 +248,20 @@ def child_argv(argv: list[str], model: str, parts: list[str]) -> list[str]:
     return [*out, "--models", model, "--only", ",".join(parts), "--jobs", "1"]
 
 
+FREED = getattr(signal, "SIGUSR1", None)  # the parent's word to a child: another model's process ended
+
+
+def take_a_freed_core(*_: object) -> None:
+    """A core came free (the parent's FREED signal): one more torch thread, up to the machine's cores. Nothing is
+    printed here: a signal can land while this process is writing to stderr."""
+    import torch
+
+    torch.set_num_threads(min(torch.get_num_threads() + 1, os.cpu_count() or 1))
+
+
 def in_parallel(models: list[str], parts: list[str], jobs: int) -> None:
-    """Each model measured in its own process, `jobs` at a time, their progress lines prefixed by the model."""
+    """Each model measured in its own process, `jobs` at a time, their progress lines prefixed by the model; when
+    one ends with no model left to start, the longest-running other process is given its core (FREED)."""
     import subprocess
     import threading
 
@@ -260,6 +283,10 @@ def in_parallel(models: list[str], parts: list[str], jobs: int) -> None:
                 running.remove((model, child))
                 if child.returncode:
                     raise SystemExit(f"{model}: the study stopped (exit {child.returncode}); rerun to resume")
+                if not pending and running and FREED is not None:
+                    heir, process = running[0]
+                    process.send_signal(FREED)
+                    say(f"{SHORT.get(model, model)} is done: its core goes to {SHORT.get(heir, heir)}")
 
 
 def main() -> int:
@@ -292,6 +319,8 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(args.threads)
+    if FREED is not None:
+        signal.signal(FREED, take_a_freed_core)
     parts = set(args.only.split(",")) if args.only else {"screen", "calibrate", "sweep", "report"}
     started = time.perf_counter()
     models = [m for m in args.models.split(",") if m]

@@ -259,7 +259,7 @@ def test_a_scenario_clicked_during_another_scenarios_runs(watched, engines) -> N
     assert int(page.input_value("#core-head input[type=number]")) > 0, "the first scenario's second run took over"
     assert "Aggressive" in page.inner_text("#scenario-text")
     finding = page.inner_text("#scenario-finding")
-    assert "This run:" in finding and "These runs" not in finding, finding  # the aggressive scenario's one run
+    assert "This run on smollm2-135m:" in finding and "These runs" not in finding, finding  # the aggressive scenario's one run
     watched.check("a scenario clicked during another's runs")
 
 

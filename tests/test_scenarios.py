@@ -17,8 +17,8 @@ def test_the_core_scenario_compares_its_runs_over_the_tokens_both_wrote_and_quot
     budgets = [30, 30, 29, 29, 28, 28, 27, 27, 26, 26] + [20] * 54  # the same schedule in both runs
     with_core = run(budgets, [True] * 9 + [False] * 55, "The sky is blue because")
     without = run(budgets[:10], [True] + [False] * 9, "Blue blue blue")  # stopped early at its end-of-text token
-    text = scenario_finding("core", [with_core, without], 30)
-    assert "compared over the first 10 tokens of each" in text
+    text = scenario_finding("core", [with_core, without], 30, "smollm2-135m")
+    assert text.startswith("**These runs on smollm2-135m (compared over the first 10 tokens of each")  # whose runs
     assert text.count("28.0 of 30 layers") == 2  # equal lengths: equal depth, not 21.8 against 28.0
     assert "“The sky is blue because”" in text and "“Blue blue blue”" in text  # run 1's text stays readable
     assert "8 tokens longer" in text

@@ -112,3 +112,27 @@ def test_the_study_script_hands_each_model_its_own_command_line() -> None:
             "--stage1", "25"]
     assert script.child_argv(argv, "gemma3-270m", ["sweep"]) == \
         ["--test-limit", "100", "--stage1", "25", "--models", "gemma3-270m", "--only", "sweep", "--jobs", "1"]
+
+
+def test_a_freed_core_gives_the_study_one_more_thread_up_to_the_machines_cores(monkeypatch) -> None:
+    """`--jobs 2`: when one model's process ends, the parent signals the other (FREED), which takes the free core."""
+    import importlib.util
+    import os
+    from pathlib import Path
+
+    import torch
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "drop_order_study.py"
+    spec = importlib.util.spec_from_file_location("drop_order_study", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    threads = torch.get_num_threads()
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    try:
+        torch.set_num_threads(1)
+        script.take_a_freed_core()
+        assert torch.get_num_threads() == 2
+        script.take_a_freed_core()
+        assert torch.get_num_threads() == 2  # no more threads than cores
+    finally:
+        torch.set_num_threads(threads)

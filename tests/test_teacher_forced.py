@@ -88,19 +88,26 @@ def test_empty_prompts_or_continuations_are_refused() -> None:
         TeacherForced(adapter, [[1, 2]], [[]], [[]])
 
 
-@pytest.mark.parametrize("kept", [True, False], ids=["reference kept", "reference read out again"])
+@pytest.mark.parametrize("reference", ["summary", "kept", "read out"],
+                         ids=["linear head's summary", "reference kept", "reference read out again"])
 @pytest.mark.parametrize("removed", [(), (2,), (3, 1)])
-def test_a_score_read_a_chunk_at_a_time_equals_one_over_the_whole_log_probs(forced, removed, kept, monkeypatch) -> None:
-    """Scores are read two positions at a time (Gemma 3's vocabulary would make [B, T, vocab] gigabytes), with full
-    depth's log-probs kept or read out again: the same agreement, NLL and KL as over the whole tensors."""
+def test_a_score_read_a_chunk_at_a_time_equals_one_over_the_whole_log_probs(forced, removed, reference, monkeypatch) -> None:
+    """Scores are read two positions at a time (Gemma 3's vocabulary would make [B, T, vocab] gigabytes). Full
+    depth is held as what KL needs under a linear head (sum p log p, pW, pb per position), or, for a head that
+    is not linear (a capped one), as its log-probs, kept or read out again: the same agreement, NLL and KL as
+    over the whole tensors, every way."""
     import d3.teacher_forced as tf_module
 
     model, whole = forced
     vocab = model.lm_head.out_features
     monkeypatch.setattr(tf_module, "CHUNK_ELEMENTS", 2 * vocab)
-    monkeypatch.setattr(tf_module, "KEPT_REFERENCE_ELEMENTS", 10**9 if kept else 0)
-    tf = TeacherForced(Adapter(model), PROMPTS, CONTS, targets=[c[1:] for c in CONTS])
-    assert tf._chunk == 2 and (tf._reference is not None) == kept
+    monkeypatch.setattr(tf_module, "KEPT_REFERENCE_ELEMENTS", 10**9 if reference == "kept" else 0)
+    adapter = Adapter(model)
+    if reference != "summary":
+        monkeypatch.setattr(adapter, "linear_head", lambda: None)
+    tf = TeacherForced(adapter, PROMPTS, CONTS, targets=[c[1:] for c in CONTS])
+    assert tf._chunk == 2 and (tf._reference is not None) == (reference == "kept")
+    assert (tf._head is not None) == (reference == "summary")
     m, full, ours = tf.scored, whole.logprobs(()), whole.logprobs(removed)
     kl = (full.exp() * (full - ours)).sum(-1).clamp_min(0)[m].mean().item()
     agreement = (ours.argmax(-1) == tf.target_ids)[m].float().mean().item()
@@ -133,3 +140,22 @@ def test_prompts_that_begin_alike_run_their_prefix_once_and_read_the_same(family
         for k, (prompt, cont) in enumerate(zip(SHARED_PROMPTS, SHARED_CONTS)):
             expected = reference(model, prompt, cont, set(removed))
             torch.testing.assert_close(logp[k, :len(cont)], expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "granite", "cohere", "gemma2", "gemma3_text"])
+def test_a_heads_logits_are_its_scaled_product_where_it_is_linear(model_type) -> None:
+    """`linear_head` (what the KL summary relies on) reproduces `logits` exactly where it claims to; a capped
+    head (Gemma 2) claims nothing; Gemma 3 ships without a cap."""
+    from d3.testing import tiny_family_model
+
+    model = tiny_family_model(model_type)
+    adapter = Adapter(model)
+    head = adapter.linear_head()
+    if getattr(model.config, "final_logit_softcapping", None):
+        assert head is None
+        return
+    weight, bias, scale = head
+    hidden = torch.randn(5, model.config.hidden_size)
+    with torch.inference_mode():
+        product = scale * (adapter.final_norm(hidden) @ weight.T + (bias if bias is not None else 0))
+        torch.testing.assert_close(adapter.logits(hidden), product, rtol=1e-5, atol=1e-5)

@@ -34,7 +34,7 @@ from d3.research.calibration_sets import CalibrationSet
 from d3.research.gentasks import SYNTHETIC_TASKS, get_generation_task
 from d3.research.stats import exact_difference
 from d3.research.study import (COLLAPSE, GO_ON, NAMED_ORDERS, TARGETS, Eta, Outcome, QuestionSet, collapsed, curve_name,
-                              goes_on, paired_row, screen_tasks, settings, timing_pairs)
+                              goes_on, paired_row, same_run, screen_tasks, settings, timing_pairs)
 
 VERSION = 3  # the sequential, paired, swept study (2: every setting on every question; 1: one alpha per target, unpaired)
 SHORT = {"smollm2-135m": "smollm2", "gemma3-270m": "gemma3"}
@@ -156,6 +156,9 @@ def sweep(engine, result: dict, tasks: list[str], orders: dict, args, save) -> N
                  f"full against itself {rows['full depth']['measured_speedup']:.2f}x")
     full, full_first_cpu = _reference(rows["full depth"]), rows["full depth"]["stage1_cpu_seconds"]
     stopped: dict[str, str] = result.setdefault("curves_stopped", {})
+    tokens = max(get_generation_task(t).max_new_tokens for t in tasks)
+    alike = {same_run(cfg, engine.num_layers, tokens): label for label, cfg in todo.items()
+             if label in rows and "same_as" not in rows[label]}
     for label, cfg in todo.items():
         if label in rows:
             continue
@@ -164,7 +167,12 @@ def sweep(engine, result: dict, tasks: list[str], orders: dict, args, save) -> N
             eta.skip()
             continue
         t0, c0 = time.perf_counter(), time.process_time()
-        row = _setting_row(cfg, first, rest, full, full_first_cpu, timing_q, args)
+        key = same_run(cfg, engine.num_layers, tokens)
+        if key in alike:  # the same layers at every token as a setting already measured: the same answers
+            row = {**rows[alike[key]], "config": cfg.to_dict(), "same_as": alike[key]}
+        else:
+            row = _setting_row(cfg, first, rest, full, full_first_cpu, timing_q, args)
+            alike[key] = label
         rows[label] = row
         if collapsed(row["stage1"]):
             stopped[name] = label
@@ -175,7 +183,8 @@ def sweep(engine, result: dict, tasks: list[str], orders: dict, args, save) -> N
                  f"{100 * d['diff']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}] pts on {d['n']}"
                  + (f", {speed:.2f}x (ABBA)" if speed else f" (stopped after the first stage), CPU ratio "
                     f"{row['cpu_speedup']:.2f}x") + f", {row['qps_cpu']:.2f} q/CPU-s"
-                 + (f"; {name} collapsed: deeper cuts not run" if name in stopped else ""))
+                 + (f"; {name} collapsed: deeper cuts not run" if name in stopped else "")
+                 + (f"; the same layers at every token as {row['same_as']}: its row" if "same_as" in row else ""))
 
 
 def _cost(result: dict, part: str, t0: float, c0: float) -> None:

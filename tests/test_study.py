@@ -136,3 +136,18 @@ def test_a_freed_core_gives_the_study_one_more_thread_up_to_the_machines_cores(m
         assert torch.get_num_threads() == 2  # no more threads than cores
     finally:
         torch.set_num_threads(threads)
+
+
+def test_two_orders_that_drop_the_same_layers_for_a_whole_reply_are_one_run() -> None:
+    """`same_run`: bottom_up and an order that drops 3 and 4 first are the same run while no token drops a third
+    layer; a deeper cut (a third layer dropped) or another fill tells them apart."""
+    from d3.config import D3Config
+    from d3.research.study import same_run
+
+    flex = tuple(range(3, 27))
+    calibrated = dict(drop_order="calibrated", layer_order=(3, 4, 6, 5, *flex[4:]))
+    mild, deep = 0.998, 0.97  # over 20 tokens: at most 2 layers dropped; many
+    assert same_run(D3Config(alpha=mild, drop_order="bottom_up"), 30, 20) == same_run(D3Config(alpha=mild, **calibrated), 30, 20)
+    assert same_run(D3Config(alpha=deep, drop_order="bottom_up"), 30, 20) != same_run(D3Config(alpha=deep, **calibrated), 30, 20)
+    assert same_run(D3Config(alpha=mild, drop_order="bottom_up"), 30, 20) != \
+        same_run(D3Config(alpha=mild, drop_order="bottom_up", fill="propagate"), 30, 20)

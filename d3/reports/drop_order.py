@@ -47,7 +47,7 @@ def setting_rows(study: dict[str, Any]) -> list[dict[str, Any]]:
                     "speedup": row["measured_speedup"] if timed else row.get("cpu_speedup", float("nan")),
                     "timed": timed, "spread": row.get("speedup_spread"), "stage": row.get("stage", 2),
                     "same": row.get("same_answer", {}).get("diff"), "accuracy": row["accuracy"], "qps": row.get("qps"), "asked": row.get("asked"),
-                    "qps_cpu": row.get("qps_cpu")})
+                    "qps_cpu": row.get("qps_cpu"), "same_as": row.get("same_as")})
     return out
 
 
@@ -161,7 +161,8 @@ def settings_table(study: dict[str, Any]) -> str:
         sp = f" [{r['spread'][0]:.2f}, {r['spread'][1]:.2f}]" if r.get("spread") else ""
         kind = "" if r["timed"] else " CPU"
         stage = "" if r["stage"] == 2 else " (first stage)"
-        lines.append(f"| {r['label']} | {r['layers']:.2f} | {r.get('n', r.get('asked'))}{stage} | {100 * r['accuracy']:.1f}% | {_interval(r)} | "
+        alike = f" (the same layers at every token as {r['same_as']}: its row)" if r.get("same_as") else ""
+        lines.append(f"| {r['label']}{alike} | {r['layers']:.2f} | {r.get('n', r.get('asked'))}{stage} | {100 * r['accuracy']:.1f}% | {_interval(r)} | "
                      f"{100 * (1 + r['same']):.0f}% | {r['speedup']:.2f}{kind}{sp} | {r['qps']:.2f} "
                      f"({r.get('qps_cpu') or float('nan'):.2f}) |")
     return "\n".join(lines)
@@ -176,8 +177,10 @@ def cost_lines(study: dict[str, Any]) -> list[str]:
         parts = ", ".join(f"{k} {v['cpu_s'] / 60:.1f} CPU-min ({v['wall_s'] / 60:.1f} min wall)" for k, v in cost.items())
         cpu = sum(v["cpu_s"] for v in cost.values())
         wall = sum(v["wall_s"] for v in cost.values())
-        lines.append(f"Cost: {cpu / 60:.1f} CPU-minutes of this process (one torch thread), {wall / 60:.1f} minutes of "
-                     f"wall time on a shared machine: {parts}")
+        threads = max((r.get("threads", 1) for r in study.get("settings", {}).values()), default=1)
+        how = "one torch thread" + (f", {threads} once the other model's process ended" if threads > 1 else "")
+        lines.append(f"Cost: {cpu / 60:.1f} CPU-minutes of this process ({how}), {wall / 60:.1f} minutes of "
+                     f"wall time: {parts}")
     stages = study.get("stages")
     if stages:
         lines.append(f"Sequential design: every setting answered the first {sum(stages[0])} test questions; those whose "

@@ -19,7 +19,7 @@ from d3.research.answers import Answers, PrefilledQuestions
 from d3.research.gentasks import answer_text, get_generation_task
 from d3.research.stats import bootstrap_difference, exact_difference
 from d3.research.sweep.grid import d3_for_depth, skipdecode_for_depth, unified_for_depth
-from d3.schedule import planned_mean_layers
+from d3.schedule import plan, planned_mean_layers
 
 ANSWER_TOKENS = 20  # a worked answer's length in tokens, the span alpha's planned mean depth is set over
 NAMED_ORDERS = ("middle_out", "bottom_up", "top_down")
@@ -143,6 +143,13 @@ def settings(num_layers: int, orders: dict[str, dict[str, Any]], targets: Sequen
             if not (full or seen):
                 out[f"{name} @{target:g}"] = cfg
     return out
+
+
+def same_run(cfg: StrategyConfig, num_layers: int, tokens: int) -> tuple[Any, ...]:
+    """What decides a setting's answers: the layers every token up to `tokens` runs, and how skipped layers are
+    filled. Two settings alike in this (two orders that drop the same layers for as long as a reply lasts) compute
+    the same thing, so the study runs one and reads the other's row from it."""
+    return (tuple(plan(cfg, num_layers, step) for step in range(tokens)), getattr(cfg, "fill", None))
 
 
 def screen_tasks(engine: Any, tasks: Sequence[str], limit: int, batch: int = 32,

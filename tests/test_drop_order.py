@@ -128,3 +128,12 @@ def test_a_study_where_no_two_curves_share_a_depth_says_so_instead_of_an_empty_t
     text = rep.section(study)
     assert "No whole layer count is covered by two orders' curves" in text and "| order |  |" not in text
     assert "- no depth is covered by two orders' curves" in text
+
+
+def test_the_better_of_two_orders_is_chosen_on_the_questions_both_ran() -> None:
+    """A stopped setting's accuracy is over its first stage, another's over every question (a different mix of
+    tasks): the one ahead on the shared questions is named first, so the difference reads as a gain."""
+    stopped = {**_row(9.0, -0.3, -0.4, -0.2, 1.2), "accuracy": 0.5, "bits": "1" * 10 + "0" * 10}
+    whole = {**_row(9.02, -0.5, -0.6, -0.4, 1.1), "accuracy": 0.075, "bits": "1" * 15 + "0" * 185}
+    (line,) = rep.paired_orders({**STUDY, "settings": {"d3 a @0.9": stopped, "d3 b @0.9": whole}})
+    assert line.startswith("d3 b @0.9 over d3 a @0.9 at 9.02 / 9.00 layers: +25.0 [") and "on 20 questions" in line

@@ -127,8 +127,10 @@ def paired_orders(study: dict[str, Any], within: float = 0.1) -> list[str]:
     for i, (ka, a) in enumerate(runs):
         for kb, b in runs[i + 1:]:
             if abs(a["mean_layers"] - b["mean_layers"]) <= within:
-                (kw, w), (kl, lo) = ((ka, a), (kb, b)) if a["accuracy"] >= b["accuracy"] else ((kb, b), (ka, a))
-                n = min(len(lo["bits"]), len(w["bits"]))  # a stopped setting ran the first stage only
+                n = min(len(a["bits"]), len(b["bits"]))  # a stopped setting ran the first stage only
+                # the better one on the questions both ran (a first stage's mix of tasks is not the whole set's)
+                ahead = a["bits"][:n].count("1") >= b["bits"][:n].count("1")
+                (kw, w), (kl, lo) = ((ka, a), (kb, b)) if ahead else ((kb, b), (ka, a))
                 d = exact_difference([c == "1" for c in lo["bits"][:n]], [c == "1" for c in w["bits"][:n]])
                 verdict = "beyond the interval" if d.low > 0 else "within the interval: not resolved"
                 lines.append(f"{kw} over {kl} at {w['mean_layers']:.2f} / {lo['mean_layers']:.2f} layers: "

@@ -15,6 +15,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from d3.adapter import Adapter
+from d3.decoder import shared_prefill
 
 
 CHUNK_ELEMENTS = 1 << 26  # log-probs read out at once: 256 MiB of float32 (256 positions of Gemma 3's vocabulary)
@@ -73,10 +74,9 @@ class TeacherForced:
             self._full_pass(continuation)
 
     def _shared_prompt(self, ids: torch.Tensor, mask: torch.Tensor) -> bool:
-        """The prompts' keys and values from `d3.research.answers.shared_prefill` (prompts that begin alike, as
+        """The prompts' keys and values from `d3.decoder.shared_prefill` (prompts that begin alike, as
         few-shot questions do, run their common prefix once); False where its cache does not hold every prompt
         position (a sliding window shorter than prompt and continuation), left to `_prompt_pass`."""
-        from d3.research.answers import shared_prefill
 
         state, _ = shared_prefill(self.adapter, ids, mask, room=self.T)
         if any(layer.keys.shape[-2] != state.seq_len for layer in state.cache.layers):

@@ -10,8 +10,9 @@ Sequential: every setting answers the first --stage1 test questions of each task
 can still show a loss of at most --go-on (3 points) answer the rest and are timed (d3.research.study).
 Resumable: each model's results go to results/drop_order_<model>.json as every setting finishes; a rerun skips what
 is there (calibrations are cached by d3.research.calibrate). Progress with the time left goes to stderr.
-Parts: screen (full depth on validation, drops tasks the model cannot do), calibrate (on validation only), sweep
-(test only), report (results/SUMMARY.md's "Drop order" sections and the README's table rows; no model needed).
+Orders: the named ones, the plan's calibrations, and the order the page ships for the model (`MEASURED`, "d3
+shipped order"). Parts: screen (full depth on validation, drops tasks the model cannot do), calibrate (on
+validation only), sweep (test only), report (results/SUMMARY.md's "Drop order" sections and the README's table rows; no model needed).
 """
 
 from __future__ import annotations
@@ -217,6 +218,9 @@ def run_model(model: str, args, parts: set[str]) -> Path:
     say(f"{model}: tasks kept {tasks}; dropped {[t for t, v in result['screen'].items() if not v['kept']]}")
     result["tasks"] = tasks
     orders = {o: {"drop_order": o} for o in NAMED_ORDERS}
+    shipped = cal.MEASURED.get(engine.name, {}).get(tuple(result["core"]))
+    if shipped:  # the order the page starts on for this model: is it as good as the study's own?
+        orders["shipped order"] = {"drop_order": "calibrated", "layer_order": tuple(shipped)}
     if "calibrate" in parts:
         orders.update(calibrations(engine, result, tasks, args.val_scale, save, set(args.signals.split(","))))
     if "sweep" in parts:

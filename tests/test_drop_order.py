@@ -137,3 +137,16 @@ def test_the_better_of_two_orders_is_chosen_on_the_questions_both_ran() -> None:
     whole = {**_row(9.02, -0.5, -0.6, -0.4, 1.1), "accuracy": 0.075, "bits": "1" * 15 + "0" * 185}
     (line,) = rep.paired_orders({**STUDY, "settings": {"d3 a @0.9": stopped, "d3 b @0.9": whole}})
     assert line.startswith("d3 b @0.9 over d3 a @0.9 at 9.02 / 9.00 layers: +25.0 [") and "on 20 questions" in line
+
+
+def test_per_task_differences_follow_the_stages_layout_of_the_bits() -> None:
+    """Bits run stage by stage, task by task within a stage ([a a b b] then [b b b]): each task's paired difference
+    is read from its own questions, and a stopped setting's from its first stage only."""
+    study = {"tasks": ["a", "b"], "stages": [[2, 2], [0, 3]],
+             "settings": {"full depth": {"bits": "11" + "00" + "000"},
+                          "d3 x @0.9": {"bits": "10" + "11" + "111"},  # a: loses 1 of 2; b: gains all 5
+                          "d3 y @0.9": {"bits": "11" + "01"}}}  # stopped after the first stage
+    x = rep.per_task(study, "d3 x @0.9")
+    assert x.startswith("a -50.0 [") and " on 2; b +100.0 [" in x and x.endswith("pts on 5")
+    assert rep.per_task(study, "d3 y @0.9").startswith("a +0.0 [+0.0, +0.0] pts on 2; b +50.0 [")
+    assert rep.per_task(study, "d3 y @0.9").endswith("pts on 2")

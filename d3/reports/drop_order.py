@@ -95,22 +95,49 @@ def winners(study: dict[str, Any]) -> list[str]:
     return lines
 
 
-def headline(study: dict[str, Any], bound: float) -> str:
-    """The largest measured speedup whose accuracy loss has a 95% upper bound <= `bound`; or "none" and the closest."""
+def headline_pick(study: dict[str, Any], bound: float) -> tuple[dict[str, Any] | None, bool]:
+    """(the setting the headline names, whether it meets `bound`): the largest measured speedup whose accuracy loss
+    has a 95% upper bound <= `bound`; else the closest to it (the highest lower end); None when none skips a layer."""
     rows = [r for r in setting_rows(study) if r["layers"] < study["num_layers"] - 1e-9]  # those that skip a layer
     ok = [r for r in rows if -r["low"] <= bound + 1e-12]
     if ok:
-        r = max(ok, key=lambda r: r["speedup"])
+        return max(ok, key=lambda r: r["speedup"]), True
+    return (max(rows, key=lambda r: r["low"]), False) if rows else (None, False)
+
+
+def headline(study: dict[str, Any], bound: float) -> str:
+    """The largest measured speedup whose accuracy loss has a 95% upper bound <= `bound`; or "none" and the closest."""
+    r, met = headline_pick(study, bound)
+    if r is None:
+        return "no setting that skips a layer measured yet"
+    if met:
         return (f"largest measured speedup with the loss's 95% upper bound <= {100 * bound:.0f} point(s): "
                 f"**{r['speedup']:.2f}x** ({_spread(r)}), {r['label']} at {r['layers']:.2f} of {study['num_layers']} "
                 f"layers per token, accuracy {_interval(r)} pts")
-    if not rows:
-        return "no setting that skips a layer measured yet"
-    r = max(rows, key=lambda r: r["low"])
     speed = f"{r['speedup']:.2f}x" + ("" if r.get("timed", True) else " by CPU time")
     return (f"loss bound <= {100 * bound:.0f} point(s): **none**; the closest is {r['label']} at {r['layers']:.2f} "
             f"layers, {speed}, accuracy {_interval(r)} pts on {r.get('n', r.get('asked'))} questions "
             f"(loss up to {-100 * r['low']:.1f} points)")
+
+
+def per_task(study: dict[str, Any], label: str) -> str:
+    """A setting's paired difference from full depth task by task, with exact intervals, on the questions it ran:
+    the headline pools the tasks, weighted by their questions, and a pooled gain can hide a task that loses."""
+    full, row = study["settings"]["full depth"]["bits"], study["settings"][label]["bits"]
+    tasks = study.get("tasks", [])
+    spans: dict[str, list[int]] = {t: [] for t in tasks}
+    k = 0
+    for stage in study.get("stages") or [study.get("test_sizes", [])]:
+        for t, n in zip(tasks, stage):
+            spans[t].extend(range(k, k + n))
+            k += n
+    parts = []
+    for t in tasks:
+        asked = [i for i in spans[t] if i < len(row)]
+        if asked:
+            d = exact_difference([full[i] == "1" for i in asked], [row[i] == "1" for i in asked])
+            parts.append(f"{t} {d.points()} on {len(asked)}")
+    return "; ".join(parts)
 
 
 def _spread(r: dict[str, Any]) -> str:
@@ -217,7 +244,8 @@ def section(study: dict[str, Any]) -> str:
         f"{100 * full.get('accuracy', float('nan')):.1f}%. Every difference is paired on the same questions with its "
         "exact 95% interval (McNemar, `d3.research.stats`); depths are the layers per generated token each setting "
         "actually ran. Made by `python scripts/drop_order_study.py`.", "",
-        *(f"- Headline: {headline(study, b)}." for b in BOUNDS), "",
+        *(f"- Headline: {headline(study, b)}." for b in BOUNDS),
+        *(f"  Per task ({label}): {per_task(study, label)}." for label in _headline_labels(study)), "",
         *(f"- {line}." for line in cost_lines(study)), "",
         "Which order wins at each depth (interpolated along each order's curve):", "",
         *(f"- {w}" for w in winners(study) or ["no depth is covered by two orders' curves"]), "",
@@ -228,6 +256,14 @@ def section(study: dict[str, Any]) -> str:
         "### Every setting as measured", "", settings_table(study), "",
     ]
     return "\n".join(parts)
+
+
+def _headline_labels(study: dict[str, Any]) -> list[str]:
+    """The settings the headlines name, each once, where the study has full depth's answers to pair them with."""
+    if "bits" not in study.get("settings", {}).get("full depth", {}):
+        return []
+    picks = [headline_pick(study, b)[0] for b in BOUNDS]
+    return list(dict.fromkeys(r["label"] for r in picks if r is not None and "bits" in study["settings"][r["label"]]))
 
 
 def write_section(summary: str | Path, study: dict[str, Any]) -> Path:

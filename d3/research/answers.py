@@ -16,11 +16,10 @@ from typing import Any, Sequence
 import torch
 
 from d3.config import TRACE_OFF, EarlyExitConfig, StrategyConfig
-from d3.decoder import DecodeState, StepOutput, decode_one_token, forward, left_padded_positions, prefill
+from d3.decoder import DecodeState, decode_one_token, shared_prefill
 from d3.research.gentasks import STOP
-from d3.schedule import LayerPlan, plan
+from d3.schedule import plan
 
-MIN_SHARED = 8  # a shared prefix shorter than this is not worth a separate pass
 
 
 @dataclass(frozen=True)
@@ -114,34 +113,3 @@ class PrefilledQuestions:
     def _ended(self, ids: list[int]) -> bool:
         """The reply is complete: an end-of-sequence token, or its text reached the blank line."""
         return bool(ids) and (ids[-1] in self.engine.eos_ids or STOP in self.engine.tokenizer.decode(ids))
-
-
-def shared_prefill(adapter: Any, ids: torch.Tensor, mask: torch.Tensor, room: int = 0) -> tuple[DecodeState, StepOutput]:
-    """`d3.decoder.prefill` of left-padded prompts ([batch, prompt_len]) that begin alike (the same shots): the
-    common prefix runs once for one row, its cache is repeated for every row, and only each prompt's own tail
-    runs per row (left-padded after the prefix: the padding sits between prefix and tail, masked as keys, and
-    positions skip it). Same state and first logits as `prefill`, up to float rounding; `prefill` itself when
-    the prompts share fewer than MIN_SHARED tokens, or when a sliding-window layer's window (counted in cache
-    entries, padding included) is shorter than the prompts plus `room` tokens to come, where the padding's
-    place would change what the window holds."""
-    rows = [r[m.bool()].tolist() for r, m in zip(ids, mask)]
-    shared = min(len(r) for r in rows) - 1  # every row keeps at least one token of its own
-    for k in range(shared):
-        if any(r[k] != rows[0][k] for r in rows):
-            shared = k
-            break
-    window = getattr(adapter.config, "sliding_window", None)
-    windowed = "sliding_attention" in adapter.layer_types and window is not None
-    if shared < MIN_SHARED or (windowed and window < ids.shape[1] + room):
-        return prefill(adapter, ids, mask)
-    state, _ = prefill(adapter, ids.new_tensor([rows[0][:shared]]), mask.new_ones(1, shared))
-    state.repeat(len(rows))
-    width = max(len(r) - shared for r in rows)
-    tail = ids.new_tensor([[rows[0][0]] * (width - len(r) + shared) + r[shared:] for r in rows])  # [batch, width]
-    tail_mask = mask.new_tensor([[0] * (width - len(r) + shared) + [1] * (len(r) - shared) for r in rows])
-    state.attention_mask = torch.cat([state.attention_mask, tail_mask], dim=1)  # [batch, shared + width]
-    positions = shared + left_padded_positions(tail_mask)  # [batch, width]
-    full = LayerPlan(tuple(range(adapter.num_layers)), adapter.num_layers)
-    out = forward(adapter, state, adapter.embed(tail), positions, full, "copy")
-    state.next_positions = positions[:, -1:] + 1
-    return state, out

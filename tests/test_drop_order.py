@@ -150,3 +150,14 @@ def test_per_task_differences_follow_the_stages_layout_of_the_bits() -> None:
     assert x.startswith("a -50.0 [") and " on 2; b +100.0 [" in x and x.endswith("pts on 5")
     assert rep.per_task(study, "d3 y @0.9").startswith("a +0.0 [+0.0, +0.0] pts on 2; b +50.0 [")
     assert rep.per_task(study, "d3 y @0.9").endswith("pts on 2")
+
+
+def test_a_cpu_time_ratio_across_thread_counts_is_not_given_as_a_speedup() -> None:
+    """After the other model's process ends a setting runs two threads; its CPU seconds count both, so its
+    CPU-time ratio against full depth's one thread is not a speedup and is not shown as one."""
+    stopped = {**_row(8.6, -0.3, -0.4, -0.2, 1.2), "diff": {"diff": -0.3, "low": -0.4, "high": -0.2, "n": 20},
+               "stage": 1, "cpu_speedup": 0.7, "accuracy": 0.5, "bits": "1" * 10 + "0" * 10, "threads": 2}
+    del stopped["measured_speedup"], stopped["speedup_spread"]
+    study = {**STUDY, "settings": {**STUDY["settings"], "d3 bad @0.85": stopped}}
+    table = rep.settings_table(study)
+    assert "| n/a (CPU time of 2 threads against full depth's 1) |" in table and "0.70" not in table

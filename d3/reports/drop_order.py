@@ -38,13 +38,16 @@ def _name(label: str) -> tuple[str, float | None]:
 def setting_rows(study: dict[str, Any]) -> list[dict[str, Any]]:
     """Every measured setting but full depth, flattened: label, name, target, realized depth, paired diff, speedup."""
     out = []
+    full_threads = study.get("settings", {}).get("full depth", {}).get("threads", 1)
     for label, row in study.get("settings", {}).items():
         name, target = _name(label)
         if target is None or "diff" not in row:
             continue
         timed = "measured_speedup" in row  # ABBA pairs (settings that went on); else the CPU-time ratio
+        # a CPU-time ratio compares like with like only at full depth's thread count (CPU seconds count every thread)
+        cpu = row.get("cpu_speedup", float("nan")) if row.get("threads", 1) == full_threads else float("nan")
         out.append({"label": label, "name": name, "target": target, "layers": row["mean_layers"], **row["diff"],
-                    "speedup": row["measured_speedup"] if timed else row.get("cpu_speedup", float("nan")),
+                    "speedup": row["measured_speedup"] if timed else cpu, "threads": row.get("threads", 1),
                     "timed": timed, "spread": row.get("speedup_spread"), "stage": row.get("stage", 2),
                     "same": row.get("same_answer", {}).get("diff"), "accuracy": row["accuracy"], "qps": row.get("qps"), "asked": row.get("asked"),
                     "qps_cpu": row.get("qps_cpu"), "same_as": row.get("same_as")})
@@ -189,10 +192,13 @@ def settings_table(study: dict[str, Any]) -> str:
     for r in sorted(setting_rows(study), key=lambda r: (r["name"], -r["layers"])):
         sp = f" [{r['spread'][0]:.2f}, {r['spread'][1]:.2f}]" if r.get("spread") else ""
         kind = "" if r["timed"] else " CPU"
+        speed = f"{r['speedup']:.2f}" if r["speedup"] == r["speedup"] else "n/a"
+        if not r["timed"] and r["speedup"] != r["speedup"]:  # NaN: a CPU-time ratio across thread counts
+            kind = f" (CPU time of {r['threads']} threads against full depth's {full.get('threads', 1) if full else 1})"
         stage = "" if r["stage"] == 2 else " (first stage)"
         alike = f" (the same layers at every token as {r['same_as']}: its row)" if r.get("same_as") else ""
         lines.append(f"| {r['label']}{alike} | {r['layers']:.2f} | {r.get('n', r.get('asked'))}{stage} | {100 * r['accuracy']:.1f}% | {_interval(r)} | "
-                     f"{100 * (1 + r['same']):.0f}% | {r['speedup']:.2f}{kind}{sp} | {r['qps']:.2f} "
+                     f"{100 * (1 + r['same']):.0f}% | {speed}{kind}{sp} | {r['qps']:.2f} "
                      f"({r.get('qps_cpu') or float('nan'):.2f}) |")
     return "\n".join(lines)
 

@@ -77,7 +77,6 @@ class TeacherForced:
         """The prompts' keys and values from `d3.decoder.shared_prefill` (prompts that begin alike, as
         few-shot questions do, run their common prefix once); False where its cache does not hold every prompt
         position (a sliding window shorter than prompt and continuation), left to `_prompt_pass`."""
-
         state, _ = shared_prefill(self.adapter, ids, mask, room=self.T)
         if any(layer.keys.shape[-2] != state.seq_len for layer in state.cache.layers):
             return False
@@ -193,11 +192,13 @@ class TeacherForced:
         over the scored positions, a chunk at a time (memory: a chunk's logits, not the whole [B, T, vocab])."""
         with torch.inference_mode():
             ours = self._last(tuple(removed))[self.scored]  # [N, d_model]
+            full = self.resid[-1][self.scored] if self._head is None and self._reference is None else None
             n, value, kl = self._targets.numel(), 0.0, 0.0
             for k, s in enumerate(range(0, n, self._chunk)):
                 logits = self.adapter.logits(ours[s:s + self._chunk])  # [chunk, vocab]
                 lse = torch.logsumexp(logits, dim=-1)
-                kl += self._kl(k, s, ours[s:s + self._chunk], logits, lse).clamp_min(0).sum().item()
+                again = full[s:s + self._chunk] if full is not None else None
+                kl += self._kl(k, ours[s:s + self._chunk], logits, lse, again).clamp_min(0).sum().item()
                 targets = self._targets[s:s + self._chunk]
                 if metric == "agreement":
                     value += (logits.argmax(-1) == targets).sum().item()
@@ -205,15 +206,15 @@ class TeacherForced:
                     value += (lse - logits.gather(-1, targets[:, None])[:, 0]).sum().item()
         return Score(value / n, kl / n)
 
-    def _kl(self, k: int, start: int, ours: torch.Tensor, logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    def _kl(self, k: int, ours: torch.Tensor, logits: torch.Tensor, lse: torch.Tensor,
+            full: torch.Tensor | None) -> torch.Tensor:
         """KL(full depth || removal) at chunk k's positions [chunk]: from full depth's summary under a linear head,
-        else from full depth's log-probs (kept, or read out again)."""
+        else from full depth's log-probs (kept, or read out again from its residuals `full`)."""
         if self._head is not None:
             plogp, p_weight, p_bias = self._summary[k]
             p_logits = self._head[2] * ((p_weight * self.adapter.final_norm(ours)).sum(-1) + p_bias)  # sum p z_q
             return plogp - p_logits + lse
-        logp = self._reference[k] if self._reference is not None else \
-            self._read_out(self.resid[-1][self.scored][start:start + self._chunk])
+        logp = self._reference[k] if self._reference is not None else self._read_out(full)
         return (logp.exp() * (logp - (logits - lse[:, None]))).sum(-1)
 
 

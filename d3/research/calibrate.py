@@ -130,6 +130,14 @@ def _forced(adapter: Any, prompts: list[list[int]], answers: list[list[int]]) ->
     return TeacherForced(adapter, prompts, [a[:-1] for a in answers], [a[1:] for a in answers])
 
 
+def _by_task(cal_set: CalibrationSet) -> list[tuple[Any, list[Any]]]:
+    """The set's validation questions grouped by task, in the set's order: (task, its examples)."""
+    groups: dict[str, tuple[Any, list[Any]]] = {}
+    for task, ex in task_prompts(cal_set):
+        groups.setdefault(task.name, (task, []))[1].append(ex)
+    return list(groups.values())
+
+
 def _task_answers(engine: Any, cal_set: CalibrationSet, tokens: int,
                   should_stop: ShouldStop | None = None) -> list[tuple[list[list[int]], list[list[int]]]]:
     """Per task, (prompt ids, reply ids) of the set's questions answered at full depth, each reply up to its end
@@ -137,11 +145,8 @@ def _task_answers(engine: Any, cal_set: CalibrationSet, tokens: int,
     (`d3.research.answers`); a reply of one token has nothing to teacher-force and is left out."""
     from d3.research.answers import PrefilledQuestions
 
-    groups: dict[str, tuple[Any, list[Any]]] = {}
-    for task, ex in task_prompts(cal_set):
-        groups.setdefault(task.name, (task, []))[1].append(ex)
     out = []
-    for task, examples in groups.values():
+    for task, examples in _by_task(cal_set):
         stop_if(should_stop)
         replies = PrefilledQuestions(engine, task, examples, batch=64).answer(FullConfig()).ids
         kept = [(ex, list(reply[:tokens])) for ex, reply in zip(examples, replies) if len(reply) >= 2]
@@ -170,10 +175,7 @@ def _task_score(engine: Any, cal_set: CalibrationSet) -> Callable[[tuple[int, ..
     (the questions' full-depth prefill computed once, `d3.research.answers`)."""
     from d3.research.answers import PrefilledQuestions
 
-    groups: dict[str, tuple[Any, list[Any]]] = {}
-    for task, ex in task_prompts(cal_set):
-        groups.setdefault(task.name, (task, []))[1].append(ex)
-    prefilled = [PrefilledQuestions(engine, task, examples) for task, examples in groups.values()]
+    prefilled = [PrefilledQuestions(engine, task, examples) for task, examples in _by_task(cal_set)]
 
     def score(removed: tuple[int, ...]) -> Score:
         answers = [q.answer(StaticSkipConfig(skip=tuple(removed))) for q in prefilled]

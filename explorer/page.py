@@ -17,7 +17,7 @@ from starlette.middleware import Middleware
 
 from explorer.caps import Caps, is_public
 from explorer.expiry import session_expiry
-from explorer.guard import RequestGuard, bound_the_log
+from explorer.guard import RequestGuard, UploadBudget, bound_the_log
 from explorer.layout import build_layout
 from explorer.pool import ModelPool
 from explorer.wiring import wire
@@ -55,7 +55,7 @@ def tune_process() -> None:
 
 
 # The page has no upload control; gradio's /upload route still takes files from anyone (kept up to an hour): a
-# bound far below what fills a disk. gradio answers 413 above it.
+# bound far below what fills a disk. gradio answers 413 above it, and explorer.guard bounds all uploads together.
 MAX_UPLOAD_BYTES = 1_000_000
 MAX_REQUEST_BYTES = 256_000  # one event's values, the prompt aside (a prompt may add 4 bytes per character)
 WARNINGS_REMEMBERED = 4096  # distinct warnings remembered as shown; past that the memory starts afresh
@@ -96,7 +96,8 @@ def launch(demo: gr.Blocks, **kwargs: Any) -> Any:
     kwargs.setdefault("state_session_capacity", caps.max_sessions)
     kwargs.setdefault("max_file_size", MAX_UPLOAD_BYTES)
     app_kwargs = dict(kwargs.pop("app_kwargs", None) or {})
-    guard = Middleware(RequestGuard, demo=demo, max_body=MAX_REQUEST_BYTES + 4 * caps.max_prompt_chars)
+    guard = Middleware(RequestGuard, demo=demo, max_body=MAX_REQUEST_BYTES + 4 * caps.max_prompt_chars,
+                       uploads=UploadBudget())
     app_kwargs["middleware"] = [*app_kwargs.get("middleware", ()), guard]
     app_kwargs.setdefault("lifespan", session_expiry(caps.session_ttl_s))
     bound_the_log()

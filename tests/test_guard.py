@@ -3,6 +3,7 @@ name or index, no traceback and no copy of the values in the log."""
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 
 from explorer import page
 from explorer.caps import Caps
-from explorer.guard import BoundedRecords
+from explorer.guard import BoundedRecords, RequestGuard, UploadBounds, UploadBudget, bound_the_log
 from tests.apphelpers import new_client
 from tests.apphelpers import RUN, CountingEngine, serve
 from tests.tiny import tiny_llama, tiny_tokenizer
@@ -36,7 +37,7 @@ def files_over(folder: Path, size: int) -> list[Path]:
 def test_a_10_mb_upload_is_refused_and_nothing_is_written(served) -> None:
     _, url = served
     answer = httpx.post(f"{url}gradio_api/upload", files={"files": ("x.bin", b"0" * (10 * MB))}, timeout=60)
-    assert answer.status_code == 413 and "maximum allowed size" in answer.text
+    assert answer.status_code == 413 and "an upload is at most" in answer.json()["error"]
     import os
 
     assert files_over(Path(os.environ["GRADIO_TEMP_DIR"]), MB) == []
@@ -61,12 +62,19 @@ def test_events_no_client_may_call_answer_one_line_and_the_log_stays_quiet(serve
         "js-only by index": _join(url, js_only._id, []),
         "wrong count by name": httpx.post(f"{url}gradio_api/call/generate", json={"data": [1, 2]}, timeout=30),
         "wrong count by index": _join(url, generate._id, ["x" * 1000] * 3),
+        "one value too few by index": _join(url, generate._id, ["x" * 1000] * (len(generate.inputs) - 1)),
+        "one value too few on run/": httpx.post(f"{url}gradio_api/run/generate", timeout=30,
+                                                json={"data": ["x" * 1000] * (len(generate.inputs) - 1)}),
+        "fn_index on a named route": httpx.post(f"{url}gradio_api/run/generate", timeout=30,
+                                                json={"data": [], "fn_index": js_only._id}),
         "2 MB of values": httpx.post(f"{url}gradio_api/call/generate", json={"data": ["x" * (2 * MB)]}, timeout=30),
         "not JSON": httpx.post(f"{url}gradio_api/queue/join", content=b"{", timeout=30),
     }
     statuses = {what: a.status_code for what, a in answers.items()}
     assert statuses == {"js-only by name": 404, "private by name": 404, "fn_index 999": 404, "fn_index -1": 404,
                         "js-only by index": 404, "wrong count by name": 422, "wrong count by index": 422,
+                        "one value too few by index": 422, "one value too few on run/": 422,
+                        "fn_index on a named route": 422,
                         "2 MB of values": 413, "not JSON": 422}
     assert all(len(a.text) < 200 and "\n" not in a.text for a in answers.values())
     log = "".join(capfd.readouterr())
@@ -87,3 +95,100 @@ def test_a_log_record_is_cut_to_a_bounded_length() -> None:
     record = logging.LogRecord("x", logging.ERROR, __file__, 1, "received %s", ("y" * (2 * MB),), None)
     assert BoundedRecords(4000).filter(record)
     assert len(record.getMessage()) < 4100 and "characters cut" in record.getMessage()
+
+
+def test_a_call_by_name_takes_the_values_a_client_sees_or_every_input(served) -> None:
+    """gradio's /call/ route fills in the inputs hidden from the API (session states): both counts pass the guard
+    there, and only there."""
+    demo, _ = served
+    generate = next(fn for fn in demo.fns.values() if fn.api_name == "generate")
+    guard = RequestGuard(None, demo, max_body=MB)
+    seen = sum(not c.skip_api for c in generate.inputs)
+    assert seen < len(generate.inputs)
+    body = lambda n: json.dumps({"data": [None] * n}).encode()  # noqa: E731
+    assert guard.problem(body(seen), "generate", "call") is None
+    assert guard.problem(body(len(generate.inputs)), "generate", "call") is None
+    assert guard.problem(body(seen), "generate", "run")[0] == 422
+    assert guard.problem(json.dumps({"data": [None] * seen, "fn_index": generate._id}).encode(), None)[0] == 422
+
+
+def test_streams_of_unknown_sessions_and_events_answer_one_line_and_the_log_stays_quiet(served, capfd) -> None:
+    _, url = served
+    capfd.readouterr()
+    with httpx.Client(timeout=30) as client:
+        answers = [client.get(f"{url}gradio_api/queue/data", params={"session_hash": f"nobody{i}"}) for i in range(10)]
+        answers += [client.get(f"{url}gradio_api/call/generate/bogus{i}") for i in range(10)]
+    assert {a.status_code for a in answers} == {404}
+    assert all(len(a.text) < 200 and "\n" not in a.text for a in answers)
+    log = "".join(capfd.readouterr())
+    assert "Traceback" not in log and len(log) < 1000, log[:2000]
+
+
+def test_uploads_are_bounded_in_all(served) -> None:
+    """Each upload under gradio's 1 MB bound, many of them: refused with 429 once the minute's total is spent,
+    so the temp folder grows by that total at most."""
+    import os
+
+    _, url = served
+    temp = Path(os.environ["GRADIO_TEMP_DIR"])
+    before = sum(p.stat().st_size for p in temp.rglob("*") if p.is_file())
+    with httpx.Client(timeout=60) as client:
+        answers = [client.post(f"{url}gradio_api/upload", files={"files": (f"{i}.bin", b"0" * 900_000)})
+                   for i in range(20)]
+    statuses = [a.status_code for a in answers]
+    taken = UploadBounds().window_bytes // 900_000
+    assert statuses[:taken] == [200] * taken and set(statuses[taken:]) == {429}, statuses
+    assert "uploads are limited to" in answers[-1].json()["error"]
+    grown = sum(p.stat().st_size for p in temp.rglob("*") if p.is_file()) - before
+    assert grown <= UploadBounds().window_bytes
+
+
+def test_the_upload_budget_holds_per_window_and_over_the_time_uploads_are_kept() -> None:
+    now = [0.0]
+    bounds = UploadBounds(window_s=60, window_requests=3, window_bytes=10**9, kept_s=3600, kept_requests=5,
+                          kept_bytes=10**9)
+    budget = UploadBudget(bounds, clock=lambda: now[0])
+    assert [budget.take(1) for _ in range(4)][:3] == [None] * 3 and budget.take(1) is not None
+    now[0] = 61.0  # a new minute: two more fit under the hour's five
+    assert budget.take(1) is None and budget.take(1) is None
+    now[0] = 122.0
+    assert "per 1 h" in budget.take(1)
+    now[0] = 3700.0  # the first three are no longer counted
+    assert budget.take(1) is None
+
+
+def test_gradio_printed_tracebacks_are_one_bounded_line_per_kind(capfd) -> None:
+    """gradio prints a failed request's traceback (with the values it received) straight to stderr: after
+    bound_the_log it is one line through the "gradio" logger, cut, and of one kind once a minute."""
+    import gradio.queueing
+
+    bound_the_log()
+    capfd.readouterr()
+    for _ in range(30):
+        try:
+            raise ValueError("Received inputs:\n" + "x" * (200 * 1000))
+        except ValueError:
+            gradio.queueing.traceback.print_exc()
+    log = "".join(capfd.readouterr())
+    assert len(log) < 1000 and log.count("\n") <= 1 and "Traceback" not in log, log[:2000]
+
+
+def test_uvicorn_error_records_are_bounded_and_one_line_per_kind(capfd) -> None:
+    """uvicorn configures its own handlers when the server starts, after the log was bounded: its error logger
+    still writes a bad request's traceback as one bounded line, one per kind a minute."""
+    import logging.config
+
+    import uvicorn.config
+
+    bound_the_log()
+    logging.config.dictConfig(uvicorn.config.LOGGING_CONFIG)  # what uvicorn does as it starts
+    capfd.readouterr()
+    log = logging.getLogger("uvicorn.error")
+    for i in range(30):
+        try:
+            raise KeyError("y" * (200 * 1000))
+        except KeyError:
+            log.exception("Exception in ASGI application")
+    log.error("a plain line %s", "z" * (200 * 1000))
+    out = "".join(capfd.readouterr())
+    assert len(out) < 6000 and out.count("\n") <= 2 and "Traceback" not in out, out[:3000]

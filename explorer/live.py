@@ -17,7 +17,7 @@ from explorer.pool import ModelPool
 from d3.trace import measured_speedup
 from explorer.runs import LiveUpdate, RunSetup, check_run, fill_comparison, prepare_run, side_by_side
 from explorer.session import Session
-from explorer.ui import ordered, refused, user_errors
+from explorer.ui import caller_check, ordered, refused, user_errors
 from viz import counters_html, token_html
 
 # The panes, the decay curve, every view a run draws (the view registry), the fill view (emptied by a new run) and
@@ -225,8 +225,9 @@ def _fills(session: Session, run_id: int, setup: RunSetup, p: bool, limit_s: int
     session.fills = {}
     yield session, views.status_html(None, None, "Comparing fills: running full depth…"), gr.skip()
     deadline = time.monotonic() + limit_s
+    stopped, gone = session.stopper(run_id, deadline), caller_check()  # a caller who left stops it within one step
     runs = fill_comparison(setup.engine, setup.prompt, setup.strategy, setup.gen, chat_template=setup.chat_template,
-                           should_stop=session.stopper(run_id, deadline))
+                           should_stop=lambda: stopped() or gone())
     with contextlib.closing(runs):
         for name, comparison in runs:
             if not session.is_current(run_id):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import gradio as gr
 from gradio.context import LocalContext
@@ -36,14 +36,28 @@ def caller_gone() -> bool:
     """Inside a queued event's handler: True once its caller has gone (the tab closed, the client dropped the
     stream): gradio then marks the event not alive, and only a generator's next step would notice. False outside
     an event (a direct call)."""
+    return caller_check()()
+
+
+def caller_check() -> Callable[[], bool]:
+    """`caller_gone` for the event running now, callable later from any thread (a worker thread, a generator's
+    later step): the event is found now, its state read at each call."""
     blocks, event_id = LocalContext.blocks.get(None), LocalContext.event_id.get(None)
     queue = getattr(blocks, "_queue", None)
     if queue is None or event_id is None:
+        return _never
+
+    def gone() -> bool:
+        for events in list(queue.active_jobs):
+            for event in events or ():
+                if event._id == event_id:
+                    return not event.alive
         return False
-    for events in list(queue.active_jobs):
-        for event in events or ():
-            if event._id == event_id:
-                return not event.alive
+
+    return gone
+
+
+def _never() -> bool:
     return False
 
 

@@ -115,3 +115,27 @@ def test_a_measurement_whose_caller_left_stops_and_frees_its_slot(slow_engine, a
         slow_engine.delay = 0.0
         final = new_client(url).predict(**{**RUN, "max_new_tokens": 2}, api_name="/generate")
     assert "Done." in final[0]
+
+
+def test_compare_fills_stops_within_one_step_once_its_caller_has_gone() -> None:
+    """gradio never closes a generator whose caller left; it marks the event not alive. The fill comparison reads
+    that before each step (as /measure_layers does), so it stops at the next step, not at the time limit."""
+    from types import SimpleNamespace
+
+    from gradio.context import LocalContext
+
+    engine = CountingEngine(tiny_llama(6), tiny_tokenizer(), name="tiny")
+    pool = ModelPool(tiny_factory(engine), names=("tiny",), caps=Caps(max_new_tokens=64))
+    event = SimpleNamespace(_id="event-1", alive=True)
+    blocks = SimpleNamespace(_queue=SimpleNamespace(active_jobs=[[event]]))
+    tokens = {"blocks": LocalContext.blocks.set(blocks), "event_id": LocalContext.event_id.set("event-1")}
+    try:
+        run = live.compare_fills(pool, Session(), **{**DEFAULTS, "max_new_tokens": 40, "drop_order": "strided"})
+        next(run)  # the first status line: nothing has run yet
+        event.alive = False  # the caller closed its tab
+        outputs = list(run)
+    finally:
+        LocalContext.blocks.reset(tokens["blocks"])
+        LocalContext.event_id.reset(tokens["event_id"])
+    assert "Stopped." in outputs[-1][1] and "time limit" not in outputs[-1][1]
+    assert engine.steps <= 1, engine.steps  # the full-depth run alone is 40 steps

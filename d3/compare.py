@@ -95,9 +95,11 @@ def compare(engine: Engine, prompt: str, strategy: StrategyConfig, gen: Generati
         return None
     assert full.trace is not None and skip.trace is not None
     teacher = run_recorded(engine, prompt, strategy, gen, TRACE_OFF, forced=[full.trace.token_ids], **kw)
-    if should_stop():
+    free_ref = engine.full_depth_logprobs(prompt, skip.trace.token_ids, chat_template=chat_template,
+                                          should_stop=should_stop)
+    if free_ref is None:
         return None
-    free_ref = engine.full_depth_logprobs(prompt, skip.trace.token_ids, chat_template=chat_template).cpu()
+    free_ref = free_ref.cpu()
     n = token_agreement(full.trace.token_ids, skip.trace.token_ids).compared
     agree = np.array(full.trace.token_ids[:n]) == np.array(skip.trace.token_ids[:n])  # bool [n], per position
     steps = len(teacher.logprobs)

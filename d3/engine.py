@@ -168,7 +168,8 @@ class Engine:
         forced: token ids to feed instead of sampling (teacher forcing), one list per prompt.
         observer(step, out, state) sees every step's output (float32 logits) and the decode state (KV cache).
         prompts: text, or token id lists used as they are (no chat template, no special tokens added).
-        should_stop(): checked before every step; True ends the generation (Stop button, closed tab).
+        should_stop(): checked before every step, once the engine's lock is held; True ends the generation (Stop
+        button, closed tab, time limit).
         """
         strategy = self.resolve(strategy)
         self.check(strategy, trace)
@@ -179,17 +180,22 @@ class Engine:
                                self.eos_ids, stop_at_eos=gen.stop_at_eos and forced is None)
         pick = _picker(gen, forced)
         for step in range(limit):
-            if should_stop is not None and should_stop():
+            layer_plan = plan(strategy, self.num_layers, step)
+            with self._lock, torch.inference_mode():
+                # Checked once the lock is held: a step waits here for other users' passes (another run's steps,
+                # a comparison's or a measurement's pass), and a time limit that passed meanwhile must stop it
+                # before it computes (step 0 is the prompt's prefill).
+                stopped = should_stop is not None and should_stop()
+                if not stopped:
+                    t0 = time.perf_counter()
+                    out = decoding.step(layer_plan, builder.last_tokens() if step else [])
+                    if observer is not None:
+                        observer(step, out, decoding.state)
+                    picked = pick(step, out.logits).tolist()
+            if stopped:
                 if step:
                     yield builder.traces("stopped")
                 return
-            layer_plan = plan(strategy, self.num_layers, step)
-            t0 = time.perf_counter()
-            with self._lock, torch.inference_mode():
-                out = decoding.step(layer_plan, builder.last_tokens() if step else [])
-                if observer is not None:
-                    observer(step, out, decoding.state)
-                picked = pick(step, out.logits).tolist()
             builder.add(step, layer_plan, picked, out, wall_ms=(time.perf_counter() - t0) * 1000)
             finish = builder.finish_reason(step, limit)
             yield builder.traces(finish)
@@ -253,11 +259,15 @@ class Engine:
                 total += torch.where(own[:, step], lp, torch.zeros_like(lp))
         return total.tolist()
 
-    def full_depth_logprobs(self, prompt: str, tokens: Sequence[int], chat_template: bool = True) -> torch.Tensor:
-        """Full-depth next-token log-probs after the prompt and after each of `tokens`: float32 [len(tokens), vocab]."""
+    def full_depth_logprobs(self, prompt: str, tokens: Sequence[int], chat_template: bool = True, *,
+                            should_stop: Callable[[], bool] | None = None) -> torch.Tensor | None:
+        """Full-depth next-token log-probs after the prompt and after each of `tokens`: float32 [len(tokens), vocab].
+        None when `should_stop()` is true once the engine's lock is held (the pass may wait for it)."""
         ids, mask = self.encode([prompt], chat_template)
         full = torch.cat([ids, torch.tensor([list(tokens)], device=self.device)], dim=1)
         with self._lock, torch.inference_mode():
+            if should_stop is not None and should_stop():
+                return None
             logits = self.model(input_ids=full, attention_mask=torch.ones_like(full)).logits[0].float()
         start = ids.shape[1] - 1
         return torch.log_softmax(logits[start:start + len(tokens)], dim=-1)

@@ -139,3 +139,57 @@ def test_compare_fills_stops_within_one_step_once_its_caller_has_gone() -> None:
         LocalContext.event_id.reset(tokens["event_id"])
     assert "Stopped." in outputs[-1][1] and "time limit" not in outputs[-1][1]
     assert engine.steps <= 1, engine.steps  # the full-depth run alone is 40 steps
+
+
+def test_a_step_whose_time_limit_passed_while_it_waited_for_the_engine_is_not_computed(tiny_engine) -> None:
+    """On a busy server a step waits for the engine (another run's steps, a comparison's full pass): the deadline
+    is read once the engine is free, so a run whose time ran out meanwhile computes nothing more, not even its
+    prompt's prefill (step 0). The clock is a fake one, moved on while the engine is held."""
+    import threading
+
+    from d3.config import FullConfig, GenerationConfig
+
+    now = [0.0]
+    deadline = 10.0
+    asked, results = threading.Event(), []
+
+    def should_stop() -> bool:
+        asked.set()
+        return now[0] > deadline
+
+    def run() -> None:
+        results.extend(tiny_engine.stream("hello there", FullConfig(), GenerationConfig(max_new_tokens=8),
+                                          should_stop=should_stop))
+
+    with tiny_engine.lock:  # another user's pass holds the engine
+        worker = threading.Thread(target=run)
+        worker.start()
+        asked.wait(0.5)  # before the fix the run asked first, then waited here
+        now[0] = deadline + 1  # the time limit passes while it waits
+    worker.join(60)
+    assert results == []  # not one step computed after the deadline
+
+
+def test_the_comparisons_full_pass_is_skipped_when_the_time_limit_passed_while_it_waited(tiny_engine) -> None:
+    """The comparison after the tokens ends with one full-depth pass over the prompt and D3's text (compare passes
+    its should_stop): a deadline that passed while that pass waited for the engine skips it (None)."""
+    import threading
+
+    now, results = [0.0], []
+    asked = threading.Event()
+
+    def should_stop() -> bool:
+        asked.set()
+        return now[0] > 10.0
+
+    def run() -> None:
+        results.append(tiny_engine.full_depth_logprobs("hello there", [5, 6, 7], should_stop=should_stop))
+
+    with tiny_engine.lock:
+        worker = threading.Thread(target=run)
+        worker.start()
+        asked.wait(0.5)
+        now[0] = 11.0
+    worker.join(60)
+    assert results == [None]
+    assert tiny_engine.full_depth_logprobs("hello there", [5, 6, 7]).shape[0] == 3  # no should_stop: as before

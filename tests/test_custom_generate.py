@@ -196,3 +196,22 @@ def test_a_streamer_sees_what_plain_generate_shows_it(tiny_engine):
     model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=N, do_sample=False, streamer=plain)
     custom(model, ids, alpha=1.0, max_new_tokens=N, streamer=ours)
     assert ours.puts == plain.puts and ours.ended and len(ours.puts) == 1 + N
+
+
+def test_stop_strings_with_a_tokenizer_stop_where_plain_generate_stops(tiny_engine):
+    """transformers drops `tokenizer` when custom_generate is a callable (it keeps only the callable's own
+    keywords): the method takes it and the stop strings itself, with transformers' own StopStringCriteria."""
+    model, tok = tiny_engine.model, tiny_engine.tokenizer
+    ids = torch.tensor([[5, 6, 7, 8]])
+    mask = torch.ones_like(ids)
+    free = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=N, do_sample=False)[0, 4:].tolist()
+    k, stop = next((k, tok.decode([t])) for k, t in enumerate(free) if k >= 1 and tok.decode([t]).strip())
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=N, do_sample=False, stop_strings=[stop],
+                         tokenizer=tok)
+    assert ref.shape[1] < 4 + N  # the stop string ends plain generate early
+    out = custom(model, ids, alpha=1.0, max_new_tokens=N, stop_strings=[stop], tokenizer=tok)
+    assert torch.equal(out, ref)
+    d3 = custom(model, ids, alpha=0.8, max_new_tokens=N, stop_strings=stop, tokenizer=tok)
+    assert tok.decode(d3[0, 4:].tolist()).endswith(stop) or d3.shape[1] == 4 + N  # stopped at the string, or ran out
+    with pytest.raises(ValueError, match="stop_strings needs tokenizer="):
+        custom(model, ids, alpha=0.8, max_new_tokens=N, stop_strings=[stop])

@@ -12,10 +12,11 @@ global torch seed are the library's. Only where the logits come from differs: th
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
-from transformers import GenerationMixin
+from transformers import GenerationMixin, StoppingCriteriaList, StopStringCriteria
 from transformers.generation.configuration_utils import GenerationMode
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
@@ -69,12 +70,12 @@ class _Loop:
     """The decoding loop transformers calls after preparing everything (`_sample`'s shape, `_sample`'s order: logits,
     processors, pick, pad finished rows, stopping criteria), with the engine's skip-aware decoder for the logits."""
 
-    def __init__(self, strategy: StrategyConfig, seed: int | None, streamer: Any) -> None:
-        self.strategy, self.seed, self.streamer = strategy, seed, streamer
+    def __init__(self, strategy: StrategyConfig, seed: int | None, streamer: Any, tokenizer: Any = None) -> None:
+        self.strategy, self.seed, self.streamer, self.tokenizer = strategy, seed, streamer, tokenizer
 
     def __call__(self, model: Any, input_ids: torch.Tensor, logits_processor: Any, stopping_criteria: Any,
-                 generation_config: Any, tokenizer: Any = None, **model_kwargs: Any) -> Any:
-        gen_cfg = generation_config
+                 generation_config: Any, **model_kwargs: Any) -> Any:
+        gen_cfg, tokenizer = generation_config, self.tokenizer
         _refuse_unhonoured(gen_cfg)
         pad = gen_cfg._pad_token_tensor  # what generate's own loop pads finished rows with (EOS when pad is unset)
         engine = Engine(model, tokenizer or _IdsOnly(int(pad) if pad is not None else 0),
@@ -126,7 +127,8 @@ def generate(model: Any, inputs: torch.Tensor | None = None, generation_config: 
     """Decode with a layer-skipping strategy; returns what `model.generate` returns for the same arguments.
 
     seed: sample from a generator of this seed (do_sample=True) instead of torch's global one, as generate does.
-    tokenizer: optional; generate's own (stop_strings need it).
+    tokenizer: optional; generate's own (stop_strings need it: passed through here, since generate() drops it for a
+    custom_generate callable).
     """
     given = sorted(k for k in UNSUPPORTED if kwargs.pop(k, None) is not None)
     if given:
@@ -137,6 +139,28 @@ def generate(model: Any, inputs: torch.Tensor | None = None, generation_config: 
     fields = {k: kwargs.pop(k) for k in list(kwargs) if k in STRATEGY_FIELDS}
     config = strategy_from_dict({"strategy": strategy, **fields})
     kwargs.pop("use_model_defaults", None)  # an older generate() argument; the generation config decides
+    tokenizer = kwargs.pop("tokenizer", None)
+    generation_config, stopping_criteria = _stop_strings(model, generation_config, stopping_criteria, tokenizer,
+                                                         kwargs.pop("stop_strings", None))
     return GenerationMixin.generate(model, inputs, generation_config, logits_processor, stopping_criteria,
                                     prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, streamer=streamer,
-                                    custom_generate=_Loop(config, seed, streamer), **kwargs)
+                                    custom_generate=_Loop(config, seed, streamer, tokenizer), **kwargs)
+
+
+def _stop_strings(model: Any, generation_config: Any, stopping_criteria: Any, tokenizer: Any,
+                  stop_strings: str | list[str] | None) -> tuple[Any, Any]:
+    """The stop strings (given here, or in the generation config) as transformers' own StopStringCriteria among
+    the stopping criteria, and a generation config without them: generate() keeps only a callable
+    custom_generate's own keywords, so it drops `tokenizer` and would refuse the stop strings."""
+    base = generation_config if generation_config is not None else model.generation_config
+    stop_strings = stop_strings or getattr(base, "stop_strings", None)
+    if not stop_strings:
+        return generation_config, stopping_criteria
+    if tokenizer is None:
+        raise ValueError("stop_strings needs tokenizer= (the model's tokenizer), as in plain generate")
+    if getattr(base, "stop_strings", None):
+        generation_config = copy.deepcopy(base)
+        generation_config.stop_strings = None
+    criteria = StoppingCriteriaList(stopping_criteria or [])
+    criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stop_strings))
+    return generation_config, criteria

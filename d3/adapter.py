@@ -90,6 +90,10 @@ class Adapter:
         """Where layer idx's weights (and so its KV cache) live; differs per layer under device_map="auto"."""
         return next(self.layers[idx].parameters()).device
 
+    def head_device(self) -> torch.device:
+        """Where the final norm reads its input (under device_map="auto", not necessarily the embedding's device)."""
+        return next(self.base.norm.parameters(), next(self.model.lm_head.parameters())).device
+
     def logits(self, hidden_last: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head + the family's own scaling on [batch, d_model] -> float32 [batch, vocab].
 

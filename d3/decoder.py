@@ -132,10 +132,16 @@ def _confidence(adapter: Adapter, cfg: EarlyExitConfig, hidden: torch.Tensor,
     """The batch's lowest confidence after this layer (the batch exits together, as in CALM),
     and the logits it computed on the way (softmax_gap), reused as the output if the batch exits here."""
     if cfg.measure == "cosine":
-        return float(F.cosine_similarity(hidden[:, -1].float(), previous[:, -1].float(), dim=-1).min()), None
+        return float(_cosine_last(hidden, previous).min()), None
     logits = adapter.logits(hidden[:, -1])
     top2 = torch.softmax(logits, dim=-1).topk(2, dim=-1).values  # [batch, 2]
     return float((top2[:, 0] - top2[:, 1]).min()), logits
+
+
+def _cosine_last(hidden: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
+    """cosine(previous, hidden) at the last position: [batch]. `previous` (the layer below's output) moves to the
+    device of the layer that made `hidden` (they differ under device_map="auto")."""
+    return F.cosine_similarity(hidden[:, -1].float(), previous[:, -1].to(hidden.device).float(), dim=-1)
 
 
 class _EarlyExit:
@@ -174,12 +180,15 @@ def _capture_attention(adapter: Adapter, state: DecodeState, recorder: StatsReco
 def _logit_lens(adapter: Adapter, outputs: dict[int, torch.Tensor]) -> torch.Tensor:
     # Whole logits, not just the argmax: the token is picked after this step, and the lens view wants its probability.
     # One LM-head call for all layers: it reads the head's weights once instead of once per layer (~4x faster).
-    return adapter.logits(torch.stack([h[:, -1] for h in outputs.values()]))  # [n_ran, batch, vocab]
+    # Layers may live on several devices (device_map="auto"): each last position moves to the head's.
+    head = adapter.head_device()
+    return adapter.logits(torch.stack([h[:, -1].to(head) for h in outputs.values()]))  # [n_ran, batch, vocab]
 
 
 def _lens_states(outputs: dict[int, torch.Tensor]) -> torch.Tensor:
     # A copy of the last position only (the layer outputs themselves live on as the next layers' inputs).
-    return torch.stack([h[:, -1] for h in outputs.values()]).float().cpu()  # [n_ran, batch, d_model]
+    first = next(iter(outputs.values())).device  # layers may live on several devices: gathered on one, copied once
+    return torch.stack([h[:, -1].to(first) for h in outputs.values()]).float().cpu()  # [n_ran, batch, d_model]
 
 
 def forward(adapter: Adapter, state: DecodeState, hidden: torch.Tensor, positions: torch.Tensor, layer_plan: LayerPlan,
@@ -269,7 +278,9 @@ def sample(logits: torch.Tensor, gen: GenerationConfig, generator: torch.Generat
         drop = sorted_p.cumsum(-1) - sorted_p > gen.top_p  # keep the smallest prefix reaching top_p
         sorted_p = sorted_p.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-    return torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1).to(logits.device)
+    if generator is not None and generator.device != probs.device:  # a generator elsewhere: sample where it is
+        return torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1).to(logits.device)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # where the logits are: no vocab-wide copy
 
 
 MIN_SHARED = 8  # a shared prefix shorter than this is not worth a separate pass

@@ -69,8 +69,17 @@ def _picker(gen: GenerationConfig, forced: Sequence[Sequence[int]] | None) -> Ca
     """pick(step, logits) -> the next token of each sequence ([batch]): sampled, or the forced ones."""
     if forced is not None:
         return lambda step, logits: torch.tensor([f[step] for f in forced])
-    generator = torch.Generator().manual_seed(gen.seed) if not gen.greedy else None
-    return lambda step, logits: sample(logits, gen, generator)
+    if gen.greedy:
+        return lambda step, logits: sample(logits, gen, None)
+    made: dict[torch.device, torch.Generator] = {}
+
+    def pick(step: int, logits: torch.Tensor) -> torch.Tensor:
+        # The generator lives where the logits are: sampling then copies no vocabulary-wide tensor to the CPU.
+        if logits.device not in made:
+            made[logits.device] = torch.Generator(logits.device).manual_seed(gen.seed)
+        return sample(logits, gen, made[logits.device])
+
+    return pick
 
 
 class Engine:
@@ -251,12 +260,14 @@ class Engine:
         with self._lock, torch.inference_mode():
             state, out = prefill(self.adapter, ids, torch.ones_like(ids))
             state.repeat(len(continuations))
-            total = torch.log_softmax(out.logits.float(), dim=-1)[0, padded[:, 0]]  # [n], first tokens from prefill
+            head = out.logits.device  # the LM head's, under device_map="auto" not the inputs' (self.device)
+            on_head, own = padded.to(head), own.to(head)
+            total = torch.log_softmax(out.logits.float(), dim=-1)[0, on_head[:, 0]]  # [n], first tokens from prefill
             for step in range(1, width):
                 out = decode_one_token(self.adapter, state, padded[:, step - 1], plan(strategy, self.num_layers, step),
                                        strategy.fill, early_exit=early)
-                lp = torch.log_softmax(out.logits.float(), dim=-1).gather(1, padded[:, step:step + 1])[:, 0]
-                total += torch.where(own[:, step], lp, torch.zeros_like(lp))
+                lp = torch.log_softmax(out.logits.float(), dim=-1).gather(1, on_head[:, step:step + 1])[:, 0]
+                total += torch.where(own[:, step].to(lp.device), lp, torch.zeros_like(lp)).to(total.device)
         return total.tolist()
 
     def full_depth_logprobs(self, prompt: str, tokens: Sequence[int], chat_template: bool = True, *,

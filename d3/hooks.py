@@ -29,7 +29,7 @@ def _change(before: torch.Tensor, after: torch.Tensor, valid: torch.Tensor | Non
 def _mean(values: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
     if valid is None or values.shape[1] == 1:
         return values.mean(dim=1)
-    w = valid[:, -values.shape[1]:].to(values.dtype)
+    w = valid[:, -values.shape[1]:].to(values.device, values.dtype)  # the mask lives with the inputs, not the layer
     return (values * w).sum(1) / w.sum(1).clamp_min(1)
 
 
@@ -87,7 +87,8 @@ class StatsRecorder:
 
     def _reduce_layer(self, idx: int, h_in: torch.Tensor, h_mid: torch.Tensor, h_out: torch.Tensor) -> None:
         """One layer of a prefill: means over the real (unpadded) positions."""
-        s = self.stats
+        s = self.stats  # on the model's first device; layer idx may live on another (device_map="auto")
+        h_in = h_in.to(h_mid.device)  # the layer's input comes from the layer below, perhaps on another device
         s["attn_cos"][:, idx], s["attn_dist"][:, idx] = _change(h_in, h_mid, self.valid)
         s["mlp_cos"][:, idx], s["mlp_dist"][:, idx] = _change(h_mid, h_out, self.valid)
         s["hidden_norm"][:, idx] = _mean(h_out.float().norm(dim=-1), self.valid)
@@ -95,8 +96,9 @@ class StatsRecorder:
     def _reduce_deferred(self) -> None:
         """All one-token layers at once: [layers, batch, d_model] stacks, a handful of kernels."""
         idxs = [d[0] for d in self._deferred]
-        h_in, h_mid, h_out = (torch.stack([d[k][:, -1] for d in self._deferred]).float() for k in (1, 2, 3))
         s = self.stats
+        device = next(iter(s.values())).device  # layers may live on several devices: one [batch, d_model] each moves
+        h_in, h_mid, h_out = (torch.stack([d[k][:, -1].to(device) for d in self._deferred]).float() for k in (1, 2, 3))
         for sublayer, before, after in (("attn", h_in, h_mid), ("mlp", h_mid, h_out)):
             s[f"{sublayer}_cos"][:, idxs] = F.cosine_similarity(before, after, dim=-1).T  # [batch, layers]
             s[f"{sublayer}_dist"][:, idxs] = ((after - before).norm(dim=-1) / before.norm(dim=-1).clamp_min(1e-6)).T

@@ -111,14 +111,14 @@ class TeacherForced:
         resid.append(self._run(cont, 0, set(), resid))
         self.resid = resid  # L + 1 entries of [B, T, d_model]
         self._base: tuple[tuple[int, ...], list[torch.Tensor]] | None = None
-        self._targets = self.target_ids[self.scored]  # [N]: the scored positions, row by row
+        self._targets = self.target_ids[self.scored].to(a.head_device())  # [N]: the scored positions, row by row
         # Full depth's log-probs at the scored positions, [N, vocab] a chunk at a time: kept where they are
         # small, else read out again from the last residual at each score (Gemma 3's 262k-token vocabulary
         # over a few thousand positions is gigabytes per copy).
         n, vocab = self._targets.numel(), a.model.lm_head.out_features
         self._chunk = max(1, CHUNK_ELEMENTS // vocab)
         self._head = a.linear_head()
-        full = resid[-1][self.scored]
+        full = self._at_scored(resid[-1])
         if self._head is not None:  # KL needs only these per position: no [N, vocab] copy, nothing read out again
             self._summary = [self._summarize(full[s:s + self._chunk]) for s in range(0, n, self._chunk)]
             self._reference = None
@@ -135,6 +135,11 @@ class TeacherForced:
         p = logp.exp()
         plogp = (p * logp).sum(-1)
         return plogp, p @ weight, (p @ bias) if bias is not None else torch.zeros_like(plogp)
+
+    def _at_scored(self, resid: torch.Tensor) -> torch.Tensor:
+        """The scored positions of a residual [B, T, d_model] -> [N, d_model]. The last layer, whose residual this
+        is, may live on another device than the inputs and the mask (device_map="auto"): the mask moves to it."""
+        return resid[self.scored.to(resid.device)]
 
     @property
     def positions_scored(self) -> int:
@@ -191,8 +196,8 @@ class TeacherForced:
         """agreement (share of targets top-1) or nll (mean NLL of the targets), with the mean KL from full depth,
         over the scored positions, a chunk at a time (memory: a chunk's logits, not the whole [B, T, vocab])."""
         with torch.inference_mode():
-            ours = self._last(tuple(removed))[self.scored]  # [N, d_model]
-            full = self.resid[-1][self.scored] if self._head is None and self._reference is None else None
+            ours = self._at_scored(self._last(tuple(removed)))  # [N, d_model]
+            full = self._at_scored(self.resid[-1]) if self._head is None and self._reference is None else None
             n, value, kl = self._targets.numel(), 0.0, 0.0
             for k, s in enumerate(range(0, n, self._chunk)):
                 logits = self.adapter.logits(ours[s:s + self._chunk])  # [chunk, vocab]

@@ -62,12 +62,12 @@ class TraceBuilder:
         """Record step `step` (0 = the prefill's token): the plan it ran under, the picked tokens, the pass's output."""
         if step == 0:  # the prompt's prefill
             self.prompt_stats, self.prefill_ms = self._prompt_stats(out), wall_ms
-        logprobs = torch.log_softmax(out.logits, dim=-1)  # [batch, vocab]
+        read = self._read(torch.log_softmax(out.logits, dim=-1), picked)
         for b, row in enumerate(self.rows):
             if row.done:
                 continue
             row.ids.append(picked[b])
-            row.steps.append(self._token_step(row, b, step, out, layer_plan.budget, logprobs[b], wall_ms))
+            row.steps.append(self._token_step(row, b, step, out, layer_plan.budget, read[b], wall_ms))
             row.done = self.stop_at_eos and picked[b] in self.eos_ids
 
     def finish_reason(self, step: int, limit: int) -> str:
@@ -94,16 +94,24 @@ class TraceBuilder:
             stats.append(PromptStats(tokens=tokens, stats=per_layer, attention=attention))
         return stats
 
-    def _token_step(self, row: _Row, b: int, step: int, out: StepOutput, planned: int, lp: torch.Tensor,
+    def _read(self, logprobs: torch.Tensor, picked: list[int]) -> list[dict[str, Any]]:
+        """Each row's log-prob of its picked token, entropy and top-k from log-probs [batch, vocab], computed for
+        the whole batch on the logits' device and copied out together: a few device syncs per step, not per row."""
+        chosen = logprobs.gather(1, torch.tensor(picked, device=logprobs.device)[:, None])[:, 0]  # [batch]
+        if not self.trace.enabled:
+            return [{"logprob": v} for v in chosen.tolist()]
+        entropy = -(logprobs.exp() * logprobs).nan_to_num(0.0).sum(-1)  # [batch]
+        rows = [{"logprob": v, "entropy": e} for v, e in torch.stack([chosen, entropy]).T.tolist()]
+        if self.trace.top_k:
+            top = logprobs.topk(self.trace.top_k, dim=-1)
+            for row, values, ids in zip(rows, top.values.tolist(), top.indices.tolist()):
+                row["topk"] = tuple((i, self.tokenizer.decode([i]), math.exp(v)) for v, i in zip(values, ids))
+        return rows
+
+    def _token_step(self, row: _Row, b: int, step: int, out: StepOutput, planned: int, read: dict[str, Any],
                     wall_ms: float) -> TokenStep:
         token = row.ids[-1]
-        extra: dict[str, Any] = {"logprob": float(lp[token])}
-        if self.trace.enabled:
-            extra["entropy"] = float(-(lp.exp() * lp).nan_to_num(0.0).sum())
-            if self.trace.top_k:
-                top = lp.topk(self.trace.top_k)
-                extra["topk"] = tuple((int(i), self.tokenizer.decode([int(i)]), float(math.exp(v)))
-                                      for v, i in zip(top.values.tolist(), top.indices.tolist()))
+        extra: dict[str, Any] = dict(read)
         if out.stats and step > 0:  # step 0's statistics are the prompt's (prompt_stats)
             extra["stats"] = {name: values[b].numpy().copy() for name, values in out.stats.items()}
         if out.attention and step > 0:

@@ -81,7 +81,7 @@ def full_pass(adapter: Adapter, prompt_ids: Sequence[int], answer: Sequence[int]
     for idx in range(adapter.num_layers):
         kind = adapter.layer_types[idx]
         hidden = adapter.run_layer(idx, hidden, masks[kind], ropes[kind], cache, positions)
-        resid.append(hidden[0, start:])
+        resid.append(hidden[0, start:].to(ids.device))  # layers may live on several devices: stacked on one
     logprobs = torch.log_softmax(adapter.logits(hidden[0, start:]), dim=-1)  # [T, vocab]
     kv = [(layer.keys, layer.values) for layer in cache.layers]
     return FullPass(len(prompt_ids), tuple(answer), kv, torch.stack(resid), logprobs)

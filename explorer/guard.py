@@ -28,6 +28,7 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 BY_NAME = re.compile(r"/gradio_api/(?P<route>call|run|api)/(?P<name>[^/]+)/?$")  # a client calling an event by name
+BY_KEYWORD = re.compile(r"/gradio_api/call/v2/(?P<name>[^/]+)/?$")  # a client calling an event with keywords
 BY_INDEX = re.compile(r"/gradio_api/(?:queue/join|run/predict)/?$")  # the page's own calls, by fn_index
 UPLOAD = re.compile(r"/gradio_api/upload/?$")
 STREAM = re.compile(r"/gradio_api/queue/data/?$")  # the page's stream of one session's events
@@ -83,6 +84,7 @@ class RequestGuard:
     def __init__(self, app: Any, demo: gr.Blocks, max_body: int, uploads: UploadBudget | None = None) -> None:
         self.app, self.demo, self.max_body = app, demo, max_body
         self.uploads = uploads or UploadBudget()
+        self._named: dict[str, tuple[str, ...]] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         method = scope.get("method") if scope["type"] == "http" else None
@@ -94,6 +96,9 @@ class RequestGuard:
             return await self.app(scope, receive, send)
         if method == "POST" and UPLOAD.search(path):
             return await self.upload(scope, receive, send)
+        by_keyword = BY_KEYWORD.search(path) if method == "POST" else None
+        if by_keyword is not None:
+            return await self.keywords(scope, receive, send, by_keyword.group("name"))
         by_name = None if BY_INDEX.search(path) else BY_NAME.search(path)
         if by_name is None and not BY_INDEX.search(path):
             return await self.app(scope, receive, send)
@@ -115,6 +120,41 @@ class RequestGuard:
         if refused is not None:
             return await _answer(send, 429, refused)
         await self.app(scope, _replay(body, receive), send)
+
+    async def keywords(self, scope: Scope, receive: Receive, send: Send, name: str) -> None:
+        """gradio's /call/v2/<name>: a JSON object of the endpoint's parameters by name (gradio answers anything else
+        with a uvicorn traceback)."""
+        body = await _read(receive, self.max_body)
+        if body is None:
+            return await _answer(send, 413, f"the request is larger than {self.max_body:,} bytes")
+        problem = self.keyword_problem(body, name)
+        if problem is not None:
+            return await _answer(send, *problem)
+        await self.app(scope, _replay(body, receive), send)
+
+    def keyword_problem(self, body: bytes, name: str) -> tuple[int, str] | None:
+        try:
+            request = json.loads(body) if body else {}
+        except ValueError:
+            return 422, "the request body is not JSON"
+        if not isinstance(request, dict):
+            return 422, "the request body is not a JSON object"
+        if self._by_name(name) is None or name not in self._parameters():
+            return 404, f"no such endpoint: {name[:40]!r}"
+        allowed = self._parameters()[name]
+        unknown = sorted(k for k in request if k not in allowed and k != "oauth_token")
+        if unknown:
+            return 422, (f"{str(unknown[0])[:40]!r} is not a parameter of {name[:40]}; its parameters: "
+                         f"{', '.join(allowed)}"[:300])
+        return None
+
+    def _parameters(self) -> dict[str, tuple[str, ...]]:
+        """Each named endpoint's parameter names, as gradio's API info gives them (read once)."""
+        if self._named is None:
+            named = self.demo.get_api_info().get("named_endpoints", {})
+            self._named = {k.lstrip("/"): tuple(p.get("parameter_name", "") for p in v.get("parameters", ()))
+                           for k, v in named.items()}
+        return self._named
 
     def unknown_stream(self, path: str, query: bytes) -> str | None:
         """Why a GET of an event stream names nothing the queue holds (gradio would open the stream and fail inside

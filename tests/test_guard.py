@@ -181,14 +181,35 @@ def test_uvicorn_error_records_are_bounded_and_one_line_per_kind(capfd) -> None:
     import uvicorn.config
 
     bound_the_log()
-    logging.config.dictConfig(uvicorn.config.LOGGING_CONFIG)  # what uvicorn does as it starts
-    capfd.readouterr()
-    log = logging.getLogger("uvicorn.error")
-    for i in range(30):
-        try:
-            raise KeyError("y" * (200 * 1000))
-        except KeyError:
-            log.exception("Exception in ASGI application")
-    log.error("a plain line %s", "z" * (200 * 1000))
-    out = "".join(capfd.readouterr())
+    names = ("uvicorn", "uvicorn.error", "uvicorn.access")
+    kept = {name: (list(logging.getLogger(name).handlers), logging.getLogger(name).level) for name in names}
+    try:
+        logging.config.dictConfig(uvicorn.config.LOGGING_CONFIG)  # what uvicorn does as it starts
+        capfd.readouterr()
+        log = logging.getLogger("uvicorn.error")
+        for i in range(30):
+            try:
+                raise KeyError("y" * (200 * 1000))
+            except KeyError:
+                log.exception("Exception in ASGI application")
+        log.error("a plain line %s", "z" * (200 * 1000))
+        out = "".join(capfd.readouterr())
+    finally:  # uvicorn's handlers write to this test's captured stderr: the next server installs its own
+        for name, (handlers, level) in kept.items():
+            logging.getLogger(name).handlers[:] = handlers
+            logging.getLogger(name).setLevel(level)
     assert len(out) < 6000 and out.count("\n") <= 2 and "Traceback" not in out, out[:3000]
+
+
+def test_a_call_with_keywords_takes_the_endpoints_parameters_only(served, capfd) -> None:
+    """gradio's /call/v2/<name> answers an unknown parameter or endpoint with a uvicorn traceback (and a dropped
+    connection): the guard answers one line; a call with the endpoint's own parameters goes through."""
+    _, url = served
+    capfd.readouterr()
+    bad = httpx.post(f"{url}gradio_api/call/v2/generate", json={"not_a_field": "x" * 10_000}, timeout=30)
+    missing = httpx.post(f"{url}gradio_api/call/v2/nothing_here", json={}, timeout=30)
+    good = httpx.post(f"{url}gradio_api/call/v2/generate", json={"prompt": "hello", "max_new_tokens": 2}, timeout=30)
+    assert (bad.status_code, missing.status_code, good.status_code) == (422, 404, 200)
+    assert "not_a_field" in bad.json()["error"] and "event_id" in good.json()
+    log = "".join(capfd.readouterr())
+    assert "Traceback" not in log and "xxxxxxxxxx" not in log, log[:2000]

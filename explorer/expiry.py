@@ -1,13 +1,19 @@
 """Sessions that are gone let go of their memory: gradio keeps, per session, a copy of the page's configuration
 and every gr.State value, and drops a session only beyond `state_session_capacity` (a State's own time_to_live
 frees its value, never the session's copy of the page). A background task forgets every session unused for the
-session lifetime, so memory follows the visitors of the last hour, not every visitor since the start."""
+session lifetime, with its entries in gradio's queue (a message queue and an event list per session, which gradio
+keeps for ever), so memory follows the visitors of the last hour, not every visitor since the start. What they held
+is then handed back to the system: glibc keeps freed memory in its per-thread arenas (gradio runs handlers on many
+threads), and the server's RSS stayed where the visitors had taken it (scripts/session_memory.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import datetime
+import gc
 import logging
 from typing import Any, AsyncIterator, Callable
 
@@ -15,8 +21,10 @@ log = logging.getLogger(__name__)
 PRUNE_EVERY_S = 10.0
 
 
-def forget_idle_sessions(state_holder: Any, ttl_s: float, now: datetime.datetime | None = None) -> int:
-    """Drop every session of gradio's `state_holder` last used more than `ttl_s` seconds ago; how many went."""
+def forget_idle_sessions(state_holder: Any, ttl_s: float, now: datetime.datetime | None = None,
+                         queue: Any = None) -> int:
+    """Drop every session of gradio's `state_holder` last used more than `ttl_s` seconds ago, and its entries in
+    gradio's `queue` (where it has no event pending); how many went. Memory freed is handed back (`give_back`)."""
     now = now or datetime.datetime.now()
     with state_holder.lock:
         idle = [sid for sid, used in list(state_holder.time_last_used.items())
@@ -27,9 +35,39 @@ def forget_idle_sessions(state_holder: Any, ttl_s: float, now: datetime.datetime
             if session is not None:
                 for component, value, _ in list(session.state_components):
                     component.delete_callback(value)
+    if queue is not None:
+        for sid in idle:
+            forget_in_queue(queue, sid)
     if idle:
         log.info("forgot %d idle session(s)", len(idle))
+        give_back()
     return len(idle)
+
+
+def forget_in_queue(queue: Any, session_hash: str) -> None:
+    """gradio's per-session entries in its queue (a message queue, the session's event ids), unless an event of the
+    session is still pending: gradio makes them on a session's first event and never drops them."""
+    if queue.pending_event_ids_session.get(session_hash):
+        return
+    queue.pending_event_ids_session.pop(session_hash, None)
+    queue.pending_messages_per_session.pop(session_hash, None)
+
+
+def give_back() -> None:
+    """Collect what the forgotten sessions held and hand glibc's free memory back to the system (malloc_trim;
+    nothing where the C library has none)."""
+    gc.collect()
+    trim = getattr(_libc(), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
+
+
+def _libc() -> Any:
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
 
 
 def session_expiry(ttl_s: float, every_s: float | None = None) -> Callable[[Any], Any]:
@@ -42,7 +80,7 @@ def session_expiry(ttl_s: float, every_s: float | None = None) -> Callable[[Any]
             while True:
                 await asyncio.sleep(every_s or PRUNE_EVERY_S)
                 try:
-                    forget_idle_sessions(app.state_holder, ttl_s)
+                    forget_idle_sessions(app.state_holder, ttl_s, queue=getattr(app.get_blocks(), "_queue", None))
                 except Exception:  # never let the task die: the next pass tries again
                     log.exception("forgetting idle sessions failed")
 

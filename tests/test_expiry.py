@@ -32,6 +32,8 @@ def test_idle_sessions_are_forgotten_with_their_state(engine, monkeypatch) -> No
             new_client(url).predict(**RUN, api_name="/generate")
         wait_until(lambda: not holder.session_data, timeout=60)  # all three gone, with their Session objects
         assert not holder.time_last_used
+        queue = demo._queue  # and gradio's own entries for them in its queue, which it keeps for ever
+        wait_until(lambda: not queue.pending_messages_per_session and not queue.pending_event_ids_session, timeout=60)
         final = new_client(url).predict(**RUN, api_name="/generate")  # and a new visitor is served as before
     assert "Done." in final[0]
 

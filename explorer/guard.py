@@ -257,8 +257,12 @@ async def _answer(send: Send, status: int, message: str) -> None:
 
 def _cut(record: logging.LogRecord, limit: int) -> logging.LogRecord:
     """`record` with its message and traceback cut to `limit` characters each (the traceback formatted now, so that
-    whichever handler writes it finds the cut text)."""
-    text = record.getMessage()
+    whichever handler writes it finds the cut text). A record whose arguments do not fit its message is left as it
+    is: the handler reports it, as logging does."""
+    try:
+        text = record.getMessage()
+    except Exception:
+        return record
     if len(text) > limit:
         record.msg, record.args = text[:limit] + f" … [{len(text) - limit:,} characters cut]", None
     if record.exc_info and not record.exc_text:

@@ -81,7 +81,8 @@ def main() -> int:
                   if not args.routes or any(w in k for w in args.routes.split(","))}
         for name, send in chosen.items():
             log0, disk0, statuses, n = server.log_path.stat().st_size, folder_bytes(temp), {}, 0
-            end = time.monotonic() + seconds
+            began = time.monotonic()
+            end = began + seconds
             while time.monotonic() < end and n < most:
                 try:
                     status = send(n).status_code
@@ -89,9 +90,10 @@ def main() -> int:
                     status = type(err).__name__
                 statuses[status] = statuses.get(status, 0) + 1
                 n += 1
+            took = time.monotonic() - began
             time.sleep(1.0)  # what the server writes after answering (a background task's log line) lands
             log_growth, disk_growth = server.log_path.stat().st_size - log0, folder_bytes(temp) - disk0
-            rows.append({"route": name, "requests": n, "answers": statuses, "log_bytes": log_growth,
+            rows.append({"route": name, "requests": n, "seconds": round(took, 1), "answers": statuses, "log_bytes": log_growth,
                          "disk_bytes": disk_growth})
             print(json.dumps(rows[-1]), flush=True)
         tracebacks = server.tracebacks()

@@ -9,6 +9,7 @@ bad request one line each, at most one line per kind a minute."""
 from __future__ import annotations
 
 import collections
+import importlib
 import json
 import logging
 import re
@@ -358,6 +359,6 @@ def bound_the_log(limit: int = LOG_RECORD_CHARS) -> None:
         if not any(isinstance(f, OneLinePerKind) for f in logger.filters):
             logger.addFilter(OneLinePerKind())
     for name in GRADIO_MODULES:
-        module = sys.modules.get(name) or __import__(name, fromlist=["_"])
+        module = importlib.import_module(name)
         if getattr(module, "traceback", None) is traceback:
             module.traceback = _LoggedTracebacks()  # type: ignore[attr-defined]

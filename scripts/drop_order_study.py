@@ -35,7 +35,7 @@ from d3.research.calibration_sets import CalibrationSet
 from d3.research.gentasks import ROOM, ROOMY_TASKS, get_generation_task
 from d3.research.stats import exact_difference
 from d3.research.study import (SCREEN_MIN, SCREEN_QUESTIONS, STARTS, TIMING_PAIRS, COLLAPSE, GO_ON, NAMED_ORDERS, TARGETS, Eta, Outcome, QuestionSet, collapsed, curve_name,
-                              goes_on, paired_row, per_token_timing, same_run, screen_tasks, settings)
+                              goes_on, paired_row, per_token_timing, same_run, screen_rule, screen_tasks, settings)
 
 VERSION = 4  # 4: roomy tasks, screened at 80%, balanced, fresh seed, start axis, per-token timing; 3: the sequential, paired, swept study (2: every setting on every question; 1: one alpha per target, unpaired)
 SHORT = {"smollm2-135m": "smollm2", "gemma3-270m": "gemma3"}
@@ -259,14 +259,17 @@ def run_model(model: str, args, parts: set[str]) -> Path:
     if roomless:
         raise SystemExit(f"tasks {roomless} have no room to redraw (question space under {ROOM} times what a seed "
                          f"draws): --tasks takes generated tasks with room, {', '.join(ROOMY_TASKS)}")
-    if "screen" not in result:
-        say(f"{model}: full depth on {args.screen} validation questions per task ...")
-        t0, c0 = time.perf_counter(), time.process_time()
-        result["screen"] = screen_tasks(engine, args.tasks.split(","), args.screen, batch=args.batch, say=say)
-        _cost(result, "screen", t0, c0)
-        save()
+    screen = result.setdefault("screen", {})
+    for task in args.tasks.split(","):  # task by task, saved after each (resumable)
+        if task not in screen:
+            t0, c0 = time.perf_counter(), time.process_time()
+            screen.update(screen_tasks(engine, [task], args.screen, batch=args.batch, say=say))
+            _cost(result, "screen", t0, c0)
+            save()
     result["screen_rule"] = {"questions": args.screen, "min": SCREEN_MIN}
-    tasks = [t for t, v in result["screen"].items() if v["kept"]]
+    for v in screen.values():  # the rule as it stands now (a task the screen stopped early was not fully asked)
+        v["kept"] = v["asked"] >= args.screen and screen_rule(v["validation_accuracy"], v["chance"])
+    tasks = [t for t in args.tasks.split(",") if result["screen"][t]["kept"]][:args.max_tasks or None]
     say(f"{model}: tasks kept {tasks}; dropped {[t for t, v in result['screen'].items() if not v['kept']]}")
     result["tasks"] = tasks
     orders = {o: {"drop_order": o} for o in NAMED_ORDERS}
@@ -275,6 +278,7 @@ def run_model(model: str, args, parts: set[str]) -> Path:
         orders["shipped order"] = {"drop_order": "calibrated", "layer_order": tuple(shipped)}
     if "calibrate" in parts:
         orders.update(calibrations(engine, result, tasks, args.val_scale, save, set(args.signals.split(","))))
+    orders = {k: v for k, v in orders.items() if k in args.orders.split(",")}
     if "sweep" in parts:
         todo = sweep(engine, result, tasks, orders, args, save)
         result["fixed_cost_layers"] = engine.fixed_cost_layers
@@ -358,6 +362,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default="smollm2-135m,gemma3-270m")
     p.add_argument("--tasks", default=",".join(ROOMY_TASKS), help="candidate tasks (screened on validation)")
+    p.add_argument("--max-tasks", type=int, default=0, help="at most this many of the kept tasks, in --tasks order "
+                   "(0: all); each costs the same number of test questions")
     p.add_argument("--screen", type=int, default=SCREEN_QUESTIONS, help="validation questions per task for the screen")
     p.add_argument("--val-scale", type=float, default=1.0, help="multiplies the validation questions per task each "
                    "calibration of the plan reads (agreement 100, task 50)")
@@ -368,6 +374,8 @@ def main() -> int:
     p.add_argument("--jobs", type=int, default=1, help="models measured at once, each in its own process (one per "
                    "core: 2 on a 2-core machine); the report follows once every model is done")
     p.add_argument("--starts", default=",".join(map(str, STARTS)), help="D3 starts to sweep (tokens at full depth)")
+    p.add_argument("--orders", default="middle_out,bottom_up,calibrated agreement",
+                   help="orders swept: middle_out, bottom_up, shipped order (the page's), calibrated agreement")
     p.add_argument("--baselines", default="", help="baselines to sweep beside the orders (unified,skipdecode)")
     p.add_argument("--fresh-seed", type=int, default=1, help="the seed whose questions replicate each headline")
     p.add_argument("--stage1", type=int, default=25, help="first-stage test questions per task (every setting)")

@@ -155,7 +155,8 @@ def test_a_new_seed_draws_fresh_questions_from_a_task_with_room_and_a_task_witho
 def test_the_roomy_tasks_are_the_new_kinds_and_the_old_small_ones_are_not_among_them() -> None:
     roomy = set(gentasks.ROOMY_TASKS)
     assert {"gen_word_problems", "gen_two_step_problems", "gen_copy_list", "gen_reverse_list", "gen_sort_numbers",
-            "gen_unit_conversion", "gen_dates", "gen_next_number", "gen_counting", "gen_2_digit_addition_steps"} <= roomy
+            "gen_unit_conversion", "gen_dates", "gen_next_number", "gen_counting", "gen_2_digit_addition_steps",
+            "gen_copy_words", "gen_last_word", "gen_compare_numbers"} <= roomy
     assert not roomy & {"gen_1_digit_addition", "gen_1_digit_subtraction", "gen_1_digit_multiplication",
                         "gen_2_by_1_digit_addition", "gen_2_by_1_digit_multiplication"}
 
@@ -199,6 +200,13 @@ def test_generated_questions_have_the_right_answers() -> None:
             assert int(ex.target) == a + sum(s * r for s, r in zip(signs, rest)) >= 0
     for ex in GENERATION_TASKS["gen_copy_list"].split("test")[:20]:
         assert ex.target == ex.input.split(": ")[1]
+    for ex in GENERATION_TASKS["gen_copy_words"].split("test")[:20]:
+        assert ex.target == ex.input.split(": ")[1] and len(set(ex.target.split())) == len(ex.target.split())
+    for ex in GENERATION_TASKS["gen_last_word"].split("test")[:20]:
+        assert ex.target == ex.input.split(": ")[1][:-1].split()[-1]
+    for ex in GENERATION_TASKS["gen_compare_numbers"].split("test")[:20]:
+        a, b = map(int, re.findall(r"\d+", ex.input))
+        assert int(ex.target) == max(a, b) and a != b
     for ex in GENERATION_TASKS["gen_reverse_list"].split("test")[:20]:
         assert ex.target.split() == ex.input.split(": ")[1].split()[::-1]
     for ex in GENERATION_TASKS["gen_sort_numbers"].split("test")[:20]:

@@ -336,6 +336,35 @@ def word_sorting_space() -> Space:
     return Space((stratum(3), stratum(4)))
 
 
+def words_space(kind: str, lengths: tuple[int, ...]) -> Space:
+    """Lists of different words of 40: "copy" ("Repeat the words: stone apple river") or "last" ("What is the
+    last word of: stone apple river?")."""
+    def stratum(k: int) -> tuple[int, Draw]:
+        def draw(rng: random.Random) -> tuple[Example, str]:
+            words = " ".join(rng.sample(_SORT_WORDS, k))
+            if kind == "copy":
+                return _q(f"Repeat the words: {words}", words), f"Copying them: {words}. So the answer is {words}."
+            last = words.split()[-1]
+            return (_q(f"What is the last word of: {words}?", last),
+                    f"The words are {words}; the last one is {last}. So the answer is {last}.")
+        return math.perm(len(_SORT_WORDS), k), draw
+    return Space(tuple(stratum(k) for k in lengths))
+
+
+def _larger(a: int, b: int) -> tuple[Example, str]:
+    big, small = max(a, b), min(a, b)
+    return (_q(f"Which is larger, {a} or {b}?", str(big)),
+            f"{big} is more than {small}. So the answer is {big}.")
+
+
+def compare_space() -> Space:
+    """"Which is larger, 347 or 382?": two different 3-digit numbers."""
+    def draw(rng: random.Random) -> tuple[Example, str]:
+        a, b = rng.sample(range(100, 1000), 2)
+        return _larger(a, b)
+    return Space(((900 * 899, draw),))
+
+
 # (bigger unit, smaller unit, how many of the smaller make one bigger, the amounts asked)
 _UNITS = (("meter", "centimeters", 100, range(2, 1000)), ("centimeter", "millimeters", 10, range(2, 1000)),
           ("kilometer", "meters", 1000, range(2, 1000)), ("kilogram", "grams", 1000, range(2, 1000)),
@@ -466,6 +495,9 @@ def _synthetic_tasks() -> list[SyntheticTask]:
         task("gen_two_step_problems", word_problem_space(True),
              "Sam has 4 apples, gets 3 more, then gives away 2: how many now? (two steps)", 48),
         task("gen_copy_list", list_space("copy", (4, 5, 6)), "Repeat the list: 7 3 9 2 (4-6 digits)"),
+        task("gen_copy_words", words_space("copy", (3, 4, 5)), "Repeat the words: stone apple river (3-5 words)"),
+        task("gen_last_word", words_space("last", (3, 4, 5)), "What is the last word of: stone apple river?"),
+        task("gen_compare_numbers", compare_space(), "Which is larger, 347 or 382? (3-digit)"),
         task("gen_reverse_list", list_space("reverse", (3, 4, 5)), "Reverse the list: 7 3 9 (3-5 digits)"),
         task("gen_sort_numbers", list_space("sort", (4, 5)), "Sort from smallest to largest: 7 3 9 2 (4-5 digits)"),
         task("gen_counting", counting_space(),

@@ -4,7 +4,8 @@ paired difference from full depth on the same questions, at the depth it actuall
 Tasks are screened on validation questions only (a task the model cannot do at full depth is dropped), orders are
 calibrated on validation questions only (d3.research.calibrate), and only the test questions are scored here. Each
 setting's row keeps its per-question right/wrong bits, so any two settings can be paired later (d3.research.stats).
-Timing: full depth and the setting alternate (ABBA) on the same batch of questions; the median ratio and its spread.
+Timing: full depth and a headline setting alternate (ABBA) on the reported questions, per generated token, one
+thread on both sides; the median ratio with a distribution-free interval, beside the theoretical bounds.
 """
 
 from __future__ import annotations
@@ -92,27 +93,6 @@ def question_task(name: str, seed: int | None = None) -> Any:
     if not hasattr(task, "with_seed"):
         raise ValueError(f"task {name!r} cannot be drawn with another seed: only generated tasks (gen_*) can")
     return task.with_seed(seed)
-
-
-def timing_pairs(questions: PrefilledQuestions, strategy: StrategyConfig, pairs: int) -> dict[str, Any]:
-    """Full depth and `strategy` answer the same questions in ABBA order (`pairs` pairs): median of
-    t_full / t_strategy, its spread (min, max), and questions per second on each side."""
-    ratios, full_s, method_s = [], [], []
-    for i in range(pairs):
-        sides = (FullConfig(), strategy) if i % 2 == 0 else (strategy, FullConfig())
-        took = []
-        for cfg in sides:
-            t0 = time.perf_counter()
-            questions.answer(cfg)
-            took.append(time.perf_counter() - t0)
-        t_full, t_method = took if i % 2 == 0 else took[::-1]
-        ratios.append(t_full / t_method)
-        full_s.append(t_full)
-        method_s.append(t_method)
-    n = len(questions.examples)
-    return {"measured_speedup": round(statistics.median(ratios), 4), "speedup_spread": [round(min(ratios), 4),
-            round(max(ratios), 4)], "timing_pairs": pairs, "timing_questions": n,
-            "qps_full": round(n / statistics.median(full_s), 3), "qps_method": round(n / statistics.median(method_s), 3)}
 
 
 def per_token_timing(questions: Sequence[PrefilledQuestions], strategy: StrategyConfig, num_layers: int,
@@ -209,33 +189,41 @@ def same_run(cfg: StrategyConfig, num_layers: int, tokens: int) -> tuple[Any, ..
     return (tuple(plan(cfg, num_layers, step) for step in range(tokens)), getattr(cfg, "fill", None))
 
 
-SCREEN_QUESTIONS = 40  # validation questions per task that full depth answers in the screen
-SCREEN_MIN = 0.8  # a task is kept for a model when full depth answers at least this share of them
+SCREEN_QUESTIONS = 32  # validation questions per task that full depth answers in the screen
+SCREEN_MIN = 0.7  # a task is kept for a model when full depth answers at least this share of them
 
 
 def screen_rule(accuracy: float, chance: float) -> bool:
-    """Whether a task is kept for a model: full depth answers at least SCREEN_MIN (80%) of the screen's validation
+    """Whether a task is kept for a model: full depth answers at least SCREEN_MIN (70%) of the screen's validation
     questions, and 20 points more than always giving the most common answer. Why: a setting's loss is measured in
     questions full depth got right and the setting got wrong; a weak model (the last study's 34% task) flips answers
-    both ways, so its "gains" are noise that widens every interval, while on a task done at 80%+ a 1-point loss is
-    a few lost questions of a few hundred, with few gains to hide it."""
+    both ways, so its "gains" are noise that widens every interval, while on a task full depth does at 70% or more
+    at most 30% of the questions can flip to right, and a loss shows as lost questions with few gains to hide it.
+    (80% was the first rule; SmolLM2-135M passed no task with room at 80%, its best 75%: docs/drop_order.md.)"""
     return accuracy >= SCREEN_MIN - 1e-12 and accuracy >= chance + 0.2 - 1e-12
 
 
 def screen_tasks(engine: Any, tasks: Sequence[str], limit: int = SCREEN_QUESTIONS, batch: int = 32,
-                 say: Callable[[str], None] = lambda line: None) -> dict[str, dict[str, Any]]:
+                 say: Callable[[str], None] = lambda line: None, step: int = 16) -> dict[str, dict[str, Any]]:
     """Each task's full-depth accuracy on its first `limit` validation questions, and whether `screen_rule` keeps
-    it."""
+    it. Answered `step` questions at a time; a task stops early once even all-right answers on the rest could not
+    reach SCREEN_MIN (its accuracy is then over the questions asked, and it is dropped)."""
     out = {}
     for name in tasks:
         t0 = time.perf_counter()
         task = get_generation_task(name)
         val = task.split("validation")[:limit]
-        acc = PrefilledQuestions(engine, task, val, batch=batch).answer(FullConfig()).accuracy
-        chance = task.chance(val)
-        out[name] = {"validation_accuracy": round(acc, 4), "chance": round(chance, 4), "asked": len(val),
-                     "kept": screen_rule(acc, chance), "space": getattr(task, "space_size", None)}
-        say(f"{name}: {100 * acc:.0f}% at full depth on {len(val)} validation questions "
+        right = asked = 0
+        while asked < len(val):
+            part = val[asked:asked + step]
+            right += sum(PrefilledQuestions(engine, task, part, batch=batch).answer(FullConfig()).correct)
+            asked += len(part)
+            if right + len(val) - asked < SCREEN_MIN * len(val) - 1e-9:  # cannot reach it any more
+                break
+        acc, chance = right / max(asked, 1), task.chance(val[:asked])
+        out[name] = {"validation_accuracy": round(acc, 4), "chance": round(chance, 4), "asked": asked,
+                     "kept": asked == len(val) and screen_rule(acc, chance), "space": getattr(task, "space_size", None)}
+        say(f"{name}: {100 * acc:.0f}% at full depth on {asked} validation questions "
             f"({'kept' if out[name]['kept'] else 'dropped'}; {time.perf_counter() - t0:.0f} s)")
     return out
 

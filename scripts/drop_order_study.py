@@ -1,18 +1,25 @@
-"""Which layers can a model spare, and at what cost? Every drop order and baseline swept over alpha on generated test
-questions, each setting's accuracy as a paired difference from full depth with its exact 95% interval, at the
-depth it actually ran, with its measured speedup; the SUMMARY section and the README's numbers from the results.
+"""Which layers can a model spare, and at what cost? D3 orders swept over alpha and start on generated test questions,
+each setting's accuracy as a paired difference from full depth with its exact 95% interval beside the same-answer
+rate (exact), at the depth it actually ran; the headline settings chosen on accuracy alone, then replicated on a
+fresh seed's questions and timed per token against theory; the SUMMARY section and the README's rows from the results.
 
-Usage: python scripts/drop_order_study.py [--models smollm2-135m,gemma3-270m] [--test-limit 500] [--stage1 50]
-       [--targets 0.97,0.93,...] [--signals agreement,task] [--only PARTS] [--jobs 2]
---jobs 2 measures the two models at once, one process (one torch thread) per core; when one ends, the other
-takes its core (a second torch thread; each row records its threads).
-Sequential: every setting answers the first --stage1 test questions of each task; those whose paired interval
-can still show a loss of at most --go-on (3 points) answer the rest and are timed (d3.research.study).
-Resumable: each model's results go to results/drop_order_<model>.json as every setting finishes; a rerun skips what
-is there (calibrations are cached by d3.research.calibrate). Progress with the time left goes to stderr.
-Orders: the named ones, the plan's calibrations, and the order the page ships for the model (`MEASURED`, "d3
-shipped order"). Parts: screen (full depth on validation, drops tasks the model cannot do), calibrate (on
-validation only), sweep (test only), report (results/SUMMARY.md's "Drop order" sections and the README's table rows; no model needed).
+Usage: python scripts/drop_order_study.py [--models smollm2-135m,gemma3-270m] [--tasks gen_...] [--max-tasks N]
+       [--test-limit 100] [--stage1 25] [--targets 0.97,0.93,0.88] [--starts 0,8] [--orders ...] [--only PARTS]
+Tasks: generated ones with room (d3.research.gentasks.ROOMY_TASKS; a task without room is refused), screened per
+model on validation (d3.research.study.screen_rule: full depth >= 70% of 32, task by task, resumable), the same
+number of test questions for every kept task. Sequential: every setting answers the first --stage1 test questions
+of each task; those whose paired interval can still show a loss of at most --go-on (3 points) answer the rest.
+Headlines (per bound, 1 and 3 points): the fewest layers whose loss's 95% upper bound is within the bound; each is
+answered again on --fresh-seed's test questions (as many per task) beside full depth there, and timed in
+--pairs (>= 8) ABBA pairs per generated token, one thread both sides, on the first --timing-per-task test
+questions of each task, after it was chosen.
+Resumable: each model's results go to results/drop_order_<model>.json as every part finishes; a rerun (with the same
+--tasks) skips what is there (calibrations are cached by d3.research.calibrate). Progress goes to stderr.
+--jobs 2 measures two models at once, one process each. Parts: screen, calibrate (validation only), sweep (test
+only, with the headlines' fresh seed and timing), report (results/SUMMARY.md's "Drop order" sections and the
+README's rows; no model needed).
+The 28-layer qwen2.5-coder-1.5b (needs the model from the `deep` branch), bounded at about 2 hours on an idle
+2-core machine: see docs/drop_order.md ("The 28-layer model").
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from d3.research.study import (SCREEN_MIN, SCREEN_QUESTIONS, STARTS, TIMING_PAIR
                               goes_on, paired_row, per_token_timing, same_run, screen_rule, screen_tasks, settings)
 
 VERSION = 4  # 4: roomy tasks, screened at 80%, balanced, fresh seed, start axis, per-token timing; 3: the sequential, paired, swept study (2: every setting on every question; 1: one alpha per target, unpaired)
-SHORT = {"smollm2-135m": "smollm2", "gemma3-270m": "gemma3"}
+SHORT = {"smollm2-135m": "smollm2", "gemma3-270m": "gemma3", "qwen2.5-coder-1.5b": "qwen25coder"}
 # (signal, greedy steps, validation questions per task) on the kept tasks. Each greedy step scores every flex layer
 # left (24, 23, ... on SmolLM2), so one step, the order of the single drops, is what an hour allows: agreement
 # (teacher-forced on full depth's own answers) on 40 questions per task, task (exact match, every question

@@ -278,7 +278,9 @@ def section(study: dict[str, Any]) -> str:
         f"draws). Screen ({screen_text(study)}): {told}. Full depth on test: "
         f"{100 * full.get('accuracy', float('nan')):.1f}%. Every difference is paired on the same questions with its "
         "exact 95% interval (McNemar, `d3.research.stats`), beside the same-answer rate with its exact interval; "
-        "depths are the layers per generated token each setting actually ran. Made by "
+        "depths are the layers per generated token each setting actually ran. The exact interval is conditional on "
+        "the discordant questions: with none it is [0, 0] whatever the number of questions, so read each with its "
+        "questions and its same-answer rate. Made by "
         "`python scripts/drop_order_study.py`.", "",
         *(f"- Headline: {headline(study, b)}." for b in BOUNDS),
         *(f"  Per task ({label}; equal weights): {per_task(study, label)}." for label in _headline_labels(study)), "",

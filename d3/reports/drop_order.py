@@ -329,23 +329,34 @@ def write_section(summary: str | Path, study: dict[str, Any]) -> Path:
 
 
 def readme_rows(studies: list[dict[str, Any]]) -> str:
-    """The README's results rows: per model the headline at 1 point, with its fresh-seed verdict."""
+    """The README's results rows: per model the headline at 1 and 3 points, with its fresh-seed verdict and its
+    speed beside theory (flagged when above it)."""
     rows = []
     for s in studies:
         full = s.get("settings", {}).get("full depth", {})
         tag = " (partial run)" if s.get("partial") else ""
-        r, met = headline_pick(s, BOUNDS[0])
-        if r is None:
-            continue
-        fresh = s.get("fresh", {}).get("settings", {}).get(r["label"])
-        speed = s.get("speed", {}).get(r["label"])
-        what = (f"{r['label']} at {r['layers']:.2f} of {s['num_layers']} layers: {_interval(r)} pts"
-                + (f", fresh questions {_interval(fresh['diff'])} ({replication(BOUNDS[0], r, fresh['diff'])})" if fresh else "")
-                + (f", {speed['ratio']:.2f}x per token (theory {speed['theory_fixed']:.2f}x)"
-                   + (f", FLAG: {speed['flag']}" if speed["flag"] else "") if speed else ""))
-        rows.append(f"{README_ROW}{s['model']}{tag}: fewest layers with loss <= 1 point (95% bound, paired, "
-                    f"{full.get('asked', 0)} test questions, {len(s.get('tasks', []))} tasks) | "
-                    f"{what if met else 'none; closest ' + what} | [results/SUMMARY.md](results/SUMMARY.md) |")
+        parts, seen = [], {}
+        for bound in BOUNDS:
+            r, met = headline_pick(s, bound)
+            if r is None:
+                continue
+            head = f"<= {100 * bound:.0f} pt: " + ("" if met else "none; closest ")
+            if r["label"] in seen and met == seen[r["label"]]:
+                parts.append(head + "the same")
+                continue
+            seen[r["label"]] = met
+            fresh = s.get("fresh", {}).get("settings", {}).get(r["label"])
+            speed = s.get("speed", {}).get(r["label"])
+            parts.append(head + f"{r['label']} at {r['layers']:.2f} of {s['num_layers']} layers, {_interval(r)} pts"
+                         + (f", fresh questions {_interval(fresh['diff'])} ({replication(bound, r, fresh['diff'])})"
+                            if fresh else "")
+                         + (f", {speed['ratio']:.2f}x [{speed['low']:.2f}, {speed['high']:.2f}] per token (theory "
+                            f"{speed['theory_fixed']:.2f}-{speed['theory_plain']:.2f}x)"
+                            + (f", FLAG: {speed['flag']}" if speed["flag"] else "") if speed else ""))
+        tasks = len(s.get("tasks", []))
+        rows.append(f"{README_ROW}{s['model']}{tag}: fewest layers with a loss bound (95%, paired, "
+                    f"{full.get('asked', 0)} test questions, {tasks} task{'s' if tasks != 1 else ''}) | "
+                    f"{'; '.join(parts)} | [results/SUMMARY.md](results/SUMMARY.md) |")
     return "\n".join(rows)
 
 

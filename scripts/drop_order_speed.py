@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from d3.config import TRACE_OFF, FullConfig, GenerationConfig
 from d3.research.data import example_prompts

@@ -1,7 +1,8 @@
-"""The drop-order study: every order (and baseline) swept over alpha on the test questions, each setting read as a
-paired difference from full depth on the same questions, at the depth it actually ran, with its measured speedup.
+"""The drop-order study: every order (and baseline) swept over alpha and start on the test questions, each setting
+read as a paired difference from full depth on the same questions beside its same-answer rate, at the depth it
+actually ran.
 
-Tasks are screened on validation questions only (a task the model cannot do at full depth is dropped), orders are
+Tasks are screened on validation questions only (`screen_rule`: a task full depth cannot do is dropped), orders are
 calibrated on validation questions only (d3.research.calibrate), and only the test questions are scored here. Each
 setting's row keeps its per-question right/wrong bits, so any two settings can be paired later (d3.research.stats).
 Timing: full depth and a headline setting alternate (ABBA) on the reported questions, per generated token, one

@@ -8,19 +8,20 @@ import pytest
 from d3.reports import drop_order as rep
 
 
-def _row(layers: float, diff: float, low: float, high: float, speedup: float) -> dict:
+def _row(layers: float, diff: float, low: float, high: float, speedup: float = 0.0) -> dict:
     return {"mean_layers": layers, "accuracy": 0.8 + diff, "diff": {"diff": diff, "low": low, "high": high, "n": 200},
-            "measured_speedup": speedup, "speedup_spread": [speedup - 0.02, speedup + 0.02],
-            "same_answer": {"diff": -0.1}, "qps": 3.0, "qps_cpu": 6.0, "stage": 2}
+            "fidelity": {"rate": 0.9, "low": 0.85, "high": 0.94, "same": 180, "n": 200}, "asked": 200,
+            "qps": 3.0, "qps_cpu": 6.0, "stage": 2}
 
 
 STUDY = {
-    "model": "m", "num_layers": 10, "tasks": ["a"], "test_sizes": [200],
+    "model": "m", "num_layers": 10, "fixed_cost_layers": 2.0, "tasks": ["a"], "test_sizes": [200],
+    "screen_rule": {"questions": 32, "min": 0.8},
     "screen": {"a": {"validation_accuracy": 0.8, "chance": 0.1, "kept": True},
                "b": {"validation_accuracy": 0.05, "chance": 0.1, "kept": False}},
     "settings": {
-        "full depth": {"mean_layers": 10.0, "accuracy": 0.8, "asked": 200, "qps": 2.0, "measured_speedup": 1.01,
-                       "speedup_spread": [0.98, 1.03]},
+        "full depth": {"mean_layers": 10.0, "accuracy": 0.8, "asked": 200, "qps": 2.0,
+                       "bits": "1" * 10 + "0" * 10 + "1" * 150 + "0" * 30},
         "d3 good @0.95": _row(9.6, -0.005, -0.009, 0.0, 1.03),
         "d3 good @0.9": _row(8.8, -0.02, -0.035, -0.01, 1.10),
         "d3 bad @0.95": _row(9.4, -0.05, -0.08, -0.03, 1.05),
@@ -40,14 +41,58 @@ def test_a_curve_is_interpolated_between_the_settings_around_a_depth_and_not_bey
     assert rep.common_depths(STUDY) == [9.0]  # both orders cover 9 layers only
 
 
-def test_the_headline_reads_the_upper_bound_of_the_loss_not_the_point_estimate() -> None:
+def test_the_headline_reads_the_upper_bound_of_the_loss_and_picks_the_fewest_layers_not_the_fastest_timing() -> None:
     one = rep.headline(STUDY, 0.01)
-    assert "**1.03x**" in one and "d3 good @0.95" in one and "9.60 of 10" in one and "-0.5 [-0.9, +0.0]" in one
-    three = rep.headline(STUDY, 0.03)  # 1.10x loses up to 3.5 points: not within 3
-    assert "**1.03x**" in three
-    assert "unified @0.99" not in one
+    assert "**d3 good @0.95** at 9.60 of 10" in one and "-0.5 [-0.9, +0.0]" in one
+    assert "same answer as full depth 90.0% [85.0, 94.0]" in one and "speed not measured" in one
+    three = rep.headline(STUDY, 0.03)  # 8.8 layers loses up to 3.5 points: not within 3
+    assert "**d3 good @0.95**" in three
+    assert "unified @0.99" not in one  # skips nothing: never a headline
     strict = rep.headline(STUDY, 0.005)
     assert "**none**" in strict and "closest is d3 good @0.95" in strict and "loss up to 0.9 points" in strict
+    deeper = {**STUDY, "settings": {**STUDY["settings"], "d3 bad @0.9": _row(8.5, -0.001, -0.008, 0.005)}}
+    assert "**d3 bad @0.9** at 8.50" in rep.headline(deeper, 0.01)  # fewer layers within the bound wins
+
+
+def _timed(ratio: float, low: float, high: float, fixed: float, plain: float) -> dict:
+    from d3.research.stats import speed_flag
+
+    return {"ratio": ratio, "low": low, "high": high, "pairs": 8, "threads": 1, "questions": 64, "mean_layers": 9.6,
+            "theory_fixed": fixed, "theory_plain": plain, "flag": speed_flag(low, fixed, plain)}
+
+
+def test_a_speed_above_its_theoretical_bound_beyond_its_interval_is_flagged_and_never_bold() -> None:
+    from d3.research.stats import speed_flag
+
+    assert speed_flag(1.01, 1.03, 1.04) == ""  # the interval reaches the bound
+    assert speed_flag(1.035, 1.03, 1.04) == "above the LM-head bound"
+    # the withdrawn 1.11x (pairs 1.07-1.15) at 27.82 of 30 layers: above the LM-head bound (1.061x), flagged
+    assert speed_flag(1.07, 1.061, 1.078) == "above the LM-head bound"
+    assert speed_flag(1.08, 1.061, 1.078) == "above theory"
+    fine = rep.headline({**STUDY, "speed": {"d3 good @0.95": _timed(1.02, 0.99, 1.05, 1.03, 1.04)}}, 0.01)
+    assert "speed 1.020x [0.990, 1.050] per generated token (8 ABBA pairs, 1 thread each side" in fine
+    assert "theory at 9.60 layers 1.030x with the LM head as fixed cost, 1.040x with none" in fine and "FLAG" not in fine
+    above = rep.headline({**STUDY, "speed": {"d3 good @0.95": _timed(1.11, 1.07, 1.15, 1.03, 1.04)}}, 0.01)
+    assert "FLAG: above theory beyond its interval" in above and "**1.1" not in above and "1.110x" in above
+    study = {**STUDY, "speed": {"d3 good @0.95": _timed(1.11, 1.07, 1.15, 1.03, 1.04)}}
+    assert "FLAG: above theory" in rep.readme_rows([study])
+
+
+def test_the_fresh_seed_says_whether_each_headline_replicates() -> None:
+    from d3.research.stats import replication
+
+    meets = {"diff": 0.0, "low": -0.008, "high": 0.01}
+    assert replication(0.01, meets, {"diff": 0.0, "low": -0.009, "high": 0.01}) == "replicates"
+    assert replication(0.01, meets, {"diff": -0.01, "low": -0.03, "high": 0.0}) == "does not replicate"
+    assert replication(0.01, meets, {"diff": -0.035, "low": -0.059, "high": -0.014}) == "refuted"
+    assert replication(0.01, {"low": -0.05}, meets) == "no headline to replicate"
+    fresh = {"seed": 1, "full": {"200": {"accuracy": 0.75}},
+             "settings": {"d3 good @0.95": {"diff": {"diff": -0.035, "low": -0.059, "high": -0.014, "n": 200},
+                                            "fidelity": {"rate": 0.8, "low": 0.74, "high": 0.85}, "per_task_questions": 200}}}
+    line = rep.headline({**STUDY, "fresh": fresh}, 0.01)
+    assert "fresh questions (seed 1, 200 new test questions, full depth 75.0% there): -3.5 [-5.9, -1.4] pts" in line
+    assert "**refuted**" in line
+    assert "fresh questions -3.5 [-5.9, -1.4] (refuted)" in rep.readme_rows([{**STUDY, "fresh": fresh}])
 
 
 def test_the_winner_at_a_depth_says_whether_it_survives_the_intervals() -> None:
@@ -61,8 +106,9 @@ def test_the_winner_at_a_depth_says_whether_it_survives_the_intervals() -> None:
 def test_the_section_states_realized_depth_screen_and_intervals_and_replaces_its_old_self(tmp_path) -> None:
     text = rep.section(STUDY)
     assert "a 80% (kept)" not in text and "a 80%; b 5% (dropped)" in text
-    assert "| d3 good @0.9 | 8.80 | 200 | 78.0% | -2.0 [-3.5, -1.0] | 90% | 1.10 [1.08, 1.12] | 3.00 (6.00) |" in text
-    assert "1.00 (against itself 1.01 [0.98, 1.03])" in text
+    assert "a task is kept for the model when it answers at least 80% of them" in text and "32 validation" in text
+    assert ("| d3 good @0.9 | 8.80 | 200 | 78.0% | 80.0% | -2.0 [-3.5, -1.0] | 90.0% [85.0, 94.0] | "
+            f"{12 / 10.8:.3f} / {10 / 8.8:.3f} |") in text
     summary = tmp_path / "SUMMARY.md"
     summary.write_text("# S\n\n## Drop order: which layers m can spare\nold\n\n## Other\nkept\n")
     rep.write_section(summary, STUDY)
@@ -79,7 +125,7 @@ def test_readme_rows_replace_the_studys_own_rows_only(tmp_path) -> None:
     rep.write_readme(readme, [STUDY, {**STUDY, "model": "n", "partial": "2 of 3 settings"}])
     out = readme.read_text().splitlines()
     assert out[:3] == ["| q | a |", "|---|---|", "| other | 1 |"] and out[-1] == "| last | 2 |" and "stale" not in "".join(out)
-    assert out[3].startswith(f"{rep.README_ROW}m: largest measured speedup") and out[4].startswith(f"{rep.README_ROW}n (partial run):")
+    assert out[3].startswith(f"{rep.README_ROW}m: fewest layers") and out[4].startswith(f"{rep.README_ROW}n (partial run):")
     plain = tmp_path / "plain.md"
     plain.write_text("no rows\n")
     rep.write_readme(plain, [STUDY])
@@ -87,9 +133,9 @@ def test_readme_rows_replace_the_studys_own_rows_only(tmp_path) -> None:
 
 
 def test_curve_points_give_each_order_its_settings_with_their_intervals() -> None:
-    points = rep.curve_points(STUDY, "speedup")
-    assert points["d3 good"][0] == {"speedup": 1.10, "diff": -0.02, "low": -0.035, "high": -0.01}
-    assert [p["speedup"] for p in points["d3 bad"]] == [1.15, 1.05]
+    points = rep.curve_points(STUDY, "layers")
+    assert points["d3 good"][0] == {"layers": 8.8, "diff": -0.02, "low": -0.035, "high": -0.01}
+    assert [p["layers"] for p in points["d3 bad"]] == [8.5, 9.4]
 
 
 def test_orders_at_the_same_depth_are_paired_question_by_question() -> None:
@@ -105,16 +151,18 @@ def test_orders_at_the_same_depth_are_paired_question_by_question() -> None:
     assert "not resolved" in rep.paired_orders({**STUDY, "settings": few})[0]
 
 
-def test_a_setting_stopped_after_the_first_stage_is_marked_timed_by_cpu_and_paired_on_what_it_ran() -> None:
-    stopped = {**_row(8.6, -0.3, -0.4, -0.2, 1.2), "diff": {"diff": -0.3, "low": -0.4, "high": -0.2, "n": 20},
-               "stage": 1, "cpu_speedup": 1.2, "accuracy": 0.5, "bits": "1" * 10 + "0" * 10}
-    del stopped["measured_speedup"], stopped["speedup_spread"]
-    whole = {**_row(8.65, -0.01, -0.03, 0.0, 1.1), "accuracy": 0.79, "bits": "1" * 20 + "1" * 150 + "0" * 30}
+def test_a_setting_stopped_after_the_first_stage_prints_full_depths_accuracy_on_the_same_questions() -> None:
+    """A first-stage row ran the first 20 questions, where full depth scored 50% (10 of 20), not its 80% on all
+    200: the row prints 50% beside its own, so it cannot read as above full depth while below it."""
+    stopped = {**_row(8.6, -0.3, -0.4, -0.2), "diff": {"diff": -0.3, "low": -0.4, "high": -0.2, "n": 20},
+               "stage": 1, "accuracy": 0.2, "asked": 20, "bits": "1" * 4 + "0" * 16}
+    whole = {**_row(8.65, -0.01, -0.03, 0.0), "accuracy": 0.79, "bits": "1" * 20 + "1" * 150 + "0" * 30}
     study = {**STUDY, "settings": {**STUDY["settings"], "d3 bad @0.85": stopped, "d3 good @0.85": whole},
              "stages": [[20], [180]], "go_on": 0.03, "collapse": 0.2, "curves_stopped": {"d3 bad": "d3 bad @0.85"},
              "cost": {"screen": {"wall_s": 600.0, "cpu_s": 120.0}, "sweep": {"wall_s": 1200.0, "cpu_s": 600.0}}}
     text = rep.section(study)
-    assert "| d3 bad @0.85 | 8.60 | 20 (first stage) | 50.0% | -30.0 [-40.0, -20.0] | 90% | 1.20 CPU | 3.00 (6.00) |" in text
+    assert "| d3 bad @0.85 | 8.60 | 20 (first stage) | 20.0% | 50.0% | -30.0 [-40.0, -20.0] |" in text
+    assert "| d3 good @0.85 | 8.65 | 200 | 79.0% | 80.0% |" in text
     assert "12.0 CPU-minutes of this process" in text and "30.0 minutes of wall time" in text
     assert "every setting answered the first 20 test questions" in text and "went on to all 200" in text
     assert "d3 bad: lost 20 points or more at d3 bad @0.85; its deeper cuts were not run" in text
@@ -150,14 +198,3 @@ def test_per_task_differences_follow_the_stages_layout_of_the_bits() -> None:
     assert x.startswith("a -50.0 [") and " on 2; b +100.0 [" in x and x.endswith("pts on 5")
     assert rep.per_task(study, "d3 y @0.9").startswith("a +0.0 [+0.0, +0.0] pts on 2; b +50.0 [")
     assert rep.per_task(study, "d3 y @0.9").endswith("pts on 2")
-
-
-def test_a_cpu_time_ratio_across_thread_counts_is_not_given_as_a_speedup() -> None:
-    """After the other model's process ends a setting runs two threads; its CPU seconds count both, so its
-    CPU-time ratio against full depth's one thread is not a speedup and is not shown as one."""
-    stopped = {**_row(8.6, -0.3, -0.4, -0.2, 1.2), "diff": {"diff": -0.3, "low": -0.4, "high": -0.2, "n": 20},
-               "stage": 1, "cpu_speedup": 0.7, "accuracy": 0.5, "bits": "1" * 10 + "0" * 10, "threads": 2}
-    del stopped["measured_speedup"], stopped["speedup_spread"]
-    study = {**STUDY, "settings": {**STUDY["settings"], "d3 bad @0.85": stopped}}
-    table = rep.settings_table(study)
-    assert "| n/a (CPU time of 2 threads against full depth's 1) |" in table and "0.70" not in table

@@ -107,6 +107,11 @@ def test_real_tasks_have_worked_shots_that_agree_with_their_targets() -> None:
         assert len(qs) >= 90 and not set(shots) & set(qs), task.name
 
 
+def _drawn(task) -> set[str]:
+    """Every question one seed of a generated task draws: shots, validation and test."""
+    return {ex.input for ex in (*task.shot_examples(), *task.split("validation"), *task.split("test"))}
+
+
 @pytest.mark.parametrize("name", gentasks.SYNTHETIC_TASKS)
 def test_generated_tasks_have_disjoint_seeded_splits_scored_by_their_own_shots(name: str) -> None:
     task = GENERATION_TASKS[name]
@@ -115,18 +120,66 @@ def test_generated_tasks_have_disjoint_seeded_splits_scored_by_their_own_shots(n
     assert len(v) == len(val) and len(t) == len(test)  # no question twice within a split
     assert not (v & t) and not (s & (v | t))  # disjoint as sets of questions
     if name.startswith(("gen_1_digit", "gen_2_by_1")):  # 100 (55), 900 questions: split evenly after the shots
-        assert len(val) >= 26 and abs(len(val) - len(test)) <= 1 and len(val) + len(test) + len(shots) in (55, 100, 900)
+        assert len(val) + len(test) + len(shots) == task.space_size and abs(len(val) - len(test)) <= 1 or \
+            (len(val), len(test)) == (task.val_size, task.test_size)
     else:
-        assert len(val) >= 500 and len(test) >= 500
+        assert (len(val), len(test)) == (task.val_size, task.test_size)
     assert [ex.input for ex in task.split("test")] == [ex.input for ex in test]  # seeded: the same every call
     for shot in shots:  # every shot's worked answer states its own target, and scores right
-        assert task.score(shot, " " + task.worked(shot) + "\n\nQ: next")
+        assert task.score(shot, " " + task.shot_text(shot) + "\n\nQ: next")
+        assert task.shot_text(shot) in task.prompt(test[0])
     assert len({shot.target for shot in shots}) == len(shots)
     with pytest.raises(ValueError, match="split 'train'"):
         task.split("train")
 
 
+@pytest.mark.parametrize("name", gentasks.SYNTHETIC_TASKS)
+def test_a_new_seed_draws_fresh_questions_from_a_task_with_room_and_a_task_without_room_says_so(name: str) -> None:
+    """The fresh-seed property: a task with room (its stated question space at least 20 times what one seed draws)
+    shares under 10% of its shots, validation and test questions with another seed's; a task without room
+    (1-digit, 2-by-1-digit arithmetic) is not among the study's tasks, and a new seed redraws its old questions."""
+    task = GENERATION_TASKS[name]
+    old, new = _drawn(task), _drawn(task.with_seed(1))
+    shared = len(old & new) / len(old)
+    assert task.space_size > 0 and task.drawn == task.shots + task.val_size + task.test_size
+    if task.has_room:
+        assert task.space_size >= gentasks.ROOM * task.drawn and name in gentasks.ROOMY_TASKS
+        assert len(old) == task.drawn and shared < 0.10, f"{name}: {shared:.1%} of its questions again"
+        assert _drawn(task.with_seed(2)) != new  # every seed its own draw
+    else:  # the study refuses it, whatever two seeds happen to share
+        assert name not in gentasks.ROOMY_TASKS and task.space_size < gentasks.ROOM * task.drawn
+    if task.space_size <= task.drawn:  # a space a seed exhausts: every seed draws the same questions
+        assert shared == 1.0
+
+
+def test_the_roomy_tasks_are_the_new_kinds_and_the_old_small_ones_are_not_among_them() -> None:
+    roomy = set(gentasks.ROOMY_TASKS)
+    assert {"gen_word_problems", "gen_two_step_problems", "gen_copy_list", "gen_reverse_list", "gen_sort_numbers",
+            "gen_unit_conversion", "gen_dates", "gen_next_number", "gen_counting", "gen_2_digit_addition_steps",
+            "gen_copy_words", "gen_last_word", "gen_compare_numbers"} <= roomy
+    assert not roomy & {"gen_1_digit_addition", "gen_1_digit_subtraction", "gen_1_digit_multiplication",
+                        "gen_2_by_1_digit_addition", "gen_2_by_1_digit_multiplication"}
+
+
+def test_a_space_is_drawn_uniformly_over_its_strata_and_its_stated_size_is_what_it_holds() -> None:
+    import random
+
+    space = gentasks.Space(((1, lambda rng: ("a", "")), (3, lambda rng: ("b", ""))))  # type: ignore[arg-type]
+    rng = random.Random(0)
+    share = sum(space.draw(rng)[0] == "b" for _ in range(4000)) / 4000
+    assert space.size == 4 and 0.72 < share < 0.78  # a stratum is picked by its size
+    one = GENERATION_TASKS["gen_1_digit_addition"]  # drawn until the space is exhausted: exactly what it states
+    assert len(_drawn(one)) == one.space_size == 100
+    sub = gentasks.arithmetic_space("-", 1)
+    assert sub.size == 55
+    assert gentasks.list_space("copy", (4, 5, 6)).size == 10 ** 4 + 10 ** 5 + 10 ** 6
+    assert gentasks.list_space("sort", (4,)).size == 10 * 9 * 8 * 7
+    assert gentasks.word_problem_space(False).size == 12 * 10 * (64 + 36)
+
+
 def test_generated_questions_have_the_right_answers() -> None:
+    import re
+
     for ex in GENERATION_TASKS["gen_2_digit_multiplication"].split("test")[:50]:
         a, _, b = ex.input[len("What is "):-1].split()
         assert int(ex.target) == int(a) * int(b) and 10 <= int(a) <= 99
@@ -140,3 +193,32 @@ def test_generated_questions_have_the_right_answers() -> None:
         assert ex.target == " ".join(sorted(words))
     for ex in GENERATION_TASKS["gen_counting"].split("test")[:50]:
         assert int(ex.target) == len(gentasks._items(ex.input))
+    for name in ("gen_word_problems", "gen_two_step_problems"):
+        for ex in GENERATION_TASKS[name].split("test")[:50]:
+            a, *rest = map(int, re.findall(r"\d+", ex.input))
+            signs = [1 if "gets" in ex.input else -1] + [-1] * (len(rest) - 1)
+            assert int(ex.target) == a + sum(s * r for s, r in zip(signs, rest)) >= 0
+    for ex in GENERATION_TASKS["gen_copy_list"].split("test")[:20]:
+        assert ex.target == ex.input.split(": ")[1]
+    for ex in GENERATION_TASKS["gen_copy_words"].split("test")[:20]:
+        assert ex.target == ex.input.split(": ")[1] and len(set(ex.target.split())) == len(ex.target.split())
+    for ex in GENERATION_TASKS["gen_last_word"].split("test")[:20]:
+        assert ex.target == ex.input.split(": ")[1][:-1].split()[-1]
+    for ex in GENERATION_TASKS["gen_compare_numbers"].split("test")[:20]:
+        a, b = map(int, re.findall(r"\d+", ex.input))
+        assert int(ex.target) == max(a, b) and a != b
+    for ex in GENERATION_TASKS["gen_reverse_list"].split("test")[:20]:
+        assert ex.target.split() == ex.input.split(": ")[1].split()[::-1]
+    for ex in GENERATION_TASKS["gen_sort_numbers"].split("test")[:20]:
+        items = ex.input.split(": ")[1].split()
+        assert ex.target.split() == sorted(items) and len(set(items)) == len(items)
+    for ex in GENERATION_TASKS["gen_unit_conversion"].split("test")[:50]:
+        n = int(re.search(r"are in (\d+) ", ex.input).group(1))
+        assert int(ex.target) % n == 0 and int(ex.target) // n in (7, 10, 12, 24, 60, 100, 1000)
+    for ex in GENERATION_TASKS["gen_dates"].split("test")[:50]:
+        k, month, day = re.search(r"date (\d+) days \w+ (\w+) (\d+)\?", ex.input).groups()
+        step = int(k) if "after" in ex.input else -int(k)
+        assert ex.target == f"{month} {int(day) + step}" and 1 <= int(day) + step <= 28
+    for ex in GENERATION_TASKS["gen_next_number"].split("test")[:50]:
+        n = int(ex.input.split()[-1][:-1])
+        assert int(ex.target) == n + (1 if "after" in ex.input else -1)

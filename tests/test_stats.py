@@ -112,3 +112,23 @@ def test_a_tiny_models_paired_interval_matches_a_hand_computation(tiny_engine) -
         assert _tail(won, m, p_low, upper=True) == pytest.approx(0.025, abs=1e-6)
     if won < m:
         assert _tail(won, m, p_high, upper=False) == pytest.approx(0.025, abs=1e-6)
+
+
+def test_the_same_answer_rate_has_an_exact_interval() -> None:
+    from d3.research.stats import clopper_pearson, exact_rate
+
+    r = exact_rate([True] * 45 + [False] * 5)
+    assert (r.k, r.n, r.rate) == (45, 50, 0.9) and (r.low, r.high) == clopper_pearson(45, 50)
+    assert exact_rate([True] * 10).high == 1.0 and exact_rate([True] * 10).low == pytest.approx(0.025 ** 0.1)
+    with pytest.raises(ValueError, match="at least one question"):
+        exact_rate([])
+
+
+def test_a_medians_interval_comes_from_order_statistics_with_at_least_95_percent_coverage() -> None:
+    from d3.research.stats import median_interval
+
+    assert median_interval(range(1, 9)) == (4.5, 1.0, 8.0, pytest.approx(1 - 2 / 256))  # 8 pairs: min and max
+    med, low, high, cov = median_interval(list(range(12, 0, -1)))  # order does not matter
+    assert (med, low, high) == (6.5, 3.0, 10.0) and cov == pytest.approx(0.9614, abs=1e-4) and cov >= 0.95
+    with pytest.raises(ValueError, match="at least 6 values"):
+        median_interval([1.0, 2.0])

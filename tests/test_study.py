@@ -8,7 +8,7 @@ import pytest
 from d3.config import D3Config, FullConfig, SkipDecodeConfig, UnifiedConfig
 from d3.research.answers import PrefilledQuestions
 from d3.research.gentasks import get_generation_task
-from d3.research.study import Eta, QuestionSet, paired_row, screen_tasks, settings, timing_pairs
+from d3.research.study import Eta, QuestionSet, paired_row, per_token_timing, screen_rule, screen_tasks, settings
 
 TASKS = ("gen_1_digit_addition", "gen_word_sorting")
 
@@ -24,24 +24,60 @@ def test_a_row_pairs_each_question_with_full_depths_answer(test_set) -> None:
     shallow = test_set.run(D3Config(alpha=0.5, core_head=1, core_tail=1))
     assert test_set.sizes == [3, 3] and len(full.correct) == 6 and full.mean_layers == 6.0
     row = paired_row(full, same, test_set.sizes)
-    assert row["diff"]["low"] == row["diff"]["high"] == 0.0 and row["same_answer"]["diff"] == 0.0
+    assert row["diff"]["low"] == row["diff"]["high"] == 0.0 and row["fidelity"]["rate"] == 1.0
     low = paired_row(full, shallow, test_set.sizes)
     assert low["mean_layers"] < 6.0 and low["asked"] == 6 and len(low["bits"]) == 6 and len(low["per_task"]) == 2
-    disagree = sum(a != b for a, b in zip(full.answers, shallow.answers)) / 6
-    assert low["same_answer"]["diff"] == pytest.approx(-disagree)  # the same-answer rate, as a difference from 100%
+    same = sum(a == b for a, b in zip(full.answers, shallow.answers))
+    fid = low["fidelity"]  # the same-answer rate with its exact (Clopper-Pearson) interval; full depth need not be right
+    assert (fid["same"], fid["n"]) == (same, 6) and fid["rate"] == pytest.approx(same / 6)
+    assert fid["low"] <= fid["rate"] <= fid["high"]
     assert low["diff"]["won"] + low["diff"]["lost"] == sum(a != b for a, b in zip(full.correct, shallow.correct))
 
 
-def test_timing_alternates_full_depth_and_the_setting(tiny_engine) -> None:
+def test_timing_is_per_token_in_abba_pairs_with_one_thread_each_side_beside_theory(tiny_engine) -> None:
+    import torch
+
     task = get_generation_task(TASKS[0])
     questions = PrefilledQuestions(tiny_engine, task, task.split("test")[:2], batch=2)
-    calls = []
+    calls, threads = [], []
     original = questions.answer
-    questions.answer = lambda cfg: calls.append(cfg.name) or original(cfg)  # type: ignore[method-assign]
-    t = timing_pairs(questions, D3Config(alpha=0.9), pairs=3)
-    assert calls == ["full", "d3", "d3", "full", "full", "d3"]  # ABBA...: neither side always goes first
-    assert t["timing_pairs"] == 3 and t["speedup_spread"][0] <= t["measured_speedup"] <= t["speedup_spread"][1]
-    assert t["qps_full"] > 0 and t["qps_method"] > 0 and t["timing_questions"] == 2
+
+    def answer(cfg):
+        calls.append(cfg.name)
+        threads.append(torch.get_num_threads())
+        return original(cfg)
+    questions.answer = answer  # type: ignore[method-assign]
+    before = torch.get_num_threads()
+    cfg = D3Config(alpha=0.5, core_head=1, core_tail=1)
+    t = per_token_timing([questions], cfg, tiny_engine.num_layers, 2.0, pairs=8, threads=1)
+    assert calls == ["full", "d3", "d3", "full"] * 4  # ABBA: neither side always goes first
+    assert set(threads) == {1} and torch.get_num_threads() == before  # the same thread count both sides, restored
+    assert t["pairs"] == len(t["ratios"]) == 8 and t["low"] == min(t["ratios"]) and t["high"] == max(t["ratios"])
+    assert t["low"] <= t["ratio"] <= t["high"] and t["coverage"] > 0.99 and t["questions"] == 2
+    L, depth = tiny_engine.num_layers, t["mean_layers"]
+    assert depth < L and t["theory_plain"] == pytest.approx(L / depth, abs=1e-3)
+    assert t["theory_fixed"] == pytest.approx((L + 2.0) / (depth + 2.0), abs=1e-3)
+    assert t["theory_fixed"] < t["theory_plain"]
+    with pytest.raises(ValueError, match="pairs must be at least 8"):
+        per_token_timing([questions], cfg, L, 2.0, pairs=4)
+
+
+def test_the_fresh_seed_draws_other_test_questions_and_only_generated_tasks_can_be_redrawn(tiny_engine) -> None:
+    from d3.research.study import question_task
+
+    old = question_task("gen_word_sorting").split("test")[:20]
+    new = question_task("gen_word_sorting", seed=1).split("test")[:20]
+    assert not {e.input for e in old} & {e.input for e in new}
+    fresh = QuestionSet(tiny_engine, ("gen_word_sorting",), "test", limit=2, batch=2, seed=1)
+    assert [e.input for e in fresh.sets[0].examples] == [e.input for e in new[:2]]
+    with pytest.raises(ValueError, match="cannot be drawn with another seed"):
+        question_task("arithmetic_1_digit_addition", seed=1)
+
+
+def test_the_screen_keeps_a_task_full_depth_answers_at_70_percent_and_20_points_above_its_commonest_answer() -> None:
+    assert screen_rule(0.7, 0.1) and screen_rule(0.95, 0.5) and screen_rule(23 / 32, 0.1)
+    assert not screen_rule(22 / 32, 0.1)  # 68.75%
+    assert not screen_rule(0.85, 0.7)  # near always giving the commonest answer
 
 
 def test_the_sweep_has_every_order_and_baseline_at_every_target() -> None:
@@ -54,11 +90,27 @@ def test_the_sweep_has_every_order_and_baseline_at_every_target() -> None:
     assert isinstance(got["unified @0.9"], UnifiedConfig) and isinstance(got["skipdecode @0.99"], SkipDecodeConfig)
 
 
+def test_start_is_an_axis_of_the_sweep_each_start_its_own_curve() -> None:
+    """`start` keeps tokens 0..start at full depth: the gentle settings between full depth and a layer dropped
+    from token 1 on. Each start is its own curve ("d3 bottom_up s8"), at the same alphas."""
+    from d3.research.study import curve_name
+    from d3.schedule import planned_mean_layers
+
+    got = settings(30, {"bottom_up": {"drop_order": "bottom_up"}}, (0.97, 0.9), baselines=(), starts=(0, 8))
+    assert list(got) == ["d3 bottom_up @0.97", "d3 bottom_up s8 @0.97", "d3 bottom_up @0.9", "d3 bottom_up s8 @0.9"]
+    assert got["d3 bottom_up s8 @0.9"].start == 8 and got["d3 bottom_up s8 @0.9"].alpha == got["d3 bottom_up @0.9"].alpha
+    assert curve_name("d3 bottom_up s8 @0.9") == "d3 bottom_up s8"
+    gentle, plain = (planned_mean_layers(got[k], 30, 20) for k in ("d3 bottom_up s8 @0.97", "d3 bottom_up @0.97"))
+    assert plain < gentle < 30
+
+
 def test_the_screen_reads_validation_only_and_drops_what_full_depth_cannot_do(tiny_engine) -> None:
     screen = screen_tasks(tiny_engine, TASKS, limit=2, batch=2)
     assert set(screen) == set(TASKS)
     for v in screen.values():  # a random tiny model answers nothing: every task is dropped
         assert v["asked"] == 2 and v["validation_accuracy"] == 0.0 and v["kept"] is False
+    early = screen_tasks(tiny_engine, TASKS[:1], limit=4, batch=2, step=2)[TASKS[0]]
+    assert early["asked"] == 2 and not early["kept"]  # 0 of 2: even 2 more right cannot reach 70% of 4: stopped
 
 
 def test_progress_estimates_the_time_left_from_the_settings_done() -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from d3.research.stats import exact_difference
+from d3.research.stats import exact_difference, replication
 
 HEADING = "## Drop order"
 BOUNDS = (0.01, 0.03)  # the headline's limits on the 95% upper bound of the accuracy loss
@@ -36,21 +36,25 @@ def _name(label: str) -> tuple[str, float | None]:
 
 
 def setting_rows(study: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every measured setting but full depth, flattened: label, name, target, realized depth, paired diff, speedup."""
+    """Every measured setting but full depth, flattened: label, name, target, realized depth, paired diff, the
+    same-answer rate (fidelity), full depth's accuracy on the same questions, and the theoretical speedups at its
+    depth (the sweep times nothing: speed is measured for the headline settings only, after they are chosen)."""
     out = []
-    full_threads = study.get("settings", {}).get("full depth", {}).get("threads", 1)
-    for label, row in study.get("settings", {}).items():
+    settings = study.get("settings", {})
+    full_bits = settings.get("full depth", {}).get("bits", "")
+    L, fixed = study.get("num_layers", 0), study.get("fixed_cost_layers", 0.0)
+    for label, row in settings.items():
         name, target = _name(label)
         if target is None or "diff" not in row:
             continue
-        timed = "measured_speedup" in row  # ABBA pairs (settings that went on); else the CPU-time ratio
-        # a CPU-time ratio compares like with like only at full depth's thread count (CPU seconds count every thread)
-        cpu = row.get("cpu_speedup", float("nan")) if row.get("threads", 1) == full_threads else float("nan")
+        n = row.get("asked", row["diff"].get("n", 0))
+        same_q = full_bits[:n]  # a stopped setting ran the first stage: the first n of full depth's answers
         out.append({"label": label, "name": name, "target": target, "layers": row["mean_layers"], **row["diff"],
-                    "speedup": row["measured_speedup"] if timed else cpu, "threads": row.get("threads", 1),
-                    "timed": timed, "spread": row.get("speedup_spread"), "stage": row.get("stage", 2),
-                    "same": row.get("same_answer", {}).get("diff"), "accuracy": row["accuracy"], "qps": row.get("qps"), "asked": row.get("asked"),
-                    "qps_cpu": row.get("qps_cpu"), "same_as": row.get("same_as")})
+                    "stage": row.get("stage", 2), "accuracy": row["accuracy"], "asked": n,
+                    "full_same": same_q.count("1") / len(same_q) if len(same_q) == n and n else float("nan"),
+                    "fidelity": row.get("fidelity"), "same_as": row.get("same_as"), "qps_cpu": row.get("qps_cpu"),
+                    "theory_plain": L / row["mean_layers"] if row["mean_layers"] else float("nan"),
+                    "theory_fixed": (L + fixed) / (row["mean_layers"] + fixed) if row["mean_layers"] else float("nan")})
     return out
 
 
@@ -99,28 +103,62 @@ def winners(study: dict[str, Any]) -> list[str]:
 
 
 def headline_pick(study: dict[str, Any], bound: float) -> tuple[dict[str, Any] | None, bool]:
-    """(the setting the headline names, whether it meets `bound`): the largest measured speedup whose accuracy loss
-    has a 95% upper bound <= `bound`; else the closest to it (the highest lower end); None when none skips a layer."""
+    """(the setting the headline names, whether it meets `bound`), chosen on accuracy alone: of the settings that
+    answered every test question, the one running the fewest layers per token whose accuracy loss has a 95% upper
+    bound <= `bound`; else the closest to it (the highest lower end). None when none skips a layer. Speed plays no
+    part (it is measured after the choice, so no noisy timing is picked for being high)."""
     rows = [r for r in setting_rows(study) if r["layers"] < study["num_layers"] - 1e-9]  # those that skip a layer
-    ok = [r for r in rows if -r["low"] <= bound + 1e-12]
+    ok = [r for r in rows if -r["low"] <= bound + 1e-12 and r["stage"] == 2]
     if ok:
-        return max(ok, key=lambda r: r["speedup"]), True
-    return (max(rows, key=lambda r: r["low"]), False) if rows else (None, False)
+        return min(ok, key=lambda r: (r["layers"], -r["diff"])), True
+    return (max(rows, key=lambda r: (r["low"], -r["layers"])), False) if rows else (None, False)
+
+
+def _fidelity(f: dict[str, Any] | None) -> str:
+    return f"{100 * f['rate']:.1f}% [{100 * f['low']:.1f}, {100 * f['high']:.1f}]" if f else "n/a"
+
+
+def speed_text(t: dict[str, Any] | None) -> str:
+    """A timed setting's per-token speedup beside its theoretical bounds, flagged (never bold) when above them."""
+    if not t:
+        return "speed not measured"
+    flag = f" — FLAG: {t['flag']} beyond its interval (a timing artefact, not a speedup)" if t.get("flag") else ""
+    return (f"speed {t['ratio']:.3f}x [{t['low']:.3f}, {t['high']:.3f}] per generated token ({t['pairs']} ABBA pairs, "
+            f"{t['threads']} thread each side, {t['questions']} reported test questions, timed after the choice); "
+            f"theory at {t['mean_layers']:.2f} layers {t['theory_fixed']:.3f}x with the LM head as fixed cost, "
+            f"{t['theory_plain']:.3f}x with none{flag}")
+
+
+def fresh_text(study: dict[str, Any], label: str, bound: float) -> str:
+    """"fresh questions: ..." for a headline setting: its paired difference on a new seed's questions, and whether
+    the headline replicates there."""
+    fresh = study.get("fresh", {})
+    row = fresh.get("settings", {}).get(label)
+    if not row:
+        return "fresh questions: not run"
+    per = row.get("per_task_questions")
+    full = fresh.get("full", {}).get(str(per), {})
+    verdict = replication(bound, study["settings"][label]["diff"], row["diff"])
+    return (f"fresh questions (seed {fresh.get('seed')}, {row['diff']['n']} new test questions, full depth "
+            f"{100 * full.get('accuracy', float('nan')):.1f}% there): {_interval(row['diff'])} pts, same answer "
+            f"{_fidelity(row.get('fidelity'))}: **{verdict}**")
 
 
 def headline(study: dict[str, Any], bound: float) -> str:
-    """The largest measured speedup whose accuracy loss has a 95% upper bound <= `bound`; or "none" and the closest."""
+    """The fewest layers whose loss has a 95% upper bound <= `bound` (or "none" and the closest), with its
+    fidelity, its speed beside theory, and its fresh-seed replication."""
     r, met = headline_pick(study, bound)
     if r is None:
         return "no setting that skips a layer measured yet"
+    label = r["label"]
+    tail = (f"accuracy {_interval(r)} pts on {r['asked']} questions (full depth {100 * r['full_same']:.1f}% on them), "
+            f"same answer as full depth {_fidelity(r['fidelity'])}; {speed_text(study.get('speed', {}).get(label))}; "
+            f"{fresh_text(study, label, bound)}")
     if met:
-        return (f"largest measured speedup with the loss's 95% upper bound <= {100 * bound:.0f} point(s): "
-                f"**{r['speedup']:.2f}x** ({_spread(r)}), {r['label']} at {r['layers']:.2f} of {study['num_layers']} "
-                f"layers per token, accuracy {_interval(r)} pts")
-    speed = f"{r['speedup']:.2f}x" + ("" if r.get("timed", True) else " by CPU time")
-    return (f"loss bound <= {100 * bound:.0f} point(s): **none**; the closest is {r['label']} at {r['layers']:.2f} "
-            f"layers, {speed}, accuracy {_interval(r)} pts on {r.get('n', r.get('asked'))} questions "
-            f"(loss up to {-100 * r['low']:.1f} points)")
+        return (f"fewest layers with the loss's 95% upper bound <= {100 * bound:.0f} point(s): **{label}** at "
+                f"{r['layers']:.2f} of {study['num_layers']} layers per token, {tail}")
+    return (f"loss bound <= {100 * bound:.0f} point(s): **none**; the closest is {label} at {r['layers']:.2f} layers "
+            f"(loss up to {-100 * r['low']:.1f} points), {tail}")
 
 
 def per_task(study: dict[str, Any], label: str) -> str:
@@ -141,12 +179,6 @@ def per_task(study: dict[str, Any], label: str) -> str:
             d = exact_difference([full[i] == "1" for i in asked], [row[i] == "1" for i in asked])
             parts.append(f"{t} {d.points()} on {len(asked)}")
     return "; ".join(parts)
-
-
-def _spread(r: dict[str, Any]) -> str:
-    if not r.get("timed", True):
-        return "CPU-time ratio, not timed in pairs"
-    return f"timing pairs {r['spread'][0]:.2f}-{r['spread'][1]:.2f}x" if r.get("spread") else "no spread"
 
 
 def paired_orders(study: dict[str, Any], within: float = 0.1) -> list[str]:
@@ -181,25 +213,21 @@ def matched_table(study: dict[str, Any]) -> str:
 
 
 def settings_table(study: dict[str, Any]) -> str:
-    """Every setting as measured: realized depth, accuracy, paired difference, same answer, speedup, throughput."""
-    lines = ["| setting (target depth) | layers run | questions | accuracy | vs full depth, pts [95%] | same answer | "
-             "speedup [spread] | questions/s (per CPU-s) |", "|---|---|---|---|---|---|---|---|"]
+    """Every setting as measured: realized depth, questions, accuracy beside full depth's on the same questions,
+    paired difference, same answer as full depth, and the theoretical speedup at its depth."""
+    lines = ["| setting (target depth) | layers run | questions | accuracy | full depth on the same questions | "
+             "vs full depth, pts [95%] | same answer [95%] | theory (LM head fixed / none) |",
+             "|---|---|---|---|---|---|---|---|"]
     full = study.get("settings", {}).get("full depth")
     if full:
-        lines.append(f"| full depth | {full['mean_layers']:.2f} | {full['asked']} | {100 * full['accuracy']:.1f}% | 0 | "
-                     f"100% | 1.00 (against itself {full['measured_speedup']:.2f} [{full['speedup_spread'][0]:.2f}, "
-                     f"{full['speedup_spread'][1]:.2f}]) | {full['qps']:.2f} ({full.get('qps_cpu', float('nan')):.2f}) |")
+        lines.append(f"| full depth | {full['mean_layers']:.2f} | {full['asked']} | {100 * full['accuracy']:.1f}% | "
+                     f"{100 * full['accuracy']:.1f}% | 0 | 100% | 1.00 / 1.00 |")
     for r in sorted(setting_rows(study), key=lambda r: (r["name"], -r["layers"])):
-        sp = f" [{r['spread'][0]:.2f}, {r['spread'][1]:.2f}]" if r.get("spread") else ""
-        kind = "" if r["timed"] else " CPU"
-        speed = f"{r['speedup']:.2f}" if r["speedup"] == r["speedup"] else "n/a"
-        if not r["timed"] and r["speedup"] != r["speedup"]:  # NaN: a CPU-time ratio across thread counts
-            kind = f" (CPU time of {r['threads']} threads against full depth's {full.get('threads', 1) if full else 1})"
         stage = "" if r["stage"] == 2 else " (first stage)"
         alike = f" (the same layers at every token as {r['same_as']}: its row)" if r.get("same_as") else ""
-        lines.append(f"| {r['label']}{alike} | {r['layers']:.2f} | {r.get('n', r.get('asked'))}{stage} | {100 * r['accuracy']:.1f}% | {_interval(r)} | "
-                     f"{100 * (1 + r['same']):.0f}% | {speed}{kind}{sp} | {r['qps']:.2f} "
-                     f"({r.get('qps_cpu') or float('nan'):.2f}) |")
+        lines.append(f"| {r['label']}{alike} | {r['layers']:.2f} | {r['asked']}{stage} | {100 * r['accuracy']:.1f}% | "
+                     f"{100 * r['full_same']:.1f}% | {_interval(r)} | {_fidelity(r['fidelity'])} | "
+                     f"{r['theory_fixed']:.3f} / {r['theory_plain']:.3f} |")
     return "\n".join(lines)
 
 
@@ -239,19 +267,23 @@ def section(study: dict[str, Any]) -> str:
     full = study.get("settings", {}).get("full depth", {})
     screen = study.get("screen", {})
     told = "; ".join(f"{t} {100 * v['validation_accuracy']:.0f}%{'' if v['kept'] else ' (dropped)'}"
-                     for t, v in screen.items())
+                     + (f" (space {v['space']:,})" if v.get("space") else "") for t, v in screen.items())
     partial = study.get("partial")
     parts = [
         f"{HEADING}: which layers {study['model']} can spare", "",
         *([f"**Partial run**: {partial}", ""] if partial else []),
-        f"Test questions only: {full.get('asked', 0)} ({', '.join(f'{t} {n}' for t, n in zip(study.get('tasks', []), study.get('test_sizes', [])))}), "
-        "generated (`d3.research.gentasks`, 3-shot worked answers). Full depth on validation (the screen; tasks below "
-        f"30% or within 20 points of the most common answer are dropped): {told}. Full depth on test: "
+        f"Test questions only: {full.get('asked', 0)} ({', '.join(f'{t} {n}' for t, n in zip(study.get('tasks', []), study.get('test_sizes', [])))}; "
+        "the same number per task, so every pooled figure weighs the tasks equally), generated "
+        "(`d3.research.gentasks`, 3-shot worked answers, each task's question space at least 20 times what a seed "
+        f"draws). Screen ({screen_text(study)}): {told}. Full depth on test: "
         f"{100 * full.get('accuracy', float('nan')):.1f}%. Every difference is paired on the same questions with its "
-        "exact 95% interval (McNemar, `d3.research.stats`); depths are the layers per generated token each setting "
-        "actually ran. Made by `python scripts/drop_order_study.py`.", "",
+        "exact 95% interval (McNemar, `d3.research.stats`), beside the same-answer rate with its exact interval; "
+        "depths are the layers per generated token each setting actually ran. The exact interval is conditional on "
+        "the discordant questions: with none it is [0, 0] whatever the number of questions, so read each with its "
+        "questions and its same-answer rate. Made by "
+        "`python scripts/drop_order_study.py`.", "",
         *(f"- Headline: {headline(study, b)}." for b in BOUNDS),
-        *(f"  Per task ({label}): {per_task(study, label)}." for label in _headline_labels(study)), "",
+        *(f"  Per task ({label}; equal weights): {per_task(study, label)}." for label in _headline_labels(study)), "",
         *(f"- {line}." for line in cost_lines(study)), "",
         "Which order wins at each depth (interpolated along each order's curve):", "",
         *(f"- {w}" for w in winners(study) or ["no depth is covered by two orders' curves"]), "",
@@ -262,6 +294,15 @@ def section(study: dict[str, Any]) -> str:
         "### Every setting as measured", "", settings_table(study), "",
     ]
     return "\n".join(parts)
+
+
+def screen_text(study: dict[str, Any]) -> str:
+    """The screen's rule as the study recorded it (d3.research.study.screen_rule)."""
+    rule = study.get("screen_rule")
+    if not rule:
+        return "rule not recorded"
+    return (f"full depth on {rule['questions']} validation questions per task; a task is kept for the model when it "
+            f"answers at least {100 * rule['min']:.0f}% of them and 20 points more than the most common answer")
 
 
 def _headline_labels(study: dict[str, Any]) -> list[str]:
@@ -288,14 +329,34 @@ def write_section(summary: str | Path, study: dict[str, Any]) -> Path:
 
 
 def readme_rows(studies: list[dict[str, Any]]) -> str:
-    """The README's results rows: per model the headline at 1 and 3 points."""
+    """The README's results rows: per model the headline at 1 and 3 points, with its fresh-seed verdict and its
+    speed beside theory (flagged when above it)."""
     rows = []
     for s in studies:
         full = s.get("settings", {}).get("full depth", {})
         tag = " (partial run)" if s.get("partial") else ""
-        rows.append(f"{README_ROW}{s['model']}{tag}: largest measured speedup with accuracy loss <= 1 / 3 points (95% upper bound, "
-                    f"paired, {full.get('asked', 0)} test questions) | {headline(s, BOUNDS[0])}; {headline(s, BOUNDS[1])} "
-                    "| [results/SUMMARY.md](results/SUMMARY.md) |")
+        parts, seen = [], {}
+        for bound in BOUNDS:
+            r, met = headline_pick(s, bound)
+            if r is None:
+                continue
+            head = f"<= {100 * bound:.0f} pt: " + ("" if met else "none; closest ")
+            if r["label"] in seen and met == seen[r["label"]]:
+                parts.append(head + "the same")
+                continue
+            seen[r["label"]] = met
+            fresh = s.get("fresh", {}).get("settings", {}).get(r["label"])
+            speed = s.get("speed", {}).get(r["label"])
+            parts.append(head + f"{r['label']} at {r['layers']:.2f} of {s['num_layers']} layers, {_interval(r)} pts"
+                         + (f", fresh questions {_interval(fresh['diff'])} ({replication(bound, r, fresh['diff'])})"
+                            if fresh else "")
+                         + (f", {speed['ratio']:.2f}x [{speed['low']:.2f}, {speed['high']:.2f}] per token (theory "
+                            f"{speed['theory_fixed']:.2f}-{speed['theory_plain']:.2f}x)"
+                            + (f", FLAG: {speed['flag']}" if speed["flag"] else "") if speed else ""))
+        tasks = len(s.get("tasks", []))
+        rows.append(f"{README_ROW}{s['model']}{tag}: fewest layers with a loss bound (95%, paired, "
+                    f"{full.get('asked', 0)} test questions, {tasks} task{'s' if tasks != 1 else ''}) | "
+                    f"{'; '.join(parts)} | [results/SUMMARY.md](results/SUMMARY.md) |")
     return "\n".join(rows)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -110,3 +110,71 @@ def bootstrap_difference(first: Sequence[float], second: Sequence[float], *, res
     won, lost = (int(np.sum(d > 0)), int(np.sum(d < 0))) if binary else (0, 0)
     return Difference(float(d.mean()), float(min(low, d.mean())), float(max(high, d.mean())), d.size,
                       f"paired bootstrap ({resamples}, seed {seed})", won, lost)
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A proportion k/n with its exact (Clopper-Pearson) 95% interval: e.g. the share of questions on which a
+    setting states the same answer as full depth (its fidelity, which does not need full depth to be right)."""
+
+    k: int
+    n: int
+    low: float
+    high: float
+
+    @property
+    def rate(self) -> float:
+        return self.k / self.n
+
+    def to_dict(self) -> dict[str, float | int]:
+        return {"rate": round(self.rate, 5), "low": round(self.low, 5), "high": round(self.high, 5), "same": self.k,
+                "n": self.n}
+
+
+def exact_rate(hits: Sequence[bool], level: float = LEVEL) -> Rate:
+    """The share of True among `hits`, with its exact interval."""
+    n, k = len(hits), int(sum(bool(h) for h in hits))
+    if n == 0:
+        raise ValueError("a rate needs at least one question")
+    low, high = clopper_pearson(k, n, level)
+    return Rate(k, n, low, high)
+
+
+def median_interval(values: Sequence[float], level: float = LEVEL) -> tuple[float, float, float, float]:
+    """(median, low, high, coverage): a distribution-free interval for the median from order statistics, the
+    widest-coverage-first pair (x_(k), x_(n+1-k)) whose binomial coverage is at least `level` (8 values: min and
+    max, 99.2%). Used for timing ratios, whose noise is not normal."""
+    xs = sorted(float(v) for v in values)
+    n = len(xs)
+    if n < 6:
+        raise ValueError(f"a median's {100 * level:.0f}% interval needs at least 6 values: got {n}")
+    k, coverage = 1, 1 - 2 * 0.5 ** n
+    while k + 1 <= n // 2:
+        cov = 1 - 2 * _binom_tail(k, n, 0.5, upper=False)  # P(x_(k+1) <= median <= x_(n-k))
+        if cov < level:
+            break
+        k, coverage = k + 1, cov
+    return float(np.median(xs)), xs[k - 1], xs[n - k], coverage
+
+
+def speed_flag(low: float, theory_fixed: float, theory_plain: float) -> str:
+    """"" when a measured speedup's interval reaches its theoretical bound; else what it exceeds, beyond its
+    interval: "above theory" (the lower end above the bound with no fixed cost, which no skipping of layers can
+    beat: a timing artefact) or "above the LM-head bound" (above the bound that counts the LM head as fixed cost)."""
+    if low > theory_plain + 1e-12:
+        return "above theory"
+    if low > theory_fixed + 1e-12:
+        return "above the LM-head bound"
+    return ""
+
+
+def replication(bound: float, original: dict[str, Any], fresh: dict[str, Any]) -> str:
+    """How a headline setting's fresh-seed difference from full depth reads against the bound it was chosen under:
+    "replicates" (the fresh loss's 95% upper bound also within `bound`), "refuted" (a loss beyond `bound`,
+    resolved: the fresh upper end below -bound), or "does not replicate" (neither). `original` only names
+    whether the headline met the bound at all ("no headline to replicate" when it did not)."""
+    if original["low"] < -bound - 1e-12:
+        return "no headline to replicate"
+    if fresh["low"] >= -bound - 1e-12:
+        return "replicates"
+    return "refuted" if fresh["high"] < -bound - 1e-12 else "does not replicate"

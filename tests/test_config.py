@@ -54,7 +54,7 @@ def test_configs_are_frozen():
 
 def test_core_larger_than_model_is_rejected_for_that_model():
     cfg = D3Config(core_head=20, core_tail=15)
-    with pytest.raises(ValueError, match="at most the model's 30 layers"):
+    with pytest.raises(ValueError, match="at most 29: the model's 30 layers less one flex layer"):
         cfg.check_layers(30)
     D3Config(core_head=2, core_tail=2).check_layers(30)
 

@@ -163,7 +163,7 @@ def drop_order_fields(word: str) -> dict[str, Any]:
 def drop_order_word(cfg: Any) -> str:
     """The one-word name of a D3 config's drop order (inverse of `drop_order_fields` for named calibrations)."""
     if cfg.drop_order != "calibrated":
-        return cfg.drop_order
+        return str(cfg.drop_order)
     if isinstance(cfg.layer_order, str):
         return f"calibrated:{cfg.layer_order}"
     return "calibrated[" + ",".join(map(str, cfg.layer_order[:4])) + (",…]" if len(cfg.layer_order) > 4 else "]")
@@ -396,6 +396,9 @@ class SkipDecodeConfig(StrategyConfig):
         super().check_layers(num_layers)
         hi, lo = self.bounds(num_layers)
         _check(hi <= num_layers, "max_layers", hi, f"at most the model's {num_layers} layers")
+        # An explicit min above the budget's start (the auto max: ceil(2L/3)) is refused, never lowered silently.
+        _check(self.min_layers is None or self.min_layers <= hi, "min_layers", self.min_layers,
+               f"at most max_layers ({hi} on this model's {num_layers} layers)")
         _check(self.warmup <= lo, "warmup", self.warmup, f"at most min_layers ({lo})")
 
 

@@ -522,6 +522,7 @@ def schedule_of(c: Controls, strategy: StrategyConfig, num_layers: int, caps: Ca
     runs: it is drawn beside it)."""
     steps = c.new_tokens(caps)
     d3 = strategy if isinstance(strategy, D3Config) else parse_strategy(c.with_(strategy="d3"), num_layers, caps)
+    assert isinstance(d3, D3Config)
     return Schedule(strategy, num_layers, steps, other_schedules(strategy, d3, num_layers, steps))
 
 

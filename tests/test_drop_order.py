@@ -79,7 +79,9 @@ def test_readme_rows_replace_the_studys_own_rows_only(tmp_path) -> None:
     rep.write_readme(readme, [STUDY, {**STUDY, "model": "n", "partial": "2 of 3 settings"}])
     out = readme.read_text().splitlines()
     assert out[:3] == ["| q | a |", "|---|---|", "| other | 1 |"] and out[-1] == "| last | 2 |" and "stale" not in "".join(out)
-    assert out[3].startswith(f"{rep.README_ROW}m: largest measured speedup") and out[4].startswith(f"{rep.README_ROW}n (partial run):")
+    assert out[3].startswith(f"{rep.README_ROW}m: speedup with accuracy loss") and out[4].startswith(f"{rep.README_ROW}n (partial run):")
+    r, met = rep.headline_pick(STUDY, rep.BOUNDS[0])  # the short row names the headline's setting and speedup, no more
+    assert (f"**{r['speedup']:.2f}x** ({r['label']})" if met else "**none**") in out[3] and len(out[3]) < 300
     plain = tmp_path / "plain.md"
     plain.write_text("no rows\n")
     rep.write_readme(plain, [STUDY])

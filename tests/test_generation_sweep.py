@@ -13,20 +13,13 @@ from d3.research import data, gentasks
 from d3.cli import main as cli_main
 from d3.config import FullConfig
 from d3.research.data import TaskInfo
-from d3.engine import Engine
 from d3.research.gentasks import GenerationTask, worked_arithmetic
 from d3.reports.generation import best_within, generation_markdown, headline_lines, matched_table
 from d3.research.sweep import SweepSpec
 from d3.research.sweep.generation import GEN_COLUMNS, answer_batch, read_generation, reply, run_generation_sweep, wilson
 from tests.bigbench import write_task
-from tests.tiny import tiny_llama, tiny_tokenizer
 
 QUESTIONS = [{"input": f"What is {a} plus {b}?", "target": str(a + b)} for a in range(1, 5) for b in range(1, 4)]
-
-
-@pytest.fixture(scope="module")
-def engine() -> Engine:
-    return Engine(tiny_llama(6), tiny_tokenizer(), "tiny")
 
 
 def register(tmp_path, monkeypatch, questions) -> GenerationTask:

@@ -14,15 +14,9 @@ from d3.config import D3Config, FullConfig, UnifiedConfig
 from d3.engine import Engine
 from d3.schedule import planned_mean_layers
 from d3.research.sweep import COLUMNS, Setting, SweepSpec, grid, measure, run, setting_key, table, tasks
-from tests.tiny import tiny_llama, tiny_tokenizer
 
 SMALL = SweepSpec(prompts=("hello there", "the sky is"), max_new_tokens=3, repeats=1, depths=(0.5,),
                   starts=(0, 2), baselines=("skipdecode", "unified", "early_exit"), ppl_chunks=1, ppl_prefix=4)
-
-
-@pytest.fixture(scope="module")
-def engine() -> Engine:
-    return Engine(tiny_llama(6), tiny_tokenizer(), "tiny")
 
 
 @pytest.fixture(scope="module")

@@ -107,7 +107,7 @@ def test_the_fill_view_says_what_compare_shows_and_why_nested_lines_coincide(tin
 
 def test_the_layer_usage_text_names_the_colours_a_default_run_draws(tiny_engine) -> None:
     from d3.trace import CELL_NAMES, FILLED_COPY, SKIPPED
-    from explorer.wording import EXPLAIN
+    from explorer.views import explanations
     from viz.grid import layer_grid
 
     trace = tiny_engine.generate("the cat sat", D3Config(alpha=0.85, core_head=1, core_tail=1),
@@ -115,7 +115,7 @@ def test_the_layer_usage_text_names_the_colours_a_default_run_draws(tiny_engine)
     z = np.asarray(layer_grid(trace).data[0].z)
     codes = set(np.unique(z[np.isfinite(z)]).astype(int))
     assert FILLED_COPY in codes and SKIPPED not in codes  # the default fill: skipped cells are orange, none grey
-    text = EXPLAIN["usage"]
+    text = explanations()["usage"]
     assert "orange, a *copy*" in text and "(the default fill)" in text
     assert "rows get shorter" not in text and "spans all the layers" in text
     assert CELL_NAMES[FILLED_COPY] == "filled (copy)"

@@ -7,6 +7,7 @@ import plotly.graph_objects as go
 
 from d3.config import D3Config, StrategyConfig
 from d3.schedule import budgets
+from d3.schedule import raw_decay as decay_at
 from d3.trace import Trace
 from viz.layout import (
     CORE_LINE,
@@ -24,10 +25,8 @@ from viz.layout import (
 
 
 def raw_decay(cfg: D3Config, num_layers: int, steps: int) -> np.ndarray:
-    """int [steps]: floor(L * alpha ** max(0, i - start)), the formula before the core floor clamps it
-    (the same epsilon as `d3.schedule.d3_budget`, so 30 * 1.0 floors to 30)."""
-    decay_step = np.maximum(0, np.arange(steps) - cfg.start)
-    return np.floor(num_layers * np.power(float(cfg.alpha), decay_step) + 1e-9).astype(np.int64)
+    """int [steps]: D3's formula before the core floor clamps it (`d3.schedule.raw_decay`)."""
+    return np.array([decay_at(cfg.alpha, num_layers, i, cfg.start) for i in range(steps)], dtype=np.int64)
 
 
 def usage_scatter(trace: Trace, *, name: str, color: str, mode: str = "markers", showlegend: bool = True) -> go.Scatter:

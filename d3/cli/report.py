@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
-from d3.cli.common import check_input_file, check_output_file
+from d3.cli.common import CliError, check_input_file, check_output_file
+from d3.config import STRATEGIES
 from d3.reports.sweep import headline, summary_markdown
 from d3.research.sweep.table import read_results
 
@@ -31,6 +33,7 @@ def main(args: argparse.Namespace) -> int:
     if args.generation:
         check_input_file(args.generation, "--generation",
                          f"run `python -m d3 sweep --task-mode generate --out {args.generation}` first")
+    check_sweep_results(args.results)
     # The HTML report's figures are viz's job and the engine never imports viz: this command, which wires
     # the two together, loads it only when it writes a report.
     from viz.report import write_report
@@ -46,6 +49,45 @@ def main(args: argparse.Namespace) -> int:
         print("\n" + generation.split("\n### ")[0].strip())
     print(f"\nwrote {out} ({out.stat().st_size / 1e6:.1f} MB)")
     return 0
+
+
+# What makes a CSV a sweep's results (d3.research.sweep.table.COLUMNS): a row per setting, with these at least.
+SWEEP_KEY_COLUMNS = ("key", "strategy", "label", "params", "mean_layers", "measured_speedup")
+
+
+def check_sweep_results(path: str) -> None:
+    """Refuse, in one line and before any report is written, a --results file that is not a sweep's CSV (another
+    CSV, JSON, broken text) or holds no full-depth row, or whose traces file is not JSON lines: a report of it
+    would claim what nothing measured."""
+    import pandas as pd
+
+    hint = f"run `python -m d3 sweep --out {path}` first"
+    try:
+        head = pd.read_csv(path, nrows=1000, dtype=str)
+    except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as err:
+        raise CliError(f"--results {path} is not a sweep's CSV ({str(err).splitlines()[0][:80]}): {hint}") from None
+    missing = [c for c in SWEEP_KEY_COLUMNS if c not in head.columns]
+    if missing:
+        raise CliError(f"--results {path} is not a sweep's CSV: it has no {', '.join(missing)} column: {hint}")
+    unknown = sorted(set(head["strategy"].dropna()) - set(STRATEGIES))
+    if unknown:
+        raise CliError(f"--results {path} names strategies a sweep never writes ({', '.join(unknown)[:80]}): {hint}")
+    if "full" not in set(head["strategy"]):
+        raise CliError(f"--results {path} has no full-depth row, the reference every figure is measured against: {hint}")
+    traces = read_results_sidecar(path)
+    if traces.is_file():
+        for number, line in enumerate(traces.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            try:
+                if line.strip():
+                    json.loads(line)
+            except ValueError:
+                raise CliError(f"{traces} line {number} is not JSON: remove the file or run the sweep again") from None
+
+
+def read_results_sidecar(path: str) -> Path:
+    from d3.research.sweep.table import sidecar
+
+    return sidecar(path, "traces.jsonl")
 
 
 def _generation(path: str | None) -> tuple[Any, str, list[str]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 from dataclasses import replace
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Sequence, TypeVar
 
 from d3.config import TRACE_OFF, D3Config, drop_order_fields, EarlyExitConfig, FullConfig, GenerationConfig, SkipDecodeConfig, \
     StrategyConfig, UnifiedConfig
@@ -25,7 +25,10 @@ def d3_for_depth(depth: float, num_layers: int, steps: int, *, core: tuple[int, 
     return D3Config(alpha=alpha, core_head=head, core_tail=tail, start=start, fill=fill, **drop_order_fields(drop_order))
 
 
-def _closest(candidates: Iterable[StrategyConfig], target: float, num_layers: int, steps: int) -> StrategyConfig:
+S = TypeVar("S", bound=StrategyConfig)
+
+
+def _closest(candidates: Iterable[S], target: float, num_layers: int, steps: int) -> S:
     return min(candidates, key=lambda c: abs(planned_mean_layers(c, num_layers, steps) - target))
 
 
@@ -133,11 +136,11 @@ def _unique(settings: list[Setting]) -> list[Setting]:
 def planned_baselines(spec: SweepSpec, num_layers: int) -> list[Setting]:
     """SkipDecode and Unified Layer Skipping at each baseline depth (their depth is known before running)."""
     T = spec.max_new_tokens
-    out = []
+    out: list[Setting] = []
     for depth in spec.baseline_depths or spec.depths:
         if "skipdecode" in spec.baselines:
-            cfg = skipdecode_for_depth(depth, num_layers, T)
-            out.append(Setting(label(cfg), cfg, depth))
+            skip = skipdecode_for_depth(depth, num_layers, T)
+            out.append(Setting(label(skip), skip, depth))
         if "unified" in spec.baselines:
             cfg = unified_for_depth(depth, num_layers, T)
             out.append(Setting(label(cfg), cfg, depth))

@@ -60,7 +60,7 @@ def _must_not_run(*args, **kwargs):
 def test_an_output_path_that_is_a_directory_fails_before_any_work(command, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr("d3.research.sweep.run.run_sweep", _must_not_run)
     monkeypatch.setattr("d3.models.get_model", _must_not_run)
-    monkeypatch.setattr("viz.report.write_report", _must_not_run)
+    monkeypatch.setattr("viz.report.write_html", _must_not_run)
     results = tmp_path / "x.csv"
     results.write_text("key\n")
     flag = "--json" if command == "bench" else "--out"

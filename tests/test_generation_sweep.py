@@ -107,9 +107,11 @@ def test_generation_sweep_rows_and_resume(engine, task, tmp_path) -> None:
     assert len(again) == 4 and out.read_text().count("\n") == 5
     text = generation_markdown(again)
     assert "## Generation accuracy" in text and "Largest measured speedup within 1 point" in text
-    from viz.report import _generation_section
+    from d3.reports import generation as gen_report
+    from viz.report import GenerationParts, generation_section
 
-    html = "".join(_generation_section(again))  # the HTML report's section: criterion, then every setting
+    parts = GenerationParts(gen_report.HEADING, gen_report.headline_lines(again), gen_report.matched_table(again), again)
+    html = "".join(generation_section(parts))  # the HTML report's section: criterion, then every setting
     assert "<h2>Generation accuracy" in html and "Largest measured speedup within 1 point" in html
     assert all(label in html for label in again["label"])
     assert html.count("accuracy vs full, points (95%)") == 2  # the curves, by depth and speed

@@ -34,10 +34,6 @@ def main(args: argparse.Namespace) -> int:
         check_input_file(args.generation, "--generation",
                          f"run `python -m d3 sweep --task-mode generate --out {args.generation}` first")
     check_sweep_results(args.results)
-    # The HTML report's figures are viz's job and the engine never imports viz: this command, which wires
-    # the two together, loads it only when it writes a report.
-    from viz.report import write_report
-
     gen, generation, criterion = _generation(args.generation)
     out = write_report(args.results, args.out, title=args.title, generation=gen)
     df = read_results(args.results)
@@ -49,6 +45,27 @@ def main(args: argparse.Namespace) -> int:
         print("\n" + generation.split("\n### ")[0].strip())
     print(f"\nwrote {out} ({out.stat().st_size / 1e6:.1f} MB)")
     return 0
+
+
+def write_report(results: str | Path, out: str | Path, *, title: str | None = None, generation: Any = None) -> Path:
+    """The HTML report of the sweep CSV `results` (and of a generation sweep's table), written to `out`: the tables
+    and headline from `d3.reports`, drawn by `viz.report`. The engine never imports viz: this command, which wires
+    the two together, loads it only when it writes a report."""
+    from d3.reports import generation as gen_report
+    from d3.reports import sweep as rep
+    from viz.report import GenerationParts, ReportParts, write_html
+
+    df = read_results(results)
+    records = rep.load_records(results)
+    parts = ReportParts(
+        results=df, context=rep.context_text(df), headline=rep.headline(df)["text"], matched=rep.matched_table(df),
+        matched_columns=rep.MATCHED_COLUMNS, tasks=rep.task_frame(df), task_table=rep.task_table(df),
+        table_columns=rep.TABLE_COLUMNS, traces=rep.layer_traces(records, df), blocks=rep.block_frame(records),
+        metrics=rep.PARETO_METRICS, accuracy_limit=rep.ACC_LIMIT,
+        generation=None if generation is None else GenerationParts(
+            gen_report.HEADING, gen_report.headline_lines(generation), gen_report.matched_table(generation),
+            generation))
+    return write_html(parts, out, title=title or f"D3 sweep: {Path(results).name}")
 
 
 # What makes a CSV a sweep's results (d3.research.sweep.table.COLUMNS): a row per setting, with these at least.

@@ -305,8 +305,7 @@ def model_defaults(model: Any, kind: str = "chat") -> Controls:
 
 
 def _drop_order(c: Controls, num_layers: int) -> dict[str, Any]:
-    """drop_order and, when calibrated, the order fitted to the core (`fitted`: a whole order of another core or
-    model is re-fitted, which the page says as the core moves; a partial one is refused by the config)."""
+    """drop_order and, when calibrated, the order fitted to the core (`fitted`; the page says so as the core moves)."""
     order = as_choice("drop_order", c.drop_order, DROP_ORDERS)
     c, _ = fitted(c, num_layers)
     if order != "calibrated":
@@ -465,9 +464,8 @@ REFIT_FROM_LAYERS = 256  # an order made for another model (up to this many laye
 
 def fitted(c: Controls, num_layers: int) -> tuple[Controls, str]:
     """The controls with a calibrated order that fits their core, and one line saying what changed ("" when
-    nothing did). Only a whole order is re-fitted: distinct layers that make up one block (the flex layers of
-    another core or model). A partial order (layers missing inside its block) is never completed silently: it is
-    left for the parse to refuse, naming the missing layers."""
+    nothing did). Only an order of distinct layers is re-fitted (one calibrated for another core or model, or typed
+    short: no dead end, issue 24); anything else is left for the parse to refuse with what to type."""
     if c.drop_order != "calibrated":
         return c, ""
     try:
@@ -478,8 +476,8 @@ def fitted(c: Controls, num_layers: int) -> tuple[Controls, str]:
                              0, num_layers - 1, integer=True))
     except ValueError:
         return c, ""
-    whole_block = len(set(order)) == len(order) and sorted(order) == list(range(min(order), max(order) + 1))
-    if not whole_block or not core_fits(head, tail, num_layers) or sorted(order) == list(range(head, num_layers - tail)):
+    if len(set(order)) != len(order) or not core_fits(head, tail, num_layers) \
+            or sorted(order) == list(range(head, num_layers - tail)):
         return c, ""
     new = refit_order(order, c.model, num_layers, head, tail)
     how = ("the order measured for this core" if tuple(MEASURED.get(str(c.model), {}).get((head, tail), ())) == new

@@ -25,7 +25,7 @@ from explorer.controls import (
     default_attention_layer,
     model_defaults,
 )
-from explorer.export import FIGURES
+from explorer.export import figures
 from explorer.pool import ModelPool
 from explorer.scenarios import SCENARIOS
 from explorer.session import HISTORY_COLUMNS
@@ -146,7 +146,7 @@ def _tabs(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> None:
         with gr.Tab("Export", id="export"):
             with gr.Row():
                 ui["export_trace"] = gr.Button("Download traces (JSON + CSV)")
-                ui["figure"] = gr.Dropdown([(views.titles()[k], k) for k in FIGURES], value="usage",
+                ui["figure"] = gr.Dropdown([(views.titles()[k], k) for k in figures()], value="usage",
                                            label="Figure to export")
                 ui["export_figure"] = gr.Button("Download figure (HTML + plotly.min.js: keep both in one folder)")
             ui["files"] = gr.File(label="Files", file_count="multiple", interactive=False)

@@ -206,18 +206,6 @@ def test_a_field_the_chosen_strategy_does_not_use_takes_no_junk(name, value) -> 
         parse_strategy(c, 30, Caps())
 
 
-def test_a_partial_calibrated_order_is_refused_naming_the_missing_layers() -> None:
-    """A partial order (layers missing inside its block) is not completed silently (issue 36, item 9); a whole
-    order of another core is re-fitted, as the page says when the core moves."""
-    c = DEFAULTS.with_(drop_order="calibrated", core_head=3, core_tail=3, layer_order="3, 4, 17")
-    assert fitted(c, 30) == (c, "")
-    with pytest.raises(ValueError, match=r"missing \[5, 6,"):
-        parse_strategy(c, 30, Caps())
-    whole = c.with_(layer_order=", ".join(map(str, range(2, 28))))  # the flex layers of core 2 + 2
-    assert fitted(whole, 30)[1].startswith("Calibrated order re-fitted to core 3 + 3")
-    assert sorted(parse_strategy(whole, 30, Caps()).layer_order) == list(range(3, 27))
-
-
 @pytest.mark.parametrize("strategy", ["d3", "skipdecode", "unified", "early_exit"])
 def test_the_fill_control_gives_each_strategy_its_own_default_fill(strategy) -> None:
     from d3.config import STRATEGIES

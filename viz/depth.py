@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from d3.config import D3Config, StrategyConfig
+from d3.config import D3Config, StrategyConfig, max_core_side, params
 from d3.schedule import budgets
 from d3.schedule import raw_decay as decay_at
 from d3.trace import Trace
@@ -74,7 +74,11 @@ def d3_schedule_meta(cfg: D3Config, num_layers: int, steps: int, *, main: bool, 
     sliders alone (the formula of `d3.schedule.d3_budget`), and to tell a figure drawn for other values.
     `short_names`: the lines are named without their settings (presentation mode), so the page keeps the names."""
     head, tail = cfg.core(num_layers)
+    # The limits the browser checks a slider's values against, fed from the registry and the core rule (never
+    # restated in the browser): α's range and the largest core (head + tail, d3.config.core_fits).
+    alpha = params(D3Config)["alpha"]
     return dict(num_layers=num_layers, steps=steps, alpha=float(cfg.alpha), core_head=head, core_tail=tail,
+                alpha_lo=alpha.lo, alpha_hi=alpha.hi, core_max=max_core_side(0, num_layers),
                 start=cfg.start, main=main, label_core=cfg.core_head is not None or cfg.core_tail is not None,
                 label_extra=d3_label_extras(cfg.to_dict()), short_names=short_names)
 

@@ -370,7 +370,7 @@ def test_a_sweep_row_loaded_then_a_scenario(watched) -> None:
     settles, answers and runs Generate (issue 24: the drop-order handlers once looped after these two moves)."""
     page = watched.page
     label = load_a_sweep_point(page)
-    assert label.startswith("d3 α="), label
+    assert label.startswith("D3 (α="), label
     watched.wait_status(f"Loaded from the sweep: {label}")
     watched.settle()
     page.click(f"#scenario-{next(iter(SCENARIOS))}")

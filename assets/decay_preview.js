@@ -24,8 +24,9 @@
   };
   const drawnFor = (s) => ({alpha: s.alpha, head: s.core_head, tail: s.core_tail, start: s.start});
   const same = (a, b) => a.alpha === b.alpha && a.head === b.head && a.tail === b.tail && a.start === b.start;
-  const valid = (s, p) => p.alpha > 0 && p.alpha <= 1 && [p.head, p.tail, p.start].every(Number.isInteger)
-    && p.head >= 0 && p.tail >= 0 && p.start >= 0 && p.head + p.tail <= s.num_layers;
+  // The limits come with the figure (viz.depth.d3_schedule_meta: the registry's α range, the core rule's largest core).
+  const valid = (s, p) => p.alpha > s.alpha_lo && p.alpha <= s.alpha_hi && [p.head, p.tail, p.start].every(Number.isInteger)
+    && p.head >= 0 && p.tail >= 0 && p.start >= 0 && p.head + p.tail <= s.core_max;
 
   const traceUpdate = (gd, s, p, lines, matches) => {
     const idx = [], y = [], name = [], visible = [];

@@ -8,6 +8,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, ClassVar
 
+DEFAULT_MODEL = "smollm2-135m"  # the model every entry point starts with (page, CLI, sweeps, load test): said once
+
 FILLS = ("copy", "propagate", "none")  # the fills the page offers and compares
 # copy_any_type: the nearest lower layer that ran whatever its attention type (this project's copy until Gemma 3's
 # mixed sliding / global layers showed the problem); only from the CLI and the API, it equals copy on one-type models.
@@ -59,6 +61,8 @@ class Param:
     optional: bool = False
     unit: str = ""
     default: Any = None
+    show: str = ""  # how `describe()` writes the field ("α={}", "start {}"); "" keeps it out of descriptions
+    always: bool = False  # described even at its default (the number a strategy is known by: α, the ratio)
 
     def allowed(self) -> str:
         """What is allowed, in the words of an error message: "a number in (0, 1]", "one of copy, none"."""
@@ -91,12 +95,40 @@ class Param:
         """Raise ValueError naming the field, the value and what is allowed."""
         _check(self.ok(value), name, value, self.allowed())
 
+    def narrowed(self, lo: float | None = None, hi: float | None = None) -> "Param":
+        """This field's Param with a narrower range (an entry point that allows less: the page's sliders, a sweep's
+        token count); never wider than the field itself allows."""
+        new_lo = self.lo if lo is None else (lo if self.lo is None else max(lo, self.lo))
+        new_hi = self.hi if hi is None else (hi if self.hi is None else min(hi, self.hi))
+        return replace(self, lo=new_lo, hi=new_hi, lo_open=self.lo_open and new_lo == self.lo,
+                       hi_open=self.hi_open and new_hi == self.hi)
+
+    def text(self, value: Any, digits: int | None = None) -> str:
+        """`value` as `describe()` writes it: words with hyphens (top-down), floats as Python prints them or with
+        `digits` decimals (as many more as it takes to tell a value below 1 from 1)."""
+        if value is None:
+            return "auto"
+        if isinstance(value, str):
+            return value.replace("_", "-")
+        if isinstance(value, float) and digits is not None:
+            return _digits(value, digits)
+        return str(value)
+
+
+def _digits(x: float, digits: int) -> str:
+    """`digits` decimals, or as many (up to 8) as it takes to tell a value below 1 from 1 (0.999999)."""
+    for d in range(digits, 9):
+        text = f"{x:.{d}f}"
+        if x >= 1.0 or float(text) < 1.0:
+            return text
+    return repr(x)
+
 
 def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
 
 
-def param(default: Any, label: str, help: str, **allowed: Any) -> Any:
+def param(default: Any, label: str, help: str, **allowed: Any) -> Any:  # noqa: A002 (help: the field's help text)
     """A config field with its facts: `alpha: float = param(0.99, "α (decay rate)", "...", lo=0, hi=1, lo_open=True)`."""
     return field(default=default, metadata={"param": Param(label, help, **allowed)})
 
@@ -131,10 +163,29 @@ def drop_order_fields(word: str) -> dict[str, Any]:
 def drop_order_word(cfg: Any) -> str:
     """The one-word name of a D3 config's drop order (inverse of `drop_order_fields` for named calibrations)."""
     if cfg.drop_order != "calibrated":
-        return cfg.drop_order
+        return str(cfg.drop_order)
     if isinstance(cfg.layer_order, str):
         return f"calibrated:{cfg.layer_order}"
     return "calibrated[" + ",".join(map(str, cfg.layer_order[:4])) + (",…]" if len(cfg.layer_order) > 4 else "]")
+
+
+def core_fits(head: int, tail: int, num_layers: int) -> bool:
+    """The core rule, for the page, the CLI, sweeps and the engine alike: head + tail <= L - 1, so at least one flex
+    layer is left to drop (a model of one layer has none: only the empty core fits it). A core over the whole stack
+    would make D3 full depth under another name, and a calibrated order of it would have to be empty."""
+    return head >= 0 and tail >= 0 and head + tail <= max(num_layers - 1, 0)
+
+
+def check_core(head: int, tail: int, num_layers: int) -> None:
+    """ValueError naming core_head + core_tail when (head, tail) breaks the core rule (`core_fits`)."""
+    _check(core_fits(head, tail, num_layers), "core_head + core_tail", head + tail,
+           f"at most {max(num_layers - 1, 0)}: the model's {num_layers} layers less one flex layer to drop "
+           f"(got head {head} + tail {tail})")
+
+
+def max_core_side(other: int, num_layers: int) -> int:
+    """How far one side of the core reaches when the other side holds `other` layers (the core rule)."""
+    return max(num_layers - 1 - other, 0)
 
 
 def default_core(num_layers: int) -> tuple[int, int]:
@@ -163,13 +214,32 @@ class StrategyConfig:
     label: ClassVar[str] = "base"
     fill: str = param("copy", "Fill", "how a skipped layer's key/value entry is filled for later tokens: copy the "
                       "nearest lower layer that ran (of the same attention type), propagate (the layer's own K/V of "
-                      "the state that skipped it), or none (a masked hole)", choices=FILL_VARIANTS)
+                      "the state that skipped it), or none (a masked hole)", choices=FILL_VARIANTS, show="fill {}")
 
     def __post_init__(self) -> None:
         check_params(self)
 
     def to_dict(self) -> dict[str, Any]:
         return {"strategy": self.name, **asdict(self)}
+
+    def changed(self) -> dict[str, Any]:
+        """The fields that differ from their defaults (transformers' `GenerationConfig.to_diff_dict`)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
+
+    def describe(self, *, every: bool = False, digits: int | None = None) -> str:
+        """A short name for the page, legends and tables: `short`, then the fields that differ from the defaults
+        (and those marked `always`), each as its Param's `show` writes it: "D3 (α=0.99, start 8, top-down)".
+        every: every described field, default or not (a table's rows line up); digits: decimals for floats."""
+        parts = self.parts(every=every, digits=digits)
+        return f"{self.short} ({', '.join(parts)})" if parts else self.short
+
+    def parts(self, *, every: bool = False, digits: int | None = None) -> list[str]:
+        """The described fields, each as its Param's `show` writes it (see `describe`)."""
+        changed = self.changed()
+        registry = params(type(self))
+        names = [n for n in registry if n != "fill"] + ["fill"]  # the fill, common to all, comes last
+        return [registry[n].show.format(registry[n].text(getattr(self, n), digits)) for n in names
+                if registry[n].show and (every or registry[n].always or n in changed)]
 
     def check_layers(self, num_layers: int) -> None:
         """Raise ValueError if this config cannot run on a model with `num_layers` decoder layers."""
@@ -213,15 +283,16 @@ class D3Config(StrategyConfig):
     short: ClassVar[str] = "D3"  # in legends and tables
     label: ClassVar[str] = "D3 (depth decay)"
     alpha: float = param(0.99, "α (decay rate)", "token i runs floor(L·α^i) layers: 1 keeps full depth, lower "
-                         "decays faster", lo=0, hi=1, lo_open=True)
+                         "decays faster", lo=0, hi=1, lo_open=True, show="α={}", always=True)
     core_head: int | None = param(None, "Core head", "layers at the bottom that always run (auto: L // 8)", lo=0,
                                   integer=True, optional=True)
     core_tail: int | None = param(None, "Core tail", "layers at the top that always run (auto: L // 8)", lo=0,
                                   integer=True, optional=True)
     start: int = param(0, "Start", "the step the decay counts from: tokens 0..start run at full depth", lo=0,
-                       integer=True, unit="tokens")
+                       integer=True, unit="tokens", show="start {}")
     drop_order: str = param("middle_out", "Drop order", "which flex layers go first as the budget shrinks "
-                            "(calibrated: a measured order, named or given by layer_order)", choices=DROP_ORDERS)
+                            "(calibrated: a measured order, named or given by layer_order)", choices=DROP_ORDERS,
+                            show="{}")
     layer_order: tuple[int, ...] | str | None = None  # checked below: a tuple of layers or a calibration's name
 
     def __post_init__(self) -> None:
@@ -238,6 +309,14 @@ class D3Config(StrategyConfig):
                "layer_order", order, 'with drop_order="calibrated", a tuple of flex layer indices (first dropped '
                'first) or the name of a cached calibration (see `python -m d3 calibrate`)')
 
+    def parts(self, *, every: bool = False, digits: int | None = None) -> list[str]:
+        """α, start, then the core as one part ("core 3+3", "core auto+2"), then drop order and fill."""
+        parts = super().parts(every=every, digits=digits)
+        if every or self.core_head is not None or self.core_tail is not None:
+            head, tail = ("auto" if x is None else x for x in (self.core_head, self.core_tail))
+            parts.insert(2 if every or self.start != 0 else 1, f"core {head}+{tail}")
+        return parts
+
     @property
     def resolved(self) -> bool:
         """False while layer_order is a calibration's name that `d3.orders.resolve` has not turned into layers."""
@@ -251,12 +330,7 @@ class D3Config(StrategyConfig):
     def check_layers(self, num_layers: int) -> None:
         super().check_layers(num_layers)
         head, tail = self.core(num_layers)
-        _check(
-            head + tail <= num_layers,
-            "core_head + core_tail",
-            head + tail,
-            f"at most the model's {num_layers} layers (got head {head} + tail {tail})",
-        )
+        check_core(head, tail, num_layers)
         if self.drop_order == "calibrated":
             check_layer_order(self.layer_order, num_layers, head, tail)
 
@@ -299,12 +373,13 @@ class SkipDecodeConfig(StrategyConfig):
     short: ClassVar[str] = "SkipDecode"  # in legends and tables
     label: ClassVar[str] = "SkipDecode"
     max_layers: int | None = param(None, "SkipDecode max layers", "the budget at the first token (auto: ceil(2L/3))",
-                                   lo=1, integer=True, optional=True)
+                                   lo=1, integer=True, optional=True, show="max {}")
     min_layers: int | None = param(None, "SkipDecode min layers", "the lowest budget, reached after `horizon` tokens "
-                                   "(auto: L // 3)", lo=1, integer=True, optional=True)
-    warmup: int = param(1, "Warm-up layers", "bottom layers every token runs", lo=0, integer=True)
+                                   "(auto: L // 3)", lo=1, integer=True, optional=True, show="min {}")
+    warmup: int = param(1, "Warm-up layers", "bottom layers every token runs", lo=0, integer=True,
+                       show="warm-up {}")
     horizon: int = param(128, "Horizon", "tokens over which the budget falls linearly", lo=1, integer=True,
-                         unit="tokens")
+                         unit="tokens", show="over {} tokens", always=True)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -321,6 +396,9 @@ class SkipDecodeConfig(StrategyConfig):
         super().check_layers(num_layers)
         hi, lo = self.bounds(num_layers)
         _check(hi <= num_layers, "max_layers", hi, f"at most the model's {num_layers} layers")
+        # An explicit min above the budget's start (the auto max: ceil(2L/3)) is refused, never lowered silently.
+        _check(self.min_layers is None or self.min_layers <= hi, "min_layers", self.min_layers,
+               f"at most max_layers ({hi} on this model's {num_layers} layers)")
         _check(self.warmup <= lo, "warmup", self.warmup, f"at most min_layers ({lo})")
 
 
@@ -337,9 +415,9 @@ class UnifiedConfig(StrategyConfig):
     short: ClassVar[str] = "Unified"  # in legends and tables
     label: ClassVar[str] = "Unified Layer Skipping"
     ratio: float = param(1.5, "Unified ratio", "target speedup: keep floor(L / ratio) layers, first and last always",
-                         lo=1, hi=64)
+                         lo=1, hi=64, show="{}×", always=True)
     spacing: str = param("even", "Spacing", "kept layers evenly spaced (even) or every floor(L / (N - 1))-th (integer, "
-                         "the paper's literal rule)", choices=UNIFIED_SPACINGS)
+                         "the paper's literal rule)", choices=UNIFIED_SPACINGS, show="spacing {}")
 
     def check_layers(self, num_layers: int) -> None:
         super().check_layers(num_layers)
@@ -361,12 +439,14 @@ class EarlyExitConfig(StrategyConfig):
     # propagate: CALM's own state propagation (an exited token's skipped layers get their K/V from its last state);
     # the page, the CLI and custom_generate all read this one default.
     fill: str = param("propagate", "Fill", "how the layers above an exit get their key/value entry: propagate (CALM's "
-                      "state propagation), copy, or none", choices=FILL_VARIANTS)
-    threshold: float = param(0.9, "Confidence threshold", "exit once the confidence passes this", lo=0, hi=1,
-                             lo_open=True)
+                      "state propagation), copy, or none", choices=FILL_VARIANTS, show="fill {}")
     measure: str = param("softmax_gap", "Confidence measure", "softmax_gap: top-1 minus top-2 probability through the "
-                         "LM head; cosine: similarity of consecutive hidden states", choices=CONFIDENCE_MEASURES)
-    min_layers: int = param(4, "Min layers", "layers every token runs before it may exit", lo=1, integer=True)
+                         "LM head; cosine: similarity of consecutive hidden states", choices=CONFIDENCE_MEASURES,
+                         show="{}", always=True)
+    threshold: float = param(0.9, "Confidence threshold", "exit once the confidence passes this", lo=0, hi=1,
+                             lo_open=True, show="≥ {}", always=True)
+    min_layers: int = param(4, "Min layers", "layers every token runs before it may exit", lo=1, integer=True,
+                             show="min {} layers")
 
     def check_layers(self, num_layers: int) -> None:
         super().check_layers(num_layers)

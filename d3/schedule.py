@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from d3.config import (
     D3Config,
@@ -32,13 +32,17 @@ class LayerPlan:
     min_exit: int = 0
 
 
+def raw_decay(alpha: float, num_layers: int, step: int, start: int = 0) -> int:
+    """D3's formula before the core floor: floor(L * alpha ** max(0, step - start)), the one place it is written
+    (viz draws it from here; the page's browser preview, assets/decay_preview.js, is checked against it)."""
+    # A tiny epsilon keeps alpha ** i from flooring 30 * 1.0 to 29 through rounding.
+    return math.floor(num_layers * alpha ** max(0, step - start) + 1e-9)
+
+
 def d3_budget(cfg: D3Config, num_layers: int, step: int) -> int:
     """floor(L * alpha ** (step - start)) clamped to [core_head + core_tail, L] and at least 1."""
     head, tail = cfg.core(num_layers)
-    decay_step = max(0, step - cfg.start)
-    # A tiny epsilon keeps alpha ** i from flooring 30 * 1.0 to 29 through rounding.
-    n = math.floor(num_layers * cfg.alpha**decay_step + 1e-9)
-    return min(num_layers, max(n, head + tail, 1))
+    return min(num_layers, max(raw_decay(cfg.alpha, num_layers, step, cfg.start), head + tail, 1))
 
 
 @lru_cache(maxsize=4096)
@@ -163,7 +167,7 @@ def full_plan(cfg: FullConfig, num_layers: int, step: int) -> LayerPlan:
     return LayerPlan(tuple(range(num_layers)), num_layers)
 
 
-_PLANNERS = {
+_PLANNERS: dict[type, Callable[[Any, int, int], LayerPlan]] = {
     FullConfig: full_plan,
     D3Config: d3_plan,
     SkipDecodeConfig: skipdecode_plan,

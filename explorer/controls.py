@@ -13,6 +13,7 @@ from typing import Any, Callable
 import numpy as np
 
 from d3.config import (
+    DEFAULT_MODEL,
     DROP_ORDERS,
     Param,
     FILLS,
@@ -22,24 +23,30 @@ from d3.config import (
     SkipDecodeConfig,
     StrategyConfig,
     UnifiedConfig,
+    core_fits,
     default_core,
+    max_core_side,
     params,
 )
 from d3.orders import CHAT_ORDERS, MEASURED
-from d3.models import DEFAULT_MODEL
 from d3.schedule import plan
 from explorer.caps import Caps
-from explorer.parse import as_choice, as_number, whole
+from explorer.parse import as_choice, as_number, shown, whole
 
 # Strategies a person can put against full depth, with the names the page shows (each strategy's own label).
 STRATEGIES: tuple[type[StrategyConfig], ...] = (D3Config, SkipDecodeConfig, UnifiedConfig, EarlyExitConfig)
 STRATEGY_LABELS: dict[str, str] = {cls.name: cls.label for cls in STRATEGIES}
+STRATEGY_CLASSES: dict[str, type[StrategyConfig]] = {cls.name: cls for cls in STRATEGIES}
+# The fill control's first choice: each strategy's own default fill (D3's copy, early exit's propagate), so that the
+# page's one fill control never hands one strategy another's default.
+OWN_FILL = "default"
+FILL_CHOICES = (OWN_FILL, *FILLS)
 DECODINGS = ("greedy", "sample")
 # The controls that are a config field (d3.config's registry): the page's name (the API's parameter) -> (config
 # class, field). Their defaults, ranges, labels and help come from the field's `Param`, said once in d3/config.py.
 FIELDS: dict[str, tuple[type, str]] = {
     "alpha": (D3Config, "alpha"), "core_head": (D3Config, "core_head"), "core_tail": (D3Config, "core_tail"),
-    "start": (D3Config, "start"), "drop_order": (D3Config, "drop_order"), "fill": (D3Config, "fill"),
+    "start": (D3Config, "start"), "drop_order": (D3Config, "drop_order"), "fill": (StrategyConfig, "fill"),
     "unified_ratio": (UnifiedConfig, "ratio"), "skipdecode_max": (SkipDecodeConfig, "max_layers"),
     "skipdecode_min": (SkipDecodeConfig, "min_layers"), "threshold": (EarlyExitConfig, "threshold"),
     "max_new_tokens": (GenerationConfig, "max_new_tokens"), "temperature": (GenerationConfig, "temperature"),
@@ -61,8 +68,17 @@ LABELS: dict[str, str] = {
     "sweep_prompts": "Prompts", "sweep_settings": "Settings", "sweep_tokens": "New tokens per run",
 }
 HELP: dict[str, str] = {name: param_of(name).help for name in FIELDS}
-ALPHA_RANGE = (0.8, 1.0)  # the α slider's range: the part of (0, 1] where a decay leaves anything to look at
-TEMPERATURE_RANGE = (0.05, 2.0)
+# The page's narrower ranges, one overlay over the registry's (each within its field's `Param` range): α's slider
+# shows the part of (0, 1] where a decay leaves anything to look at; temperature's the part worth sampling at. The
+# sliders, the checks of a typed value, the needs view's slider and a sweep row's loading all read this table.
+PAGE_RANGES: dict[str, tuple[float, float]] = {"alpha": (0.8, 1.0), "temperature": (0.05, 2.0)}
+ALPHA_STEP = 0.001  # the α slider's step
+
+
+def page_param(name: str) -> Param:
+    """A control's Param as the page allows it: the registry's, narrowed by `PAGE_RANGES`."""
+    p = param_of(name)
+    return p.narrowed(*PAGE_RANGES[name]) if name in PAGE_RANGES else p
 METRICS = ("both", "cos", "dist")
 
 
@@ -88,7 +104,7 @@ class Controls:
     start: Any = control(param_of("start").default, redraws=True)
     drop_order: Any = control(param_of("drop_order").default, redraws=True)
     layer_order: Any = control("", redraws=True)  # with drop_order "calibrated": the flex layers, dropped first first
-    fill: Any = control(param_of("fill").default, redraws=True)
+    fill: Any = control(OWN_FILL, redraws=True)  # OWN_FILL: the chosen strategy's own default
     max_new_tokens: Any = control(param_of("max_new_tokens").default, redraws=True)
     decoding: Any = "greedy"
     temperature: Any = 0.8
@@ -289,6 +305,7 @@ def model_defaults(model: Any, kind: str = "chat") -> Controls:
 
 
 def _drop_order(c: Controls, num_layers: int) -> dict[str, Any]:
+    """drop_order and, when calibrated, the order fitted to the core (`fitted`; the page says so as the core moves)."""
     order = as_choice("drop_order", c.drop_order, DROP_ORDERS)
     c, _ = fitted(c, num_layers)
     if order != "calibrated":
@@ -296,40 +313,73 @@ def _drop_order(c: Controls, num_layers: int) -> dict[str, Any]:
     return {"drop_order": order, "layer_order": parse_layer_order(c.layer_order, num_layers)}
 
 
-def parse_strategy(c: Controls, num_layers: int, caps: Caps) -> StrategyConfig:
-    """The strategy config of the controls; ValueError naming the field and its range."""
-    name = as_choice("strategy", c.strategy, tuple(STRATEGY_LABELS))
-    fill = as_choice("fill", c.fill, FILLS)
-    if name == "d3":
+def _field_value(name: str, c: Controls, num_layers: int, caps: Caps) -> Any:
+    """A config-field control's value, checked against its field's range (narrowed where the page or the server
+    allows less), whichever strategy is chosen."""
+    value = getattr(c, name)
+    if name in ("core_head", "core_tail"):
         head, tail = default_core(num_layers)
-        cfg: StrategyConfig = D3Config(
-            alpha=as_param("alpha", c.alpha),
-            core_head=_core_layer("core_head", c.core_head, head, num_layers),
-            core_tail=_core_layer("core_tail", c.core_tail, tail, num_layers),
-            start=int(as_number("start", c.start, 0, caps.max_new_tokens, integer=True)),
-            fill=fill, **_drop_order(c, num_layers))
-    elif name == "skipdecode":
-        cfg = SkipDecodeConfig(max_layers=_optional_layers("skipdecode_max", c.skipdecode_max, num_layers),
-                               min_layers=_optional_layers("skipdecode_min", c.skipdecode_min, num_layers),
-                               horizon=c.new_tokens(caps), fill=fill)
-    elif name == "unified":
-        cfg = UnifiedConfig(ratio=as_param("unified_ratio", c.unified_ratio), fill=fill)
-    else:
-        cfg = EarlyExitConfig(threshold=as_param("threshold", c.threshold),
-                              min_layers=min(params(EarlyExitConfig)["min_layers"].default, num_layers), fill=fill)
+        return _core_layer(name, value, head if name == "core_head" else tail, num_layers)
+    if name == "start":
+        return int(as_number("start", value, 0, caps.max_new_tokens, integer=True))
+    if name in ("skipdecode_max", "skipdecode_min"):
+        return _optional_layers(name, value, num_layers)
+    if name == "fill":
+        return as_choice("fill", value, FILL_CHOICES)
+    if name == "drop_order":
+        return as_choice("drop_order", value, DROP_ORDERS)
+    return as_param(name, value)
+
+
+def parse_strategy(c: Controls, num_layers: int, caps: Caps) -> StrategyConfig:
+    """The strategy config of the controls; ValueError naming the field and its range. Every config-field control
+    is checked, the chosen strategy's and the others' alike (a field the strategy does not read takes no NaN, dict
+    or megabyte of text either); the chosen strategy's own fields are built from them (`FIELDS`), its other fields
+    keep their registry defaults, except the few the page sets from the run (SkipDecode's horizon: the run's
+    length; early exit's min layers: at most the model's)."""
+    cls = STRATEGY_CLASSES[as_choice("strategy", c.strategy, tuple(STRATEGY_CLASSES))]
+    values = {name: _field_value(name, c, num_layers, caps) for name, (owner, _) in FIELDS.items()
+              if owner is not GenerationConfig}
+    if c.drop_order != "calibrated" or cls is not D3Config:  # read only then: else the parse bounds it itself
+        _check_unused_order(c, num_layers)
+    own = {key: values[name] for name, (owner, key) in FIELDS.items() if name in values and issubclass(cls, owner)}
+    if own.get("fill") == OWN_FILL:
+        own["fill"] = params(cls)["fill"].default
+    if cls is D3Config:
+        own.update(_drop_order(c, num_layers))
+    elif cls is SkipDecodeConfig:
+        own["horizon"] = c.new_tokens(caps)
+    elif cls is EarlyExitConfig:
+        own["min_layers"] = min(params(EarlyExitConfig)["min_layers"].default, num_layers)
+    cfg = cls(**own)
     cfg.check_layers(num_layers)
     return cfg
+
+
+def _check_unused_order(c: Controls, num_layers: int) -> None:
+    """The calibrated order's box, read or not, holds text of a bounded length (a list: of bounded entries)."""
+    value = c.layer_order
+    limit = ORDER_CHARS_PER_LAYER * max(num_layers, REFIT_FROM_LAYERS)
+    if isinstance(value, (list, tuple)):
+        if len(value) > max(num_layers, REFIT_FROM_LAYERS) or not all(isinstance(x, (int, str)) for x in value):
+            raise ValueError(f"layer_order must be a list of at most {max(num_layers, REFIT_FROM_LAYERS)} layer numbers "
+                             "(unused unless D3's drop order is calibrated)")
+        return
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"layer_order={shown(value)} is not allowed: layer_order must be text (e.g. 3, 4, 17)")
+    if value is not None and len(value) > limit:
+        raise ValueError(f"layer_order is {len(value):,} characters long: at most {limit} (unused unless D3's drop "
+                         "order is calibrated)")
 
 
 def slider_ranges(c: Controls, num_layers: int, caps: Caps) -> dict[str, tuple[float, float, bool]]:
     """The page's sliders: name -> (min, max, integer), derived from the one state of the controls: each core
     slider reaches as far as the other leaves at least one flex layer (head + tail < L). The page sets the
     sliders' maxima from this (`derived`) and checks a typed value against it (`check_sliders`)."""
-    top = num_layers - 1
     head, tail = _core_or_default(c, num_layers)
-    return {"alpha": (*ALPHA_RANGE, False), "core_head": (0, max(top - tail, 0), True),
-            "core_tail": (0, max(top - head, 0), True), "start": (0, caps.max_new_tokens, True),
-            "temperature": (*TEMPERATURE_RANGE, False), "attention_layer": (0, top, True)}
+    return {"alpha": (*PAGE_RANGES["alpha"], False), "core_head": (0, max_core_side(tail, num_layers), True),
+            "core_tail": (0, max_core_side(head, num_layers), True), "start": (0, caps.max_new_tokens, True),
+            "temperature": (*PAGE_RANGES["temperature"], False), "attention_layer": (0, num_layers - 1, True)}
 
 
 def _core_or_default(c: Controls, num_layers: int) -> tuple[int, int]:
@@ -353,11 +403,10 @@ def clamped_core(c: Controls, num_layers: int, last: tuple[int, int] | None) -> 
     if last is None:
         return c
     head, tail = _core_or_default(c, num_layers)
-    top = num_layers - 1
     if head == last[0] and tail != last[1]:
-        tail = min(tail, max(top - head, 0))
+        tail = min(tail, max_core_side(head, num_layers))
     elif tail == last[1] and head != last[0]:
-        head = min(head, max(top - tail, 0))
+        head = min(head, max_core_side(tail, num_layers))
     return c.with_(core_head=head, core_tail=tail)
 
 
@@ -415,8 +464,8 @@ REFIT_FROM_LAYERS = 256  # an order made for another model (up to this many laye
 
 def fitted(c: Controls, num_layers: int) -> tuple[Controls, str]:
     """The controls with a calibrated order that fits their core, and one line saying what changed ("" when
-    nothing did). Only an order of distinct layers is re-fitted (one calibrated for another core or model);
-    anything else is left for the parse to refuse with what to type."""
+    nothing did). Only an order of distinct layers is re-fitted (one calibrated for another core or model, or typed
+    short: no dead end, issue 24); anything else is left for the parse to refuse with what to type."""
     if c.drop_order != "calibrated":
         return c, ""
     try:
@@ -427,7 +476,8 @@ def fitted(c: Controls, num_layers: int) -> tuple[Controls, str]:
                              0, num_layers - 1, integer=True))
     except ValueError:
         return c, ""
-    if len(set(order)) != len(order) or head + tail >= num_layers or sorted(order) == list(range(head, num_layers - tail)):
+    if len(set(order)) != len(order) or not core_fits(head, tail, num_layers) \
+            or sorted(order) == list(range(head, num_layers - tail)):
         return c, ""
     new = refit_order(order, c.model, num_layers, head, tail)
     how = ("the order measured for this core" if tuple(MEASURED.get(str(c.model), {}).get((head, tail), ())) == new
@@ -470,6 +520,7 @@ def schedule_of(c: Controls, strategy: StrategyConfig, num_layers: int, caps: Ca
     runs: it is drawn beside it)."""
     steps = c.new_tokens(caps)
     d3 = strategy if isinstance(strategy, D3Config) else parse_strategy(c.with_(strategy="d3"), num_layers, caps)
+    assert isinstance(d3, D3Config)
     return Schedule(strategy, num_layers, steps, other_schedules(strategy, d3, num_layers, steps))
 
 

@@ -14,7 +14,7 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import gradio as gr
 import pandas as pd
@@ -24,15 +24,12 @@ from plotly.offline import get_plotlyjs
 from explorer import views
 from explorer.controls import Controls, takes_controls
 from explorer.explain import lens_view, read_session_lens, scrub_views
-from explorer.layers_view import redraw_layers
-from explorer.needs import redraw_needs
 from explorer.parse import as_choice, as_number
 from explorer.pool import ModelPool
 from explorer.session import Session
 from explorer.ui import user_errors
 from explorer.view_handlers import redraw_schedule
 from viz import to_html
-from viz.lens import has_lens
 
 # Inside Gradio's cache folder (GRADIO_TEMP_DIR), where Gradio serves a returned file as it is: anywhere else it
 # copies each file into that folder and keeps the copy for an hour, out of reach of the cap below.
@@ -45,7 +42,12 @@ PLOTLY_JS = "plotly.min.js"  # one copy in EXPORT_ROOT, downloaded beside each f
 # Every view Export offers: every view of the registry, in tab order (the decay curve first). Most are drawn from the
 # session's run; the schedule's two from the controls; the lens is read out of the run first; "What each token
 # needs" and "Which layers matter" from their own measurements (kept in their states); the scrubber at a token.
-FIGURES = tuple(v.key for v in views.registry() if v.export)
+def figures() -> tuple[str, ...]:
+    """The views Export offers, in tab order: every view of the registry that exports (`View.export`)."""
+    return tuple(v.key for v in views.registry() if v.export)
+
+
+FIGURES = figures()
 
 
 _PRUNING = threading.Lock()  # one pruner at a time in this process: two would delete and stat the same folders
@@ -142,33 +144,18 @@ def export_trace(session: Session | None) -> list[str]:
     return [str(folder / n) for n in (*files, "traces.csv")]
 
 
-# Figures drawn from a run: what each needs, and what to do first when it is missing (else the export would be
-# the placeholder that asks for it).
-NOT_COMPUTED: dict[str, tuple[Callable[[Session], Any], str]] = {
-    "usage": (lambda s: s.d3, "press Generate first."),
-    "flow": (lambda s: s.d3, "press Generate first."),
-    "attention": (lambda s: s.d3, "press Generate first."),
-    "errors": (lambda s: s.comparison, "let a run finish (the error views come after both streams)."),
-    "fills": (lambda s: s.fills, "press “Compare fills” in the Fill strategies tab first."),
-    "lens": (lambda s: s.d3 is not None and has_lens(s.d3), "press Generate first (with “Record the logit lens” "
-                                                            "ticked)."),
-    "scrub": (lambda s: s.d3 is not None and s.d3.steps, "press Generate first."),
-}
-MEASURED_FIRST = {"needs": "press “Measure what each token needs” in its tab first.",
-                  "layers": "press “Measure which layers matter” in its tab first."}
-
-
 def _figures(pool: ModelPool, s: Session, key: str, measured: Any, token: Any, controls: Controls) -> dict[str, Any]:
     """The view's figure(s) by file name (the scrubber has two); `measured`: the view's own measurement, if any."""
     p = controls.view.presentation
     if key in ("decay", "planned"):
         decay, planned = redraw_schedule(pool, s, **vars(controls))
         return {key: decay if key == "decay" else planned}
-    if key in MEASURED_FIRST:
+    view = views.by_key()[key]
+    if view.measured:  # its own measurement, kept in its state (what to press first: `view.first`)
         if measured is None:
-            raise gr.Error(f"Nothing to export yet: {MEASURED_FIRST[key]}", print_exception=False)
-        redraw = redraw_needs if key == "needs" else redraw_layers
-        return {key: redraw(pool, measured, **vars(controls))}
+            raise gr.Error(f"Nothing to export yet: {view.first}", print_exception=False)
+        assert view.redraw is not None
+        return {key: view.redraw(pool, measured, **vars(controls))}
     if key == "scrub":
         last = len(s.d3.steps) - 1
         index = last if token is None else int(as_number("Token", token, 0, last, integer=True))
@@ -190,14 +177,15 @@ def export_figure(pool: ModelPool, session: Session | None, figure: str, needs_s
     if s is None:  # the page makes one on load; an API caller gets one by generating
         raise gr.Error("Nothing to export yet: press Generate first.", print_exception=False)
     with user_errors():
-        key = as_choice("figure", figure, FIGURES)
+        key = as_choice("figure", figure, figures())
         if key == "lens":
             read_session_lens(pool, s)
-        if key in NOT_COMPUTED and not NOT_COMPUTED[key][0](s):
-            raise gr.Error(f"Nothing to export yet: {NOT_COMPUTED[key][1]}", print_exception=False)
+        view = views.by_key()[key]
+        if not view.measured and not view.ready_in(s):  # else the export would be the placeholder that asks for it
+            raise gr.Error(f"Nothing to export yet: {view.first}", print_exception=False)
         measured = needs_state if key == "needs" else layers_state if key == "layers" else None
-        figures = _figures(pool, s, key, measured, scrub_index, controls)
-    pages = {name: to_html(fig, plotlyjs=PLOTLY_JS) for name, fig in figures.items()}
+        drawn = _figures(pool, s, key, measured, scrub_index, controls)
+    pages = {name: to_html(fig, plotlyjs=PLOTLY_JS) for name, fig in drawn.items()}
     folder = export_dir(s, room=sum(map(len, pages.values())))
     for name, page in pages.items():
         (folder / f"{name}.html").write_text(page, encoding="utf-8")

@@ -14,17 +14,18 @@ from d3.models import ModelFacts
 from d3.research.sweep import BUILTIN_PROMPTS
 from explorer import views
 from explorer.controls import (
-    ALPHA_RANGE,
+    ALPHA_STEP,
+    OWN_FILL,
+    PAGE_RANGES,
     DECODINGS,
     DEFAULTS,
     HELP,
     LABELS,
     STRATEGY_LABELS,
-    TEMPERATURE_RANGE,
     default_attention_layer,
     model_defaults,
 )
-from explorer.export import FIGURES
+from explorer.export import figures
 from explorer.pool import ModelPool
 from explorer.scenarios import SCENARIOS
 from explorer.session import HISTORY_COLUMNS
@@ -48,7 +49,7 @@ def _key_controls(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> Non
     """The controls a lesson turns most: α, the core split and the length, beside the prompt."""
     layers = facts.num_layers
     head, tail = default_core(layers)
-    ui["alpha"] = gr.Slider(*ALPHA_RANGE, value=model_defaults(pool.names[0]).alpha, step=0.001, label=LABELS["alpha"],
+    ui["alpha"] = gr.Slider(*PAGE_RANGES["alpha"], value=model_defaults(pool.names[0]).alpha, step=ALPHA_STEP, label=LABELS["alpha"],
                             info=HELP["alpha"], elem_id="alpha")
     with gr.Row(elem_id="core-row"):
         # head + tail stays below L: each slider's maximum follows the other (wiring.bound_core)
@@ -73,7 +74,8 @@ def _more_controls(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> No
                                        info=HELP["drop_order"] + ". calibrated: measured on this model (the default; docs/drop_order.md). middle_out, the paper's literal "
                                        "reading, keeps 22.7% of SmolLM2's arithmetic at 29 layers (calibrated 75-79%, full 83%); "
                                        "strided is not nested: filling matters", min_width=140)
-        ui["fill"] = gr.Dropdown(list(FILLS), value=DEFAULTS.fill, label=LABELS["fill"],
+        ui["fill"] = gr.Dropdown([("the strategy's own", OWN_FILL), *((f, f) for f in FILLS)], value=DEFAULTS.fill,
+                                 label=LABELS["fill"],
                                  info=HELP["fill"], min_width=140)
     ui["layer_order"] = gr.Textbox(model_defaults(pool.names[0]).layer_order, label="Calibrated order (drop order 'calibrated'): flex "
                                    "layers, dropped first → last", elem_id="layer-order", max_lines=2,
@@ -87,7 +89,7 @@ def _more_controls(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> No
         ui["decoding"] = gr.Radio(list(DECODINGS), value=DEFAULTS.decoding, label="Decoding", min_width=140)
         ui["chat_template"] = gr.Checkbox(facts.chat_template, label="Chat template (instruct models)", min_width=140)
     with gr.Row():
-        ui["temperature"] = gr.Slider(*TEMPERATURE_RANGE, value=DEFAULTS.temperature, step=0.05,
+        ui["temperature"] = gr.Slider(*PAGE_RANGES["temperature"], value=DEFAULTS.temperature, step=0.05,
                                       label=LABELS["temperature"], info=HELP["temperature"] + " (sampling only)",
                                       min_width=140)
         ui["seed"] = gr.Number(DEFAULTS.seed, label=LABELS["seed"], info=HELP["seed"] + " (sampling only)",
@@ -144,7 +146,7 @@ def _tabs(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> None:
         with gr.Tab("Export", id="export"):
             with gr.Row():
                 ui["export_trace"] = gr.Button("Download traces (JSON + CSV)")
-                ui["figure"] = gr.Dropdown([(views.titles()[k], k) for k in FIGURES], value="usage",
+                ui["figure"] = gr.Dropdown([(views.titles()[k], k) for k in figures()], value="usage",
                                            label="Figure to export")
                 ui["export_figure"] = gr.Button("Download figure (HTML + plotly.min.js: keep both in one folder)")
             ui["files"] = gr.File(label="Files", file_count="multiple", interactive=False)

@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 from d3.config import D3Config
 from d3.research.oracle import measure
 from d3.research.oracle_fit import fit_alpha, underserved_fraction
-from explorer.controls import CONTROL_NAMES, Controls, page_words, takes_controls
+from explorer.controls import ALPHA_STEP, CONTROL_NAMES, PAGE_RANGES, Controls, page_words, takes_controls
 from explorer.pool import ModelPool
 from explorer.runs import check_run, prepare_run
 from explorer.ui import model_queue, ordered, user_errors, within_limit
@@ -26,7 +26,6 @@ NEEDS_OUTPUTS = ("needs_state", "needs", "needs_note")
 FIT_OUTPUTS = ("needs_state", "alpha", "needs", "needs_note")
 ORACLE_MAX_TOKENS = 64  # every budget of every token runs: bounded so that a click costs about a minute on a CPU
 COVERAGE_K = 0.10  # "fit α" picks the fastest decay that gives at most this share of tokens less than they need
-ALPHA_SLIDER = (0.8, 1.0, 0.001)  # the α slider's range and step (explorer.layout)
 # Controls after which the drawn budgets change; redrawing needs no model.
 REDRAW_ON = ("alpha", "start", "core_head", "core_tail", "drop_order", "presentation")
 
@@ -95,7 +94,7 @@ def fit_to_prompt(pool: ModelPool, state: Needs | None, controls: Controls) -> t
         cfg, needs = _measured(pool, state, controls)
         fit = fit_alpha([needs.oracle_depth], needs.num_layers, core=cfg.core(needs.num_layers), k=COVERAGE_K,
                         start=cfg.start)["coverage"]
-        lo, hi, step = ALPHA_SLIDER
+        (lo, hi), step = PAGE_RANGES["alpha"], ALPHA_STEP
         # Up to the slider's step: rounding down could under-serve more than the fit allows.
         alpha = min(hi, max(lo, math.ceil(round(fit.alpha / step, 6)) * step))
         alpha = round(alpha, 3)

@@ -13,14 +13,14 @@ from typing import Any, Callable, Mapping
 import gradio as gr
 import pandas as pd
 
-from d3.config import D3Config, SkipDecodeConfig, UnifiedConfig, strategy_from_dict
+from d3.config import D3Config, GenerationConfig, SkipDecodeConfig, strategy_from_dict
 from d3.engine import Engine
 from d3.research.sweep import SweepSpec
 from d3.research.sweep.run import run_sweep as run_sweep_file
 from d3.research.sweep.table import read_results
 from explorer import views
 from explorer.caps import Caps
-from explorer.controls import CONTROL_NAMES, STRATEGY_LABELS, layer_order_text
+from explorer.controls import CONTROL_NAMES, FIELDS, LABELS, PAGE_RANGES, STRATEGY_LABELS, layer_order_text, page_param
 from explorer.parse import as_choice, as_flag, as_number, clean_prompt
 from explorer.pool import ModelPool
 from explorer.ui import core_sliders, ordered, user_errors
@@ -183,16 +183,19 @@ def sweep_controls(row: Mapping[str, Any]) -> dict[str, Any]:
     layers = int(row["num_layers"])
     if cfg.name not in STRATEGY_LABELS:
         raise ValueError("this row is the full-depth reference, which the right pane always runs: pick another row")
-    out: dict[str, Any] = {"strategy": cfg.name, "fill": cfg.fill, "max_new_tokens": int(row["new_tokens"])}
+    out: dict[str, Any] = {"strategy": cfg.name, "max_new_tokens": int(row["new_tokens"])}
+    for control, (owner, key) in FIELDS.items():  # every page control that is one of this strategy's fields
+        if owner is not GenerationConfig and isinstance(cfg, owner):
+            out[control] = getattr(cfg, key)
     if isinstance(cfg, D3Config):
-        head, tail = cfg.core(layers)
-        out.update(alpha=cfg.alpha, core_head=head, core_tail=tail, start=cfg.start, drop_order=cfg.drop_order,
-                   layer_order=layer_order_text(cfg.layer_order) if isinstance(cfg.layer_order, tuple) else "")
+        out["core_head"], out["core_tail"] = cfg.core(layers)
+        out["layer_order"] = layer_order_text(cfg.layer_order) if isinstance(cfg.layer_order, tuple) else ""
     elif isinstance(cfg, SkipDecodeConfig):
-        hi, lo = cfg.bounds(layers)
-        out.update(skipdecode_max=hi, skipdecode_min=lo)
-    elif isinstance(cfg, UnifiedConfig):
-        out.update(unified_ratio=cfg.ratio)
+        out["skipdecode_max"], out["skipdecode_min"] = cfg.bounds(layers)
+    for control in PAGE_RANGES.keys() & out.keys():  # a setting the page's controls cannot hold is not loaded
+        if not page_param(control).ok(out[control]):
+            raise ValueError(f"{LABELS[control]} {out[control]:g} is outside the page's range "
+                             f"({page_param(control).allowed()}): run it with `python -m d3 generate`")
     return out
 
 
@@ -316,8 +319,6 @@ def _load_sweep_row(sweep_results: pd.DataFrame | None, index: Any) -> tuple[Any
         return ordered(SWEEP_LOAD_OUTPUTS, sweep_note=f"**{row['label']}**: {err}.")
     if "core_head" in values:
         values.update(core_sliders(int(row["num_layers"]), values["core_head"], values["core_tail"]))
-    if "alpha" in values:  # a tuned alpha below the slider's range widens it rather than being clipped
-        values["alpha"] = gr.update(value=values["alpha"], minimum=min(0.8, values["alpha"]))
     note = f"Loaded **{row['label']}** into the controls: press Generate to run it side by side with full depth."
     status = views.status_html(None, None, f"Loaded from the sweep: {row['label']}. Press Generate to run it.")
     return ordered(SWEEP_LOAD_OUTPUTS, sweep_note=note, modes=gr.Tabs(selected="live"), status=status, **values)

@@ -280,6 +280,9 @@ def wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     runs["_model"] = loaded  # the lens and scrubber forget the other model's run too
     _redraw_after(pool, ui, loaded)
     _wire_views(pool, ui, moves)
+    for view in views.registry():  # a view's own events, declared in its module (`View.wire`)
+        if view.wire is not None:
+            view.wire(pool, ui, runs)
     fitted, used = wire_needs(pool, ui, moves), wire_layers(pool, ui, moves)
     explain_moves(pool, ui, moves)
     moves.wire()

@@ -28,13 +28,3 @@ SWEEP_EXPLAIN = (
     "60 s and shows the rows it finished, with a note saying so. Each setting is timed in 3 pairs against "
     "full depth per prompt and the median is shown; timings are still noisy on a busy machine.")
 
-
-def __getattr__(name: str) -> object:
-    """VIEWS and EXPLAIN (titles and explanations by view key), read from the view registry."""
-    from explorer import views
-
-    if name == "VIEWS":
-        return views.titles()
-    if name == "EXPLAIN":
-        return views.explanations()
-    raise AttributeError(name)

@@ -128,12 +128,15 @@ def finished(pool):
 
 
 @pytest.fixture(scope="module")
-def engine():
-    """The tiny engine, counting its decode steps, behind the served page (`url`)."""
+def engine(request):
+    """The one `engine` fixture: a tiny random Llama behind an `Engine` that counts its decode steps (and can be
+    slowed down: `engine.delay`), one per test module, so a module may change it (a delay, a counter) without
+    touching another's. Its layers: the module's `ENGINE_LAYERS` (default 6; the page's modules use 30, SmolLM2's
+    count, so that the page's default core 3 + 3 and calibrated orders fit)."""
     from tests.apphelpers import CountingEngine
     from tests.tiny import tiny_llama, tiny_tokenizer
 
-    return CountingEngine(tiny_llama(6), tiny_tokenizer(), name="tiny")
+    return CountingEngine(tiny_llama(getattr(request.module, "ENGINE_LAYERS", 6)), tiny_tokenizer(), name="tiny")
 
 
 @pytest.fixture(scope="module")

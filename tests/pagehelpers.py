@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from explorer.wording import VIEWS
+from explorer import views as _views
+
+VIEWS = _views.titles()  # each view's title by key, from the view registry
 
 # Screenshots for a person to look at: into $D3_SCREENSHOTS when set, else the test run's scratch folder (removed
 # at the end, see tests/conftest.py), so a plain run leaves nothing behind.

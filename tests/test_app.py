@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 import app
-from explorer import export, live, page, view_handlers, views
+from explorer import export, live, page, view_handlers
 from d3.config import D3Config
 from d3.models import ModelFacts
 from d3.schedule import budgets, planned_grid
@@ -79,12 +79,12 @@ def test_generate_throttles_heavy_figures(pool, unpaced) -> None:
     ({"prompt": "a" * 9000}, "limit is 8,000 characters"),
     ({"alpha": 0}, r"alpha must be a number in \(0, 1\]"),
     ({"alpha": "fast"}, "alpha='fast' is not a number"),
-    ({"core_head": 5, "core_tail": 4}, "at most the model's 6 layers"),
+    ({"core_head": 5, "core_tail": 4}, "at most 5: the model's 6 layers less one flex layer"),
     ({"max_new_tokens": -3}, r"max_new_tokens must be an integer in \[1, 64\]"),
     ({"max_new_tokens": 10**9}, "max_new_tokens"),
     ({"max_new_tokens": None}, "max_new_tokens is missing"),
     ({"strategy": "magic"}, "strategy must be one of"),
-    ({"fill": "glue"}, "fill must be one of copy, propagate, none"),
+    ({"fill": "glue"}, "fill must be one of default, copy, propagate, none"),
     ({"model": "no-such-model"}, "unknown model|not allowed"),
     ({"attention_layer": 6}, r"attention_layer must be an integer in \[0, 5\]"),
 ])
@@ -371,8 +371,11 @@ def measured(pool, figure: str, args: dict) -> dict:
     return {}
 
 
-def test_export_offers_every_view_of_the_registry() -> None:
-    assert export.FIGURES == tuple(v.key for v in views.registry())  # in tab order, the decay curve first
+def test_export_refuses_a_figure_that_is_no_view(pool, finished) -> None:
+    """Export answers for the views the page has (each one: the parametrized test below) and refuses any other name
+    in one line naming what is allowed."""
+    with pytest.raises(gr.Error, match=r"figure='nope' is not allowed: figure must be one of decay, "):
+        export.export_figure(pool, finished, "nope", **{k: v for k, v in DEFAULTS.items() if k != "prompt"})
 
 
 @pytest.mark.parametrize("figure", export.FIGURES)

@@ -47,7 +47,7 @@ def test_bad_input_is_a_clear_error_and_the_server_keeps_serving(url) -> None:
     c = client(url)
     for bad, message in [({"prompt": "   "}, "prompt is empty"), ({"alpha": 1.5}, "alpha must be a number in (0, 1]"),
                          ({"max_new_tokens": "lots"}, "max_new_tokens='lots' is not a number"),
-                         ({"core_head": 4, "core_tail": 4}, "at most the model's 6 layers"),
+                         ({"core_head": 4, "core_tail": 4}, "at most 5: the model's 6 layers less one flex layer"),
                          ({"strategy": "warp"}, "strategy must be one of"), ({"prompt": "x" * 9000}, "8,000")]:
         with pytest.raises(Exception, match="") as err:
             c.predict(**{**RUN, **bad}, api_name="/generate")

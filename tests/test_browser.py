@@ -3,6 +3,8 @@ go to $D3_SCREENSHOTS when set (for a person to look at), else into the run's sc
 
 from __future__ import annotations
 
+import re
+
 import time
 
 import pytest
@@ -152,11 +154,11 @@ def test_clicking_a_sweep_point_loads_its_setting_into_the_live_controls(browser
         page.wait_for_function("() => window.__clicked !== null")
         clicked = page.evaluate("() => window.__clicked")
         label = clicked["text"].split(" · ")[0]
-        assert label.startswith("d3 α=")
+        assert label.startswith("D3 (α=")
         page.wait_for_function("(l) => document.querySelector('#sweep-note').innerText.includes('Loaded ' + l)",
                                arg=label)
         alpha = float(page.input_value("#alpha input[type=number]"))
-        assert alpha == pytest.approx(float(label.split("α=")[1].split()[0]), abs=1e-3)  # the live α is the point's
+        assert alpha == pytest.approx(float(re.split(r"[,)]", label.split("α=")[1])[0]), abs=1e-3)  # the live α is the point's
         assert f"Loaded from the sweep: {label}" in page.inner_text("#status")  # shown on the Live tab it moved to
         page.screenshot(path=str(ARTIFACTS / "browser_sweep.png"), full_page=True)
     finally:

@@ -10,7 +10,6 @@ from urllib.parse import parse_qsl, urlsplit
 import pytest
 
 from d3.trace import RAN
-from tests.apphelpers import CountingEngine
 from tests.pagehelpers import (
     ARTIFACTS,
     DESKTOP,
@@ -22,7 +21,6 @@ from tests.pagehelpers import (
     open_view,
     wait_for_status,
 )
-from tests.tiny import tiny_llama, tiny_tokenizer
 from viz.layout import CELL_COLORS
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.filterwarnings("ignore::UserWarning"),
@@ -30,9 +28,7 @@ pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.m
 LAYERS = 30
 
 
-@pytest.fixture(scope="module")
-def engine() -> CountingEngine:
-    return CountingEngine(tiny_llama(LAYERS), tiny_tokenizer(), name="tiny")
+ENGINE_LAYERS = LAYERS  # the conftest `engine` fixture's layer count for this module
 
 
 # ---------------------------------------------------------------- in the browser

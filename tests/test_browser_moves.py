@@ -25,9 +25,7 @@ Image = pytest.importorskip("PIL.Image")
 LAYERS = 30
 
 
-@pytest.fixture(scope="module")
-def engine() -> CountingEngine:
-    return CountingEngine(tiny_llama(LAYERS), tiny_tokenizer(), name="tiny")
+ENGINE_LAYERS = LAYERS  # the conftest `engine` fixture's layer count for this module
 
 
 @pytest.fixture(scope="module")

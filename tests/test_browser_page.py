@@ -27,8 +27,6 @@ from tests.pagehelpers import (
     view_names,
     wait_for_status,
 )
-from tests.apphelpers import CountingEngine
-from tests.tiny import tiny_llama, tiny_tokenizer
 from viz.depth import raw_decay
 from viz.layout import strategy_label
 
@@ -37,9 +35,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::Deprecati
 playwright_api = pytest.importorskip("playwright.sync_api")
 
 
-@pytest.fixture(scope="module")
-def engine() -> CountingEngine:
-    return CountingEngine(tiny_llama(30), tiny_tokenizer(), name="tiny")
+ENGINE_LAYERS = 30  # the conftest `engine` fixture's layer count for this module
 
 
 # ---------------------------------------------------------------- 1: results above the fold
@@ -183,16 +179,16 @@ def test_on_a_phone_every_view_is_reachable_and_the_grid_is_readable(page) -> No
 
 # Watches the decay curve from inside the page: when the name of its planned line (it carries α) last changed.
 # The decay curve's D3 planned line as the page shows it ("name|y", y as plotly decoded it), sampled every 5 ms:
-# the times it changed.
+# the changes, each with whether the browser's preview drew it (true) or the server (false).
 DECAY_LINE = """() => { const t = document.querySelector('#plot-decay .js-plotly-plot')._fullData
   .find(d => d.meta && d.meta.role === 'planned' && d.meta.strategy === 'd3');
   return t.name + '|' + Array.from(t.y).join(','); }"""
-WATCH_DECAY = f"""() => {{ const line = {DECAY_LINE}; window.__last = line(); window.__changed = [];
-  setInterval(() => {{ const n = line(); if (n !== window.__last) {{ window.__last = n;
-    window.__changed.push([performance.now(), n]); }} }}, 5); }}"""
 # Who drew the decay curve last: the browser's preview (assets/decay_preview.js) or the server.
 PREVIEWED = """() => { const gd = document.querySelector('#plot-decay .js-plotly-plot');
   return gd.__d3PreviewOf === gd.layout.meta.d3_schedule; }"""
+WATCH_DECAY = f"""() => {{ const line = {DECAY_LINE}; const previewed = {PREVIEWED}; window.__last = line();
+  window.__changed = []; setInterval(() => {{ const n = line(); if (n !== window.__last) {{ window.__last = n;
+    window.__changed.push([n, previewed()]); }} }}, 5); }}"""
 
 
 def expected_line(page) -> str:
@@ -203,40 +199,37 @@ def expected_line(page) -> str:
     return f"{strategy_label(cfg)}: planned|" + ",".join(map(str, budgets(cfg, meta["num_layers"], meta["steps"])))
 
 
-def drag_alpha(page, to: float) -> tuple[float, float]:
-    """Drag the α slider to `to` of its width. Returns the ms from letting go, and from the pointer's last move,
-    until the decay curve shows the released α (0 where it already did); asserts that it never shows another α
-    after that, and that the server's redraw, once the run that letting go starts is done, is the very same line."""
+def drag_alpha(page, to: float) -> bool:
+    """Drag the α slider to `to` of its width. Returns whether the browser's preview, not the server, first drew the
+    released α; asserts that the curve never shows another α after that, and that the server's redraw, once the
+    run that letting go starts is done, is the very same line."""
     box = page.locator("#alpha input[type=range]").bounding_box()
     y = box["y"] + box["height"] / 2
     page.mouse.move(box["x"] + box["width"] * 0.97, y)
     page.mouse.down()
-    start = page.evaluate("() => { window.__changed = []; return [performance.now(), window.__last]; }")
+    start = page.evaluate("() => { window.__changed = []; return [window.__last, false]; }")
     page.mouse.move(box["x"] + box["width"] * to, y, steps=12)
-    moved = page.evaluate("() => performance.now()")
-    up = page.evaluate("() => performance.now()")
     page.mouse.up()
     time.sleep(2.0)
     expected = expected_line(page)
     states = [start, *page.evaluate("() => window.__changed")]
-    matched = next(i for i, (_, line) in enumerate(states) if line == expected)  # StopIteration: never shown
-    assert all(line == expected for _, line in states[matched:]), [(round(t - up), l[:40]) for t, l in states]
+    matched = next(i for i, (line, _) in enumerate(states) if line == expected)  # StopIteration: never shown
+    assert all(line == expected for line, _ in states[matched:]), [(line[:40], p) for line, p in states]
     wait_for_status(page, "Done.")  # letting go regenerates: let that run end before the next drag
     time.sleep(1.0)
     assert page.evaluate(DECAY_LINE) == expected and not page.evaluate(PREVIEWED)  # the server drew it, the same
-    return max(0.0, states[matched][0] - up), max(0.0, states[matched][0] - moved)
+    return states[matched][1]
 
 
-def test_a_slider_drag_redraws_the_decay_curve_within_300_ms_of_release(page) -> None:
+def test_a_slider_drag_redraws_the_decay_curve_in_the_browser_before_the_server_answers(page) -> None:
+    """While α is dragged the browser redraws the curve itself (assets/decay_preview.js): the released α is first
+    drawn by the preview, not by the server's redraw (which lands later, beside the run that letting go starts,
+    with the same line). No wall-clock threshold: who drew the line is what is checked; scripts/measure_app.py
+    measures the page's speed."""
     page.wait_for_function("() => document.querySelector('#plot-decay .js-plotly-plot')?.layout?.meta")
     page.evaluate(WATCH_DECAY)
-    times = [drag_alpha(page, to) for to in (0.3, 0.6, 0.45)]
-    print(f"decay curve shows the released α, ms after (release, last pointer move): "
-          f"{[(round(a), round(b)) for a, b in times]}")
-    # The browser redraws the curve itself while the slider moves (assets/decay_preview.js), in the same task as
-    # the move: 0 ms after release and after the last move, at 5 ms sampling, for every drag here, where the
-    # server's redraw had taken 250-1700 ms beside the run that letting go starts.
-    assert max(release for release, _ in times) <= 300, times
+    drawn_by_preview = [drag_alpha(page, to) for to in (0.3, 0.6, 0.45)]
+    assert all(drawn_by_preview), drawn_by_preview
 
 
 def test_a_run_streaming_the_old_schedule_does_not_take_the_curve_back(page, engine) -> None:

@@ -21,8 +21,8 @@ def tiny_cli(monkeypatch, tiny_engine):
     (["generate", "--prompt", "hi", "--alpha", "1.5"], "alpha=1.5 is not allowed"),
     (["generate", "--prompt", "hi", "--strategy", "full", "--alpha", "0.9"], "--alpha does not apply"),
     (["generate", "--prompt", "hi", "--fill", "zeros"], "invalid choice"),
-    (["generate", "--prompt", "hi", "--max-new-tokens", "-4"], "max_new_tokens"),
-    (["generate", "--prompt", "hi", "--alpha", "abc"], "invalid float"),
+    (["generate", "--prompt", "hi", "--max-new-tokens", "-4"], "--max-new-tokens must be an integer in [1, 1024]"),
+    (["generate", "--prompt", "hi", "--alpha", "abc"], "argument --alpha: 'abc' is not allowed"),
     (["frobnicate"], "invalid choice"),
 ])
 def test_bad_arguments_exit_2_with_one_line(tiny_cli, capsys, argv, message):
@@ -33,7 +33,7 @@ def test_bad_arguments_exit_2_with_one_line(tiny_cli, capsys, argv, message):
 
 def test_core_larger_than_model(tiny_cli, capsys):
     assert cli.main(["generate", "--prompt", "hi", "--core-head", "5", "--core-tail", "5"]) == 2
-    assert "at most the model's 6 layers" in capsys.readouterr().err
+    assert "at most 5: the model's 6 layers less one flex layer" in capsys.readouterr().err
 
 
 def test_generate_prints_text_and_per_token_summary(tiny_cli, capsys):
@@ -60,7 +60,7 @@ def _must_not_run(*args, **kwargs):
 def test_an_output_path_that_is_a_directory_fails_before_any_work(command, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr("d3.research.sweep.run.run_sweep", _must_not_run)
     monkeypatch.setattr("d3.models.get_model", _must_not_run)
-    monkeypatch.setattr("viz.report.write_report", _must_not_run)
+    monkeypatch.setattr("viz.report.write_html", _must_not_run)
     results = tmp_path / "x.csv"
     results.write_text("key\n")
     flag = "--json" if command == "bench" else "--out"
@@ -169,7 +169,7 @@ def test_a_core_too_large_for_a_local_model_is_refused_right_after_it_loads(tiny
     monkeypatch.setattr("d3.research.sweep.run.run_sweep", _no_model)
     argv = ["sweep", "--model", str(tmp_path), "--cores", "4+4", "--out", str(tmp_path / "s.csv")]
     assert cli.main(argv) == 2
-    assert f"--cores 4+4: head + tail must be below {tmp_path}'s 6 layers" in capsys.readouterr().err
+    assert f"--cores 4+4: head + tail must be at most 5, leaving one of {tmp_path}'s 6 layers" in capsys.readouterr().err
 
 
 def test_an_unknown_layer_order_name_suggests_real_signals(tiny_cli, capsys, tmp_path, monkeypatch):
@@ -214,3 +214,51 @@ def test_sweep_on_a_tiny_model_prints_each_rows_paired_interval(tiny_engine, tmp
     assert sweep_main(args, engine=tiny_engine) == 0
     lines = [x for x in capsys.readouterr().out.splitlines() if "layers," in x]
     assert len(lines) == 2 and all("agreement" in x and "[" in x and "pts" in x for x in lines)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["calibrate", "--threads", "-1"], "argument --threads: '-1' is not allowed: an integer in [0, 1024]"),
+    (["oracle", "--prompt", "hi", "--threads", "-1"], "argument --threads: '-1' is not allowed"),
+    (["paper", "--threads", "-1"], "argument --threads: '-1' is not allowed"),
+    (["bench", "--prompts", "1000"], "argument --prompts: '1000' is not allowed: an integer in [1, "),
+    (["calibrate", "--steps", "1000"], "--steps must be an integer in [1, 24]"),
+    (["calibrate", "--core-head", "20", "--core-tail", "10"], "--core-head + --core-tail=30 is not allowed"),
+    (["generate", "--prompt", "hi", "--strategy", "early_exit", "--min-layers", "40"],
+     "min_layers must be at most the model's 6 layers"),
+    (["generate", "--prompt", "hi", "--strategy", "skipdecode", "--min-layers", "40"],
+     "min_layers must be at most max_layers (4 on this model's 6 layers)"),
+    (["oracle", "--prompt", "hi", "--alpha", "1.5"], "--alpha must be a number in (0, 1]"),
+    (["oracle", "--prompt", "hi", "--drop-order", "sideways"], "invalid choice"),
+    (["sweep", "--new-tokens", "1"], "--new-tokens must be an integer in [2, 1024]"),
+])
+def test_the_cli_refuses_what_it_cannot_do_in_one_line(tiny_cli, monkeypatch, capsys, argv, message):
+    """Issue 36, item 7: exit 2, one line naming the flag and the allowed range, no traceback, before any model
+    loads (calibrate's steps: SmolLM2's 30 layers are known without loading it)."""
+    monkeypatch.setattr("d3.models.get_model", _must_not_run)
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("text", ["name,score\nalpha,1\n", '{"broken": ', "strategy,key,label,params,mean_layers,"
+                                  "measured_speedup\nd3,k,x,{},20,1.2\n"])
+def test_report_refuses_results_that_are_not_a_sweeps(tmp_path, monkeypatch, capsys, text):
+    """Another CSV, broken JSON, or a sweep's table without its full-depth reference: exit 2 in one line, and no
+    report.html claiming that no baseline beats D3 (issue 36, item 7)."""
+    results = tmp_path / "results.csv"
+    results.write_text(text)
+    out = tmp_path / "report.html"
+    assert cli.main(["report", "--results", str(results), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"--results {results}" in err and "\n" not in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_every_command_defaults_to_the_one_default_model():
+    from d3.config import DEFAULT_MODEL
+
+    parser = cli.build_parser()
+    choices = parser._subparsers._group_actions[0].choices  # the subcommands
+    models = {name: sub.get_default("model") for name, sub in choices.items()
+              if any(action.dest == "model" for action in sub._actions)}
+    assert models and set(models.values()) == {DEFAULT_MODEL}, models

@@ -54,7 +54,7 @@ def test_configs_are_frozen():
 
 def test_core_larger_than_model_is_rejected_for_that_model():
     cfg = D3Config(core_head=20, core_tail=15)
-    with pytest.raises(ValueError, match="at most the model's 30 layers"):
+    with pytest.raises(ValueError, match="at most 29: the model's 30 layers less one flex layer"):
         cfg.check_layers(30)
     D3Config(core_head=2, core_tail=2).check_layers(30)
 
@@ -126,13 +126,41 @@ def test_a_config_refuses_what_its_param_refuses_in_the_params_own_words(cls, na
     assert str(err.value) == f"{name}={bad!r} is not allowed: {name} must be {p.allowed()}"
 
 
-def test_early_exit_runs_with_calms_own_fill_everywhere() -> None:
-    """The page once ran early exit with fill copy while the config said propagate: one default now."""
+@pytest.mark.parametrize("name", ["d3", "skipdecode", "unified", "early_exit"])
+def test_the_page_the_cli_and_custom_generate_run_each_strategy_with_the_registrys_defaults(name, tiny_engine,
+                                                                                             monkeypatch) -> None:
+    """Every strategy left at its defaults: the page's own run check (its controls at their initial values), the
+    CLI's `generate` and custom_generate's keywords build the very config the registry makes (early exit's fill:
+    propagate everywhere; the page once ran it with D3's copy). The page sets two fields from the run itself:
+    SkipDecode's horizon (the run's length) and early exit's min layers (at most the model's)."""
     from d3.cli import build_parser, strategy_from_args
+    from d3.config import STRATEGIES
+    from explorer.caps import Caps
+    from explorer.controls import DEFAULTS
+    from explorer.pool import ModelPool
+    from explorer.runs import check_run
+    from tests.apphelpers import tiny_factory
 
-    assert EarlyExitConfig().fill == "propagate"
-    args = build_parser().parse_args(["generate", "--prompt", "x", "--strategy", "early_exit"])
-    assert strategy_from_args(args).fill == "propagate"
+    monkeypatch.syspath_prepend("hub/d3-generate")
+    from custom_generate import generate as hub
+
+    registry = STRATEGIES[name]()
+    pool = ModelPool(tiny_factory(tiny_engine), names=("tiny",), caps=Caps())
+    page = check_run(pool, DEFAULTS.with_(prompt="x", model="tiny", strategy=name)).strategy
+    layers = tiny_engine.num_layers
+    expected = registry
+    if isinstance(registry, SkipDecodeConfig):
+        expected = registry.with_(horizon=DEFAULTS.max_new_tokens)
+    elif isinstance(registry, EarlyExitConfig):
+        expected = registry.with_(min_layers=min(registry.min_layers, layers))
+    if name == "d3":  # the page sends the model's default core as numbers
+        assert page.core(layers) == registry.core(layers)
+        page = page.with_(core_head=None, core_tail=None)
+    assert page == expected
+    cli = strategy_from_args(build_parser().parse_args(["generate", "--prompt", "x", "--strategy", name]))
+    assert cli == registry
+    assert hub.strategy_from_dict({"strategy": name}) == registry
+    assert page.fill == cli.fill == registry.fill == ("propagate" if name == "early_exit" else "copy")
 
 
 CHANGED_DEFAULT = """

@@ -20,7 +20,7 @@ from explorer.controls import (
     refit_order,
     slider_ranges,
 )
-from explorer.controls import DEFAULTS
+from explorer.controls import DEFAULTS, OWN_FILL
 from explorer.parse import as_choice, as_number
 from explorer.pool import ModelPool
 from explorer.runs import check_run
@@ -107,7 +107,8 @@ def test_the_pages_defaults_labels_help_and_strategies_come_from_the_configs(tin
     from explorer.page import build_demo
 
     demo = build_demo(lambda _: tiny_engine, model_names=("tiny",), public=False)
-    page_auto = {"skipdecode_max": 0, "skipdecode_min": 0}  # the page's number box says 0 for the config's None
+    # the page's number box says 0 for the config's None; its one fill control holds each strategy's own default
+    page_auto = {"skipdecode_max": 0, "skipdecode_min": 0, "fill": OWN_FILL}
     for name, (cls, key) in FIELDS.items():
         p = params(cls)[key]
         if name not in ("temperature", "core_head", "core_tail"):  # sampling's own default; the model's core
@@ -190,3 +191,41 @@ def test_the_default_attention_layer_is_one_the_default_schedule_skips() -> None
     cfg = D3Config(alpha=0.99)
     skipped_at = [i for i in range(64) if layer not in plan(cfg, 30, i).run]
     assert skipped_at  # grey rows appear within the default run (issue 17: and most rows show attention)
+
+
+@pytest.mark.parametrize("name, value", [("threshold", float("nan")), ("unified_ratio", {"a": 1}),
+                                         ("skipdecode_max", "9" * 250_000), ("alpha", float("inf")),
+                                         ("start", [1]), ("layer_order", "1," * 125_000), ("layer_order", {"x": 1})],
+                         ids=["nan", "dict", "250k-digits", "inf", "list", "250kB-order", "dict-order"])
+def test_a_field_the_chosen_strategy_does_not_use_takes_no_junk(name, value) -> None:
+    """D3 is chosen, so the baselines' fields are not read; they are still checked against their field's range, and
+    the calibrated order's box (unused with middle_out) by its length and type (issue 36, item 9)."""
+    strategy = "unified" if name in ("alpha", "start", "layer_order") else "d3"
+    c = DEFAULTS.with_(strategy=strategy, drop_order="middle_out", **{name: value})
+    with pytest.raises(ValueError, match=name):
+        parse_strategy(c, 30, Caps())
+
+
+@pytest.mark.parametrize("strategy", ["d3", "skipdecode", "unified", "early_exit"])
+def test_the_fill_control_gives_each_strategy_its_own_default_fill(strategy) -> None:
+    from d3.config import STRATEGIES
+
+    cfg = parse_strategy(DEFAULTS.with_(strategy=strategy), 30, Caps())
+    assert cfg.fill == STRATEGIES[strategy]().fill  # early exit: propagate, the others: copy
+    assert parse_strategy(DEFAULTS.with_(strategy=strategy, fill="none"), 30, Caps()).fill == "none"
+
+
+def test_the_page_and_the_engine_share_the_core_rule() -> None:
+    """head + tail <= L - 1 on the page's sliders and in the engine's check alike (d3.config.core_fits)."""
+    from d3.config import core_fits
+
+    for head, tail in ((0, 29), (29, 0), (15, 15), (14, 15), (3, 3)):
+        c = DEFAULTS.with_(core_head=head, core_tail=tail)
+        ranges = slider_ranges(c, 30, Caps())
+        page_ok = head <= ranges["core_head"][1] and tail <= ranges["core_tail"][1]
+        try:
+            D3Config(core_head=head, core_tail=tail).check_layers(30)
+            engine_ok = True
+        except ValueError:
+            engine_ok = False
+        assert page_ok == engine_ok == core_fits(head, tail, 30), (head, tail)

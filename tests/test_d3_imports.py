@@ -11,7 +11,7 @@ from pathlib import Path
 
 D3 = Path(__file__).resolve().parent.parent / "d3"
 # The one place that wires the engine's report to viz's figures, inside the command that writes the HTML.
-WIRING = {"d3/cli/report.py": {"viz.report"}}
+WIRING = {"d3/cli/report.py": {"viz.report"}}  # d3/cli/report.write_report
 
 
 def _imported(path: Path) -> set[str]:

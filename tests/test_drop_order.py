@@ -126,6 +126,8 @@ def test_readme_rows_replace_the_studys_own_rows_only(tmp_path) -> None:
     out = readme.read_text().splitlines()
     assert out[:3] == ["| q | a |", "|---|---|", "| other | 1 |"] and out[-1] == "| last | 2 |" and "stale" not in "".join(out)
     assert out[3].startswith(f"{rep.README_ROW}m: fewest layers") and out[4].startswith(f"{rep.README_ROW}n (partial run):")
+    r, met = rep.headline_pick(STUDY, rep.BOUNDS[0])  # the short row names the headline's setting, no more
+    assert (f"{r['label']} at {r['layers']:.2f}" if met else "<= 1 pt: none") in out[3] and len(out[3]) < 700
     plain = tmp_path / "plain.md"
     plain.write_text("no rows\n")
     rep.write_readme(plain, [STUDY])

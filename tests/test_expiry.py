@@ -10,16 +10,10 @@ import pytest
 from explorer import expiry, page
 from explorer.caps import Caps
 from tests.apphelpers import new_client
-from tests.apphelpers import RUN, CountingEngine, serve, wait_until
-from tests.tiny import tiny_llama, tiny_tokenizer
+from tests.apphelpers import RUN, serve, wait_until
 
 pytestmark = [pytest.mark.usefixtures("exports_in_tmp"), pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::UserWarning")]
-
-
-@pytest.fixture(scope="module")
-def engine() -> CountingEngine:
-    return CountingEngine(tiny_llama(6), tiny_tokenizer(), name="tiny")
 
 
 def test_idle_sessions_are_forgotten_with_their_state(engine, monkeypatch) -> None:

@@ -14,9 +14,7 @@ from explorer.controls import DEFAULTS
 from explorer.explain import PAUSE, PLAY, RUN_OUTPUTS, next_token, render_scrub, show_run, toggle_play, view_opened
 from explorer.runs import check_run, side_by_side
 from explorer.session import Session
-from tests.apphelpers import CountingEngine
 from tests.figures import by_role
-from tests.tiny import tiny_llama, tiny_tokenizer
 from viz.layout import CELL_COLORS
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.filterwarnings("ignore::UserWarning"),
@@ -24,9 +22,7 @@ pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.m
 LAYERS = 30
 
 
-@pytest.fixture(scope="module")
-def engine() -> CountingEngine:
-    return CountingEngine(tiny_llama(LAYERS), tiny_tokenizer(), name="tiny")
+ENGINE_LAYERS = LAYERS  # the conftest `engine` fixture's layer count for this module
 
 
 @pytest.fixture(scope="module")

@@ -112,3 +112,20 @@ def test_exporting_a_figure_that_was_never_computed_says_so() -> None:
     pool = ModelPool(lambda name: None, names=("tiny",))
     with pytest.raises(Exception, match="(?i)nothing to export|not computed|press generate"):
         export_figure(pool, Session(), "errors", model="tiny")
+
+
+def test_before_a_run_every_view_exports_its_figure_or_says_what_to_do_first(pool) -> None:
+    """Every view of the registry, in a session with no run: the ones drawn from the controls alone export their
+    figure; every other one answers "Nothing to export yet" with what to do first, from its own `View` (none
+    exports the placeholder that asks for a run: the layer stack and the all-heads view once did, issue 33)."""
+    from explorer import views
+
+    for view in views.registry():
+        try:
+            pages = figure(pool, Session(), view.key)
+        except gr.Error as err:
+            assert err.message == f"Nothing to export yet: {view.first}" and (view.measured or view.after_run
+                                                                           or view.ready is not None), view.key
+            continue
+        assert not view.measured and view.ready is None and not view.after_run, view.key  # drawn from the controls
+        assert "Press Generate" not in Path(pages[0]).read_text(encoding="utf-8"), view.key

@@ -13,20 +13,13 @@ from d3.research import data, gentasks
 from d3.cli import main as cli_main
 from d3.config import FullConfig
 from d3.research.data import TaskInfo
-from d3.engine import Engine
 from d3.research.gentasks import GenerationTask, worked_arithmetic
 from d3.reports.generation import best_within, generation_markdown, headline_lines, matched_table
 from d3.research.sweep import SweepSpec
 from d3.research.sweep.generation import GEN_COLUMNS, answer_batch, read_generation, reply, run_generation_sweep, wilson
 from tests.bigbench import write_task
-from tests.tiny import tiny_llama, tiny_tokenizer
 
 QUESTIONS = [{"input": f"What is {a} plus {b}?", "target": str(a + b)} for a in range(1, 5) for b in range(1, 4)]
-
-
-@pytest.fixture(scope="module")
-def engine() -> Engine:
-    return Engine(tiny_llama(6), tiny_tokenizer(), "tiny")
 
 
 def register(tmp_path, monkeypatch, questions) -> GenerationTask:
@@ -114,9 +107,11 @@ def test_generation_sweep_rows_and_resume(engine, task, tmp_path) -> None:
     assert len(again) == 4 and out.read_text().count("\n") == 5
     text = generation_markdown(again)
     assert "## Generation accuracy" in text and "Largest measured speedup within 1 point" in text
-    from viz.report import _generation_section
+    from d3.reports import generation as gen_report
+    from viz.report import GenerationParts, generation_section
 
-    html = "".join(_generation_section(again))  # the HTML report's section: criterion, then every setting
+    parts = GenerationParts(gen_report.HEADING, gen_report.headline_lines(again), gen_report.matched_table(again), again)
+    html = "".join(generation_section(parts))  # the HTML report's section: criterion, then every setting
     assert "<h2>Generation accuracy" in html and "Largest measured speedup within 1 point" in html
     assert all(label in html for label in again["label"])
     assert html.count("accuracy vs full, points (95%)") == 2  # the curves, by depth and speed

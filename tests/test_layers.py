@@ -56,3 +56,33 @@ def test_the_page_is_one_package_and_app_py_only_launches_it() -> None:
     assert len((ROOT / "app.py").read_text().splitlines()) < 120
     for module in modules("explorer"):  # the load test too: it serves a tiny model from d3.testing
         assert "tests" not in imports_anywhere(module), module
+
+
+def _dotted_imports(module: str) -> set[str]:
+    path = ROOT / Path(*module.split("."))
+    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}  # `from explorer import views`
+    return found
+
+
+@pytest.mark.parametrize("module", modules("viz"))
+def test_viz_imports_nothing_from_the_research_tools_or_the_reports(module: str) -> None:
+    """viz draws what it is handed: the report's tables come in as `viz.report.ReportParts` (issue 33)."""
+    assert not {m for m in _dotted_imports(module) if m.startswith(("d3.research", "d3.reports", "d3.cli"))}
+
+
+def test_no_import_circle_between_the_page_modules() -> None:
+    """explorer's modules import each other in one direction (views <-> wording was a circle, issue 33)."""
+    graph = {m: {i for i in _dotted_imports(m) if i.startswith("explorer")} for m in modules("explorer")}
+    graph = {m: {i for i in deps if i in graph} for m, deps in graph.items()}
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        return any(d == goal or (d not in seen and not seen.add(d) and reaches(d, goal, seen)) for d in graph[start])
+
+    circles = sorted(f"{m} <-> {d}" for m in graph for d in graph[m] if reaches(d, m, set()))
+    assert not circles, circles

@@ -73,7 +73,7 @@ def test_parse_controls_builds_each_baseline() -> None:
 @pytest.mark.parametrize("raw, message", [
     ({"alpha": 0}, r"alpha=0 is out of range: alpha must be a number in \(0, 1\]"),
     ({"alpha": 1.01}, "alpha must be a number in"),
-    ({"core_head": 4, "core_tail": 3}, r"core_head \+ core_tail=7 is not allowed: .*at most the model's 6 layers"),
+    ({"core_head": 4, "core_tail": 3}, r"core_head \+ core_tail=7 is not allowed: .*at most 5: the model's 6 layers less one flex layer"),
     ({"core_head": 99}, r"core_head must be an integer in \[0, 6\]"),
     ({"core_tail": -1}, "core_tail"),
     ({"start": 10**6}, r"start must be an integer in \[0, 256\]"),
@@ -83,7 +83,7 @@ def test_parse_controls_builds_each_baseline() -> None:
     ({"max_new_tokens": 3.5}, "max_new_tokens must be an integer"),
     ({"strategy": "turbo"}, "strategy='turbo' is not allowed: strategy must be one of d3, skipdecode"),
     ({"strategy": "full"}, "strategy='full' is not allowed"),
-    ({"fill": "glue"}, "fill must be one of copy, propagate, none"),
+    ({"fill": "glue"}, "fill must be one of default, copy, propagate, none"),
     ({"drop_order": "random"}, "drop_order must be one of middle_out"),
     ({"decoding": "beam"}, "decoding must be one of greedy, sample"),
     ({"decoding": "sample", "temperature": 0}, "temperature"),

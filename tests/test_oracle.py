@@ -168,11 +168,11 @@ def test_cli_prompts_file_writes_one_entry_per_prompt(tiny_cli, capsys, tmp_path
     (["--prompt", ""], "prompt is empty"),
     (["--prompts-file", "nope.json"], "nope.json not found"),
     (["--prompt", "a", "--drop-order", "random"], "invalid choice"),
-    (["--prompt", "a", "--alpha", "2"], "alpha=2.0 is not allowed"),
+    (["--prompt", "a", "--alpha", "2"], "argument --alpha: '2' is not allowed: --alpha must be a number in (0, 1]"),
     (["--prompt", "a", "--k", "200"], "--k 200.0"),
     (["--prompt", "a", "--underserved-at", "0.9@x"], "--underserved-at"),
-    (["--prompt", "a", "--max-new-tokens", "0"], "max_new_tokens"),
-    (["--prompt", "a", "--core-head", "4", "--core-tail", "4"], "at most the model's 6 layers"),
+    (["--prompt", "a", "--max-new-tokens", "0"], "--max-new-tokens must be an integer in [1, 1024]"),
+    (["--prompt", "a", "--core-head", "4", "--core-tail", "4"], "at most 5: the model's 6 layers less one flex layer"),
 ])
 def test_cli_bad_input_exits_2_with_one_line(tiny_cli, capsys, argv, message):
     assert cli.main(["oracle", *argv]) == 2

@@ -13,6 +13,7 @@ import pytest
 from d3.reports import sweep as report
 from d3.cli import report as report_cli
 from d3.research.sweep import COLUMNS, table
+from d3.cli.report import write_report
 from viz import report as viz_report
 
 
@@ -138,7 +139,7 @@ def _dominated(points: np.ndarray, i: int, higher: bool) -> bool:
 @pytest.mark.parametrize("metric", ["ppl_ratio", "agreement", "accuracy"])
 def test_report_pareto_front_is_exactly_the_non_dominated_settings(metric: str) -> None:
     df = synthetic()
-    figs = dict(viz_report.pareto_figures(df))
+    figs = dict(viz_report.pareto_figures(df, report.PARETO_METRICS, report.ACC_LIMIT))
     fig = figs[f"{metric.replace('_', ' ')} vs measured speedup"]
     front = next(t for t in fig.data if (t.meta or {}).get("role") == "front")
     pts = df[["measured_speedup", metric]].to_numpy()
@@ -163,7 +164,7 @@ def test_report_html_is_self_contained_with_every_figure(tmp_path: Path) -> None
         fh.write(json.dumps({"kind": "block", "key": "full depth", "rows": block}) + "\n")
         fh.write(json.dumps({"kind": "layers", "key": "d3 fast ok", "label": "d3 fast ok",
                              "trace": table.slim_trace(trace)}) + "\n")
-    out = viz_report.write_report(csv, tmp_path / "r.html")
+    out = write_report(csv, tmp_path / "r.html")
     text = out.read_text()
     assert text.count("<script type='text/javascript'>") == 1  # plotly.js once
     assert "<script src" not in text and "<link" not in text  # nothing fetched from elsewhere

@@ -7,13 +7,11 @@ import json
 from pathlib import Path
 
 import pandas as pd
-import pytest
 
 from d3.cli import build_parser
 from d3.cli import sweep as sweep_cli
 from d3.engine import Engine
 from d3.research.sweep import table
-from tests.tiny import tiny_llama, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 FLAGS = ["--prompts", "1", "--new-tokens", "2", "--repeats", "1", "--depths", "0.5,0.75",
@@ -25,11 +23,6 @@ def load_script():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-@pytest.fixture(scope="module")
-def engine() -> Engine:
-    return Engine(tiny_llama(6), tiny_tokenizer(), "tiny")
 
 
 def make_stale(out: Path, strategy: str) -> dict[str, str]:

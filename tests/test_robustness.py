@@ -26,8 +26,7 @@ from explorer.controls import REDRAW_NAMES
 from explorer.pool import ModelPool
 from explorer.session import Session
 from tests.apphelpers import ROOT, alive, call_undocumented, new_client, rss_mib
-from tests.apphelpers import DEFAULTS, RUN, api_defaults, last_value, CountingEngine, serve, tiny_factory, wait_until
-from tests.tiny import tiny_llama, tiny_tokenizer
+from tests.apphelpers import DEFAULTS, RUN, api_defaults, last_value, serve, tiny_factory, wait_until
 from tests.figures import message
 
 pytestmark = [pytest.mark.usefixtures("exports_in_tmp"), pytest.mark.filterwarnings("ignore::DeprecationWarning"),
@@ -81,11 +80,6 @@ def _pick(values: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- (a) handlers called directly
-
-
-@pytest.fixture(scope="module")
-def engine() -> CountingEngine:
-    return CountingEngine(tiny_llama(6), tiny_tokenizer(), name="tiny")
 
 
 @pytest.fixture(scope="module")

@@ -22,9 +22,7 @@ pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.m
 LAYERS = 30
 
 
-@pytest.fixture(scope="module")
-def engine() -> CountingEngine:
-    return CountingEngine(tiny_llama(LAYERS), tiny_tokenizer(), name="tiny")
+ENGINE_LAYERS = LAYERS  # the conftest `engine` fixture's layer count for this module
 
 
 def test_a_link_carries_every_control_and_reads_back_the_same(demo) -> None:

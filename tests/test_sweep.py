@@ -14,15 +14,9 @@ from d3.config import D3Config, FullConfig, UnifiedConfig
 from d3.engine import Engine
 from d3.schedule import planned_mean_layers
 from d3.research.sweep import COLUMNS, Setting, SweepSpec, grid, measure, run, setting_key, table, tasks
-from tests.tiny import tiny_llama, tiny_tokenizer
 
 SMALL = SweepSpec(prompts=("hello there", "the sky is"), max_new_tokens=3, repeats=1, depths=(0.5,),
                   starts=(0, 2), baselines=("skipdecode", "unified", "early_exit"), ppl_chunks=1, ppl_prefix=4)
-
-
-@pytest.fixture(scope="module")
-def engine() -> Engine:
-    return Engine(tiny_llama(6), tiny_tokenizer(), "tiny")
 
 
 @pytest.fixture(scope="module")
@@ -267,9 +261,9 @@ def test_theoretical_speedup_uses_the_planned_depth_where_the_schedule_is_fixed(
 def test_d3_labels_tell_an_alpha_just_below_one_from_full_depth() -> None:
     from d3.config import D3Config
 
-    assert "α=0.999999 " in grid._d3_label(D3Config(alpha=0.999999), 30)
-    assert "α=1.0000 " in grid._d3_label(D3Config(alpha=1.0), 30)
-    assert "α=0.9792 " in grid._d3_label(D3Config(alpha=0.979184), 30)
+    assert grid.label(D3Config(alpha=0.999999)) == "D3 (α=0.999999)"
+    assert grid.label(D3Config(alpha=1.0)) == "D3 (α=1.0000)"
+    assert grid.label(D3Config(alpha=0.979184, start=16, fill="none")) == "D3 (α=0.9792, start 16, fill none)"
 
 
 def test_agreement_carries_its_interval_over_prompts(swept) -> None:

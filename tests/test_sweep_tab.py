@@ -90,8 +90,7 @@ def test_selecting_a_row_loads_its_params_into_the_controls(swept, index) -> Non
     assert values[LOAD["strategy"]] == params["strategy"] and values[LOAD["fill"]] == params["fill"]
     assert values[LOAD["max_new_tokens"]] == REQUEST["sweep_tokens"]
     if params["strategy"] == "d3":
-        alpha = values[LOAD["alpha"]]
-        assert alpha["value"] == params["alpha"]
+        assert values[LOAD["alpha"]] == params["alpha"]
         for name in ("start", "drop_order"):
             assert values[LOAD[name]] == params[name]
         for name in ("core_head", "core_tail"):
@@ -103,6 +102,22 @@ def test_selecting_a_row_loads_its_params_into_the_controls(swept, index) -> Non
     else:
         assert values[LOAD["unified_ratio"]] == params["ratio"]
     assert row["label"] in values[LOAD["sweep_note"]]
+
+
+def test_a_row_outside_the_pages_alpha_range_is_not_loaded_and_says_why(pool, swept) -> None:
+    """A tuned α below the page's α range (explorer.controls.PAGE_RANGES) would load into a slider that the next
+    move of any control then refuses: the row is not loaded, and the note says the range and where to run it."""
+    from explorer.controls import DEFAULTS, check_sliders
+
+    results = swept[0][OUT["sweep_results"]].copy()
+    index = next(i for i, p in enumerate(results["params"]) if json.loads(p)["strategy"] == "d3")
+    params = {**json.loads(results.loc[index, "params"]), "alpha": 0.62}
+    results.loc[index, "params"] = json.dumps(params)
+    values = sweep_tab.load_sweep_setting(results, _select(index))
+    assert "outside the page's range" in values[LOAD["sweep_note"]] and "python -m d3 generate" in values[LOAD["sweep_note"]]
+    assert values[LOAD["alpha"]] == gr.skip()  # the controls keep what they held
+    with pytest.raises(ValueError, match="out of range"):  # what the page would have said at the next move
+        check_sliders(DEFAULTS.with_(alpha=0.62), 4, pool.caps)
 
 
 def test_selecting_the_full_depth_row_or_nothing_says_why_in_the_note(swept) -> None:

@@ -107,7 +107,7 @@ def test_a_measurement_whose_caller_left_stops_and_frees_its_slot(slow_engine, a
         values = {k: RUN_TINY.get(k, v) for k, v in defaults.items()}
         posted = httpx.post(f"{url}gradio_api/call/{api_name}", json={"data": list(values.values())}, timeout=30)
         event_id = posted.json()["event_id"]
-        with httpx.stream("GET", f"{url}gradio_api/call/{api_name}/{event_id}", timeout=30) as stream:
+        with httpx.stream("GET", f"{url}gradio_api/call/{api_name}/{event_id}", timeout=30):
             wait_until(lambda: slow_engine.steps > 0, timeout=60)
         # the stream is closed: the caller has gone
         wait_until(lambda: slow_engine.closed > 0, timeout=60)

@@ -45,11 +45,20 @@ def one_more_view(tmp_path, monkeypatch):
     monkeypatch.undo()  # the package's own path again, before the modules below read the registry afresh
     sys.modules.pop("explorer.views.count", None)
     views.registry.cache_clear()
-    import explorer.export
-    import explorer.live
-    import explorer.view_handlers
+    reload_page_modules()
 
-    for module in (explorer.view_handlers, explorer.live, explorer.export):  # their lists are read at import
+
+def reload_page_modules() -> None:
+    """The page's modules whose lists of views are read at import (and those that import those lists), afresh."""
+    import explorer.export
+    import explorer.layout
+    import explorer.live
+    import explorer.page
+    import explorer.view_handlers
+    import explorer.wiring
+
+    for module in (explorer.view_handlers, explorer.live, explorer.export, explorer.layout, explorer.wiring,
+                   explorer.page):
         importlib.reload(module)
 
 
@@ -59,10 +68,10 @@ def test_a_view_added_as_one_module_is_in_the_tabs_the_runs_presentation_and_exp
     import explorer.export
     import explorer.live
     import explorer.view_handlers
+
+    reload_page_modules()
     from explorer import page
 
-    for module in (explorer.view_handlers, explorer.live, explorer.export):  # their lists are read at import
-        importlib.reload(module)
     assert "count" in explorer.live.GENERATE_OUTPUTS and "count" in explorer.view_handlers.VIEW_OUTPUTS
     assert "count" in explorer.export.FIGURES and "count" in explorer.view_handlers.CLEARED_OUTPUTS
     demo = page.build_demo(lambda _: tiny_engine, model_names=("tiny",), public=False)
@@ -107,7 +116,7 @@ def test_the_fill_view_says_what_compare_shows_and_why_nested_lines_coincide(tin
 
 def test_the_layer_usage_text_names_the_colours_a_default_run_draws(tiny_engine) -> None:
     from d3.trace import CELL_NAMES, FILLED_COPY, SKIPPED
-    from explorer.wording import EXPLAIN
+    from explorer.views import explanations
     from viz.grid import layer_grid
 
     trace = tiny_engine.generate("the cat sat", D3Config(alpha=0.85, core_head=1, core_tail=1),
@@ -115,7 +124,69 @@ def test_the_layer_usage_text_names_the_colours_a_default_run_draws(tiny_engine)
     z = np.asarray(layer_grid(trace).data[0].z)
     codes = set(np.unique(z[np.isfinite(z)]).astype(int))
     assert FILLED_COPY in codes and SKIPPED not in codes  # the default fill: skipped cells are orange, none grey
-    text = EXPLAIN["usage"]
+    text = explanations()["usage"]
     assert "orange, a *copy*" in text and "(the default fill)" in text
     assert "rows get shorter" not in text and "spans all the layers" in text
     assert CELL_NAMES[FILLED_COPY] == "filled (copy)"
+
+
+EXTRA_VIEW = '''"""A view added in one module: its own control, its figure (viz), its handler and wiring, how it exports."""
+import gradio as gr
+
+from explorer.views import View, waiting
+from viz.layout import empty_figure
+
+
+def figure(stars):
+    return empty_figure(f"{int(stars)} stars", presentation=False)
+
+
+def controls(ui, facts):
+    ui["stars"] = gr.Slider(1, 9, value=3, step=1, label="Stars", elem_id="stars")
+
+
+def wire(pool, ui, runs):
+    ui["stars"].input(figure, ui["stars"], ui["stars_view"], api_name="stars_view", queue=False)
+
+
+def draw(shown, options):
+    return figure(3) if shown.d3 is not None else waiting("Press Generate.", presentation=options.presentation)
+
+
+VIEW = View("stars_view", "Stars", "**Stars**: a view with its own control.", needs="a run's D3 trace",
+            position=200, draw=draw, after_run=True, controls=controls, wire=wire)
+'''
+
+
+@pytest.fixture()
+def stars_view(tmp_path, monkeypatch):
+    """The view of EXTRA_VIEW added as one module (in a tmp folder on the package's path)."""
+    (tmp_path / "stars_view.py").write_text(EXTRA_VIEW, encoding="utf-8")
+    monkeypatch.setattr(views, "__path__", [*views.__path__, str(tmp_path)])
+    views.registry.cache_clear()
+    reload_page_modules()
+    yield
+    monkeypatch.undo()
+    sys.modules.pop("explorer.views.stars_view", None)
+    views.registry.cache_clear()
+    reload_page_modules()
+
+
+def test_a_view_with_its_own_control_is_one_module(stars_view, tiny_engine) -> None:
+    """Adding a view with its own control touches its module (and its viz figure): the page gets its tab, its
+    control, its own wired event (`View.wire`, with an API name of its own), and Export offers it and says what to
+    do before a run (from the View, no table elsewhere). The repository is untouched (the module is in tmp)."""
+    import gradio as gr
+
+    import explorer.export
+    from explorer import page
+    from explorer.session import Session
+
+    demo = page.build_demo(lambda name: tiny_engine, model_names=("tiny",), public=False)
+    assert demo.ui["stars"].label == "Stars" and "stars_view" in demo.ui and "tab_stars_view" in demo.ui
+    assert "stars_view" in {fn.api_name for fn in demo.fns.values()}  # its own wired event
+    assert "stars_view" in explorer.export.figures()
+    with pytest.raises(gr.Error, match="Nothing to export yet: press Generate first"):
+        explorer.export.export_figure(demo.pool, Session(), "stars_view")
+    figure = next(fn for fn in demo.fns.values() if fn.api_name == "stars_view").fn(7)  # its handler draws its figure
+    assert "7 stars" in str(figure.to_dict())

@@ -201,6 +201,7 @@ def test_decay_curve_says_what_its_d3_lines_were_drawn_for() -> None:
     cfg = D3Config(alpha=0.9, core_head=2, core_tail=1, start=4, drop_order="top_down", fill="none")
     fig = viz.decay_curve(cfg, 12, 30)
     assert fig.layout.meta["d3_schedule"] == dict(num_layers=12, steps=30, alpha=0.9, core_head=2, core_tail=1,
+                                                  alpha_lo=0, alpha_hi=1, core_max=11,  # the registry's, the core rule's
                                                   start=4, main=True, label_core=True,
                                                   label_extra=["top-down", "fill none"], short_names=False)
     assert one(fig, "planned").meta["strategy"] == "d3"

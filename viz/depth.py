@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from d3.config import D3Config, StrategyConfig
+from d3.config import D3Config, StrategyConfig, max_core_side, params
 from d3.schedule import budgets
+from d3.schedule import raw_decay as decay_at
 from d3.trace import Trace
 from viz.layout import (
     CORE_LINE,
@@ -24,10 +25,8 @@ from viz.layout import (
 
 
 def raw_decay(cfg: D3Config, num_layers: int, steps: int) -> np.ndarray:
-    """int [steps]: floor(L * alpha ** max(0, i - start)), the formula before the core floor clamps it
-    (the same epsilon as `d3.schedule.d3_budget`, so 30 * 1.0 floors to 30)."""
-    decay_step = np.maximum(0, np.arange(steps) - cfg.start)
-    return np.floor(num_layers * np.power(float(cfg.alpha), decay_step) + 1e-9).astype(np.int64)
+    """int [steps]: D3's formula before the core floor clamps it (`d3.schedule.raw_decay`)."""
+    return np.array([decay_at(cfg.alpha, num_layers, i, cfg.start) for i in range(steps)], dtype=np.int64)
 
 
 def usage_scatter(trace: Trace, *, name: str, color: str, mode: str = "markers", showlegend: bool = True) -> go.Scatter:
@@ -75,7 +74,11 @@ def d3_schedule_meta(cfg: D3Config, num_layers: int, steps: int, *, main: bool, 
     sliders alone (the formula of `d3.schedule.d3_budget`), and to tell a figure drawn for other values.
     `short_names`: the lines are named without their settings (presentation mode), so the page keeps the names."""
     head, tail = cfg.core(num_layers)
+    # The limits the browser checks a slider's values against, fed from the registry and the core rule (never
+    # restated in the browser): α's range and the largest core (head + tail, d3.config.core_fits).
+    alpha = params(D3Config)["alpha"]
     return dict(num_layers=num_layers, steps=steps, alpha=float(cfg.alpha), core_head=head, core_tail=tail,
+                alpha_lo=alpha.lo, alpha_hi=alpha.hi, core_max=max_core_side(0, num_layers),
                 start=cfg.start, main=main, label_core=cfg.core_head is not None or cfg.core_tail is not None,
                 label_extra=d3_label_extras(cfg.to_dict()), short_names=short_names)
 

@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from d3.config import STRATEGIES, StrategyConfig, default_core
+from d3.config import STRATEGIES, StrategyConfig, default_core, strategy_from_dict
 from d3.schedule import LayerPlan, plan
 from d3.trace import CELL_NAMES, FILLED_COPY, FILLED_PROPAGATE, HOLE, RAN, SKIPPED
 
@@ -231,29 +231,9 @@ def quoted(text: str) -> str:
 
 
 def strategy_label(strategy: Mapping[str, Any] | StrategyConfig) -> str:
-    """A short human name for a strategy config or its dict form, e.g. "D3 (α=0.99, start 8)"."""
-    d = strategy.to_dict() if isinstance(strategy, StrategyConfig) else dict(strategy)
-    name = d.get("strategy", "?")
-    if name == "full":
-        return "full depth"
-    if name == "d3":
-        parts = [f"α={d.get('alpha')}"]
-        if d.get("start"):
-            parts.append(f"start {d['start']}")
-        head, tail = d.get("core_head"), d.get("core_tail")
-        if head is not None or tail is not None:
-            parts.append(f"core {'auto' if head is None else head}+{'auto' if tail is None else tail}")
-        return f"D3 ({', '.join([*parts, *d3_label_extras(d)])})"
-    if name == "skipdecode":
-        hi, lo = d.get("max_layers"), d.get("min_layers")
-        span = f"{hi}→{lo} layers" if hi is not None and lo is not None else "auto budget"
-        return f"SkipDecode ({span} over {d.get('horizon')} tokens)"
-    if name == "unified":
-        return f"Unified skipping ({d.get('ratio')}×)"
-    if name == "early_exit":
-        measure = str(d.get("measure", "")).replace("_", " ")
-        return f"early exit ({measure} ≥ {d.get('threshold')})"
-    return str(name)
+    """A short human name for a strategy config or its dict form, e.g. "D3 (α=0.99, start 8)": the config's own
+    `describe()` (the fields that differ from its defaults)."""
+    return as_config(strategy).describe() if _known(strategy) else strategy_kind(strategy)
 
 
 SHORT_LABELS = {name: cls.short for name, cls in STRATEGIES.items()}
@@ -268,13 +248,22 @@ def short_label(strategy: Mapping[str, Any] | StrategyConfig) -> str:
 def d3_label_extras(strategy: Mapping[str, Any]) -> list[str]:
     """The last parts of D3's label, which no slider moves: its drop order and its fill, where not the defaults
     (the page's client-side decay preview rebuilds the rest of the label from the sliders)."""
-    parts = []
-    if strategy.get("drop_order", "middle_out") != "middle_out":
-        parts.append(str(strategy["drop_order"]).replace("_", "-"))
-    fill = strategy.get("fill")
-    if fill and fill != "copy":
-        parts.append(f"fill {fill}")
-    return parts
+    return [part for part in as_config(strategy).parts() if not part.startswith(("α=", "start ", "core "))]
+
+
+def as_config(strategy: Mapping[str, Any] | StrategyConfig) -> StrategyConfig:
+    """The strategy config of a config or its dict form (a trace read back from JSON holds the dict)."""
+    return strategy if isinstance(strategy, StrategyConfig) else strategy_from_dict(dict(strategy))
+
+
+def _known(strategy: Mapping[str, Any] | StrategyConfig) -> bool:
+    if isinstance(strategy, StrategyConfig):
+        return True
+    try:
+        as_config(strategy)
+    except (ValueError, TypeError):
+        return False
+    return True
 
 
 def strategy_kind(strategy: Mapping[str, Any] | StrategyConfig) -> str:

@@ -1,49 +1,73 @@
 """The sweep's self-contained HTML report: its figures (Pareto fronts, per-task accuracy, layers vs step, Fig. 3)
-and the page around them, built from `d3.reports.sweep`'s tables and headline (`python -m d3 report`)."""
+and the page around them. Pure drawing: what it shows (the tables, the headline, the traces) is worked out by
+`d3.reports` and handed in as `ReportParts` (`python -m d3 report` assembles them, d3/cli/report.py), so viz
+imports nothing from the research tools or the reports."""
 
 from __future__ import annotations
 
 import html
 import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import pandas as pd
 from plotly.offline import get_plotlyjs
 
-from d3.reports.sweep import (ACC_LIMIT, MATCHED_COLUMNS, PARETO_METRICS, TABLE_COLUMNS, block_frame, context_text, headline,
-                       layer_traces, load_records, matched_table, task_frame, task_table)
-from d3.reports.generation import HEADING as GENERATION_HEADING
-from d3.reports.generation import headline_lines as generation_headline
-from d3.reports.generation import matched_table as generation_table
-from d3.research.sweep.table import read_results
 from viz.depth import layers_vs_step
 from viz.flow import block_change
 from viz.grid import fig1_panels
 from viz.results import paired_curves, pareto, task_accuracy_delta
 
 
-def pareto_figures(df: pd.DataFrame) -> list[tuple[str, Any]]:
+@dataclass(frozen=True)
+class GenerationParts:
+    """A generation-accuracy sweep's section: its heading, headline lines, matched-depth table and rows."""
+
+    heading: str
+    headline: Sequence[str]
+    table: pd.DataFrame
+    rows: pd.DataFrame
+
+
+@dataclass(frozen=True)
+class ReportParts:
+    """Everything the report shows, worked out by `d3.reports.sweep` (the CLI fills it in)."""
+
+    results: pd.DataFrame  # the sweep's table, one row per setting
+    context: str
+    headline: str  # the headline's small markdown
+    matched: pd.DataFrame  # at matched mean depth
+    matched_columns: Sequence[str]
+    tasks: pd.DataFrame  # per task and setting, for the accuracy-difference figure
+    task_table: pd.DataFrame  # task accuracy beside chance
+    table_columns: Sequence[str]  # the all-settings table's columns
+    traces: dict[str, Any]  # label -> Trace, for layers vs step and Fig. 1
+    blocks: pd.DataFrame  # per layer change, for Fig. 3
+    metrics: Sequence[str]  # the quality metrics with a Pareto figure
+    accuracy_limit: float  # the accuracy loss the Pareto target marks
+    generation: GenerationParts | None = None
+
+
+def pareto_figures(df: pd.DataFrame, metrics: Sequence[str], accuracy_limit: float) -> list[tuple[str, Any]]:
     """(title, figure) per quality metric that was measured: quality vs measured speedup with its Pareto front."""
     out = []
-    for metric in PARETO_METRICS:
+    for metric in metrics:
         if metric in df and df[metric].notna().any():
-            target = (1.5, ACC_LIMIT) if metric == "accuracy" else (1.5, 0.01)
+            target = (1.5, accuracy_limit) if metric == "accuracy" else (1.5, 0.01)
             out.append((f"{metric.replace('_', ' ')} vs measured speedup", pareto(df, y=metric, target=target)))
     return out
 
 
-def figures(df: pd.DataFrame, records: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+def figures(parts: ReportParts) -> list[tuple[str, Any]]:
     """Every figure of the report, in order."""
-    out = pareto_figures(df)
-    tasks = task_frame(df)
-    if not tasks.empty:
-        out.append(("accuracy difference per task", task_accuracy_delta(tasks)))
-    traces = layer_traces(records, df)
-    if traces:
-        out.append(("layers vs step", layers_vs_step(traces)))
-        out.append(("which layers each token ran", fig1_panels(traces)))
-    blocks = block_frame(records)
+    out = pareto_figures(parts.results, parts.metrics, parts.accuracy_limit)
+    if not parts.tasks.empty:
+        out.append(("accuracy difference per task", task_accuracy_delta(parts.tasks)))
+    if parts.traces:
+        out.append(("layers vs step", layers_vs_step(parts.traces)))
+        out.append(("which layers each token ran", fig1_panels(parts.traces)))
+    blocks = parts.blocks
     if not blocks.empty:
         out.append(("change per block across layers",
                     block_change(blocks, title="Change per block across layers, full depth, mean ± std over prompts "
@@ -81,37 +105,41 @@ def _markdown_html(text: str) -> str:
     return "\n".join(out)
 
 
-def render_html(df: pd.DataFrame, records: list[dict[str, Any]], *, title: str = "D3 sweep report",
-                generation: pd.DataFrame | None = None) -> str:
-    """The whole report as one HTML string; plotly.js is embedded once, in the head. `generation`: a generation
-    accuracy sweep's table (d3.research.sweep.generation), shown in a section of its own."""
-    h = headline(df)
-    parts = [f"<h1>{html.escape(title)}</h1>", _context(df), "<section><h2>Headline</h2>", _markdown_html(h["text"]),
-             "</section>"]
-    for name, fig in figures(df, records):
-        parts.append(f"<section><h2>{html.escape(_heading(name))}</h2>")
-        parts.append(fig.to_html(full_html=False, include_plotlyjs=False))
-        parts.append("</section>")
-    parts += ["<section><h2>At matched mean depth</h2>", _table_html(matched_table(df), ("target_depth", *MATCHED_COLUMNS)),
-              "</section>"]
-    tasks = task_table(df)
-    if not tasks.empty:
-        parts += ["<section><h2>Task accuracy beside chance</h2>", _table_html(tasks, tasks.columns), "</section>"]
-    parts += ["<section><h2>All settings</h2>", _table_html(df, TABLE_COLUMNS), "</section>"]
-    if generation is not None and len(generation):
-        parts += _generation_section(generation)
+def render_html(parts: ReportParts, *, title: str = "D3 sweep report") -> str:
+    """The whole report as one HTML string; plotly.js is embedded once, in the head."""
+    out = [f"<h1>{html.escape(title)}</h1>", f"<p>{html.escape(parts.context)}</p>", "<section><h2>Headline</h2>",
+           _markdown_html(parts.headline), "</section>"]
+    for name, fig in figures(parts):
+        out.append(f"<section><h2>{html.escape(_heading(name))}</h2>")
+        out.append(fig.to_html(full_html=False, include_plotlyjs=False))
+        out.append("</section>")
+    out += ["<section><h2>At matched mean depth</h2>",
+            _table_html(parts.matched, ("target_depth", *parts.matched_columns)), "</section>"]
+    if not parts.task_table.empty:
+        out += ["<section><h2>Task accuracy beside chance</h2>", _table_html(parts.task_table, parts.task_table.columns),
+                "</section>"]
+    out += ["<section><h2>All settings</h2>", _table_html(parts.results, parts.table_columns), "</section>"]
+    if parts.generation is not None and len(parts.generation.rows):
+        out += generation_section(parts.generation)
     head = (f"<head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{CSS}</style>"
             f"<script type='text/javascript'>{get_plotlyjs()}</script></head>")
-    return f"<!DOCTYPE html><html>{head}<body>{''.join(parts)}</body></html>"
+    return f"<!DOCTYPE html><html>{head}<body>{''.join(out)}</body></html>"
 
 
-def _generation_section(gen: pd.DataFrame) -> list[str]:
+def generation_section(gen: GenerationParts) -> list[str]:
     """Generation accuracy: the paper's criterion per strategy, then every setting at matched depth."""
-    lines = "\n".join(f"- {line}" for line in generation_headline(gen))
-    table = generation_table(gen)
-    curves = [fig.to_html(full_html=False, include_plotlyjs=False) for fig in paired_figures(gen)]
-    return [f"<section><h2>{GENERATION_HEADING}: exact match on generated answers</h2>", _markdown_html(lines),
-            *curves, _table_html(table, table.columns), "</section>"]
+    lines = "\n".join(f"- {line}" for line in gen.headline)
+    curves = [fig.to_html(full_html=False, include_plotlyjs=False) for fig in paired_figures(gen.rows)]
+    return [f"<section><h2>{gen.heading}: exact match on generated answers</h2>", _markdown_html(lines),
+            *curves, _table_html(gen.table, gen.table.columns), "</section>"]
+
+
+def write_html(parts: ReportParts, out: str | Path, *, title: str) -> Path:
+    """The report of `parts`, written to `out`."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_html(parts, title=title), encoding="utf-8")
+    return out
 
 
 def paired_figures(gen: pd.DataFrame) -> list[Any]:
@@ -125,9 +153,10 @@ def paired_figures(gen: pd.DataFrame) -> list[Any]:
         curves.setdefault(str(r["strategy"]), []).append(
             {"layers": float(r["mean_layers"]), "speedup": float(r["measured_speedup"]), "diff": float(r["diff"]),
              "low": float(r["diff_low"]), "high": float(r["diff_high"])})
-    return [paired_curves(curves, x="layers", x_title="mean layers run per answer token",
+    by_strategy: dict[str, Sequence[dict[str, float]]] = dict(curves)
+    return [paired_curves(by_strategy, x="layers", x_title="mean layers run per answer token",
                           title="Accuracy against the depth actually run"),
-            paired_curves(curves, x="speedup", x_title="measured speedup", title="Accuracy against measured speedup")]
+            paired_curves(by_strategy, x="speedup", x_title="measured speedup", title="Accuracy against measured speedup")]
 
 
 def _heading(name: str) -> str:
@@ -136,18 +165,3 @@ def _heading(name: str) -> str:
     for raw, shown in (("Kl ", "KL "), ("Ppl ratio", "Perplexity ratio")):
         text = text.replace(raw, shown)
     return text
-
-
-def _context(df: pd.DataFrame) -> str:
-    return f"<p>{html.escape(context_text(df))}</p>"
-
-
-def write_report(results: str | Path, out: str | Path, *, title: str | None = None,
-                 generation: pd.DataFrame | None = None) -> Path:
-    """The HTML report of the sweep CSV `results` (and of a generation sweep's table), written to `out`."""
-    df = read_results(results)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_html(df, load_records(results), title=title or f"D3 sweep: {Path(results).name}",
-                               generation=generation), encoding="utf-8")
-    return out

@@ -6,11 +6,12 @@ import argparse
 import importlib
 import json
 import sys
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
-from d3.config import STRATEGIES, TRACE_OFF, GenerationConfig, Param, TraceConfig, params, strategy_from_dict
+from d3.config import STRATEGIES, TRACE_OFF, GenerationConfig, Param, StrategyConfig, TraceConfig, params, \
+    strategy_from_dict
 
-from d3.cli.common import CliError
+from d3.cli.common import CliError, add_field_args, add_model_arg, describe_param, param_type
 from d3.research.data import fetch
 
 # Subcommands that live in their own modules, each exposing add_parser(subparsers) and main(args) -> int.
@@ -20,44 +21,37 @@ EXTRA_COMMANDS = ("d3.cli.bench", "d3.cli.sweep", "d3.cli.report", "d3.cli.oracl
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, no usage dump
+    def error(self, message: str) -> NoReturn:  # one line, no usage dump
         raise CliError(message)
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="smollm2-135m", help="known model name or a local model directory")
+    add_model_arg(p)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
 
 
-def strategy_params() -> dict[str, list[tuple[type, Param]]]:
+def strategy_params() -> dict[str, list[tuple[type[StrategyConfig], Param]]]:
     """Each strategy field (the registry in d3.config) -> the strategies that have it, with its Param."""
-    found: dict[str, list[tuple[type, Param]]] = {}
+    found: dict[str, list[tuple[type[StrategyConfig], Param]]] = {}
     for cls in STRATEGIES.values():
         for name, p in params(cls).items():
             found.setdefault(name, []).append((cls, p))
     return found
 
 
-def _flag_help(owners: list[tuple[type, Param]]) -> str:
+def _flag_help(owners: list[tuple[type[StrategyConfig], Param]]) -> str:
     """One clause per distinct Param, naming the strategies it belongs to: "D3 (depth decay): token i runs ...
     (a number in (0, 1]; default 0.99)"."""
     groups: dict[Param, list[str]] = {}
     for cls, p in owners:
         groups.setdefault(p, []).append(cls.label)
-    return "; ".join(f"{', '.join(labels)}: {_describe(p)}" for p, labels in groups.items())
-
-
-def _describe(p: Param) -> str:
-    default = "auto" if p.default is None else p.default
-    return f"{p.help} ({p.allowed()}; default {default})".replace("%", "%%")
+    return "; ".join(f"{', '.join(labels)}: {describe_param(p)}" for p, labels in groups.items())
 
 
 def add_generation_args(p: argparse.ArgumentParser) -> None:
     """--max-new-tokens, --temperature, --top-p, --seed: one per GenerationConfig field of the registry."""
-    for name, prm in params(GenerationConfig).items():
-        p.add_argument("--" + name.replace("_", "-"), type=int if prm.integer else float, default=prm.default,
-                       help=_describe(prm))
+    add_field_args(p, GenerationConfig, tuple(params(GenerationConfig)))
 
 
 def add_strategy_args(p: argparse.ArgumentParser) -> None:
@@ -66,8 +60,10 @@ def add_strategy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strategy", default="d3", choices=sorted(STRATEGIES))
     for name, owners in strategy_params().items():
         first = owners[0][1]
+        # the type reads the kind only (strategies share a flag, each with its own range: the config checks it)
         kind: dict[str, Any] = ({"choices": first.choices} if first.choices
-                                else {"type": int if first.integer else float})
+                                else {"type": param_type(Param("", "", integer=first.integer, optional=first.optional),
+                                                         "--" + name.replace("_", "-"))})
         p.add_argument("--" + name.replace("_", "-"), help=_flag_help(owners), **kind)
     p.add_argument("--layer-order", type=layer_order_arg, help="D3 with --drop-order calibrated: the flex layers in "
                    "drop order (comma-separated), or a calibration's name (agreement, task@task:..., measured: the "

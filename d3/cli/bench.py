@@ -13,18 +13,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from d3.cli.common import check_output_file, int_in, set_threads
-from d3.research.sweep.spec import load_prompts
+from d3.cli.common import add_model_arg, add_threads_arg, check_output_file, int_in, set_threads
+from d3.research.sweep.spec import load_prompts, prompt_count
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("bench", help="speed against targets: our loop vs model.generate, D3, tracing, load",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--prompts", type=int_in(1), default=4, help="how many prompts of assets/prompts.json")
+    add_model_arg(p)
+    p.add_argument("--prompts", type=int_in(1, prompt_count()), default=4,
+                   help=f"how many prompts of assets/prompts.json (it holds {prompt_count()})")
     p.add_argument("--new-tokens", type=int_in(2, 4096), default=128)
     p.add_argument("--repeats", type=int_in(1, 50), default=3)
-    p.add_argument("--threads", type=int_in(0, 1024), default=0, help="torch threads (0: leave torch's default)")
+    add_threads_arg(p)
     p.add_argument("--skip-load", action="store_true", help="skip the subprocess load-time check")
     p.add_argument("--profile", choices=("auto", "always", "never"), default="auto",
                    help="profile variants whose target was missed (auto), all of them, or none")

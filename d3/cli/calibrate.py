@@ -7,7 +7,9 @@ import json
 import sys
 from typing import Any
 
-from d3.cli.common import CliError, check_input_file, set_threads
+from d3.cli.common import CliError, add_field_args, add_model_arg, add_threads_arg, check_input_file, int_in, \
+    set_threads
+from d3.config import D3Config
 
 SIGNAL_HELP = ("agreement: share of full depth's own next tokens kept top-1, teacher-forced (SWIFT); perplexity: NLL "
                "of prose (SLEB); task: exact match on a generation task's validation split (TALE)")
@@ -16,7 +18,7 @@ SIGNAL_HELP = ("agreement: share of full depth's own next tokens kept top-1, tea
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("calibrate", help="measure which flex layers the model can spare (a calibrated drop order)",
                               description=__doc__)
-    p.add_argument("--model", default="smollm2-135m")
+    add_model_arg(p)
     p.add_argument("--signal", default="agreement", choices=("agreement", "perplexity", "task"), help=SIGNAL_HELP)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompts", help="a prompt file: JSON list (strings or {prompt}) or one prompt per line "
@@ -25,14 +27,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                      "the arithmetic tasks)")
     src.add_argument("--prompt", help="one prompt")
     src.add_argument("--text", help="perplexity: a prose file (default: assets/ppl_text.txt)")
-    p.add_argument("--steps", type=int, help="greedy removals (default: every flex layer); the rest follow by "
-                   "single-drop score")
-    p.add_argument("--tokens", type=int, default=32, help="generated (agreement) or continuation (perplexity) tokens")
-    p.add_argument("--core-head", type=int, help="core layers at the bottom (default L // 8)")
-    p.add_argument("--core-tail", type=int, help="core layers at the top (default L // 8)")
+    p.add_argument("--steps", type=int_in(1), help="greedy removals, at most the model's flex layers (default: every "
+                   "flex layer); the rest follow by single-drop score")
+    p.add_argument("--tokens", type=int_in(1, 1024), default=32, help="generated (agreement) or continuation "
+                   "(perplexity) tokens")
+    add_field_args(p, D3Config, ("core_head", "core_tail"))
     p.add_argument("--no-chat-template", action="store_true", help="--prompt/--prompts as raw text (base models)")
     p.add_argument("--no-cache", action="store_true", help="measure again even when a cached result exists")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave torch's default)")
+    add_threads_arg(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=main)
     return p
@@ -72,11 +74,14 @@ def main(args: argparse.Namespace) -> int:
 
     cal_set = calibration_set(args)
     _check_pairing(args.signal, cal_set)
+    known = _known_layers(args.model)
+    if known is not None:  # its layers are known without loading it: a bad core or --steps fails in milliseconds
+        _check_core_and_steps(args, known)
     set_threads(args.threads)
     args.device, args.dtype = "auto", "float32"
     engine = load_engine(args)
-    head, tail = args.core_head, args.core_tail
-    core = None if head is None and tail is None else _core(engine.num_layers, head, tail)
+    fitted = _check_core_and_steps(args, engine.num_layers)
+    core = None if args.core_head is None and args.core_tail is None else fitted
     quiet = args.json
 
     def progress(done: int, total: int, what: str) -> None:
@@ -100,7 +105,23 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _core(num_layers: int, head: int | None, tail: int | None) -> tuple[int, int]:
-    from d3.config import D3Config
+def _known_layers(model: str) -> int | None:
+    from d3.models import KNOWN_MODELS
 
-    return D3Config(core_head=head, core_tail=tail).core(num_layers)
+    known = KNOWN_MODELS.get(model)
+    return None if known is None else known.facts.num_layers
+
+
+def _check_core_and_steps(args: argparse.Namespace, num_layers: int) -> tuple[int, int]:
+    """The core (the core rule, d3.config.core_fits) and --steps (at most the flex layers it leaves)."""
+    cfg = D3Config(core_head=args.core_head, core_tail=args.core_tail)
+    head, tail = cfg.core(num_layers)
+    try:
+        cfg.check_layers(num_layers)
+    except ValueError as err:
+        raise CliError(str(err).replace("core_head + core_tail", "--core-head + --core-tail")) from None
+    flex = num_layers - head - tail
+    if args.steps is not None and args.steps > flex:
+        raise CliError(f"--steps {args.steps} is not allowed: --steps must be an integer in [1, {flex}] (the flex "
+                       f"layers of {args.model}'s {num_layers} with core {head}+{tail})")
+    return head, tail

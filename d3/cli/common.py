@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
+
+from d3.config import DEFAULT_MODEL, Param, params
 
 
 class CliError(Exception):
@@ -52,3 +54,59 @@ def int_in(lo: int, hi: int | None = None) -> Callable[[str], int]:
 
     parse.__name__ = "integer"
     return parse
+
+
+MAX_THREADS = 1024
+
+
+def add_threads_arg(p: argparse.ArgumentParser, help: str = "torch threads (0: leave torch's default)") -> None:  # noqa: A002
+    """--threads, one definition for every command that runs a model: an integer in [0, 1024]."""
+    p.add_argument("--threads", type=int_in(0, MAX_THREADS), default=0, help=help)
+
+
+def add_model_arg(p: argparse.ArgumentParser, help: str = "known model name or a local model directory") -> None:  # noqa: A002
+    """--model, defaulting to the one default model (d3.config.DEFAULT_MODEL)."""
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"{help} (default {DEFAULT_MODEL})")
+
+
+def param_type(prm: Param, flag: str) -> Callable[[str], Any]:
+    """An argparse type made from a field's `Param`: the text read as the field's kind and checked against its
+    range or choices, so that argparse refuses a bad value in one line naming the flag and what is allowed."""
+    def parse(text: str) -> Any:
+        if prm.optional and text.strip().lower() in ("auto", "none"):
+            return None
+        value: Any = text
+        if not prm.choices:
+            try:
+                value = int(text) if prm.integer else float(text)
+            except ValueError:
+                value = None
+        if value is None or not prm.ok(value):
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not allowed: {flag} must be {prm.allowed()}")
+        return value
+
+    parse.__name__ = "value"
+    return parse
+
+
+def describe_param(prm: Param) -> str:
+    """A flag's help from its Param: what it does, what it allows and its default."""
+    default = "auto" if prm.default is None else prm.default
+    return f"{prm.help} ({prm.allowed()}; default {default})".replace("%", "%%")
+
+
+def add_field_args(p: argparse.ArgumentParser, cls: type, names: tuple[str, ...], *, flags: dict[str, str] | None = None,
+                   narrow: dict[str, Param] | None = None, keep_default: bool = True) -> None:
+    """One flag per named field of the config class `cls`, derived from the registry (d3.config's `Param`): its
+    type, range or choices, default and help are the field's, said once there (transformers' HfArgumentParser).
+    flags: a flag named otherwise than --field-name; narrow: a narrower Param where this command allows less;
+    keep_default: False leaves the default None (the command tells "not given" from the field's default)."""
+    registry = params(cls)
+    for name in names:
+        prm = (narrow or {}).get(name, registry[name])
+        flag = (flags or {}).get(name, "--" + name.replace("_", "-"))
+        kind: dict[str, Any] = {"choices": prm.choices} if prm.choices else {"type": param_type(prm, flag)}
+        if prm.choices:
+            kind["type"] = str
+        p.add_argument(flag, dest=name, default=prm.default if keep_default else None, help=describe_param(prm),
+                       **kind)

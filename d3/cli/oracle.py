@@ -8,9 +8,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from d3.cli.common import CliError, check_input_file, check_output_file, set_threads
+from d3.cli.common import CliError, add_field_args, add_model_arg, add_threads_arg, check_input_file, \
+    check_output_file, set_threads
 from d3.cli import layer_order_arg
-from d3.config import DROP_ORDERS, GenerationConfig, D3Config
+from d3.config import GenerationConfig, D3Config
 from d3.research.data import example_prompts
 from d3.research.oracle_fit import PAPER_ALPHAS
 
@@ -24,20 +25,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--prompt", help="one prompt")
     p.add_argument("--prompts-file", help="a JSON list of {title, prompt} (e.g. assets/prompts.json)")
     p.add_argument("--count", type=int, default=8, help="how many prompts of --prompts-file")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--drop-order", choices=DROP_ORDERS, default="middle_out")
+    add_field_args(p, GenerationConfig, ("max_new_tokens",))
+    add_field_args(p, D3Config, ("drop_order", "core_head", "core_tail"))
     p.add_argument("--layer-order", type=layer_order_arg, help="with --drop-order calibrated: the flex layers in drop "
                    "order (comma-separated) or a calibration's name (default measured)")
-    p.add_argument("--core-head", type=int, help="core layers at the bottom (default L // 8)")
-    p.add_argument("--core-tail", type=int, help="core layers at the top (default L // 8)")
-    p.add_argument("--alpha", type=float, help="the D3 alpha judged (under-served, KL); default: the least-squares fit")
-    p.add_argument("--start", type=int, default=0, help="D3 start used with --alpha")
+    add_field_args(p, D3Config, ("alpha",), keep_default=False)  # not given: the least-squares fit is judged
+    add_field_args(p, D3Config, ("start",))
     p.add_argument("--k", type=float, default=10.0, help="coverage fit: at most this %% of tokens under-served")
     p.add_argument("--underserved-at", default=",".join(map(str, PAPER_ALPHAS)) + "," + SWEEP_ALPHAS,
                    help="D3 settings whose under-served fraction is listed: alpha or alpha@start, comma-separated")
     p.add_argument("--no-chat-template", action="store_true", help="feed prompts as raw text (base models)")
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave torch's default)")
+    add_model_arg(p)
+    add_threads_arg(p)
     p.add_argument("--out", help="also write the JSON here")
     p.add_argument("--json", action="store_true", help="print the whole result as JSON")
     p.set_defaults(func=main)
@@ -80,9 +79,13 @@ def _check(args: argparse.Namespace) -> tuple[list[tuple[str, str]], D3Config, t
     GenerationConfig(max_new_tokens=args.max_new_tokens)
     if args.layer_order is not None and args.drop_order != "calibrated":
         raise CliError("--layer-order only applies with --drop-order calibrated")
-    order = {"layer_order": args.layer_order or "measured"} if args.drop_order == "calibrated" else {}
-    cfg = D3Config(core_head=args.core_head, core_tail=args.core_tail, drop_order=args.drop_order,
-                   start=args.start, **order, **({"alpha": args.alpha} if args.alpha is not None else {}))
+    fields: dict[str, Any] = {"core_head": args.core_head, "core_tail": args.core_tail, "drop_order": args.drop_order,
+                              "start": args.start}
+    if args.drop_order == "calibrated":
+        fields["layer_order"] = args.layer_order or "measured"
+    if args.alpha is not None:
+        fields["alpha"] = args.alpha
+    cfg = D3Config(**fields)
     if not 0 <= args.k <= 100:
         raise CliError(f"--k {args.k} must be a percentage in [0, 100]")
     if args.out:

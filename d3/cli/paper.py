@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from d3.cli.common import CliError, check_output_file, set_threads
+from d3.cli.common import CliError, add_model_arg, add_threads_arg, check_output_file, set_threads
 from d3.research.paper import ALPHAS, DROP_ORDER_CHOICES, SELECTION_RULE, START_FRACTIONS, TASKS
 
 
@@ -24,7 +24,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "the test questions interleaved in the same process (wall-clock speedup = full seconds / D3 seconds). "
         "Under `accelerate launch` each process answers a shard of the questions; the main process prints and "
         "writes the table.")
-    p.add_argument("--model", default="smollm2-135m", help="known model name, a local model directory or a hub id")
+    add_model_arg(p, "known model name, a local model directory or a hub id")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (under accelerate: the "
                    "process's own device)")
     p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
@@ -43,7 +43,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--chat-template", action="store_true", help="wrap prompts in the chat template (default raw "
                    "few-shot text, as for a base model)")
     p.add_argument("--out", default="paper_results.csv", help="CSV written by the main process")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads per process (0: torch's default)")
+    add_threads_arg(p, "torch CPU threads per process (0: torch's default)")
     p.set_defaults(func=main)
     return p
 

@@ -10,12 +10,14 @@ from typing import Any, Callable
 from tqdm import tqdm
 
 import d3.research.sweep
-from d3.cli.common import CliError, check_output_file, int_in, set_threads
-from d3.config import DROP_ORDERS
+from d3.cli.common import CliError, add_field_args, add_model_arg, add_threads_arg, check_output_file, int_in, \
+    set_threads
+from d3.config import DROP_ORDERS, GenerationConfig, core_fits, params
 from d3.models import KNOWN_MODELS
 from d3.research.data import DEFAULT_TASKS
 from d3.research.gentasks import DEFAULT_GENERATION_TASKS
-from d3.research.sweep.spec import BASELINES, TASK_MODES, TASK_SCORINGS, Progress, SweepSpec, load_prompts
+from d3.research.sweep.spec import BASELINES, MIN_SWEEP_TOKENS, TASK_MODES, TASK_SCORINGS, Progress, SweepSpec, \
+    load_prompts, prompt_count
 from d3.research.sweep.table import sidecar
 
 
@@ -65,10 +67,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register `sweep` on an argparse subparsers object."""
     p = subparsers.add_parser("sweep", help="run a grid of D3 settings and baselines at matched depth",
                               description=d3.research.sweep.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="smollm2-135m")
+    add_model_arg(p)
     p.add_argument("--out", default="results/sweep.csv", help="CSV appended row by row; a rerun resumes")
-    p.add_argument("--prompts", type=int_in(1), default=4, help="how many prompts of assets/prompts.json")
-    p.add_argument("--new-tokens", type=int_in(2, 1024), default=64)
+    p.add_argument("--prompts", type=int_in(1, prompt_count()), default=4,
+                   help=f"how many prompts of assets/prompts.json (it holds {prompt_count()})")
+    add_field_args(p, GenerationConfig, ("max_new_tokens",), flags={"max_new_tokens": "--new-tokens"},
+                   narrow={"max_new_tokens": params(GenerationConfig)["max_new_tokens"].narrowed(lo=MIN_SWEEP_TOKENS)})
     p.add_argument("--repeats", type=int_in(1, 50), default=3, help="timing repeats (full depth and method alternate)")
     p.add_argument("--depths", default="0.85,0.75,2/3,0.55", help="target mean depths, fractions of L")
     p.add_argument("--alphas", default="", help="extra D3 settings with explicit alpha")
@@ -94,7 +98,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "in full by greedy generation and scored by exact match; each setting timed against full depth "
                    "on --repeats batches per task; --new-tokens is the answer length depths are matched over")
     p.add_argument("--ppl-chunks", type=int_in(0), default=4)
-    p.add_argument("--threads", type=int_in(0, 1024), default=0, help="torch threads (0: leave torch's default)")
+    add_threads_arg(p)
     p.add_argument("--limit", type=int_in(1), default=None, help="measure at most this many new settings, then stop")
     p.add_argument("--no-chat-template", action="store_true")
     p.set_defaults(func=main)
@@ -124,7 +128,7 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
         raise CliError("--variants-at is empty: give one depth (2/3)")
     try:
         return SweepSpec(
-            model=args.model, prompts=load_prompts(args.prompts), max_new_tokens=args.new_tokens, repeats=args.repeats,
+            model=args.model, prompts=load_prompts(args.prompts), max_new_tokens=args.max_new_tokens, repeats=args.repeats,
             depths=lists["depths"], alphas=lists["alphas"], cores=lists["cores"], starts=lists["starts"],
             fills=_words(args.fills), drop_orders=_words(args.drop_orders), variants_at=lists["variants_at"][0],
             product=args.product, baselines=_words(args.baselines),
@@ -143,10 +147,11 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
 
 
 def check_cores(spec: SweepSpec, num_layers: int) -> None:
-    """Every core split leaves a flex layer of the model's `num_layers`; CliError naming --cores otherwise."""
+    """Every core split keeps the core rule (d3.config.core_fits); CliError naming --cores otherwise."""
     for core in spec.cores:
-        if core is not None and sum(core) >= num_layers:
-            raise CliError(f"--cores {core[0]}+{core[1]}: head + tail must be below {spec.model}'s {num_layers} layers")
+        if core is not None and not core_fits(*core, num_layers):
+            raise CliError(f"--cores {core[0]}+{core[1]}: head + tail must be at most {num_layers - 1}, leaving one "
+                           f"of {spec.model}'s {num_layers} layers to drop")
 
 
 def tqdm_progress() -> tuple[Progress, Callable[[], None]]:

@@ -23,11 +23,9 @@ import json
 import logging
 import math
 import os
-import re
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -41,7 +39,7 @@ from d3.research.calibration_sets import (  # noqa: F401  (the sets are part of 
     task_set,
     text_set,
 )
-from d3.config import TRACE_OFF, D3Config, FullConfig, GenerationConfig, StaticSkipConfig, check_layer_order
+from d3.config import TRACE_OFF, D3Config, FullConfig, GenerationConfig, StaticSkipConfig
 from d3.orders import (  # noqa: F401  (what a calibration is and where it is kept: part of this module's API)
     CALIBRATION_ENV, CHAT_ORDERS, HIGHER_IS_BETTER, MEASURED, SIGNALS, UNITS, Calibration, cached, calibration_path, calibration_root,
     read_calibration, resolve,

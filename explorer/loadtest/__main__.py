@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from d3.config import DEFAULT_MODEL
 from explorer.loadtest import __doc__ as DOC
 from explorer.loadtest.phases import run
 from explorer.loadtest.report import render
@@ -16,7 +17,7 @@ from explorer.loadtest.server import TINY, serve
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=DOC, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="smollm2-135m", help="a known model name (default smollm2-135m)")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"a known model name (default {DEFAULT_MODEL})")
     p.add_argument("--tiny", action="store_true", help="serve a tiny random model instead (fast, for the test suite)")
     p.add_argument("--clients", type=int, default=8, help="clients generating at once in phase 1 (default 8)")
     p.add_argument("--tokens", type=int, default=16, help="new tokens per phase-1 generation (default 16)")

@@ -178,7 +178,13 @@ class View:
     facts): its own components above its plot; wire(pool, ui, runs): its own events (`runs`: API suffix -> each
     run's final event). tab: False for a view that sits outside the tabs (the decay curve). plot: False when
     `controls` makes the view's plots itself. export: whether Export offers it (every view does:
-    explorer.export.FIGURES)."""
+    explorer.export.FIGURES).
+
+    How it is exported, said here so that Export loops over the registry and keeps no table of its own:
+    ready(session): whether the session holds what the view draws (None: a view drawn after a run needs the run's
+    D3 trace; any other view, the controls alone); first: what to do first when it is not ready (the export says it
+    rather than export the placeholder that asks for it). measured: the view draws its own measurement (Measure),
+    kept in its own state, not in the session; redraw(pool, state, controls) draws that state."""
 
     key: str
     title: str
@@ -194,6 +200,16 @@ class View:
     tab: bool = True
     plot: bool = True
     export: bool = True
+    ready: Callable[[Any], Any] | None = None
+    first: str = "press Generate first."
+    measured: bool = False
+    redraw: Callable[..., go.Figure] | None = None
+
+    def ready_in(self, session: Any) -> bool:
+        """Whether `session` holds what this view draws (see `ready`); a measured view's state is not the session's."""
+        if self.ready is not None:
+            return bool(self.ready(session))
+        return session.d3 is not None if self.after_run else True
 
 
 @functools.cache

@@ -27,4 +27,5 @@ def controls(ui: dict, facts) -> None:
 
 
 VIEW = View("errors", "Error propagation", EXPLAIN, needs="a run's comparison with full depth", position=50, draw=draw,
-            after_run=True, controls=controls)
+            after_run=True, controls=controls, ready=lambda s: s.comparison,
+            first="let a run finish (the error views come after both streams).")

@@ -23,4 +23,5 @@ def controls(ui: dict, facts) -> None:
 
 
 VIEW = View("fills", "Fill strategies", EXPLAIN, needs="a fill comparison (Compare fills)", position=60, draw=draw,
-            controls=controls)
+            controls=controls, ready=lambda s: s.fills,
+            first="press “Compare fills” in the Fill strategies tab first.")

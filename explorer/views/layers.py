@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from explorer.layers_view import layers_controls, layers_placeholder
+from explorer.layers_view import layers_controls, layers_placeholder, redraw_layers
 from explorer.views import View
 
 EXPLAIN = """**Which flex layers can this model spare, on this prompt?** Each flex layer is dropped alone while
@@ -18,4 +18,5 @@ can carry arithmetic: measure on the kind of text you care about."""
 
 
 VIEW = View("layers", "Which layers matter", EXPLAIN, needs="its own measurement (Measure), not a run", position=80,
-            empty=lambda presentation: layers_placeholder(), controls=lambda ui, facts: layers_controls(ui))
+            empty=lambda presentation: layers_placeholder(), controls=lambda ui, facts: layers_controls(ui),
+            measured=True, redraw=redraw_layers, first="press “Measure which layers matter” in its tab first.")

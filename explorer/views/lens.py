@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from explorer.explain import lens_switch
 from explorer.views import View
+from viz.lens import has_lens
 
 EXPLAIN = """**What the model would say if it stopped after each layer** (the *logit lens*: the final norm and
 the output head applied to the hidden state after that layer), for every D3 token of the last run.
@@ -17,4 +18,6 @@ during every run while the box above the view is ticked (the default); untick it
 
 
 VIEW = View("lens", "Logit lens", EXPLAIN, needs="a run that recorded the lens (drawn while its tab is open)",
-            position=90, controls=lambda ui, facts: lens_switch(ui))
+            position=90, controls=lambda ui, facts: lens_switch(ui),
+            ready=lambda s: s.d3 is not None and has_lens(s.d3),
+            first="press Generate first (with “Record the logit lens” ticked).")

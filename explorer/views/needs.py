@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from explorer.needs import cold_view, needs_controls
+from explorer.needs import cold_view, needs_controls, redraw_needs
 from explorer.views import View
 
 EXPLAIN = """**The depth each token of the full-depth answer really needs** (the *oracle*): the smallest D3
@@ -16,4 +16,5 @@ decay cuts layers that these tokens need. Measuring runs every budget for every 
 
 
 VIEW = View("needs", "What each token needs", EXPLAIN, needs="its own measurement (Measure), not a run", position=70,
-            empty=lambda presentation: cold_view(presentation=presentation), controls=lambda ui, facts: needs_controls(ui))
+            empty=lambda presentation: cold_view(presentation=presentation), controls=lambda ui, facts: needs_controls(ui),
+            measured=True, redraw=redraw_needs, first="press “Measure what each token needs” in its tab first.")

@@ -16,4 +16,4 @@ the token where the two first part ways."""
 
 
 VIEW = View("scrub", "Token scrubber", EXPLAIN, needs="a run (drawn while its tab is open)", position=100,
-            controls=lambda ui, facts: scrub_controls(ui), plot=False)
+            controls=lambda ui, facts: scrub_controls(ui), plot=False, ready=lambda s: s.d3 is not None and s.d3.steps)

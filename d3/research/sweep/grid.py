@@ -5,9 +5,9 @@ from __future__ import annotations
 import itertools
 import json
 from dataclasses import replace
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Sequence, TypeVar
 
-from d3.config import TRACE_OFF, D3Config, drop_order_fields, drop_order_word, EarlyExitConfig, FullConfig, GenerationConfig, SkipDecodeConfig, \
+from d3.config import TRACE_OFF, D3Config, drop_order_fields, EarlyExitConfig, FullConfig, GenerationConfig, SkipDecodeConfig, \
     StrategyConfig, UnifiedConfig
 from d3.schedule import alpha_for_mean_depth, planned_mean_layers, unified_layers
 from d3.research.sweep.spec import Setting, SweepSpec
@@ -25,7 +25,10 @@ def d3_for_depth(depth: float, num_layers: int, steps: int, *, core: tuple[int, 
     return D3Config(alpha=alpha, core_head=head, core_tail=tail, start=start, fill=fill, **drop_order_fields(drop_order))
 
 
-def _closest(candidates: Iterable[StrategyConfig], target: float, num_layers: int, steps: int) -> StrategyConfig:
+S = TypeVar("S", bound=StrategyConfig)
+
+
+def _closest(candidates: Iterable[S], target: float, num_layers: int, steps: int) -> S:
     return min(candidates, key=lambda c: abs(planned_mean_layers(c, num_layers, steps) - target))
 
 
@@ -81,18 +84,12 @@ def threshold_for_depth(profiles: Sequence[Sequence[float]], min_exit: int, num_
 # ---------------------------------------------------------------- the grid
 
 
-def _d3_label(cfg: D3Config, num_layers: int) -> str:
-    head, tail = cfg.core(num_layers)
-    return f"d3 α={_alpha_text(cfg.alpha)} core={head}+{tail} start={cfg.start} {cfg.fill} {drop_order_word(cfg)}"
+LABEL_DIGITS = 4  # decimals of a tuned number in a row's label (more where it takes them to tell a value from 1)
 
 
-def _alpha_text(alpha: float) -> str:
-    """Four decimals, or as many (up to 8) as it takes to tell an alpha below 1 from 1 (0.999999)."""
-    for digits in range(4, 9):
-        text = f"{alpha:.{digits}f}"
-        if alpha == 1.0 or float(text) < 1.0:
-            return text
-    return repr(alpha)
+def label(cfg: StrategyConfig) -> str:
+    """A row's label: the config's own description (`StrategyConfig.describe`), tuned numbers to LABEL_DIGITS."""
+    return cfg.describe(digits=LABEL_DIGITS)
 
 
 def d3_settings(spec: SweepSpec, num_layers: int) -> list[Setting]:
@@ -118,10 +115,10 @@ def d3_settings(spec: SweepSpec, num_layers: int) -> list[Setting]:
         cfg = d3_for_depth(depth, num_layers, T, core=core, start=start, fill=fill, drop_order=order)
         if cfg.resolved:  # a calibration's name is checked once the engine resolves it against its model
             cfg.check_layers(num_layers)
-        out.append(Setting(_d3_label(cfg, num_layers), cfg, depth))
+        out.append(Setting(label(cfg), cfg, depth))
     for alpha in spec.alphas:
         cfg = D3Config(alpha=alpha)
-        out.append(Setting(_d3_label(cfg, num_layers), cfg, None))
+        out.append(Setting(label(cfg), cfg, None))
     return _unique(out)
 
 
@@ -139,16 +136,14 @@ def _unique(settings: list[Setting]) -> list[Setting]:
 def planned_baselines(spec: SweepSpec, num_layers: int) -> list[Setting]:
     """SkipDecode and Unified Layer Skipping at each baseline depth (their depth is known before running)."""
     T = spec.max_new_tokens
-    out = []
+    out: list[Setting] = []
     for depth in spec.baseline_depths or spec.depths:
         if "skipdecode" in spec.baselines:
-            cfg = skipdecode_for_depth(depth, num_layers, T)
-            hi, lo = cfg.bounds(num_layers)
-            out.append(Setting(f"skipdecode {hi}→{lo} over {cfg.horizon}", cfg, depth))
+            skip = skipdecode_for_depth(depth, num_layers, T)
+            out.append(Setting(label(skip), skip, depth))
         if "unified" in spec.baselines:
             cfg = unified_for_depth(depth, num_layers, T)
-            keep = len(unified_layers(num_layers, cfg.ratio))
-            out.append(Setting(f"unified r={cfg.ratio:.3g} ({keep} layers)", cfg, depth))
+            out.append(Setting(label(cfg), cfg, depth))
     return _unique(out)
 
 
@@ -159,7 +154,7 @@ def early_exit_settings(spec: SweepSpec, num_layers: int, profiles: dict[str, tu
         for measure, (conf, min_exit) in profiles.items():
             t = threshold_for_depth(conf, min_exit, num_layers, depth)
             cfg = EarlyExitConfig(threshold=t, measure=measure)
-            out.append(Setting(f"early_exit {measure}≥{t:g}", cfg, depth))
+            out.append(Setting(label(cfg), cfg, depth))
     return _unique(out)
 
 
@@ -185,5 +180,5 @@ def all_settings(spec: SweepSpec, engine: Any) -> list[Setting]:
     L = engine.num_layers
     profiles = calibrate_early_exit(engine, spec)
     d3 = [replace(s, config=engine.resolve(s.config)) for s in d3_settings(spec, L)]  # a calibration's name -> layers
-    return [Setting("full depth", FullConfig(), 1.0), *d3, *planned_baselines(spec, L),
+    return [Setting(label(FullConfig()), FullConfig(), 1.0), *d3, *planned_baselines(spec, L),
             *early_exit_settings(spec, L, profiles)]

@@ -8,10 +8,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from d3.config import BASELINES, DROP_ORDERS, FILLS, GenerationConfig, StrategyConfig, _check, drop_order_fields
+from d3.config import BASELINES, DEFAULT_MODEL, DROP_ORDERS, FILLS, D3Config, GenerationConfig, StrategyConfig, _check, \
+    drop_order_fields, params
 from d3.research.data import ASSETS, example_prompts
 
 TASK_SPLITS = ("all", "test")
+MIN_SWEEP_TOKENS = 2  # a sweep's runs: at least two tokens, so that one is decoded past the prefill's
 
 Progress = Callable[[float, str], None]
 TASK_SCORINGS = ("loglik", "generate")
@@ -48,7 +50,7 @@ class SweepSpec:
       is measured on; 0 turns perplexity off.
     """
 
-    model: str = "smollm2-135m"
+    model: str = DEFAULT_MODEL
     prompts: tuple[str, ...] = BUILTIN_PROMPTS
     max_new_tokens: int = 64
     repeats: int = 3
@@ -77,20 +79,28 @@ class SweepSpec:
     def __post_init__(self) -> None:
         _check(len(self.prompts) >= 1 and all(isinstance(p, str) and p.strip() for p in self.prompts), "prompts",
                self.prompts, "one or more non-empty strings")
-        _check(isinstance(self.max_new_tokens, int) and 2 <= self.max_new_tokens <= 1024, "max_new_tokens",
-               self.max_new_tokens, "an integer in [2, 1024]")
+        # The strategy and generation fields are checked by their registry Param (d3.config), narrowed where a
+        # sweep allows less; a list is checked value by value, the error naming the list.
+        params(GenerationConfig)["max_new_tokens"].narrowed(lo=MIN_SWEEP_TOKENS).check("max_new_tokens",
+                                                                                       self.max_new_tokens)
         _check(isinstance(self.repeats, int) and 1 <= self.repeats <= 50, "repeats", self.repeats, "an integer in [1, 50]")
         for d in (*self.depths, self.variants_at, *(self.baseline_depths or ()), *(self.early_exit_depths or ())):
             _check(0 < d <= 1, "depths", d, "fractions in (0, 1]")
+        d3 = params(D3Config)
         for a in self.alphas:
-            _check(0 < a <= 1, "alphas", a, "numbers in (0, 1]")
+            d3["alpha"].check("alphas", a)
         _check(len(self.cores) >= 1, "cores", self.cores, "at least one (head, tail) pair or None")
         for core in self.cores:
-            _check(core is None or (len(core) == 2 and all(isinstance(x, int) and x >= 0 for x in core)), "cores",
-                   core, "None or a (head, tail) pair of integers >= 0")
-        _check(len(self.starts) >= 1 and all(isinstance(s, int) and s >= 0 for s in self.starts), "starts", self.starts,
-               "one or more integers >= 0 (tokens)")
-        _check(len(self.fills) >= 1 and all(f in FILLS for f in self.fills), "fills", self.fills, f"among {FILLS}")
+            _check(core is None or (isinstance(core, tuple) and len(core) == 2), "cores", core,
+                   "None or a (head, tail) pair")
+            for side in core or ():
+                d3["core_head"].check("cores", side)
+        _check(len(self.starts) >= 1, "starts", self.starts, "one or more " + d3["start"].allowed())
+        for s in self.starts:
+            d3["start"].check("starts", s)
+        _check(len(self.fills) >= 1, "fills", self.fills, f"among {FILLS}")
+        for f in self.fills:  # the fills a sweep compares (FILL_VARIANTS' copy_any_type is the CLI's and the API's)
+            _check(f in FILLS and d3["fill"].ok(f), "fills", f, f"among {FILLS}")
         _check(len(self.drop_orders) >= 1, "drop_orders", self.drop_orders, f"among {DROP_ORDERS}")
         for word in self.drop_orders:
             drop_order_fields(word)  # calibrated, calibrated:NAME or a named order; the error names the word
@@ -142,6 +152,11 @@ def setting_key(spec: SweepSpec, model_name: str, setting: Setting) -> str:
     payload = {"model": model_name, "strategy": setting.config.to_dict(), "measured_with": spec.measured_with()}
     text = json.dumps(payload, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def prompt_count(path: Path | None = None) -> int:
+    """How many prompts `load_prompts` can give (assets/prompts.json, or the built-in list)."""
+    return len(load_prompts(10**6, path))
 
 
 def load_prompts(count: int, path: Path | None = None) -> tuple[str, ...]:

@@ -269,6 +269,7 @@ def word_problem_space(two_steps: bool) -> Space:
     """"Sam has 4 apples. Sam gets 3 more apples. [Then Sam gives away 2 apples.] How many apples does Sam have
     now?": 12 names x 10 things x the numbers (1-digit; a result never below 0)."""
     numbers = [(a, b) for a in range(2, 10) for b in range(2, 10)] + [(a, -b) for a in range(2, 10) for b in range(1, a)]
+    records: list[tuple[str, str, int, int, int | None]]
     if two_steps:
         records = [(n, t, a, b, c) for n in _NAMES for t in _OBJECTS for a in range(2, 10) for b in range(2, 10)
                    for c in range(1, min(9, a + b - 1) + 1)]

@@ -16,7 +16,8 @@ from d3.research.data import fetch
 # Subcommands that live in their own modules, each exposing add_parser(subparsers) and main(args) -> int.
 # The handlers below and those modules import torch and the model code only when a command runs, so building
 # the parser (and rejecting a bad flag) stays fast.
-EXTRA_COMMANDS = ("d3.cli.bench", "d3.cli.sweep", "d3.cli.report", "d3.cli.oracle", "d3.cli.paper", "d3.cli.calibrate")
+EXTRA_COMMANDS = ("d3.cli.bench", "d3.cli.sweep", "d3.cli.report", "d3.cli.oracle", "d3.cli.paper", "d3.cli.calibrate",
+                  "d3.cli.install")
 
 
 class _Parser(argparse.ArgumentParser):

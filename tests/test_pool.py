@@ -211,3 +211,33 @@ def test_a_first_use_converting_in_a_subprocess_stalls_no_other_session(chunked_
     assert "Done." in seen[-1] and pool.is_loaded("chunked-tiny")
     stages = [s for s in seen if "assembling the GGUF" in s or "converting tiny.gguf" in s]
     assert stages and seen.index(stages[0]) < len(seen) - 1
+
+
+def test_an_evicted_model_is_freed_once_no_session_streams_from_it(tmp_path: Path) -> None:
+    """Three tiny models saved as directories, loaded by the real loader with D3_MAX_MODELS=2: after a run on each,
+    the least recently used is unloaded and its weights are garbage (a session that ran on it keeps only traces)."""
+    import gc
+    import weakref
+
+    from d3.testing import tiny_tokenizer
+
+    paths = []
+    for seed in range(3):
+        path = tmp_path / f"m{seed}"
+        tiny_llama(seed=seed).save_pretrained(str(path))
+        tiny_tokenizer().save_pretrained(str(path))
+        paths.append(str(path))
+    pool = ModelPool(caps=Caps(max_models=2, max_new_tokens=64), names=())
+    sessions, refs = [], []
+    for path in paths[:2]:
+        session = Session()
+        outputs = list(live.generate(pool, session, **{**RUN, "model": path}))
+        assert "Done." in statuses(outputs)[-1]
+        sessions.append(session)
+        refs.append(weakref.ref(pool.engine(path).model))
+    pool.engine(paths[0])  # m0 is now the most recently used: m1 goes next
+    list(live.generate(pool, Session(), **{**RUN, "model": paths[2]}))
+    assert pool.loaded() == (paths[0], paths[2])
+    gc.collect()
+    assert refs[1]() is None and refs[0]() is not None  # m1's weights are gone although its session is still here
+    assert sessions[1].history  # which still holds its run

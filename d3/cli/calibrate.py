@@ -73,7 +73,7 @@ def main(args: argparse.Namespace) -> int:
     cal_set = calibration_set(args)
     _check_pairing(args.signal, cal_set)
     set_threads(args.threads)
-    args.device, args.dtype = "auto", "float32"
+    args.device, args.dtype = "auto", "auto"
     engine = load_engine(args)
     head, tail = args.core_head, args.core_tail
     core = None if head is None and tail is None else _core(engine.num_layers, head, tail)

@@ -62,6 +62,28 @@ class _Stage:
                     print(f"{PROGRESS}{self.text} ({time.monotonic() - self.since:.0f} s so far)", flush=True)
 
 
+def _count_tensors(stage: _Stage) -> None:
+    """Have transformers' GGUF loader report its tensors as it dequantizes them ("tensor 52 of 339"), through the
+    progress bar it iterates them with; without that bar (another transformers version) the stage says less."""
+    try:
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:
+        return
+    if not callable(getattr(gguf_utils, "tqdm", None)):
+        return
+
+    def counted(items: Any, *args: Any, **kwargs: Any) -> Any:
+        items = list(items)
+        step = max(1, len(items) // 20)
+        for i, item in enumerate(items):
+            if i % step == 0:
+                stage(f"dequantizing the GGUF's tensors: {i} of {len(items)}")
+            yield item
+        stage("saving the converted weights")
+
+    gguf_utils.tqdm = counted
+
+
 def run(recipe: dict[str, Any]) -> int:
     """The child: assemble and check the GGUF, convert it, publish it in the cache; 0 when it is there."""
     name, key, source = recipe["name"], recipe["key"], from_dict(recipe["source"])
@@ -69,9 +91,10 @@ def run(recipe: dict[str, Any]) -> int:
     convert = getattr(importlib.import_module(module), function)
     stage, done = _Stage(), threading.Event()
     threading.Thread(target=stage.beat, args=(done,), daemon=True).start()
+    _count_tensors(stage)
 
     def converting(gguf: Path, out: Path, model: str) -> None:
-        stage(f"converting {gguf.name} to safetensors (dequantizing every tensor; the longest step)")
+        stage(f"converting {gguf.name}: reading its tokenizer and tensors")
         convert(gguf, out, model)
         stage("recording the converted weights' sha256")
 

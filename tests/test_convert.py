@@ -30,7 +30,7 @@ def test_a_first_use_converts_in_a_subprocess_with_its_stages_then_loads_from_th
     assert loaded.num_layers == 4 and len(converted()) == 1
     steps = [s.split(" (")[0] for s in stages]
     assert steps[:3] == [f"assembling the GGUF: part {i} of 3" for i in (1, 2, 3)]
-    assert any(s.startswith("converting tiny.gguf") for s in steps) and steps[-2:] == ["converted", "loading the "
+    assert any(s.startswith("converting tiny.gguf: reading") for s in steps) and steps[-2:] == ["converted", "loading the "
                                                                                      "converted weights"]
     again: list[str] = []
     load_model("chunked-tiny", convert_apart=True, progress=again.append)
@@ -75,3 +75,16 @@ def test_install_refuses_an_unknown_name_in_one_line(capsys) -> None:
     assert cli(["install", "no-such-model"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is not a known model: use one of smollm2-135m" in err
+
+
+def test_the_gguf_loaders_tensors_are_counted_as_they_are_dequantized(monkeypatch) -> None:
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    from d3 import convert
+
+    monkeypatch.setattr(gguf_utils, "tqdm", gguf_utils.tqdm)  # put back after the test
+    lines: list[str] = []
+    convert._count_tensors(lines.append)
+    assert list(gguf_utils.tqdm(range(40), desc="Converting and de-quantizing GGUF tensors...")) == list(range(40))
+    assert lines[:2] == ["dequantizing the GGUF's tensors: 0 of 40", "dequantizing the GGUF's tensors: 2 of 40"]
+    assert len(lines) == 21 and lines[-1] == "saving the converted weights"

@@ -124,7 +124,7 @@ class ChunkedGGUF:
         naming the first package that is missing or the wrong size otherwise."""
         if all(package_dir(self.module.format(i=i)) is None for i in range(1, self.parts + 1)):
             first, last = self.distribution.format(i=1), self.distribution.format(i=self.parts)
-            raise ValueError(f"this model is not installed (its {self.parts} packages {first} ... {last}, "
+            raise ValueError(f"not installed (none of its {self.parts} packages {first} ... {last}, "
                              f"{self.size / 1e9:.1f} GB): install it with: {self.install}")
         paths = []
         for i in range(1, self.parts + 1):

@@ -327,17 +327,32 @@ def known_directory(name: str, *, progress: Progress | None = None, apart: bool 
     ready = ready_conversion(name, key)
     if ready is not None:
         return ready
-    if apart:
-        from d3.convert import convert_apart
-
+    try:
         if not isinstance(known.source, EmbeddedFile):
-            known.source.check()  # here, in one line, before a process starts
-        convert_apart(name, known, key, progress or _no_progress)
-        ready = ready_conversion(name, key)
-        if ready is not None:
-            return ready
-    return cached_conversion(name, key, lambda work: make_gguf(known.source, work, progress),
-                             lambda gguf, out, n: converter(known)(gguf, out, n))
+            known.source.check()  # here, in one line, before anything is assembled or a process starts
+        if apart:
+            from d3.convert import convert_apart
+
+            convert_apart(name, known, key, progress or _no_progress)
+            ready = ready_conversion(name, key)
+            if ready is not None:
+                return ready
+        return cached_conversion(name, key, lambda work: make_gguf(known.source, work, progress),
+                                 lambda gguf, out, n: converter(known)(gguf, out, n))
+    except ValueError as err:
+        raise ValueError(f"model {name!r}: {err}") from None
+
+
+def missing(name: str) -> str | None:
+    """Why the known model `name` cannot be used here, in one line with the command that installs it; None when it
+    is converted or its source is installed (a stat per file, nothing read)."""
+    known = KNOWN_MODELS[name]
+    try:
+        if ready_conversion(name, known_key(name)) is None:
+            known.source.check()
+    except ValueError as err:
+        return f"model {name!r}: {err}"
+    return None
 
 
 def _no_progress(_: str) -> None:

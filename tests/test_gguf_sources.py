@@ -64,7 +64,8 @@ def test_a_missing_chunk_is_refused_in_one_line_and_nothing_is_converted(chunked
     with pytest.raises(ValueError) as err:
         load_model("chunked-tiny")
     message = str(err.value)
-    assert "\n" not in message and source.distribution.format(i=2) + " is not installed" in message
+    assert "\n" not in message and message.startswith(f"model 'chunked-tiny': {source.distribution.format(i=2)} is "
+                                                       "not installed")
     assert "nothing was converted" in message and message.endswith("d3 install chunked-tiny")
     assert converted() == []
 
@@ -73,18 +74,20 @@ def test_a_truncated_chunk_is_refused_before_any_conversion(chunked_model) -> No
     source, site = chunked_model
     path = chunk_file(site, source, 3)
     path.write_bytes(path.read_bytes()[:-10])
-    with pytest.raises(ValueError, match=rf"^{source.distribution.format(i=3)} holds 990 bytes in part03.bin, "
-                                         r"1,000 expected \(truncated or damaged\): nothing was converted"):
+    with pytest.raises(ValueError, match=rf"^model 'chunked-tiny': {source.distribution.format(i=3)} holds 990 "
+                                         r"bytes in part03.bin, 1,000 expected \(truncated or damaged\): nothing was converted"):
         load_model("chunked-tiny", convert_apart=True)  # refused here, before a subprocess starts
     assert converted() == []
 
 
 def test_none_installed_says_the_one_command_that_installs_it(chunked_model) -> None:
     source, site = chunked_model
+    assert models.missing("chunked-tiny") is None
     shutil.rmtree(site)
-    with pytest.raises(ValueError, match=r"this model is not installed \(its 3 packages .*: install it with: "
-                                         r"d3 install chunked-tiny$"):
+    with pytest.raises(ValueError, match=r"^model 'chunked-tiny': not installed \(none of its 3 packages .*: install "
+                                         r"it with: d3 install chunked-tiny$"):
         load_model("chunked-tiny")
+    assert models.missing("chunked-tiny").startswith("model 'chunked-tiny': not installed")
 
 
 def test_a_source_goes_to_the_subprocess_as_plain_data() -> None:

@@ -241,3 +241,17 @@ def test_an_evicted_model_is_freed_once_no_session_streams_from_it(tmp_path: Pat
     gc.collect()
     assert refs[1]() is None and refs[0]() is not None  # m1's weights are gone although its session is still here
     assert sessions[1].history  # which still holds its run
+
+
+def test_choosing_a_known_model_that_is_not_installed_says_the_command_that_installs_it(chunked_model) -> None:
+    import shutil
+
+    source, site = chunked_model
+    pool = ModelPool(names=("chunked-tiny",), facts={"chunked-tiny": models.KNOWN_MODELS["chunked-tiny"].facts})
+    assert pool.missing("chunked-tiny") is None  # installed: nothing to say
+    shutil.rmtree(site)
+    outputs = view_handlers.model_changed(pool, "chunked-tiny")
+    status = outputs[view_handlers.MODEL_OUTPUTS.index("status")]
+    assert "not installed" in status and "d3 install chunked-tiny" in status
+    with pytest.raises(gr.Error, match="d3 install chunked-tiny"):
+        list(live.generate(pool, Session(), **{**RUN, "model": "chunked-tiny"}))

@@ -30,13 +30,12 @@ ARITHMETIC = ("Q: What is 4 plus 3?\nA: 4 plus 3 is 7. So the answer is 7.\n\n"
               "Q: What is 8 times 7?\nA:")
 ASK = {"prompt": ARITHMETIC, "chat_template": False, "max_new_tokens": 24}
 EXPLAIN_PROMPT = "Explain in a few sentences why the sky looks blue during the day."
-# The same D3 setting on SmolLM2 (30 layers) and on Qwen2.5-Coder-1.5B (28): a chat question with a worked answer,
-# the paper's middle-out order, α chosen so that both run about nine tenths of their depth per token over the run
-# (measured: docs/models.md, tests/test_scenarios_real.py).
-DEEP_PROMPT = "What is 23 times 7? Answer step by step."
-DEEP_ALPHA = 0.995
-DEEP = {"prompt": DEEP_PROMPT, "chat_template": True, "max_new_tokens": 32, "alpha": DEEP_ALPHA,
-        "drop_order": "middle_out", "layer_order": "", "start": 0}
+# The same D3 setting on SmolLM2 (30 layers) and on Qwen2.5-Coder-1.5B (28): the worked arithmetic question, the
+# paper's middle-out order, α 0.99, so that both run about 88% of their depth per token over the run. Measured
+# (docs/models.md, tests/test_scenarios_deep.py): SmolLM2 at 26.3 of 30 layers answers 11, not full depth's 56.
+DEEP_ALPHA = 0.99
+DEEP = {**ASK, "alpha": DEEP_ALPHA, "drop_order": "middle_out", "layer_order": "", "start": 0}
+
 
 SCENARIOS: dict[str, Scenario] = {
     "full_vs_d3": Scenario(
@@ -74,13 +73,14 @@ SCENARIOS: dict[str, Scenario] = {
         ({**ASK, "alpha": 0.9},)),
     "deeper": Scenario(
         "D3 on a deeper model",
-        f"The same D3 setting (α = {DEEP_ALPHA}, the paper's middle-out order, default core) on a worked "
-        "multiplication, first on SmolLM2-135M (30 layers), then on Qwen2.5-Coder-1.5B-Instruct (28 layers, 11x the "
-        "parameters). The paper's regime is 7B and up, where depth is redundant; SmolLM2 is too shallow for it and "
-        "leaves full depth's text within a few tokens, while the deeper model keeps full depth's answer at the same "
-        "share of its layers. The finding names the layers per token and where each text first left full depth's. "
-        "The second run loads Qwen (the first use converts it, a few minutes, with its progress in the status line; "
-        f"not installed: `{KNOWN_MODELS[QWEN_CODER].install}`), and it runs at about 1 token/s on a CPU.",
+        f"The same D3 setting (α = {DEEP_ALPHA}, the paper's middle-out order, the default core) on the worked "
+        "arithmetic question, first on SmolLM2-135M (30 layers), then on Qwen2.5-Coder-1.5B-Instruct (28 layers, "
+        "1.5B parameters against 135M). The paper's regime is 7B and up, where depth is redundant. SmolLM2 is too shallow for "
+        "it: at about 88% of its layers per token it loses full depth's answer, while the deeper model keeps it at "
+        "the same share of its layers. The finding names the layers per token and where each text first left full "
+        "depth's. The second run loads Qwen (a first use converts it for minutes, its progress in the status line; "
+        f"when it is not installed: `{KNOWN_MODELS[QWEN_CODER].install}`), and streams at about a token per second "
+        "on a CPU.",
         ({**DEEP, "model": "smollm2-135m"}, {**DEEP, "model": QWEN_CODER}), contrast="model"),
 }
 # The controls every scenario sets (the page's D3 setting for the model, then each run's changes).

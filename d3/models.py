@@ -347,6 +347,8 @@ def missing(name: str) -> str | None:
     """Why the known model `name` cannot be used here, in one line with the command that installs it; None when it
     is converted or its source is installed (a stat per file, nothing read)."""
     known = KNOWN_MODELS[name]
+    if name == "smollm2-135m" and _embedded_file(SMOLLM2_PACKAGE, SMOLLM2_GGUF) is None:
+        return None  # loaded from the hub instead (a Space), as `_resolve_directory` does
     try:
         if ready_conversion(name, known_key(name)) is None:
             known.source.check()

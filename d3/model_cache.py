@@ -32,6 +32,15 @@ def cache_root() -> Path:
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "d3-explorer").expanduser()
 
 
+def ready_conversion(name: str, key: str) -> Path | None:
+    """<cache_root>/<name>/<key> when a finished conversion is there and its weights match their record, else None
+    (nothing is converted or removed: `cached_conversion` does that)."""
+    final = cache_root() / name / key
+    if (final / MARKER).is_file() and check_folder(final) is None:
+        return final
+    return None
+
+
 def cached_conversion(name: str, key: str, make_gguf: Callable[[Path], Path], convert: Convert) -> Path:
     """<cache_root>/<name>/<key>, converting first when it is missing or damaged (written to a temp dir, renamed)."""
     final = cache_root() / name / key
@@ -96,6 +105,9 @@ def check_folder(folder: Path) -> str | None:
         return problem
     if not files or not isinstance(files, dict):
         return "no weight files recorded"
+    malformed = next((f for f, r in files.items() if not _is_record(f, r)), None)
+    if malformed is not None:  # a record of the wrong type or shape: damaged like a wrong file, never a TypeError
+        return f"the record of {str(malformed)[:80]!r} in {MARKER} is malformed"
     for filename, expected in files.items():
         path = folder / filename
         if not path.is_file():
@@ -108,6 +120,34 @@ def check_folder(folder: Path) -> str | None:
     if problem is None and checked != digests:
         _upgrade_marker(folder, meta, files, checked)
     return problem
+
+
+def _is_record(filename: Any, record: Any) -> bool:
+    """A weight file's record as `weight_record` writes it: a safe file name, an int size, a hex digest."""
+    return (isinstance(filename, str) and filename == Path(filename).name and filename not in ("", ".", "..")
+            and isinstance(record, dict) and type(record.get("size")) is int and record["size"] >= 0
+            and isinstance(record.get("sha256_ends"), str))
+
+
+def verify_folder(folder: Path) -> str | None:
+    """Every weight file hashed in full against the sha256 recorded at conversion, whatever its modification time
+    says (on demand: `d3 install NAME --verify`; seconds per GB). None when all match; else what differs."""
+    problem = check_folder(folder)
+    if problem is not None:
+        return problem
+    meta = json.loads((folder / MARKER).read_text())
+    digests = meta.get("digests") if isinstance(meta.get("digests"), dict) else {}
+    for filename in sorted(meta.get("files") or _weight_names(folder)):
+        recorded = digests.get(filename)
+        if not isinstance(recorded, dict):
+            return f"no sha256 of {filename} was recorded at conversion (a marker from older code, read-only)"
+        if full_digest(folder / filename)["sha256"] != recorded.get("sha256"):
+            return f"{filename} differs from the sha256 recorded at conversion (its bytes were changed)"
+    return None
+
+
+def _weight_names(folder: Path) -> list[str]:
+    return [p.name for p in folder.glob("*.safetensors")]
 
 
 def _check_digests(folder: Path, files: dict[str, Any], digests: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:

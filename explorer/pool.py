@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from d3.engine import Engine
 from d3.models import KNOWN_MODELS, ModelFacts
@@ -23,13 +23,15 @@ KNOWN_FACTS: dict[str, ModelFacts] = {name: known.facts for name, known in KNOWN
 FAILED_LOAD_TTL_S = 60.0  # a failed load is answered from memory this long, then tried again
 
 
-def _default_factory(caps: Caps, public: bool) -> Callable[[str], Engine]:
+def _default_factory(caps: Caps, public: bool, report: Callable[[str, str], None]) -> Callable[[str], Engine]:
     def build(name: str) -> Engine:
         # load_model, not get_model: get_model's process-wide cache would keep evicted models alive, and its
-        # one lock would make every load wait for any other.
+        # one lock would make every load wait for any other. A first use converts in a subprocess (d3.convert):
+        # minutes of CPU and gigabytes of float32 that never hold up another session's run.
         from d3.models import load_model
 
-        loaded = load_model(name, allow_paths=not public, max_parameters=caps.max_parameters)
+        loaded = load_model(name, allow_paths=not public, max_parameters=caps.max_parameters,
+                            progress=lambda line: report(name, line), convert_apart=True)
         return Engine(loaded.model, loaded.tokenizer, name=loaded.name, max_prompt_tokens=caps.max_prompt_tokens)
 
     return build
@@ -48,13 +50,15 @@ class ModelPool:
         self.caps = caps or Caps()
         self.public = public
         self.names = names
-        self._factory = factory or _default_factory(self.caps, public)
+        self._factory = factory or _default_factory(self.caps, public, self.report)
         self._real_loader = factory is None
         # Injected factories (tests) get no table: their facts come from the engine itself.
         self._facts = dict(KNOWN_FACTS if factory is None and facts is None else facts or {})
         self._engines: OrderedDict[str, Engine] = OrderedDict()  # least recently used first
         self._failed: dict[str, tuple[float, str]] = {}  # name -> (when, the message shown)
         self._loading: dict[str, threading.Lock] = {}
+        self._progress: dict[str, str] = {}  # name -> the stage its load is at (while it loads)
+        self._changed = threading.Condition()  # notified when a stage or a load ends
         self._lock = threading.Lock()  # guards the dicts above; never held while a model loads
 
     def check_name(self, name: Any) -> str:
@@ -81,13 +85,54 @@ class ModelPool:
                     self._engines.move_to_end(name)
                     return self._engines[name]
                 self._raise_if_failed_recently(name)
-            engine = self._load(name)
+            try:
+                engine = self._load(name)
+            finally:
+                with self._changed:
+                    self._progress.pop(name, None)
             with self._lock:
                 self._engines[name] = engine
                 evicted = self._evict()
         if evicted:
             self._release(evicted)
         return engine
+
+    def report(self, name: str, line: str) -> None:
+        """The stage `name`'s load is at (called by the loader, from its thread)."""
+        with self._changed:
+            self._progress[name] = line
+            self._changed.notify_all()
+
+    def loading(self, name: str, *, every_s: float = 1.0) -> Iterator[str]:
+        """Load `name` in a worker thread, yielding a line whenever its stage changes (and every `every_s` with its
+        time so far) until it is loaded; its error, if it fails, is raised here (and remembered, as `engine`
+        does). A model already loaded yields nothing."""
+        name = self.check_name(name)
+        if self.is_loaded(name):
+            return
+        failure: list[BaseException] = []
+        done = threading.Event()
+
+        def load() -> None:
+            try:
+                self.engine(name)
+            except BaseException as err:  # noqa: BLE001 (raised again in the caller's thread, below)
+                failure.append(err)
+            finally:
+                done.set()
+                with self._changed:
+                    self._changed.notify_all()
+
+        started = time.monotonic()
+        threading.Thread(target=load, name=f"load-{name}", daemon=True).start()
+        while not done.is_set():
+            with self._changed:
+                self._changed.wait(every_s)
+                stage = self._progress.get(name, "loading the model")
+            if not done.is_set():
+                yield f"{stage}: {time.monotonic() - started:.0f} s"
+        if failure:
+            raise failure[0]
 
     def _raise_if_failed_recently(self, name: str) -> None:
         failed = self._failed.get(name)
@@ -148,6 +193,15 @@ class ModelPool:
         """Names of the loaded models, least recently used first."""
         with self._lock:
             return tuple(self._engines)
+
+    def missing(self, name: str) -> str | None:
+        """Why one of the known models cannot load here (not installed), in one line with the command that installs
+        it; None otherwise (a stat per file: for the model picker, which answers at once)."""
+        if not self._real_loader or name not in KNOWN_MODELS or self.is_loaded(name):
+            return None
+        from d3.models import missing
+
+        return missing(name)
 
     def known_facts(self, name: str) -> ModelFacts | None:
         """Layer and head counts of `name` if they are known without loading it (table or loaded engine), else

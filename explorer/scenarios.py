@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from d3.config import default_core
+from d3.models import KNOWN_MODELS, QWEN_CODER
 from explorer.controls import model_defaults
 from explorer.parse import as_choice
 
@@ -18,6 +19,7 @@ class Scenario:
     text: str
     runs: tuple[dict[str, Any], ...]
     fills: bool = False  # also run the fill-strategy comparison
+    contrast: str = "core"  # what a two-run scenario's runs differ in: "core" or "model" (each run names its own)
 
 
 # A question whose answer can be checked: 3-shot worked arithmetic, as the generation-accuracy measure asks it
@@ -28,6 +30,12 @@ ARITHMETIC = ("Q: What is 4 plus 3?\nA: 4 plus 3 is 7. So the answer is 7.\n\n"
               "Q: What is 8 times 7?\nA:")
 ASK = {"prompt": ARITHMETIC, "chat_template": False, "max_new_tokens": 24}
 EXPLAIN_PROMPT = "Explain in a few sentences why the sky looks blue during the day."
+# The same D3 setting on SmolLM2 (30 layers) and on Qwen2.5-Coder-1.5B (28): the worked arithmetic question, the
+# paper's middle-out order, α 0.99, so that both run about 88% of their depth per token over the run. Measured
+# (docs/models.md, tests/test_scenarios_deep.py): SmolLM2 at 26.3 of 30 layers answers 11, not full depth's 56.
+DEEP_ALPHA = 0.99
+DEEP = {**ASK, "alpha": DEEP_ALPHA, "drop_order": "middle_out", "layer_order": "", "start": 0}
+
 
 SCENARIOS: dict[str, Scenario] = {
     "full_vs_d3": Scenario(
@@ -63,6 +71,17 @@ SCENARIOS: dict[str, Scenario] = {
         "floor soon after: the answer is lost within the first tokens (compare Full depth vs D3, where a gentle α "
         "keeps it). See where the first divergence lands and how the KL grows.",
         ({**ASK, "alpha": 0.9},)),
+    "deeper": Scenario(
+        "D3 on a deeper model",
+        f"The same D3 setting (α = {DEEP_ALPHA}, the paper's middle-out order, the default core) on the worked "
+        "arithmetic question, first on SmolLM2-135M (30 layers), then on Qwen2.5-Coder-1.5B-Instruct (28 layers, "
+        "1.5B parameters against 135M). The paper's regime is 7B and up, where depth is redundant. SmolLM2 is too shallow for "
+        "it: at about 88% of its layers per token it loses full depth's answer, while the deeper model keeps it at "
+        "the same share of its layers. The finding names the layers per token and where each text first left full "
+        "depth's. The second run loads Qwen (a first use converts it for minutes, its progress in the status line; "
+        f"when it is not installed: `{KNOWN_MODELS[QWEN_CODER].install}`), and streams at about a token per second "
+        "on a CPU.",
+        ({**DEEP, "model": "smollm2-135m"}, {**DEEP, "model": QWEN_CODER}), contrast="model"),
 }
 # The controls every scenario sets (the page's D3 setting for the model, then each run's changes).
 SCENARIO_CONTROLS = ("prompt", "chat_template", "max_new_tokens", "strategy", "alpha", "core_head", "core_tail", "start",
@@ -74,10 +93,18 @@ def scenario_controls(key: str, step: int, num_layers: int, model: Any = None) -
     changes."""
     scenario = SCENARIOS[as_choice("scenario", key, tuple(SCENARIOS))]
     run = scenario.runs[min(step, len(scenario.runs) - 1)]
+    if "model" in run:  # the run names its model: its layers are that model's
+        model, num_layers = run["model"], run_layers(run, num_layers)
     head, tail = default_core(num_layers)
     page = model_defaults(model, "arithmetic" if run.get("prompt") == ARITHMETIC else "chat")  # the text's own order
     defaults = {name: getattr(page, name) for name in SCENARIO_CONTROLS} | {"core_head": head, "core_tail": tail}
     return {**defaults, **run}
+
+
+def run_layers(run: dict[str, Any], num_layers: int) -> int:
+    """The layers of the model a scenario's run names (the current model's `num_layers` when it names none)."""
+    known = KNOWN_MODELS.get(run.get("model", ""))
+    return known.facts.num_layers if known is not None else num_layers
 
 
 def scenario_text(key: str, step: int) -> str:
@@ -138,11 +165,30 @@ def scenario_finding(key: str, summaries: list[dict[str, Any]], num_layers: int,
     rows = []
     for step, (summary, shown) in enumerate(zip(runs, equal)):
         c = scenario_controls(key, step, num_layers)
-        rows.append(f"- **run {step + 1}, core {c['core_head']} + {c['core_tail']}:** {_one_run(shown, num_layers)}"
+        layers = run_layers(scenario.runs[step], num_layers)
+        which = f"on {c['model']}" if scenario.contrast == "model" else f"core {c['core_head']} + {c['core_tail']}"
+        rows.append(f"- **run {step + 1}, {which}:** {_one_run(shown, layers)}"
                     + (f"\n  <br>wrote {_quoted_text(summary['text'])}" if summary.get("text") else ""))
+    if scenario.contrast == "model":
+        on = ""  # each row names its model
     over = on + (f" (compared over the first {n} tokens of each: the runs wrote {' and '.join(map(str, lengths))})"
             if len(set(lengths)) > 1 else "")
-    return f"**These runs{over}:**\n" + "\n".join(rows) + f"\n\n{_lead(*equal[-2:])}"
+    lead = _deeper_lead(scenario, equal, num_layers) if scenario.contrast == "model" else _lead(*equal[-2:])
+    return f"**These runs{over}:**\n" + "\n".join(rows) + f"\n\n{lead}"
+
+
+def _deeper_lead(scenario: Scenario, runs: list[dict[str, Any]], num_layers: int) -> str:
+    """The contrast of the deeper-model scenario in one sentence: how far each model's D3 kept full depth's text,
+    and at what share of its depth."""
+    (shallow, deep), (a, b) = runs[-2:], scenario.runs[-2:]
+    far = lambda s: s["tokens"] if s["first_divergence"] is None else s["first_divergence"]  # noqa: E731
+    share = lambda s, run: s["mean_layers"] / run_layers(run, num_layers)  # noqa: E731
+    kept = f"all {deep['tokens']} tokens" if deep["first_divergence"] is None else f"{far(deep)} tokens"
+    if far(deep) > far(shallow):
+        return (f"At {share(deep, b):.0%} of its depth per token, {b['model']} kept full depth's text for **{kept}**; "
+                f"at {share(shallow, a):.0%} of its, {a['model']} left it at token {far(shallow)}.")
+    return (f"Here {b['model']} left full depth's text no later than {a['model']} (token {far(deep)} against "
+            f"{far(shallow)}): try another prompt.")
 
 
 def _lead(with_core: dict[str, Any], without: dict[str, Any]) -> str:

@@ -120,7 +120,9 @@ def model_changed(pool: ModelPool, model: str, session: Session | None = None, p
     if facts is None:
         return ordered(MODEL_OUTPUTS, **{**cleared, "status": views.status_html(None, None, "loading",
                                                                                 note=f"Model: {name}")})
-    return ordered(MODEL_OUTPUTS, **cleared, **_sized(facts, name))
+    absent = pool.missing(name)  # a known model that is not installed: the command that installs it, now
+    extra = {} if absent is None else {"status": views.problem_html(absent)}
+    return ordered(MODEL_OUTPUTS, **{**cleared, **_sized(facts, name), **extra})
 
 
 def load_model(pool: ModelPool, model: str) -> tuple[Any, ...]:
@@ -315,9 +317,13 @@ def apply_scenario(pool: ModelPool, key: str, step: int, session: Session | None
         if not session.start_scenario(key, step):
             raise refused(ValueError(f"the scenario {SCENARIOS[key].title!r} was interrupted"))
         session.settled = session.released = None  # the controls are set anew: the next settle answers in full
+    wanted = SCENARIOS[key].runs[min(step, len(SCENARIOS[key].runs) - 1)].get("model", model)
+    if wanted not in pool.names:  # a run on a model this page does not offer: the chain ends here
+        raise refused(ValueError(f"the scenario {SCENARIOS[key].title!r} runs {wanted}, which this page does not "
+                                 f"offer"))
     with user_errors():
-        layers = pool.facts(model).num_layers
-        values = scenario_controls(key, step, layers, model)
+        layers = pool.facts(wanted).num_layers
+        values = scenario_controls(key, step, layers, wanted)
     values.update(core_sliders(layers, values["core_head"], values["core_tail"]))
     finding = {"scenario_finding": "*Running… the numbers appear here when the scenario's runs are done.*"} if step == 0 else {}
     titles = {p.prompt: p.title for p in example_prompts()}  # the picker names the scenario's prompt, or none

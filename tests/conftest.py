@@ -197,3 +197,37 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def chunked_model(tmp_path, monkeypatch):
+    """A known model "chunked-tiny" whose GGUF is three chunk packages installed in tmp_path (seen by this process
+    and its subprocesses), converted by `d3.testing.gated_conversion` into a cache under tmp_path. Returns
+    (its ChunkedGGUF, the folder of the packages)."""
+    import hashlib
+    import random
+
+    from d3 import models
+    from d3.gguf_sources import ChunkedGGUF
+    from d3.models import KnownModel, ModelFacts
+
+    site = tmp_path / "site"
+    prefix = "d3fake" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:8]  # unique: no import cache hits
+    rng = random.Random(0)
+    chunks = [rng.randbytes(4096), rng.randbytes(4096), rng.randbytes(1000)]
+    for i, data in enumerate(chunks, start=1):
+        folder = site / f"{prefix}_part{i}" / "data"
+        folder.mkdir(parents=True)
+        (folder.parent / "__init__.py").write_text("")
+        (folder / f"part{i:02d}.bin").write_bytes(data)
+    source = ChunkedGGUF(filename="tiny.gguf", distribution=prefix + "-part{i}", module=prefix + "_part{i}",
+                         chunk="data/part{i:02d}.bin", version="0.1.0", parts=3, chunk_size=4096,
+                         size=sum(map(len, chunks)), sha256=hashlib.sha256(b"".join(chunks)).hexdigest(),
+                         digests=tuple(hashlib.sha256(c).hexdigest() for c in chunks), install="d3 install chunked-tiny")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p))
+    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path / "cache"))
+    known = KnownModel("a tiny random Llama from three chunk packages", ModelFacts(4, 4, True), source,
+                       "d3 install chunked-tiny", converter="d3.testing:gated_conversion")
+    monkeypatch.setitem(models.KNOWN_MODELS, "chunked-tiny", known)
+    return source, site

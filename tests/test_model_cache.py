@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -221,3 +222,54 @@ def test_a_marker_written_by_older_code_gets_a_digest_and_older_code_still_reads
     assert marker(folder)["files"] == old and "sha256" in marker(folder)["digests"]["model.safetensors"]
     zero_middle(weights)  # now the digest is there: caught
     assert "differs from the sha256 recorded at conversion" in model_cache.check_folder(folder)
+
+
+@pytest.mark.parametrize("record", [5, "abc", None, [1, 2], {"size": "12", "sha256_ends": "x"}, {"size": 3},
+                                    {"size": 1.5, "sha256_ends": "x"}])
+def test_a_marker_whose_record_has_the_wrong_type_is_converted_again(fake: FakeConversion, record,
+                                                                      caplog: pytest.LogCaptureFixture):
+    """Issue 36 item 8: a record of the wrong type (or shape) is a damaged marker, converted again, no TypeError."""
+    folder = resolve()
+    meta = marker(folder)
+    meta["files"]["model.safetensors"] = record
+    (folder / model_cache.MARKER).write_text(json.dumps(meta))
+    assert "is malformed" in model_cache.check_folder(folder)
+    with caplog.at_level(logging.WARNING, logger="d3.model_cache"):
+        assert resolve() == folder
+    assert fake.calls == 2 and model_cache.check_folder(folder) is None
+    assert any("damaged" in r.getMessage() for r in caplog.records)
+
+
+def test_a_record_naming_a_path_outside_the_folder_is_malformed(fake: FakeConversion):
+    folder = resolve()
+    meta = marker(folder)
+    meta["files"] = {"../model.safetensors": meta["files"]["model.safetensors"]}
+    (folder / model_cache.MARKER).write_text(json.dumps(meta))
+    assert "is malformed" in model_cache.check_folder(folder)
+
+
+def test_verify_finds_a_change_that_keeps_size_ends_and_modification_time(tmp_path, monkeypatch):
+    """Issue 36 item 12: a load checks size and ends (and the full hash when the time changed); `verify_folder`,
+    on demand, hashes every file in full, so a change that keeps all three is found there, at no cost per load."""
+    monkeypatch.setenv(model_cache.CACHE_ENV, str(tmp_path / "cache"))
+    gguf = tmp_path / "x.gguf"
+    gguf.write_bytes(b"GGUF")
+    folder = model_cache.cached_conversion("big", KEY, lambda _: gguf, BigConversion())
+    weights = folder / "model.safetensors"
+    assert model_cache.verify_folder(folder) is None
+    stat = weights.stat()
+    zero_middle(weights)
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # size, ends and time as they were
+    assert model_cache.check_folder(folder) is None  # the per-load check cannot see it (documented)
+    assert model_cache.verify_folder(folder) == ("model.safetensors differs from the sha256 recorded at conversion "
+                                                 "(its bytes were changed)")
+
+
+def test_the_sha256_is_recorded_at_conversion(tmp_path, monkeypatch):
+    monkeypatch.setenv(model_cache.CACHE_ENV, str(tmp_path / "cache"))
+    gguf = tmp_path / "x.gguf"
+    gguf.write_bytes(b"GGUF")
+    folder = model_cache.cached_conversion("big", KEY, lambda _: gguf, BigConversion())
+    weights = folder / "model.safetensors"
+    digest = hashlib.sha256(weights.read_bytes()).hexdigest()
+    assert marker(folder)["digests"]["model.safetensors"] == {"mtime_ns": weights.stat().st_mtime_ns, "sha256": digest}

@@ -243,7 +243,7 @@ def test_dtype_validation():
     cpu = torch.device("cpu")
     assert models.resolve_dtype("bfloat16", cpu) is torch.bfloat16
     assert models.resolve_dtype("float16", cpu) is torch.float16  # runs on CPU; `d3 info` says how far from float32
-    with pytest.raises(ValueError, match="dtype must be one of float32, bfloat16, float16"):
+    with pytest.raises(ValueError, match="dtype must be one of auto, float32, bfloat16, float16"):
         models.resolve_dtype("float64", cpu)
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import gradio as gr
 import pytest
 
+from d3 import models
 from explorer import live, pool as pool_module, view_handlers
 from explorer.caps import Caps
 from explorer.page import build_demo
@@ -175,3 +176,82 @@ def test_the_issue_repro_through_the_api(tiny_engine) -> None:
             b.predict(BAD, api_name="/load_model")
     assert "Done." in generated[0][0] and calls.count(BAD) == 1
     assert a_errors and "unknown model" in a_errors[0]
+
+
+def statuses(outputs: list[tuple]) -> list[str]:
+    return [out[1] for out in outputs if isinstance(out[1], str)]
+
+
+def test_a_first_use_converting_in_a_subprocess_stalls_no_other_session(chunked_model, tmp_path: Path,
+                                                                          monkeypatch) -> None:
+    """Two sessions on the real loader: A's first use of a known model converts it in a subprocess (held at a gate
+    until the test opens it) while B, on a model already loaded, streams its whole run; A's status line names the
+    conversion's stage meanwhile, then A runs. Order only: no clock."""
+    from d3.testing import GATE_ENV, tiny_tokenizer
+
+    gate = tmp_path / "gate"
+    monkeypatch.setenv(GATE_ENV, str(gate))
+    other = tmp_path / "other"
+    tiny_llama().save_pretrained(str(other))
+    tiny_tokenizer().save_pretrained(str(other))
+    source_facts = {"chunked-tiny": models.KNOWN_MODELS["chunked-tiny"].facts}  # the table, as for a known model
+    pool = ModelPool(names=("chunked-tiny",), caps=Caps(max_new_tokens=64), facts=source_facts)
+    pool.engine(str(other))
+    a_outputs: list[tuple] = []
+    a = in_background(lambda: a_outputs.extend(live.generate(pool, Session(), **{**RUN, "model": "chunked-tiny"})))
+    wait_until(lambda: Path(str(gate) + ".started").exists(), timeout=300)  # A's conversion is under way
+    b_outputs = list(live.generate(pool, Session(), **{**RUN, "model": str(other), "max_new_tokens": 12}))
+    assert not gate.exists() and a.is_alive() and not pool.is_loaded("chunked-tiny")  # still converting
+    assert "Done." in statuses(b_outputs)[-1]
+    assert sum("D3 tokens" in s for s in statuses(b_outputs)) >= 2  # B streamed token by token
+    wait_until(lambda: any("converting tiny.gguf" in s for s in statuses(a_outputs)), timeout=60)
+    gate.touch()
+    a.join(timeout=300)
+    seen = statuses(a_outputs)
+    assert "Done." in seen[-1] and pool.is_loaded("chunked-tiny")
+    stages = [s for s in seen if "assembling the GGUF" in s or "converting tiny.gguf" in s]
+    assert stages and seen.index(stages[0]) < len(seen) - 1
+
+
+def test_an_evicted_model_is_freed_once_no_session_streams_from_it(tmp_path: Path) -> None:
+    """Three tiny models saved as directories, loaded by the real loader with D3_MAX_MODELS=2: after a run on each,
+    the least recently used is unloaded and its weights are garbage (a session that ran on it keeps only traces)."""
+    import gc
+    import weakref
+
+    from d3.testing import tiny_tokenizer
+
+    paths = []
+    for seed in range(3):
+        path = tmp_path / f"m{seed}"
+        tiny_llama(seed=seed).save_pretrained(str(path))
+        tiny_tokenizer().save_pretrained(str(path))
+        paths.append(str(path))
+    pool = ModelPool(caps=Caps(max_models=2, max_new_tokens=64), names=())
+    sessions, refs = [], []
+    for path in paths[:2]:
+        session = Session()
+        outputs = list(live.generate(pool, session, **{**RUN, "model": path}))
+        assert "Done." in statuses(outputs)[-1]
+        sessions.append(session)
+        refs.append(weakref.ref(pool.engine(path).model))
+    pool.engine(paths[0])  # m0 is now the most recently used: m1 goes next
+    list(live.generate(pool, Session(), **{**RUN, "model": paths[2]}))
+    assert pool.loaded() == (paths[0], paths[2])
+    gc.collect()
+    assert refs[1]() is None and refs[0]() is not None  # m1's weights are gone although its session is still here
+    assert sessions[1].history  # which still holds its run
+
+
+def test_choosing_a_known_model_that_is_not_installed_says_the_command_that_installs_it(chunked_model) -> None:
+    import shutil
+
+    source, site = chunked_model
+    pool = ModelPool(names=("chunked-tiny",), facts={"chunked-tiny": models.KNOWN_MODELS["chunked-tiny"].facts})
+    assert pool.missing("chunked-tiny") is None  # installed: nothing to say
+    shutil.rmtree(site)
+    outputs = view_handlers.model_changed(pool, "chunked-tiny")
+    status = outputs[view_handlers.MODEL_OUTPUTS.index("status")]
+    assert "not installed" in status and "d3 install chunked-tiny" in status
+    with pytest.raises(gr.Error, match="d3 install chunked-tiny"):
+        list(live.generate(pool, Session(), **{**RUN, "model": "chunked-tiny"}))

@@ -17,7 +17,8 @@ from d3.research.data import fetch
 # Subcommands that live in their own modules, each exposing add_parser(subparsers) and main(args) -> int.
 # The handlers below and those modules import torch and the model code only when a command runs, so building
 # the parser (and rejecting a bad flag) stays fast.
-EXTRA_COMMANDS = ("d3.cli.bench", "d3.cli.sweep", "d3.cli.report", "d3.cli.oracle", "d3.cli.paper", "d3.cli.calibrate")
+EXTRA_COMMANDS = ("d3.cli.bench", "d3.cli.sweep", "d3.cli.report", "d3.cli.oracle", "d3.cli.paper", "d3.cli.calibrate",
+                  "d3.cli.install")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -28,7 +29,8 @@ class _Parser(argparse.ArgumentParser):
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     add_model_arg(p)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
-    p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
+    p.add_argument("--dtype", default="auto", help="auto (the model's own: bfloat16 for qwen2.5-coder-1.5b, else "
+                   "float32), float32, bfloat16 or float16")
 
 
 def strategy_params() -> dict[str, list[tuple[type[StrategyConfig], Param]]]:
@@ -157,7 +159,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     loaded = get_model(args.model, device=args.device, dtype=args.dtype)
     info = describe(loaded)
     info["fills"] = fill_exactness(family_of(loaded.config))
-    if args.dtype != "float32":
+    if args.dtype not in ("auto", "float32"):
         info["dtype_gap"] = _dtype_gap(loaded, args).line()
     if args.json:
         print(json.dumps(info, default=str))

@@ -78,7 +78,7 @@ def main(args: argparse.Namespace) -> int:
     if known is not None:  # its layers are known without loading it: a bad core or --steps fails in milliseconds
         _check_core_and_steps(args, known)
     set_threads(args.threads)
-    args.device, args.dtype = "auto", "float32"
+    args.device, args.dtype = "auto", "auto"
     engine = load_engine(args)
     fitted = _check_core_and_steps(args, engine.num_layers)
     core = None if args.core_head is None and args.core_tail is None else fitted

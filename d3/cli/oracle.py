@@ -115,7 +115,7 @@ def main(args: argparse.Namespace, engine: Any = None) -> int:
     from d3.cli import load_engine
     from d3.research.oracle import study
 
-    engine = engine or load_engine(argparse.Namespace(model=args.model, device="auto", dtype="float32"))
+    engine = engine or load_engine(argparse.Namespace(model=args.model, device="auto", dtype="auto"))
     cfg = engine.resolve(cfg)
     cfg.check_layers(engine.num_layers)
     log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.out else None

@@ -27,7 +27,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_model_arg(p, "known model name, a local model directory or a hub id")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (under accelerate: the "
                    "process's own device)")
-    p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
+    p.add_argument("--dtype", default="auto", help="auto (the model's own), float32, bfloat16 or float16")
     p.add_argument("--device-map", default=None, help="e.g. auto: spread one model over every GPU (one process)")
     p.add_argument("--tasks", default="addition", help=f"comma-separated, of: {', '.join(TASKS)}")
     p.add_argument("--limit", type=int, default=None, help="test questions per task (default all)")

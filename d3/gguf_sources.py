@@ -52,7 +52,9 @@ class EmbeddedFile:
 
     def make(self, workdir: Path, progress: Progress = _quiet) -> Path:
         self.check()
-        return self.path()  # type: ignore[return-value]  (checked above)
+        path = self.path()
+        assert path is not None  # check() raised otherwise
+        return path
 
 
 @dataclass(frozen=True)

@@ -699,8 +699,24 @@ def test_error_propagation_names_masked_holes_as_holes(tiny_engine) -> None:
         cfg = D3Config(alpha=0.8, core_head=1, core_tail=1, drop_order="strided", fill=fill)
         fig = viz.error_propagation(compare(tiny_engine, "hello world", cfg, gen, TRACE_OFF))
         names[fill] = [t.name for t in fig.data if (t.meta or {}).get("role") == "filled" and len(t.x)]
-    assert names["none"] == ["masked holes (never read)"]
+    assert names["none"] == ["hole (masked), its layer runs later"]
     assert names["copy"] == ["filled, read by later tokens"]
+
+
+@pytest.mark.parametrize("alpha, tokens", [(0.95, 8), (0.9, 4), (0.8, 8)])
+def test_error_propagation_with_fill_none_names_every_mark_a_hole_and_never_says_nested(tiny_engine, alpha,
+                                                                                        tokens) -> None:
+    """Issue 35, M6: strided with fill none: the legend said "filled, never read" and the subtitle "Nested drop
+    order…"; the layer stack, for the same run, says "hole (masked)"."""
+    from d3.compare import compare
+    from d3.config import GenerationConfig
+
+    cfg = D3Config(alpha=alpha, core_head=1, core_tail=1, drop_order="strided", fill="none")
+    fig = viz.error_propagation(compare(tiny_engine, "the cat sat on", cfg,
+                                        GenerationConfig(max_new_tokens=tokens, stop_at_eos=False)))
+    marks = [t.name for t in fig.data if (t.meta or {}).get("role") in ("filled", "filled-unread") and len(t.x)]
+    assert marks and all(name.startswith("hole (masked)") for name in marks), marks
+    assert "Nested drop order" not in fig.layout.title.text
 
 
 def test_an_answer_that_opens_with_line_breaks_starts_on_the_panes_first_line() -> None:

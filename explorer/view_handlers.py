@@ -262,7 +262,17 @@ def redraw_schedule(pool: ModelPool, session: Session | None, controls: Controls
     trace = session.d3 if session is not None else None
     planned = session.due(("planned",)) if session is not None else ("planned",)  # the grid: only if its tab is open
     return (views.decay_view(s.strategy, s.num_layers, s.steps, trace=trace, others=s.others, presentation=p),
-            views.planned_view(s.strategy, s.num_layers, s.steps, presentation=p) if planned else gr.skip())
+            views.planned_view(s.strategy, s.num_layers, s.steps, layer_types=_layer_types(pool, controls.model),
+                               presentation=p) if planned else gr.skip())
+
+
+def _layer_types(pool: ModelPool, model: Any) -> tuple[str, ...] | None:
+    """The loaded model's attention type per layer (what the engine fills by), None while it is not loaded: the
+    preview never loads a model."""
+    name = str(model)
+    if not pool.is_loaded(name):
+        return None
+    return tuple(pool.engine(name).adapter.layer_types)
 
 
 @takes_controls

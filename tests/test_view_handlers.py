@@ -179,3 +179,29 @@ def test_only_the_open_view_is_drawn_and_a_hidden_one_when_its_tab_opens(pool) -
     assert isinstance(open_view(pool, "planned", page, **run), go.Figure)
     api = dict(zip(GENERATE_OUTPUTS, list(generate(pool, Session(), **run))[-1]))
     assert all(isinstance(api[k], go.Figure) for k in ("usage", "stack", "heads", "flow", "errors"))
+
+
+def test_the_planned_grid_names_the_fill_sources_the_engine_uses_on_gemma3(tiny_gemma) -> None:
+    """Issue 35 (code review): the planned grid assumed every layer is full attention; on Gemma 3 a skipped global
+    layer copies a global one, so the grid named other sources than the engine. Drawn with the loaded model's layer
+    types, its cells and copy sources are the ones a real run records."""
+    import re
+
+    import numpy as np
+
+    from explorer.view_handlers import redraw_schedule
+
+    pool = ModelPool(lambda _: tiny_gemma, names=("tiny-gemma",), caps=Caps(max_new_tokens=64))
+    pool.engine("tiny-gemma")
+    controls = dict(model="tiny-gemma", alpha=0.8, core_head=0, core_tail=1, start=0, drop_order="strided",
+                    fill="copy", max_new_tokens=10)
+    _, planned = redraw_schedule(pool, None, **controls)
+    grid = next(t for t in planned.data if (t.meta or {}).get("role") == "grid")
+    hover = np.asarray(grid.text, dtype=object)
+    drawn = np.vectorize(lambda h: int(m.group(1)) if (m := re.search(r"copying layer (\d+)", h)) else -1)(hover)
+    cfg = D3Config(alpha=0.8, core_head=0, core_tail=1, drop_order="strided", fill="copy")
+    trace = tiny_gemma.generate("hello there", cfg, GenerationConfig(max_new_tokens=10, stop_at_eos=False))
+    recorded = trace.fill_sources()
+    assert (recorded >= 0).any() and len({tuple(r) for r in recorded}) > 1  # real copies, more than one row kind
+    np.testing.assert_array_equal(np.asarray(grid.z)[: len(recorded)], trace.grid())
+    np.testing.assert_array_equal(drawn[: len(recorded)], recorded)

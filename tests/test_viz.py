@@ -147,22 +147,22 @@ def test_layer_grid_names_holes_and_propagated_fills() -> None:
 
 
 def test_planned_grid_figure_matches_the_schedule(d3_cfg: D3Config) -> None:
-    fig = viz.planned_grid_figure(d3_cfg, 12, 30)
+    fig = viz.planned_grid_figure(d3_cfg, 12, 30, layer_types=None)
     expected = np.where(np.array(planned_grid(d3_cfg, 12, 30)), RAN, SKIPPED)
     np.testing.assert_array_equal(np.asarray(one(fig, "grid").z), expected)
     assert "planned: skipped" in np.asarray(one(fig, "grid").text, dtype=object)[-1, 5]
-    filled = viz.planned_grid_figure(d3_cfg, 12, 30, show_fill=True)
+    filled = viz.planned_grid_figure(d3_cfg, 12, 30, show_fill=True, layer_types=["full_attention"] * 12)
     np.testing.assert_array_equal(np.asarray(one(filled, "grid").z), np.where(expected == RAN, RAN, FILLED_COPY))
 
 
 def test_planned_grid_figure_says_early_exit_is_only_an_upper_bound() -> None:
-    fig = viz.planned_grid_figure(EarlyExitConfig(), 12, 10)
+    fig = viz.planned_grid_figure(EarlyExitConfig(), 12, 10, layer_types=None)
     assert "upper bound" in fig.layout.title.text
 
 
 def test_planned_grid_figure_rejects_a_config_that_does_not_fit() -> None:
     with pytest.raises(ValueError, match="core_head"):
-        viz.planned_grid_figure(D3Config(core_head=8, core_tail=8), 12, 10)
+        viz.planned_grid_figure(D3Config(core_head=8, core_tail=8), 12, 10, layer_types=None)
 
 
 def test_fig1_panels_one_grid_per_strategy(d3_trace: Trace, full_trace: Trace) -> None:
@@ -623,7 +623,7 @@ def test_presentation_scales_fonts_up(d3_cfg: D3Config) -> None:
 
 def test_every_figure_explains_its_points(d3_trace: Trace, full_trace: Trace, d3_cfg: D3Config) -> None:
     comp = make_comparison(full_trace, d3_trace)
-    figures = [viz.layer_grid(d3_trace), viz.planned_grid_figure(d3_cfg, 12, 10), viz.decay_curve(d3_cfg, 12, 20),
+    figures = [viz.layer_grid(d3_trace), viz.planned_grid_figure(d3_cfg, 12, 10, layer_types=None), viz.decay_curve(d3_cfg, 12, 20),
                viz.sublayer_flow(d3_trace), viz.attention_map(d3_trace, 0, 0), viz.error_propagation(comp),
                viz.fill_strategies({"copy": comp}), viz.pareto(_results()), viz.layers_vs_step({"d3": d3_trace}),
                viz.block_change([d3_trace, full_trace])]

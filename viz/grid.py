@@ -178,17 +178,20 @@ def layer_grid(trace: Trace, *, title: str | None = None, max_tokens: int | None
                         presentation=presentation, height=_grid_height(len(ys), height))
 
 
-def planned_grid_figure(cfg: StrategyConfig, num_layers: int, steps: int, *, show_fill: bool = False,
-                        layer_types: Sequence[str] | None = None, title: str | None = None, max_labels: int = 40,
+def planned_grid_figure(cfg: StrategyConfig, num_layers: int, steps: int, *, layer_types: Sequence[str] | None,
+                        show_fill: bool = False, title: str | None = None, max_labels: int = 40,
                         presentation: bool = False, height: int | None = None) -> go.Figure:
     """The planned grid from `d3.schedule.planned_grid` (bool [steps, L]) without running a model.
-    `show_fill` colours planned skips as the decoder would fill them (`d3.schedule.planned_fills`, with the model's
-    `layer_types`: on Gemma 3 a global layer copies a global one)."""
+    `show_fill` colours planned skips as the decoder would fill them (`d3.schedule.planned_fills`) with the model's
+    `layer_types` [L] (required: on Gemma 3 a global layer copies a global one, so assuming one type names the wrong
+    source); None where they are not known yet (a model not loaded): the skips are then drawn without their fills."""
     cfg.check_layers(num_layers)
+    if layer_types is not None and len(layer_types) != num_layers:
+        raise ValueError(f"layer_types has {len(layer_types)} entries for {num_layers} layers")
     ran = np.array(planned_grid(cfg, num_layers, steps), dtype=bool).reshape(steps, num_layers)
     codes, sources = np.where(ran, RAN, SKIPPED).astype(np.int8), None  # [steps, L]
-    if show_fill:
-        codes, sources = fill_grid(planned_fills(cfg, num_layers, steps, layer_types), ran)
+    if show_fill and layer_types is not None:
+        codes, sources = fill_grid(planned_fills(cfg, num_layers, steps, list(layer_types)), ran)
     ys = list(range(steps))
     counts = ran.sum(axis=1)
     hover_rows = [f"step {i} · {counts[i]}/{num_layers} layers" for i in ys]
@@ -197,6 +200,8 @@ def planned_grid_figure(cfg: StrategyConfig, num_layers: int, steps: int, *, sho
     first = decode_plan(cfg, num_layers)
     if title is None:
         notes = [strategy_label(cfg)]
+        if show_fill and layer_types is None:
+            notes.append("fills are drawn once the model is loaded (its layer types decide the copy sources)")
         if first.dynamic:
             notes.append(f"early exit decides per token while decoding: this is only the upper bound "
                          f"(a token may stop after layer {first.min_exit - 1})")

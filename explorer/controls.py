@@ -88,7 +88,7 @@ class Controls:
     start: Any = control(param_of("start").default, redraws=True)
     drop_order: Any = control(param_of("drop_order").default, redraws=True)
     layer_order: Any = control("", redraws=True)  # with drop_order "calibrated": the flex layers, dropped first first
-    fill: Any = control(param_of("fill").default, redraws=True)
+    fill: Any = control(None, redraws=True)  # None: the chosen strategy's own default (`own_fill`)
     max_new_tokens: Any = control(param_of("max_new_tokens").default, redraws=True)
     decoding: Any = "greedy"
     temperature: Any = 0.8
@@ -288,6 +288,12 @@ def model_defaults(model: Any, kind: str = "chat") -> Controls:
                           layer_order=layer_order_text(calibrated_order(str(model), core, kind)))
 
 
+def own_fill(strategy: str) -> str:
+    """The fill a strategy defaults to (d3.config's registry): copy for D3, propagate for early exit (CALM's)."""
+    cls = next(cls for cls in STRATEGIES if cls.name == strategy)
+    return params(cls)["fill"].default
+
+
 def _drop_order(c: Controls, num_layers: int) -> dict[str, Any]:
     order = as_choice("drop_order", c.drop_order, DROP_ORDERS)
     c, _ = fitted(c, num_layers)
@@ -299,7 +305,7 @@ def _drop_order(c: Controls, num_layers: int) -> dict[str, Any]:
 def parse_strategy(c: Controls, num_layers: int, caps: Caps) -> StrategyConfig:
     """The strategy config of the controls; ValueError naming the field and its range."""
     name = as_choice("strategy", c.strategy, tuple(STRATEGY_LABELS))
-    fill = as_choice("fill", c.fill, FILLS)
+    fill = as_choice("fill", own_fill(name) if c.fill is None else c.fill, FILLS)
     if name == "d3":
         head, tail = default_core(num_layers)
         cfg: StrategyConfig = D3Config(

@@ -20,6 +20,7 @@ from explorer.controls import (
     HELP,
     LABELS,
     STRATEGY_LABELS,
+    own_fill,
     TEMPERATURE_RANGE,
     default_attention_layer,
     model_defaults,
@@ -73,7 +74,7 @@ def _more_controls(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> No
                                        info=HELP["drop_order"] + ". calibrated: measured on this model (the default; docs/drop_order.md). middle_out, the paper's literal "
                                        "reading, keeps 22.7% of SmolLM2's arithmetic at 29 layers (calibrated 75-79%, full 83%); "
                                        "strided is not nested: filling matters", min_width=140)
-        ui["fill"] = gr.Dropdown(list(FILLS), value=DEFAULTS.fill, label=LABELS["fill"],
+        ui["fill"] = gr.Dropdown(list(FILLS), value=own_fill(DEFAULTS.strategy), label=LABELS["fill"],
                                  info=HELP["fill"], min_width=140)
     ui["layer_order"] = gr.Textbox(model_defaults(pool.names[0]).layer_order, label="Calibrated order (drop order 'calibrated'): flex "
                                    "layers, dropped first → last", elem_id="layer-order", max_lines=2,

@@ -23,6 +23,8 @@ from explorer.controls import (
     fitted,
     page_words,
     model_defaults,
+    own_fill,
+    STRATEGY_LABELS,
     parse_controls,
     parse_schedule,
     takes_controls,
@@ -138,6 +140,15 @@ def load_model(pool: ModelPool, model: str) -> tuple[Any, ...]:
 
 
 SETTLE_OUTPUTS = ("status", "core_head", "core_tail", "layer_order")
+
+
+def strategy_chosen(strategy: Any) -> Any:
+    """A person picked a strategy: the one fill control follows it to that strategy's own default (early exit
+    propagates, CALM's choice; D3 copies). The fill can then be changed; nothing listens to it changing."""
+    try:
+        return gr.update(value=own_fill(as_choice("strategy", strategy, tuple(STRATEGY_LABELS))))
+    except ValueError:
+        return gr.skip()  # settle_controls says what is wrong
 
 
 @takes_controls

@@ -50,6 +50,7 @@ from explorer.view_handlers import (
     settle_controls,
     settle_released,
     show_finding,
+    strategy_chosen,
     use_example,
 )
 
@@ -193,6 +194,8 @@ def _wire_views(pool: ModelPool, ui: dict[str, Any], moves: Moves) -> None:
                                                          if isinstance(ui[n], gr.Slider) and n not in RELEASE_TRIGGERS]
     moves.on(moved, functools.partial(settle_controls, pool), _with_controls(ui, "session"),
              _pick(ui, SETTLE_OUTPUTS), **instant)
+    # A strategy picked: the fill follows it to that strategy's own default, before the schedule is redrawn.
+    moves.on([ui["strategy"].input], strategy_chosen, [ui["strategy"]], [ui["fill"]], api_name=False, **instant)
     moves.on([*(ui[n].release for n in RELEASE_TRIGGERS),
               *(ui[n].input for n in REDRAW_NAMES if n not in (*RELEASE_TRIGGERS, "model"))],
              functools.partial(redraw_schedule, pool), _with_controls(ui, "session"), [ui["decay"], ui["planned"]],

@@ -108,6 +108,7 @@ def test_the_pages_defaults_labels_help_and_strategies_come_from_the_configs(tin
 
     demo = build_demo(lambda _: tiny_engine, model_names=("tiny",), public=False)
     page_auto = {"skipdecode_max": 0, "skipdecode_min": 0}  # the page's number box says 0 for the config's None
+    page_auto["fill"] = None  # each strategy's own (explorer.controls.own_fill); the page's box shows D3's
     for name, (cls, key) in FIELDS.items():
         p = params(cls)[key]
         if name not in ("temperature", "core_head", "core_tail"):  # sampling's own default; the model's core

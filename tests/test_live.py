@@ -317,3 +317,20 @@ def test_streaming_sends_the_page_a_paced_subset_of_updates(tiny_engine) -> None
     assert len(drawn) <= 80 * 0.01 / live.FIGURES_EVERY_S + 4
     assert sent[0].d3 is not None and len(sent[0].d3.steps) == 1  # the first token shows at once
     assert [u.phase for u in sent if u.phase != "streaming"] == [u.phase for u in updates if u.phase != "streaming"]
+
+
+def test_early_exit_runs_with_its_own_fill_unless_one_is_chosen(pool) -> None:
+    """Issue 35 (code review): the page mapped its one fill control to D3's default, so early exit ran with copy; its
+    own default is propagate. Left out (an API call) each strategy takes its own; picking a strategy on the page sets
+    the fill control to that strategy's default; a fill chosen is kept."""
+    from explorer.view_handlers import strategy_chosen
+    from tests.apphelpers import run
+
+    session = Session()
+    run(pool, session, strategy="early_exit", threshold=0.5, max_new_tokens=4, fill=None)
+    assert session.d3.strategy["fill"] == "propagate"
+    run(pool, session, strategy="early_exit", threshold=0.5, max_new_tokens=4, fill="copy")
+    assert session.d3.strategy["fill"] == "copy"
+    run(pool, session, strategy="d3", max_new_tokens=4, fill=None)
+    assert session.d3.strategy["fill"] == "copy"
+    assert strategy_chosen("early_exit")["value"] == "propagate" and strategy_chosen("d3")["value"] == "copy"

@@ -35,9 +35,11 @@ def interrupt(session: Session | None) -> None:
 
 
 def stop(session: Session | None) -> str:
-    if session is None or session.running is None:  # idle: say so, with the last run's numbers
+    if session is None or session.running is None:  # idle: say so, with the last run's numbers as it ended
         s = session or Session()
-        return views.status_html(s.d3, s.full, "Nothing is running.", comparison=s.comparison)
+        if s.d3 is None or not s.ended:
+            return views.status_html(None, None, "Nothing is running.")
+        return views.status_html(s.d3, s.full, s.ended, comparison=s.comparison, note="Nothing is running.")
     session.request_stop()
     return views.status_html(session.d3, session.full, "Stopping… (within one token)")
 

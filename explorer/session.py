@@ -57,6 +57,7 @@ class Session:
     scenario: tuple[str, int] | None = None  # the scenario whose runs go on, and the ask of its latest run
     ended_ask: int | None = None  # the ask under which the run that ended last began
     _asked: dict[int, int] = field(default_factory=dict, repr=False)  # the running run's ask
+    ended: str = ""  # how the last run ended ("done" or "stopped"): a status said later keeps it, never rewrites it
     problem: str | None = None  # what the status line says is wrong with the controls, until it is fixed
     typed_out_of_range: bool = False  # a value typed into a slider's box outside its range, not yet fixed
     core: tuple[int, int] | None = None  # (head, tail) as last settled on valid values (which one a person typed)
@@ -160,6 +161,7 @@ class Session:
         """Forget the previous run's results when a new run starts (the history stays)."""
         self.d3 = self.full = self.comparison = None
         self.fills = {}
+        self.ended = ""
 
     def show(self, update: LiveUpdate) -> None:
         """Keep the traces of the run in progress: the views redraw from them."""
@@ -168,6 +170,7 @@ class Session:
     def finish(self, update: LiveUpdate, label: str) -> None:
         """Keep the finished run and add it to the history."""
         self.show(update)
+        self.ended = update.phase
         if update.d3 is not None and update.full is not None and update.d3.steps:
             summary = update.comparison.summary() if update.comparison else _stream_summary(update.d3, update.full)
             d3, full = update.d3, update.full

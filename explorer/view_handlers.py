@@ -230,7 +230,7 @@ def _settle(pool: ModelPool, session: Session | None, controls: Controls) -> tup
     if not note and not had_problem:
         return ordered(SETTLE_OUTPUTS, **out)
     s = session or Session()
-    phase = "done" if s.d3 is not None else "Ready: press Generate."
+    phase = s.ended if s.d3 is not None and s.ended else "Ready: press Generate."  # as the last run ended
     return ordered(SETTLE_OUTPUTS, **out, status=views.status_html(s.d3, s.full, phase, comparison=s.comparison,
                                                                      note=note))
 

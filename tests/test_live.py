@@ -334,3 +334,26 @@ def test_early_exit_runs_with_its_own_fill_unless_one_is_chosen(pool) -> None:
     run(pool, session, strategy="d3", max_new_tokens=4, fill=None)
     assert session.d3.strategy["fill"] == "copy"
     assert strategy_chosen("early_exit")["value"] == "propagate" and strategy_chosen("d3")["value"] == "copy"
+
+
+def test_a_status_said_after_a_stopped_run_keeps_how_it_ended(pool) -> None:
+    """Issue 35, M7: "Stopped. 2 D3 tokens…" turned into "Done. …" when a control moved afterwards, and Stop on an
+    idle page said "Nothing is running… no divergence so far" of a run that had ended."""
+    from explorer import live
+    from explorer.view_handlers import SETTLE_OUTPUTS, settle_controls
+    from tests.apphelpers import DEFAULTS, OUT
+
+    session = Session()
+    stream = live.generate(pool, session, **{**DEFAULTS, "max_new_tokens": 30})
+    for out in stream:
+        if session.d3 is not None and len(session.d3.steps) >= 2:
+            session.request_stop()
+    assert session.d3 is not None and len(session.d3.steps) < 30
+    ended = out[OUT["status"]]
+    assert "Stopped." in ended
+    idle = stop(session)
+    assert "Stopped." in idle and "Nothing is running" in idle and "so far" not in idle
+    controls = {k: v for k, v in DEFAULTS.items() if k != "prompt"}
+    settle_controls(pool, session, **{**controls, "alpha": 7})  # a mistake, said in the status line
+    fixed = dict(zip(SETTLE_OUTPUTS, settle_controls(pool, session, **{**controls, "alpha": 0.95})))["status"]
+    assert "Stopped." in fixed and "Done." not in fixed, fixed

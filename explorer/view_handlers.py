@@ -32,7 +32,7 @@ from explorer.controls import (
 from explorer.live import interrupt
 from explorer.parse import as_choice
 from explorer.pool import ModelPool
-from explorer.scenarios import (INTERRUPTED, SCENARIOS, fill_finding, scenario_controls, scenario_finding,
+from explorer.scenarios import (ARITHMETIC, INTERRUPTED, SCENARIOS, fill_finding, scenario_controls, scenario_finding,
                                 scenario_text)
 from explorer.session import Session
 from explorer.ui import core_sliders, ordered, refused, slider_range, user_errors
@@ -142,6 +142,12 @@ def load_model(pool: ModelPool, model: str) -> tuple[Any, ...]:
 SETTLE_OUTPUTS = ("status", "core_head", "core_tail", "layer_order")
 
 
+def text_kind(prompt: Any) -> str:
+    """The kind of text a prompt is, as the scenarios choose their order (`scenario_controls`): the worked
+    arithmetic question, or chat."""
+    return "arithmetic" if prompt == ARITHMETIC else "chat"
+
+
 def strategy_chosen(strategy: Any) -> Any:
     """A person picked a strategy: the one fill control follows it to that strategy's own default (early exit
     propagates, CALM's choice; D3 copies). The fill can then be changed; nothing listens to it changing."""
@@ -210,7 +216,7 @@ def _settle(pool: ModelPool, session: Session | None, controls: Controls) -> tup
         session.typed_out_of_range = typed
         if not typed:
             session.core = core_of(controls, layers)
-    controls, note = fitted(controls, layers)
+    controls, note = fitted(controls, layers, text_kind(controls.prompt))
     if note:
         out["layer_order"] = controls.layer_order
     try:
@@ -249,7 +255,8 @@ def check_release(pool: ModelPool, session: Session | None, controls: Controls) 
         facts = pool.known_facts(controls.model)
         if facts is not None:
             check_sliders(controls, facts.num_layers, pool.caps)
-            parse_controls(fitted(controls, facts.num_layers)[0], facts.num_layers, pool.caps)
+            parse_controls(fitted(controls, facts.num_layers, text_kind(controls.prompt))[0], facts.num_layers,
+                           pool.caps)
     except ValueError as err:
         raise refused(ValueError(page_words(str(err)))) from None
     if session is not None:

@@ -205,3 +205,26 @@ def test_the_planned_grid_names_the_fill_sources_the_engine_uses_on_gemma3(tiny_
     assert (recorded >= 0).any() and len({tuple(r) for r in recorded}) > 1  # real copies, more than one row kind
     np.testing.assert_array_equal(np.asarray(grid.z)[: len(recorded)], trace.grid())
     np.testing.assert_array_equal(drawn[: len(recorded)], recorded)
+
+
+@pytest.mark.parametrize("kind", ["chat", "arithmetic"])
+def test_a_core_reset_gives_back_the_pages_own_order_for_that_kind_of_text(kind) -> None:
+    """Issue 35, M2: on a fresh page (the chat prompt, its chat order), Core tail dragged to 7 re-fits the order;
+    ↺ (back to 3) gave the arithmetic order, and the default prompt then diverged at token 16 instead of 35. A reset
+    gives back the page's own order for the model, the core and the kind of text (the scenarios' arithmetic question
+    keeps its own)."""
+    from explorer.controls import model_defaults
+    from explorer.pool import KNOWN_FACTS
+    from explorer.scenarios import ARITHMETIC, EXPLAIN_PROMPT
+
+    pool = ModelPool(lambda _: None, names=("smollm2-135m",), facts=KNOWN_FACTS, caps=Caps(max_new_tokens=64))
+    page = model_defaults("smollm2-135m", kind)
+    start = dict(prompt=EXPLAIN_PROMPT if kind == "chat" else ARITHMETIC, model="smollm2-135m", core_head=3,
+                 core_tail=3, alpha=page.alpha, drop_order="calibrated", layer_order=page.layer_order)
+    s = Session()
+    settle_controls(pool, s, **start)
+    moved = _settled(settle_controls(pool, s, **{**start, "core_tail": 7}))
+    assert moved["layer_order"] != page.layer_order
+    reset = _settled(settle_controls(pool, s, **{**start, "core_tail": 3, "layer_order": moved["layer_order"]}))
+    assert reset["layer_order"] == page.layer_order, reset["status"]
+    assert f"{kind} text" in reset["status"]

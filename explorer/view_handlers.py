@@ -27,6 +27,7 @@ from explorer.controls import (
     STRATEGY_LABELS,
     parse_controls,
     parse_schedule,
+    slider_ranges,
     takes_controls,
 )
 from explorer.live import interrupt
@@ -224,7 +225,7 @@ def _settle(pool: ModelPool, session: Session | None, controls: Controls) -> tup
             check_sliders(controls, layers, pool.caps, last)
         parse_controls(controls, layers, pool.caps)
     except ValueError as err:
-        message = page_words(str(err))
+        message = page_words(str(err)) + (_clamped_note(controls, layers, pool.caps, last) if typed else "")
         if session is not None:
             session.problem = message
         return ordered(SETTLE_OUTPUTS, **out, status=views.problem_html(message))
@@ -239,6 +240,20 @@ def _settle(pool: ModelPool, session: Session | None, controls: Controls) -> tup
     phase = s.ended if s.d3 is not None and s.ended else "Ready: press Generate."  # as the last run ended
     return ordered(SETTLE_OUTPUTS, **out, status=views.status_html(s.d3, s.full, phase, comparison=s.comparison,
                                                                      note=note))
+
+
+def _clamped_note(controls: Controls, layers: int, caps: Any, last: tuple[int, int] | None) -> str:
+    """What the box of a value typed past its slider's end shows once it loses focus (the browser puts it at that
+    end), said beside the refusal: nothing ran, and Generate would run that value."""
+    for name, (lo, hi, _) in slider_ranges(clamped_core(controls, layers, last), layers, caps).items():
+        try:
+            number = float(getattr(controls, name))
+        except (TypeError, ValueError):
+            continue
+        if not lo <= number <= hi:
+            shown = f"{min(max(number, lo), hi):g}"
+            return f". The slider shows {shown}: nothing ran (press Generate to run {shown}, or type a value in range)"
+    return ""
 
 
 @takes_controls

@@ -376,3 +376,35 @@ def test_a_sweep_row_loaded_then_a_scenario(watched) -> None:
     page.click(f"#scenario-{next(iter(SCENARIOS))}")
     watched.wait_status("Done.", "Cannot run this")
     watched.check("a sweep row loaded then a scenario")
+
+
+def _steps(engines) -> int:
+    return sum(e.steps for e in engines.values())
+
+
+@pytest.mark.parametrize("box, value, used, leave", [("#alpha", "1.5", "1", "Tab"), ("#alpha", "1.5", "1", "Enter"),
+                                                     ("#alpha", "1.5", "1", "click"), ("#core-head", "99", "26", "Tab")])
+def test_leaving_a_box_out_of_range_runs_nothing_and_says_the_value_used(watched, engines, box, value, used,
+                                                                         leave) -> None:
+    """Issue 35, M5: leaving the α box at 1.5 silently set 1 and started a run nobody asked for; Core head 99 became
+    26 in the box while the status still named 99. Now nothing runs, the refusal stays, and it names the value the
+    slider shows."""
+    page = watched.page
+    page.fill("#max-new-tokens input", str(TOKENS))
+    page.click("#generate")
+    watched.wait_status("Done.")
+    watched.settle()
+    before = _steps(engines)
+    field = page.locator(f"{box} input[type=number]")
+    field.fill(value)
+    if leave == "click":
+        page.click("#prompt textarea")  # the box loses focus as a person clicks elsewhere
+    else:
+        field.press(leave)
+    watched.settle()
+    text = watched.status()
+    assert _steps(engines) == before, f"leaving {box} at {value} started a run: {text!r}"
+    assert value in text and f"shows {used}" in text, text
+    if leave != "Enter":  # the box lost focus: the browser put it at the slider's end, the value the status names
+        shown = page.input_value(f"{box} input[type=number]")
+        assert float(shown) == float(used), shown

@@ -408,3 +408,53 @@ def test_leaving_a_box_out_of_range_runs_nothing_and_says_the_value_used(watched
     if leave != "Enter":  # the box lost focus: the browser put it at the slider's end, the value the status names
         shown = page.input_value(f"{box} input[type=number]")
         assert float(shown) == float(used), shown
+
+
+# What the decay curve shows against what the sliders and the model picker hold: the number of layers the figure
+# was drawn for, its core floor's label, the D3 line's name, and the sliders' values.
+CURVE_AND_SLIDERS = """() => {
+  const gd = document.querySelector('#plot-decay .js-plotly-plot');
+  const s = gd && gd.layout && gd.layout.meta && gd.layout.meta.d3_schedule;
+  const floor = ((gd && gd.layout.annotations) || []).find(a => a.name === 'core-floor');
+  const planned = ((gd && gd.data) || []).find(t => (t.meta || {}).role === 'planned' && (t.meta || {}).strategy === 'd3');
+  const value = (id) => Number(document.querySelector(`#${id} input[type=number]`).value);
+  return {layers: s ? s.num_layers : null, floor: floor ? floor.text : null, name: planned ? planned.name : null,
+          head: value('core-head'), tail: value('core-tail'), alpha: value('alpha'),
+          model: document.querySelector('#model input').value};
+}"""
+LAYERS = {"smollm2-135m": 30, "gemma3-270m": 18}
+
+
+def assert_curve_matches(page, where: str) -> None:
+    """The decay curve is drawn for the model and the sliders on screen."""
+    shown = page.evaluate(CURVE_AND_SLIDERS)
+    head, tail = int(shown["head"]), int(shown["tail"])
+    assert shown["layers"] == LAYERS[shown["model"]], (where, shown)
+    assert shown["floor"] == f"core floor<br>{head}+{tail}={head + tail}", (where, shown)
+    assert shown["name"] is None or "core" not in shown["name"] or f"core {head}+{tail}" in shown["name"], (where, shown)
+
+
+def test_a_model_switch_redraws_the_curve_and_panes_for_the_new_model(watched) -> None:
+    """Issue 35, M1: Core tail 5 (Enter), Stop, switch to gemma3-270m: the sliders showed 2+2 but the curve "core
+    3+5" over 18 layers; back on smollm2-135m the sliders showed 3+3 and the curve still Gemma's 3+5. The curve, the
+    panes and the status belong to the model and the sliders on screen."""
+    page = watched.page
+    page.fill("#max-new-tokens input", str(TOKENS))
+    box = page.locator("#core-tail input[type=number]")
+    box.fill("5")
+    box.press("Enter")
+    page.click("#generate")
+    watched.wait_status("Done.")
+    page.click("#stop")
+    watched.settle()
+    assert_curve_matches(page, "before the switch")
+    for model, core in (("gemma3-270m", (2, 2)), ("smollm2-135m", (3, 3))):
+        switch_model(page, model)
+        watched.settle()
+        shown = page.evaluate(CURVE_AND_SLIDERS)
+        assert (shown["head"], shown["tail"]) == core, shown
+        assert_curve_matches(page, f"after switching to {model}")
+        panes = page.inner_text("#d3-pane") + page.inner_text("#full-pane")
+        assert "press Generate" in panes and not page.evaluate(
+            "() => document.querySelectorAll('#d3-pane .d3-tok, #full-pane .d3-tok').length"), panes
+        assert f"Model {model}" in watched.status(), watched.status()

@@ -30,7 +30,6 @@ from explorer.controls import (
     slider_ranges,
     takes_controls,
 )
-from explorer.live import interrupt
 from explorer.parse import as_choice
 from explorer.pool import ModelPool
 from explorer.scenarios import (ARITHMETIC, INTERRUPTED, SCENARIOS, fill_finding, scenario_controls, scenario_finding,
@@ -94,7 +93,7 @@ def _cleared(session: Session | None, model: str, presentation: bool = False) ->
     """Stop this session's run and forget it (the history keeps it), and empty the panes and the views."""
     if session is None:
         return {}
-    interrupt(session)
+    session.trigger(run=False)  # stop its run: no run follows a model switch
     session.settled = session.released = None  # the controls are set anew: the next settle answers in full
     previous = session.d3.model if session.d3 is not None else None
     session.clear()

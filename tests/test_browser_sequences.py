@@ -286,7 +286,9 @@ def test_generate_clicked_during_a_scenarios_runs(watched, engines) -> None:
 
 
 def test_a_seeded_random_walk_over_the_controls(watched) -> None:
-    """A few dozen random moves of the controls a person touches most; after every ten, the three checks."""
+    """A few dozen random moves of the controls a person touches most (model switches and core resets among them);
+    after every five, the decay curve is drawn for the model and the sliders on screen; after every ten, the three
+    checks."""
     # Seed 25 clicks a scenario while another scenario's runs go (the last hang of issue 24); others by hand.
     page, rng = watched.page, random.Random(int(os.environ.get("D3_WALK_SEED", "25")))
     moves = [
@@ -301,9 +303,13 @@ def test_a_seeded_random_walk_over_the_controls(watched) -> None:
         move = rng.randrange(len(moves))
         watched.moves.append(move)
         moves[move]()
+        if step % 5 == 4:
+            watched.settle()
+            assert_curve_matches(page, f"random move {step} (moves {watched.moves})")  # issue 35: the model's, the sliders'
         if step % 10 == 9 and step < 29:
             watched.check(f"random move {step}")
     watched.check("end of the walk")
+    assert_curve_matches(page, "end of the walk")
 
 
 VIEW_TABS = "#views .tab-wrapper > .tab-container:not(.visually-hidden) button, #views .overflow-dropdown button"
@@ -458,3 +464,61 @@ def test_a_model_switch_redraws_the_curve_and_panes_for_the_new_model(watched) -
         assert "press Generate" in panes and not page.evaluate(
             "() => document.querySelectorAll('#d3-pane .d3-tok, #full-pane .d3-tok').length"), panes
         assert f"Model {model}" in watched.status(), watched.status()
+
+
+def _answer_of(page, api_name: str):
+    """A predicate for the response to the event named `api_name` (sent out of the queue)."""
+    fn = page.evaluate("(n) => window.gradio_config.dependencies.find(d => d.api_name === n).id", api_name)
+
+    def answer(response) -> bool:
+        request = response.request
+        return request.method == "POST" and "run/predict" in request.url and \
+            json.loads(request.post_data or "{}").get("fn_index") == fn
+    return answer
+
+
+@pytest.fixture(scope="module")
+def one_slot_url(engines):
+    """The page with one run at a time on the server (a busy server: every other slot taken)."""
+    demo = build_demo(engines.__getitem__, model_names=tuple(engines), public=False,
+                      caps=Caps(max_new_tokens=64, concurrency=1))
+    with serve(demo) as address:
+        yield address
+
+
+def test_runs_asked_for_while_one_runs_are_dropped_and_each_click_is_answered(browser, one_slot_url, engines) -> None:
+    """Issue 35, M3: a scenario, a slider released during its run, then Generate: nothing changed for a while, then
+    whole runs played back to back. On a server with one slot, only the newest request runs after the scenario's
+    run stops; each click is answered at once in the status line; the history holds the stopped scenario run and
+    Generate's run, nothing between."""
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    page.set_default_timeout(int(GUARD_S * 1000))
+    page.goto(one_slot_url)
+    page.wait_for_selector("#plot-decay .js-plotly-plot .main-svg")
+    watched, engine = Watched(page), engines["smollm2-135m"]
+    try:
+        engine.delay = 1.0  # the scenario's run notices a stop only after its current step (a hang guard)
+        page.click("#scenario-core")
+        page.wait_for_function("() => document.querySelectorAll('#d3-pane .d3-tok').length >= 1",
+                               timeout=GUARD_S * 1000)
+        page.locator("#alpha").scroll_into_view_if_needed()  # the scenario scrolled the panes into view
+        with page.expect_response(_answer_of(page, "interrupt_on_release"), timeout=GUARD_S * 1000) as answer:
+            drag(page, "#alpha", 0.3)  # released: a run is asked for
+        assert "new run is asked" in json.dumps(answer.value.json())  # answered at once, out of the queue
+        page.fill("#max-new-tokens input", str(TOKENS))
+        with page.expect_response(_answer_of(page, "interrupt"), timeout=GUARD_S * 1000) as answer:
+            page.click("#generate")  # while the release's run still waits for the one slot
+        assert "new run is asked" in json.dumps(answer.value.json())
+    finally:
+        engine.delay = 0.0
+    watched.wait_status("Done.")
+    watched.settle()
+    open_view(page, "Run history")
+    # the table is virtual: its grid says how many rows it holds (the header's among them)
+    count_rows = "() => Number(document.querySelector('#history [role=grid]')?.getAttribute('aria-rowcount') || 1) - 1"
+    page.wait_for_function(f"() => ({count_rows})() > 0", timeout=GUARD_S * 1000)
+    rows = page.evaluate(count_rows)
+    assert rows == 2, f"{rows} runs in the history: a request made while another waited was played too"
+    assert len(page.inner_text("#d3-pane").split()) >= 1
+    watched.check("a scenario, a release and Generate on a one-slot server")
+    page.close()

@@ -357,3 +357,22 @@ def test_a_status_said_after_a_stopped_run_keeps_how_it_ended(pool) -> None:
     settle_controls(pool, session, **{**controls, "alpha": 7})  # a mistake, said in the status line
     fixed = dict(zip(SETTLE_OUTPUTS, settle_controls(pool, session, **{**controls, "alpha": 0.95})))["status"]
     assert "Stopped." in fixed and "Done." not in fixed, fixed
+
+
+def test_runs_asked_for_while_one_waits_are_dropped_not_played_back_to_back(pool) -> None:
+    """Issue 35, M3: a scenario, then ↺ (a release), then Generate, each asked for while the one before waited in
+    the queue: three whole runs played back to back. Each click is answered at once (the status says a new run is
+    asked for), and as the queue reaches them only the newest runs; the others are dropped."""
+    from explorer import live
+    from tests.apphelpers import DEFAULTS
+
+    session = Session()
+    said = [live.interrupt(session) for _ in range(3)]  # three clicks, before the queue reaches any of them
+    assert all("new run" in s for s in said)
+    outputs = [list(live.generate(pool, session, **{**DEFAULTS, "max_new_tokens": 4})) for _ in range(3)]
+    assert [bool(o) for o in outputs] == [False, False, True]  # the first two took no turn
+    assert len(session.history) == 1
+    live.interrupt(session)
+    session.request_stop()  # Stop while one waits: it begins and stops at once; none waits on another
+    list(live.generate(pool, session, **{**DEFAULTS, "max_new_tokens": 4}))
+    assert len(list(live.generate(pool, session, **{**DEFAULTS, "max_new_tokens": 4}))) > 1  # an API call runs

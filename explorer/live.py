@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from typing import Any, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, Callable, Generator, Iterator
 
 import gradio as gr
 
@@ -182,6 +184,38 @@ def _stream(session: Session, run_id: int, setup: RunSetup, view: ViewOptions, c
                 yield _render(session, setup, update, view, figures, _time_limit_note(caps.max_run_s) if late else "")
 
 
+LOADING_EVERY_S = 1.0  # while a model loads, the status line says how far it is this often
+
+
+def loading_note(pool: ModelPool, model: str, seconds: float) -> str:
+    """The progress line of a model loading: how long so far, and what the loader says it is doing where it says
+    (`pool.load_progress(name)`, a short text such as "converting the weights: 120 of 236 tensors"; optional)."""
+    said = getattr(pool, "load_progress", None)
+    try:
+        step = said(model) if callable(said) else ""
+    except Exception:  # a progress report must never break the run it reports on
+        step = ""
+    return f"{model}: {seconds:.0f} s so far" + (f"; {step}" if step else "") + "."
+
+
+def _prepared(pool: ModelPool, checked: RunSetup, session: Session) -> Generator[tuple[Any, ...], None, RunSetup]:
+    """`prepare_run`; while the model loads (its first use: a conversion can take minutes), the status line says so
+    every LOADING_EVERY_S with the loader's progress. The load runs in a worker thread, so this stream keeps
+    talking; the pool's per-model lock keeps it to one load."""
+    if pool.is_loaded(checked.model):
+        return prepare_run(pool, checked)
+    began = time.monotonic()
+    with ThreadPoolExecutor(1, thread_name_prefix="d3-load") as worker:
+        future = worker.submit(prepare_run, pool, checked)
+        while True:
+            note = loading_note(pool, checked.model, time.monotonic() - began)
+            yield ordered(GENERATE_OUTPUTS, session=session, status=views.status_html(None, None, "loading", note=note))
+            try:
+                return future.result(timeout=LOADING_EVERY_S)
+            except FutureTimeout:
+                continue
+
+
 @takes_controls
 def generate(pool: ModelPool, session: Session | None, controls: Controls) -> Iterator[tuple[Any, ...]]:
     """Stream D3 (or the chosen strategy) and full depth side by side, then compare them."""
@@ -195,10 +229,8 @@ def generate(pool: ModelPool, session: Session | None, controls: Controls) -> It
             yield from _refuse(GENERATE_OUTPUTS, err, session)
         run_id = session.begin()  # any earlier run of this session stops within one token
         try:
-            if not pool.is_loaded(checked.model):
-                yield ordered(GENERATE_OUTPUTS, session=session, status=views.status_html(None, None, "loading"))
             try:
-                setup = prepare_run(pool, checked)  # the controls parsed once, by check_run
+                setup = yield from _prepared(pool, checked, session)  # the controls parsed once, by check_run
             except ValueError as err:  # a prompt over the token limit is only known once the tokenizer is there
                 yield from _refuse(GENERATE_OUTPUTS, err, session)
             had_fills = bool(session.fills)

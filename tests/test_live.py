@@ -376,3 +376,33 @@ def test_runs_asked_for_while_one_waits_are_dropped_not_played_back_to_back(pool
     session.request_stop()  # Stop while one waits: it begins and stops at once; none waits on another
     list(live.generate(pool, session, **{**DEFAULTS, "max_new_tokens": 4}))
     assert len(list(live.generate(pool, session, **{**DEFAULTS, "max_new_tokens": 4}))) > 1  # an API call runs
+
+
+def test_a_first_model_load_shows_its_progress_on_the_page(tiny_engine) -> None:
+    """Issue 35, M8: Gemma 3's first conversion took ~5 min with nothing on the page. While a model loads, the
+    status line says so every LOADING_EVERY_S, with the time so far and what the loader reports
+    (`pool.load_progress(name)`, where the pool offers it); then the run streams."""
+    from explorer import live
+    from tests.apphelpers import DEFAULTS, OUT
+
+    loaded = threading.Event()
+
+    def slow_factory(name: str):
+        assert loaded.wait(60), "the test never let the load finish"
+        return tiny_engine
+
+    from d3.models import ModelFacts
+
+    facts = ModelFacts(tiny_engine.num_layers, tiny_engine.adapter.num_heads, tiny_engine.has_chat_template)
+    pool = ModelPool(slow_factory, names=("tiny",), caps=Caps(max_new_tokens=64), facts={"tiny": facts})  # a known model
+    pool.load_progress = lambda name: f"converting {name}: 3 of 7 tensors"
+    session, said = Session(), []
+    for out in live.generate(pool, session, **{**DEFAULTS, "max_new_tokens": 3}):
+        status = out[OUT["status"]]
+        if isinstance(status, str):
+            said.append(status)
+        if sum("converting tiny: 3 of 7 tensors" in s for s in said) >= 2:
+            loaded.set()  # two progress lines while loading, then the load ends
+    loading = [s for s in said if "Loading the model" in s]
+    assert len(loading) >= 2 and all("s so far" in s for s in loading)
+    assert "Done." in said[-1] and session.d3 is not None

@@ -66,8 +66,17 @@ def open_view(pool: ModelPool, key: str, session: Session | None, controls: Cont
         return views.draw(key, views.Shown.of(session), controls.view)
 
 
+SCENARIO_QUESTION = "Worked arithmetic (the scenarios' question)"
+
+
+def prompt_titles() -> dict[str, str]:
+    """The Example prompt menu: title -> prompt, the example prompts and the scenarios' arithmetic question (so that
+    the menu names the prompt a scenario set, never goes blank)."""
+    return {**{p.title: p.prompt for p in example_prompts()}, SCENARIO_QUESTION: ARITHMETIC}
+
+
 def use_example(title: str) -> str:
-    prompts = {p.title: p.prompt for p in example_prompts()}
+    prompts = prompt_titles()
     with user_errors():
         return prompts[as_choice("example", title, tuple(prompts))]
 
@@ -362,7 +371,7 @@ def apply_scenario(pool: ModelPool, key: str, step: int, session: Session | None
         values = scenario_controls(key, step, layers, model)
     values.update(core_sliders(layers, values["core_head"], values["core_tail"]))
     finding = {"scenario_finding": "*Running… the numbers appear here when the scenario's runs are done.*"} if step == 0 else {}
-    titles = {p.prompt: p.title for p in example_prompts()}  # the picker names the scenario's prompt, or none
+    titles = {prompt: title for title, prompt in prompt_titles().items()}  # the picker names the scenario's prompt
     return ordered(SCENARIO_OUTPUTS, scenario_text=scenario_text(key, step), **finding, **values,
                    example=gr.update(value=titles.get(values["prompt"])))
 

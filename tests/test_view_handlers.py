@@ -228,3 +228,17 @@ def test_a_core_reset_gives_back_the_pages_own_order_for_that_kind_of_text(kind)
     reset = _settled(settle_controls(pool, s, **{**start, "core_tail": 3, "layer_order": moved["layer_order"]}))
     assert reset["layer_order"] == page.layer_order, reset["status"]
     assert f"{kind} text" in reset["status"]
+
+
+@pytest.mark.parametrize("key", ["full_vs_d3", "core", "fill", "aggressive"])
+def test_the_example_menu_names_the_prompt_a_scenario_set(pool, key) -> None:
+    """Issue 35 (ugly list): the Example prompt menu went blank after a scenario (its arithmetic question is no
+    example). It names the scenario's prompt, one of its own choices, and picking that gives the prompt back."""
+    from explorer.view_handlers import SCENARIO_OUTPUTS, apply_scenario, prompt_titles, use_example
+    from explorer.scenarios import SCENARIOS
+
+    if key not in SCENARIOS:
+        pytest.skip(f"no scenario {key!r}")
+    out = dict(zip(SCENARIO_OUTPUTS, apply_scenario(pool, key, 0, None, "tiny")))
+    title = out["example"]["value"]
+    assert title in prompt_titles() and use_example(title) == out["prompt"]

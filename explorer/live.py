@@ -205,15 +205,19 @@ def _prepared(pool: ModelPool, checked: RunSetup, session: Session) -> Generator
     if pool.is_loaded(checked.model):
         return prepare_run(pool, checked)
     began = time.monotonic()
+
+    def said() -> tuple[Any, ...]:
+        note = loading_note(pool, checked.model, time.monotonic() - began)
+        return ordered(GENERATE_OUTPUTS, session=session, status=views.status_html(None, None, "loading", note=note))
+
+    yield said()  # before the load starts: the click is answered whatever the load does
     with ThreadPoolExecutor(1, thread_name_prefix="d3-load") as worker:
         future = worker.submit(prepare_run, pool, checked)
         while True:
-            note = loading_note(pool, checked.model, time.monotonic() - began)
-            yield ordered(GENERATE_OUTPUTS, session=session, status=views.status_html(None, None, "loading", note=note))
             try:
                 return future.result(timeout=LOADING_EVERY_S)
             except FutureTimeout:
-                continue
+                yield said()
 
 
 @takes_controls

@@ -67,12 +67,12 @@ def test_a_model_switch_takes_back_the_note_of_an_order_it_reset(pool) -> None:
     assert out["layers_note"] == ""
 
 
-def test_a_scenario_sets_the_example_picker_to_its_prompt_or_to_none(pool) -> None:
+def test_a_scenario_sets_the_example_picker_to_its_prompt(pool) -> None:
     """Issue 24: "Example prompt" kept "Explain" after a scenario had put the arithmetic question in the prompt."""
-    from explorer.view_handlers import SCENARIO_OUTPUTS, apply_scenario
+    from explorer.view_handlers import SCENARIO_OUTPUTS, SCENARIO_QUESTION, apply_scenario
 
     arithmetic = dict(zip(SCENARIO_OUTPUTS, apply_scenario(pool, "full_vs_d3", 0, None, "tiny")))
-    assert arithmetic["example"]["value"] is None
+    assert arithmetic["example"]["value"] == SCENARIO_QUESTION  # issue 35: named, not blank
     fill = dict(zip(SCENARIO_OUTPUTS, apply_scenario(pool, "fill", 0, None, "tiny")))
     assert fill["example"]["value"] == "Explain"  # the sky question is the first example
 

@@ -771,3 +771,14 @@ def test_the_core_floor_label_sits_clear_of_the_d3_line(presentation) -> None:
     assert note.text == "core floor<br>3+3=6"
     widest = max(len(line) for line in note.text.split("<br>"))  # "core floor" is 4.2 em wide in Arial
     assert fig.layout.margin.r >= FLOOR_LABEL_EM * note.font.size + note.xshift and FLOOR_LABEL_EM >= 0.42 * widest
+
+
+@pytest.mark.parametrize("steps", [8, 16, 64, 128])
+def test_the_planned_grids_labels_leave_room_for_each_other(d3_cfg: D3Config, steps: int) -> None:
+    """Issue 35 (ugly list): the planned grid's step labels overlapped at 1280 and on a phone, and its layer labels
+    on a phone. Each step label gets at least 22 px of plot (the figure less 300 px of title, axis and legend), at
+    most 10 layers are labelled."""
+    fig = viz.planned_grid_figure(d3_cfg, 30, steps, layer_types=None)
+    plot_px = fig.layout.height - 300
+    assert len(fig.layout.yaxis.tickvals) * 22 <= max(plot_px, 44)
+    assert len(fig.layout.xaxis.tickvals) <= 10 and 0 in fig.layout.xaxis.tickvals

@@ -195,8 +195,14 @@ def planned_grid_figure(cfg: StrategyConfig, num_layers: int, steps: int, *, lay
     ys = list(range(steps))
     counts = ran.sum(axis=1)
     hover_rows = [f"step {i} · {counts[i]}/{num_layers} layers" for i in ys]
+    fig_height = height or _planned_height(min(steps, 60))
+    # One step label per TICK_PX of plot at most (the plot is the figure less about CHROME_PX of title, axis and, on a
+    # phone, the legend under it), and at most PLANNED_LAYER_TICKS layer labels: they overlapped at 1280 and on a
+    # phone (issue 35).
+    max_labels = min(max_labels, max(2, (fig_height - CHROME_PX) // TICK_PX))
     panel = _grid_panel(codes, ys, hover_rows, display_core(cfg, num_layers), index=1, tick_text=None, planned=True,
-                        max_labels=max_labels, name=strategy_label(cfg), sources=sources)
+                        max_labels=max_labels, name=strategy_label(cfg), sources=sources,
+                        max_layer_ticks=PLANNED_LAYER_TICKS)
     first = decode_plan(cfg, num_layers)
     if title is None:
         notes = [strategy_label(cfg)]
@@ -207,7 +213,17 @@ def planned_grid_figure(cfg: StrategyConfig, num_layers: int, steps: int, *, lay
                          f"(a token may stop after layer {first.min_exit - 1})")
         title = fit_title("Planned layers", *notes)
     return _grid_figure([panel], titles=None, y_title="generated token (step)", title=title,
-                        presentation=presentation, height=_grid_height(min(steps, 60), height))
+                        presentation=presentation, height=fig_height)
+
+
+TICK_PX = 22  # px of plot per step label: a label is about 14 px high
+CHROME_PX = 300  # px of a planned grid's figure that is not plot (title, axis, the legend under it on a phone)
+PLANNED_LAYER_TICKS = 10  # layer labels at most: every third of 30 layers, legible in a phone's 250 px
+
+
+def _planned_height(rows: int) -> int:
+    """The planned grid's height: room for its legend under the plot on a phone, and 18 px per planned step."""
+    return int(np.clip(18 * rows + CHROME_PX, 460, 1600))
 
 
 def fig1_panels(traces: dict[str, Trace], *, max_tokens: int | None = 64, title: str | None = None,

@@ -4,6 +4,7 @@ tab's controls."""
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 import time
 from dataclasses import dataclass
@@ -151,7 +152,7 @@ def run_small_sweep(engine: Engine, spec: SweepSpec, progress: Callable[[float, 
     total = expected_runs(spec)
 
     def show(fraction: float, desc: str | None = None) -> None:
-        state["desc"] = desc or state["desc"]
+        state["desc"] = progress_words(desc) if desc else state["desc"]
         state["shown"] = max(state["shown"], min(fraction, 1.0))
         report(state["shown"], state["desc"])
 
@@ -183,6 +184,19 @@ def speed_reading(measured: Any, theoretical: Any, noise: float, strategy: str) 
     if abs(m - 1.0) <= abs(noise - 1.0):
         return f"within timing noise (full depth read {noise:.2f}× against itself)"
     return ""
+
+
+def progress_words(desc: str) -> str:
+    """The sweep's progress as a person reads it: what is being measured now, never a count that reads as done
+    ("full-depth reference 1/1" was shown while the reference was still being measured, and stayed when the sweep
+    stopped before it was)."""
+    reference = re.fullmatch(r"full-depth reference (\d+)/(\d+)", desc)
+    if reference:
+        return f"Measuring the full-depth reference: prompt {reference[1]} of {reference[2]}…"
+    setting = re.fullmatch(r"(.+) \((\d+)/(\d+)\)", desc)
+    if setting:
+        return f"Measuring {setting[1]}: row {setting[2]} of {setting[3]} (rows done: {int(setting[2]) - 1})…"
+    return desc
 
 
 def sweep_table(df: pd.DataFrame, noise: float = 1.0) -> pd.DataFrame:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import gradio as gr
 import numpy as np
@@ -189,7 +190,7 @@ def _stop_at_setting(number: int):
     state = {"started": 0}
 
     def progress(fraction, desc=None):
-        if desc and desc.endswith(f"{number}/5)"):
+        if desc and f"row {number} of 5" in desc:
             state["started"] = number
 
     def should_stop() -> bool:
@@ -286,3 +287,13 @@ def test_the_table_reads_as_words_and_says_when_a_speedup_exceeds_theory_or_is_n
     speed = dict(zip(table["setting"], table["speed, read how"]))
     assert "above its theoretical 1.50×" in speed["d3 a"] and "within timing noise" in speed["d3 b"]
     assert speed["unified"] == "" and "unit" in speed["full depth"]
+
+
+def test_the_progress_says_what_is_being_measured_never_a_count_that_reads_as_done(swept) -> None:
+    """Issue 35, M4: the bar showed "full-depth reference 1/1" though the sweep then stopped before the reference was
+    measured."""
+    _, reports = swept
+    said = [d for _, d in reports if d]
+    assert any(d.startswith("Measuring the full-depth reference: prompt 1 of 1") for d in said), said
+    assert not [d for d in said if re.search(r"\d+/\d+\)?$", d)], said
+    assert sweep_tab.progress_words("d3 α=0.9 (2/5)") == "Measuring d3 α=0.9: row 2 of 5 (rows done: 1)…"

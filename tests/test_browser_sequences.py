@@ -522,3 +522,48 @@ def test_runs_asked_for_while_one_runs_are_dropped_and_each_click_is_answered(br
     assert len(page.inner_text("#d3-pane").split()) >= 1
     watched.check("a scenario, a release and Generate on a one-slot server")
     page.close()
+
+
+def test_a_core_reset_gives_back_the_pages_own_order(watched) -> None:
+    """Issue 35, M2: on a fresh page Core tail dragged then ↺ gave the arithmetic order instead of the page's own
+    (the chat order for the default prompt); the default prompt then diverged much earlier, and nothing said why."""
+    page = watched.page
+    open_more(page)  # the calibrated order's box is under More controls
+    order = page.input_value("#layer-order textarea")
+    drag(page, "#core-tail", 0.3)
+    watched.settle()
+    assert page.input_value("#layer-order textarea") != order  # re-fitted to the new core
+    page.locator("#core-tail button.reset-button").click()
+    watched.settle()
+    assert int(page.input_value("#core-tail input[type=number]")) == 3
+    assert page.input_value("#layer-order textarea") == order, watched.status()
+
+
+def test_a_status_keeps_how_a_run_ended_after_later_moves(watched, engines) -> None:
+    """Issue 35, M7: "Stopped. 2 D3 tokens…" turned into "Done. …" when a control moved afterwards, and an idle Stop
+    showed "Nothing is running… no divergence so far"."""
+    page, engine = watched.page, engines["smollm2-135m"]
+    page.fill("#max-new-tokens input", "40")
+    engine.delay = 0.3  # the run outlasts the Stop (a hang guard, not a timing claim)
+    try:
+        page.click("#generate")
+        page.wait_for_function("() => document.querySelectorAll('#d3-pane .d3-tok').length >= 2",
+                               timeout=GUARD_S * 1000)
+        page.click("#stop")
+        watched.wait_status("Stopped.")
+    finally:
+        engine.delay = 0.0
+    watched.settle()
+    tokens = page.locator("#max-new-tokens input")
+    tokens.fill("0")  # refused: said in the status line (a box, not a slider: no release starts a run)
+    tokens.press("Tab")
+    watched.wait_status("Cannot run this")
+    tokens.fill("12")  # fixed: the status goes back to how the run ended
+    tokens.press("Tab")
+    watched.settle()
+    text = watched.status()
+    assert "Stopped." in text and "Done." not in text, text
+    watched.answers_a_click()
+    watched.settle()
+    text = watched.status()
+    assert "Stopped." in text and "so far" not in text, text

@@ -83,7 +83,26 @@
     return Math.min(Number(range.max), Math.max(Number(range.min), v));
   };
   let wanted = null;  // the sliders' values, as their last change gave them
-  const follow = (gd) => { if (wanted) draw(gd, wanted); };
+  // What the sliders on screen hold now (each clamped to its range, as a run sends it); a slider not on the page
+  // keeps the value its last change gave. Read as a figure lands, never remembered across it: after a model switch
+  // or a reset the server set the sliders, and a curve drawn for a move made before would belong to neither the
+  // sliders nor the model (issue 35: "core 3+5" over Gemma's 18 layers while the sliders showed 2+2).
+  const onScreen = () => {
+    const read = (id, key) => {
+      const box = document.querySelector(`#${id} input[type=number]`);
+      const v = box ? Number(box.value) : NaN;
+      return Number.isFinite(v) && box.value !== '' ? clamp(id, v) : (wanted ? wanted[key] : NaN);
+    };
+    return {alpha: read('alpha', 'alpha'), head: read('core-head', 'head'), tail: read('core-tail', 'tail'),
+            start: read('start', 'start')};
+  };
+  const follow = (gd) => {
+    const s = gd.layout && gd.layout.meta && gd.layout.meta.d3_schedule;
+    if (!s) return;
+    const p = onScreen();
+    if (!Number.isFinite(p.start)) p.start = s.start;  // the start slider not drawn yet: the figure's own
+    draw(gd, p);
+  };
   // Gradio replaces the plot's element now and then (a new one draws its first answer at once), so each new
   // element is hooked as soon as it is added, before that first draw: a MutationObserver on the plot's box.
   const hook = () => {

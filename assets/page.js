@@ -8,8 +8,11 @@
     return !svg || Math.abs(svg.getBoundingClientRect().width - plot.getBoundingClientRect().width) <= 2;
   };
   const fit = (plot) => {
-    if (plot.offsetParent === null || !plot._responsiveChartHandler || fits(plot)) return;
-    plot._responsiveChartHandler();
+    if (plot.offsetParent === null || fits(plot)) return;
+    // A plot drawn before gradio made it responsive (on a loaded machine, the logit lens after tab switches kept
+    // 700 px in a 644 px box; issue 35) has no handler yet: plotly's own resize fits it all the same.
+    if (plot._responsiveChartHandler) plot._responsiveChartHandler();
+    else if (window.Plotly && window.Plotly.Plots) window.Plotly.Plots.resize(plot);
   };
   // An observed element stays reachable from the observer: a plot gradio has replaced is let go here, or every
   // figure ever drawn would stay in memory with its whole DOM.

@@ -448,14 +448,16 @@ def check_sliders(c: Controls, num_layers: int, caps: Caps, last: tuple[int, int
             as_number(LABELS[name], value, lo, hi, integer=integer)
 
 
-def refit_order(order: tuple[int, ...], model: Any, num_layers: int, head: int, tail: int) -> tuple[int, ...]:
-    """A calibrated order made to fit the core (head, tail): the order measured for that core on this model where
-    one ships (d3.orders.MEASURED), else `order` restricted to the new flex layers in the same order, followed by
-    the layers the core gave up (nearest the middle first: they were kept, so they go last)."""
+def refit_order(order: tuple[int, ...], model: Any, num_layers: int, head: int, tail: int,
+                kind: str = "chat") -> tuple[int, ...]:
+    """A calibrated order made to fit the core (head, tail): the order the page ships for that core, model and `kind`
+    of text where there is one (`calibrated_order`: a reset to the page's core gives back the page's own order),
+    else `order` restricted to the new flex layers in the same order, followed by the layers the core gave up
+    (nearest the middle first: they were kept, so they go last)."""
     flex = range(head, num_layers - tail)
-    measured = MEASURED.get(str(model), {}).get((head, tail))
-    if measured is not None and sorted(measured) == list(flex):
-        return tuple(measured)
+    shipped = calibrated_order(str(model), (head, tail), kind)
+    if shipped is not None and sorted(shipped) == list(flex):
+        return tuple(shipped)
     kept = [layer for layer in order if layer in flex]
     middle = (num_layers - 1) / 2
     freed = sorted((layer for layer in flex if layer not in kept), key=lambda layer: (abs(layer - middle), layer))
@@ -465,9 +467,10 @@ def refit_order(order: tuple[int, ...], model: Any, num_layers: int, head: int, 
 REFIT_FROM_LAYERS = 256  # an order made for another model (up to this many layers) may be re-fitted, still bounded
 
 
-def fitted(c: Controls, num_layers: int) -> tuple[Controls, str]:
+def fitted(c: Controls, num_layers: int, kind: str = "chat") -> tuple[Controls, str]:
     """The controls with a calibrated order that fits their core, and one line saying what changed ("" when
-    nothing did). Only an order of distinct layers is re-fitted (one calibrated for another core or model, or typed
+    nothing did); `kind`: the kind of text the prompt is (the order the page ships for it is preferred). Only an
+    order of distinct layers is re-fitted (one calibrated for another core or model, or typed
     short: no dead end, issue 24); anything else is left for the parse to refuse with what to type."""
     if c.drop_order != "calibrated":
         return c, ""
@@ -482,8 +485,9 @@ def fitted(c: Controls, num_layers: int) -> tuple[Controls, str]:
     if len(set(order)) != len(order) or not core_fits(head, tail, num_layers) \
             or sorted(order) == list(range(head, num_layers - tail)):
         return c, ""
-    new = refit_order(order, c.model, num_layers, head, tail)
-    how = ("the order measured for this core" if tuple(MEASURED.get(str(c.model), {}).get((head, tail), ())) == new
+    new = refit_order(order, c.model, num_layers, head, tail, kind)
+    how = (f"the page's order for this core on {kind} text"
+           if tuple(calibrated_order(str(c.model), (head, tail), kind) or ()) == new
            else "the same order over the new flex layers")
     note = (f"Calibrated order re-fitted to core {head} + {tail} ({how}: flex layers {head}–{num_layers - tail - 1}, "
             f"starting {layer_order_text(new[:4])}, …).")

@@ -27,6 +27,7 @@ from explorer.controls import (
 )
 from explorer.export import figures
 from explorer.pool import ModelPool
+from explorer.view_handlers import prompt_titles
 from explorer.scenarios import SCENARIOS
 from explorer.session import HISTORY_COLUMNS
 from explorer.share import share_box
@@ -184,7 +185,7 @@ def _prompt_and_run(pool: ModelPool, ui: dict[str, Any]) -> None:
     prompts = example_prompts()
     ui["prompt"] = gr.Textbox(prompts[0].prompt, label="Prompt", lines=2, max_lines=10, elem_id="prompt")
     with gr.Row(elem_id="model-row"):  # the model's name is longer than an example's title: it gets more room
-        ui["example"] = gr.Dropdown([p.title for p in prompts], value=prompts[0].title, label="Example prompt",
+        ui["example"] = gr.Dropdown(list(prompt_titles()), value=prompts[0].title, label="Example prompt",
                                     min_width=110, scale=4, elem_id="example")
         ui["model"] = gr.Dropdown(list(pool.names), value=pool.names[0], label="Model", min_width=130, scale=5,
                                   elem_id="model", allow_custom_value=not pool.public)

@@ -28,16 +28,23 @@ GENERATE_OUTPUTS = ("session", "status", "d3_title", "d3_tokens", "d3_counters",
 FILLS_OUTPUTS = ("session", "status", "fills")
 
 
-def interrupt(session: Session | None) -> None:
-    """A new run was asked for: stop this session's running one now, before the new one waits in the queue."""
+ASKED = "A new run is asked for: the one before stops within one token…"
+
+
+def interrupt(session: Session | None) -> str:
+    """A new run was asked for: stop this session's running one now, before the new one waits in the queue, and say
+    so at once (the click is answered before the queue reaches the run)."""
     if session is not None:
         session.trigger()
+    return views.status_html(None, None, ASKED)
 
 
 def stop(session: Session | None) -> str:
-    if session is None or session.running is None:  # idle: say so, with the last run's numbers
+    if session is None or session.running is None:  # idle: say so, with the last run's numbers as it ended
         s = session or Session()
-        return views.status_html(s.d3, s.full, "Nothing is running.", comparison=s.comparison)
+        if s.d3 is None or not s.ended:
+            return views.status_html(None, None, "Nothing is running.")
+        return views.status_html(s.d3, s.full, s.ended, comparison=s.comparison, note="Nothing is running.")
     session.request_stop()
     return views.status_html(session.d3, session.full, "Stopping… (within one token)")
 
@@ -179,6 +186,8 @@ def _stream(session: Session, run_id: int, setup: RunSetup, view: ViewOptions, c
 def generate(pool: ModelPool, session: Session | None, controls: Controls) -> Iterator[tuple[Any, ...]]:
     """Stream D3 (or the chosen strategy) and full depth side by side, then compare them."""
     session = session or Session()
+    if not session.take_turn():
+        return  # a newer run of this session waits behind this one: it runs instead (one run per visitor)
     with user_errors():
         try:
             checked = check_run(pool, controls)  # a mistake is reported before a slow model load
@@ -210,6 +219,8 @@ def generate(pool: ModelPool, session: Session | None, controls: Controls) -> It
 def compare_fills(pool: ModelPool, session: Session | None, controls: Controls) -> Iterator[tuple[Any, Any, Any]]:
     """Run the same prompt and schedule with each fill (copy, propagate, none) against full depth."""
     session = session or Session()
+    if not session.take_turn():
+        return  # superseded by a newer request waiting behind it
     with user_errors():
         try:
             checked = check_run(pool, controls)

@@ -53,10 +53,12 @@ class Session:
     stop_at: float = -math.inf  # when Stop was last pressed (time.monotonic())
     triggered_at: float | None = None  # when the page last asked for a run that has not begun yet
     running: int | None = None  # the run streaming now, if any (what Stop would stop)
+    waiting: int = 0  # runs the page asked for (`trigger`) that have not taken their turn yet (`take_turn`)
     asks: int = 0  # runs and stops a person has asked for, counted: a scenario goes on only while none came after it
     scenario: tuple[str, int] | None = None  # the scenario whose runs go on, and the ask of its latest run
     ended_ask: int | None = None  # the ask under which the run that ended last began
     _asked: dict[int, int] = field(default_factory=dict, repr=False)  # the running run's ask
+    ended: str = ""  # how the last run ended ("done" or "stopped"): a status said later keeps it, never rewrites it
     problem: str | None = None  # what the status line says is wrong with the controls, until it is fixed
     typed_out_of_range: bool = False  # a value typed into a slider's box outside its range, not yet fixed
     core: tuple[int, int] | None = None  # (head, tail) as last settled on valid values (which one a person typed)
@@ -70,14 +72,24 @@ class Session:
     _since: dict[int, float] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def trigger(self) -> None:
+    def trigger(self, run: bool = True) -> None:
         """A new run was asked for (before it waits in the queue): stop the running one now. A Stop
         pressed from here on also stops the new run, even while it still waits in the queue. A scenario whose run
-        was going runs none of its next runs (`start_scenario`)."""
+        was going runs none of its next runs (`start_scenario`). `run`: a run follows in the queue, which takes its
+        turn (`take_turn`); False where the page only stops (a model switch)."""
         with self._lock:
             self.stop_at = self.triggered_at = time.monotonic()
             self.asks += 1
             self.scenario = None
+            self.waiting += 1 if run else 0
+
+    def take_turn(self) -> bool:
+        """A run asked for on the page reaches the front of the queue: False when a newer one was asked for since
+        and waits behind it (this one is dropped, not played before it: one run per visitor). An API call that no
+        trigger announced always runs."""
+        with self._lock:
+            self.waiting = max(self.waiting - 1, 0)
+            return self.waiting == 0
 
     def begin(self) -> int:
         """Start a run; any earlier run of this session stops within one decoding step."""
@@ -98,9 +110,11 @@ class Session:
                 self.ended_ask = self._asked.pop(run_id)
 
     def request_stop(self) -> None:
-        """Stop pressed: the running run stops within one token, and a scenario runs none of its next runs."""
+        """Stop pressed: the running run stops within one token, a run still waiting stops as it begins, and a
+        scenario runs none of its next runs."""
         with self._lock:
             self.stop_at = time.monotonic()
+            self.waiting = 0  # those still queued begin and stop at once (stop_at): none waits on another
             self.asks += 1
             self.scenario = None
 
@@ -160,6 +174,7 @@ class Session:
         """Forget the previous run's results when a new run starts (the history stays)."""
         self.d3 = self.full = self.comparison = None
         self.fills = {}
+        self.ended = ""
 
     def show(self, update: LiveUpdate) -> None:
         """Keep the traces of the run in progress: the views redraw from them."""
@@ -168,6 +183,7 @@ class Session:
     def finish(self, update: LiveUpdate, label: str) -> None:
         """Keep the finished run and add it to the history."""
         self.show(update)
+        self.ended = update.phase
         if update.d3 is not None and update.full is not None and update.d3.steps:
             summary = update.comparison.summary() if update.comparison else _stream_summary(update.d3, update.full)
             d3, full = update.d3, update.full

@@ -4,6 +4,7 @@ tab's controls."""
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 import time
 from dataclasses import dataclass
@@ -55,9 +56,13 @@ SWEEP_MAX_NEW_TOKENS = 24
 SWEEP_MIN_NEW_TOKENS = 2
 SWEEP_REPEATS = 3  # timing pairs per prompt: one pair made full depth against itself read 3.6x
 SWEEP_MAX_S = 60  # a sweep stops here (or at the server's run limit, if lower) and shows the rows it finished
-SWEEP_TABLE_COLUMNS = ["label", "strategy", "target_depth", "mean_layers", "theoretical_speedup", "measured_speedup",
-                       "agreement", "agreement_low", "agreement_high", "first_divergence", "kl_teacher", "kl_free",
-                       "params"]
+# The table's columns as a person reads them (the result file keeps the sweep's own names: `sweep_results`).
+SWEEP_HEADERS = {"label": "setting", "strategy": "strategy", "target_depth": "target depth",
+                 "mean_layers": "mean layers", "theoretical_speedup": "theoretical ×", "measured_speedup": "measured ×",
+                 "speed": "speed, read how", "agreement": "agreement", "agreement_low": "agreement 95% low",
+                 "agreement_high": "agreement 95% high", "first_divergence": "first divergence",
+                 "kl_teacher": "KL teacher-forced", "kl_free": "KL free-running", "params": "setting in full (JSON)"}
+SWEEP_TABLE_COLUMNS = list(SWEEP_HEADERS.values())
 
 
 def sweep_bounds_text() -> str:
@@ -147,7 +152,7 @@ def run_small_sweep(engine: Engine, spec: SweepSpec, progress: Callable[[float, 
     total = expected_runs(spec)
 
     def show(fraction: float, desc: str | None = None) -> None:
-        state["desc"] = desc or state["desc"]
+        state["desc"] = progress_words(desc) if desc else state["desc"]
         state["shown"] = max(state["shown"], min(fraction, 1.0))
         report(state["shown"], state["desc"])
 
@@ -166,12 +171,43 @@ def run_small_sweep(engine: Engine, spec: SweepSpec, progress: Callable[[float, 
             return done
 
 
-def sweep_table(df: pd.DataFrame) -> pd.DataFrame:
-    """The columns the Sweep tab shows (rounded), one row per setting, in the sweep's order."""
-    table = df.reindex(columns=SWEEP_TABLE_COLUMNS).reset_index(drop=True)
-    numeric = [c for c in SWEEP_TABLE_COLUMNS if c not in ("label", "strategy", "params")]
+def speed_reading(measured: Any, theoretical: Any, noise: float, strategy: str) -> str:
+    """How to read one row's measured speedup: above its theoretical bound (not possible: a timing artefact), within
+    the noise that full depth timed against itself read, or "" where it stands as measured."""
+    m, t = pd.to_numeric(pd.Series([measured, theoretical]), errors="coerce")
+    if strategy == "full":
+        return "the unit: every other row is measured against it"
+    if pd.isna(m):
+        return "not measured"
+    if not pd.isna(t) and m > t * 1.02:
+        return f"above its theoretical {t:.2f}×: a timing artefact, not a speedup"
+    if abs(m - 1.0) <= abs(noise - 1.0):
+        return f"within timing noise (full depth read {noise:.2f}× against itself)"
+    return ""
+
+
+def progress_words(desc: str) -> str:
+    """The sweep's progress as a person reads it: what is being measured now, never a count that reads as done
+    ("full-depth reference 1/1" was shown while the reference was still being measured, and stayed when the sweep
+    stopped before it was)."""
+    reference = re.fullmatch(r"full-depth reference (\d+)/(\d+)", desc)
+    if reference:
+        return f"Measuring the full-depth reference: prompt {reference[1]} of {reference[2]}…"
+    setting = re.fullmatch(r"(.+) \((\d+)/(\d+)\)", desc)
+    if setting:
+        return f"Measuring {setting[1]}: row {setting[2]} of {setting[3]} (rows done: {int(setting[2]) - 1})…"
+    return desc
+
+
+def sweep_table(df: pd.DataFrame, noise: float = 1.0) -> pd.DataFrame:
+    """The columns the Sweep tab shows (rounded, under readable headers), one row per setting, in the sweep's order;
+    the speed column says how to read each measured speedup (`speed_reading`, against the reference's `noise`)."""
+    table = df.reindex(columns=list(SWEEP_HEADERS)).reset_index(drop=True)
+    table["speed"] = [speed_reading(m, t, noise, str(k)) for m, t, k in
+                      zip(table["measured_speedup"], table["theoretical_speedup"], table["strategy"])]
+    numeric = [c for c in SWEEP_HEADERS if c not in ("label", "strategy", "params", "speed")]
     table[numeric] = table[numeric].apply(pd.to_numeric, errors="coerce").round(4)
-    return table
+    return table.rename(columns=SWEEP_HEADERS)
 
 
 def sweep_controls(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -253,7 +289,7 @@ def sweep_outputs(df: pd.DataFrame, spec: SweepSpec) -> dict[str, Any]:
                 f"prompt(s), {spec.max_new_tokens} new tokens, {spec.repeats} timing pairs each (median). Full depth "
                 f"timed against itself read {noise:.2f}×: differences that small are timing noise. "
                 f"{interval_note(len(spec.prompts))} Click a point or a row to load its setting into the controls.")
-    return dict(sweep_results=df, sweep_table=sweep_table(df), sweep_pareto=_sweep_figure(df), sweep_note=note,
+    return dict(sweep_results=df, sweep_table=sweep_table(df, noise), sweep_pareto=_sweep_figure(df), sweep_note=note,
                 sweep_file=None)  # the previous sweep's CSV is no longer offered
 
 

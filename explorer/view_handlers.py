@@ -25,12 +25,12 @@ from explorer.controls import (
     model_defaults,
     parse_controls,
     parse_schedule,
+    slider_ranges,
     takes_controls,
 )
-from explorer.live import interrupt
 from explorer.parse import as_choice
 from explorer.pool import ModelPool
-from explorer.scenarios import (INTERRUPTED, SCENARIOS, fill_finding, scenario_controls, scenario_finding,
+from explorer.scenarios import (ARITHMETIC, INTERRUPTED, SCENARIOS, fill_finding, scenario_controls, scenario_finding,
                                 scenario_text)
 from explorer.session import Session
 from explorer.ui import core_sliders, ordered, refused, slider_range, user_errors
@@ -64,8 +64,17 @@ def open_view(pool: ModelPool, key: str, session: Session | None, controls: Cont
         return views.draw(key, views.Shown.of(session), controls.view)
 
 
+SCENARIO_QUESTION = "Worked arithmetic (the scenarios' question)"
+
+
+def prompt_titles() -> dict[str, str]:
+    """The Example prompt menu: title -> prompt, the example prompts and the scenarios' arithmetic question (so that
+    the menu names the prompt a scenario set, never goes blank)."""
+    return {**{p.title: p.prompt for p in example_prompts()}, SCENARIO_QUESTION: ARITHMETIC}
+
+
 def use_example(title: str) -> str:
-    prompts = {p.title: p.prompt for p in example_prompts()}
+    prompts = prompt_titles()
     with user_errors():
         return prompts[as_choice("example", title, tuple(prompts))]
 
@@ -91,7 +100,7 @@ def _cleared(session: Session | None, model: str, presentation: bool = False) ->
     """Stop this session's run and forget it (the history keeps it), and empty the panes and the views."""
     if session is None:
         return {}
-    interrupt(session)
+    session.trigger(run=False)  # stop its run: no run follows a model switch
     session.settled = session.released = None  # the controls are set anew: the next settle answers in full
     previous = session.d3.model if session.d3 is not None else None
     session.clear()
@@ -140,6 +149,12 @@ def load_model(pool: ModelPool, model: str) -> tuple[Any, ...]:
 
 
 SETTLE_OUTPUTS = ("status", "core_head", "core_tail", "layer_order")
+
+
+def text_kind(prompt: Any) -> str:
+    """The kind of text a prompt is, as the scenarios choose their order (`scenario_controls`): the worked
+    arithmetic question, or chat."""
+    return "arithmetic" if prompt == ARITHMETIC else "chat"
 
 
 @takes_controls
@@ -201,7 +216,7 @@ def _settle(pool: ModelPool, session: Session | None, controls: Controls) -> tup
         session.typed_out_of_range = typed
         if not typed:
             session.core = core_of(controls, layers)
-    controls, note = fitted(controls, layers)
+    controls, note = fitted(controls, layers, text_kind(controls.prompt))
     if note:
         out["layer_order"] = controls.layer_order
     try:
@@ -209,7 +224,7 @@ def _settle(pool: ModelPool, session: Session | None, controls: Controls) -> tup
             check_sliders(controls, layers, pool.caps, last)
         parse_controls(controls, layers, pool.caps)
     except ValueError as err:
-        message = page_words(str(err))
+        message = page_words(str(err)) + (_clamped_note(controls, layers, pool.caps, last) if typed else "")
         if session is not None:
             session.problem = message
         return ordered(SETTLE_OUTPUTS, **out, status=views.problem_html(message))
@@ -221,9 +236,23 @@ def _settle(pool: ModelPool, session: Session | None, controls: Controls) -> tup
     if not note and not had_problem:
         return ordered(SETTLE_OUTPUTS, **out)
     s = session or Session()
-    phase = "done" if s.d3 is not None else "Ready: press Generate."
+    phase = s.ended if s.d3 is not None and s.ended else "Ready: press Generate."  # as the last run ended
     return ordered(SETTLE_OUTPUTS, **out, status=views.status_html(s.d3, s.full, phase, comparison=s.comparison,
                                                                      note=note))
+
+
+def _clamped_note(controls: Controls, layers: int, caps: Any, last: tuple[int, int] | None) -> str:
+    """What the box of a value typed past its slider's end shows once it loses focus (the browser puts it at that
+    end), said beside the refusal: nothing ran, and Generate would run that value."""
+    for name, (lo, hi, _) in slider_ranges(clamped_core(controls, layers, last), layers, caps).items():
+        try:
+            number = float(getattr(controls, name))
+        except (TypeError, ValueError):
+            continue
+        if not lo <= number <= hi:
+            shown = f"{min(max(number, lo), hi):g}"
+            return f". The slider shows {shown}: nothing ran (press Generate to run {shown}, or type a value in range)"
+    return ""
 
 
 @takes_controls
@@ -240,7 +269,8 @@ def check_release(pool: ModelPool, session: Session | None, controls: Controls) 
         facts = pool.known_facts(controls.model)
         if facts is not None:
             check_sliders(controls, facts.num_layers, pool.caps)
-            parse_controls(fitted(controls, facts.num_layers)[0], facts.num_layers, pool.caps)
+            parse_controls(fitted(controls, facts.num_layers, text_kind(controls.prompt))[0], facts.num_layers,
+                           pool.caps)
     except ValueError as err:
         raise refused(ValueError(page_words(str(err)))) from None
     if session is not None:
@@ -264,7 +294,17 @@ def redraw_schedule(pool: ModelPool, session: Session | None, controls: Controls
     trace = session.d3 if session is not None else None
     planned = session.due(("planned",)) if session is not None else ("planned",)  # the grid: only if its tab is open
     return (views.decay_view(s.strategy, s.num_layers, s.steps, trace=trace, others=s.others, presentation=p),
-            views.planned_view(s.strategy, s.num_layers, s.steps, presentation=p) if planned else gr.skip())
+            views.planned_view(s.strategy, s.num_layers, s.steps, layer_types=_layer_types(pool, controls.model),
+                               presentation=p) if planned else gr.skip())
+
+
+def _layer_types(pool: ModelPool, model: Any) -> tuple[str, ...] | None:
+    """The loaded model's attention type per layer (what the engine fills by), None while it is not loaded: the
+    preview never loads a model."""
+    name = str(model)
+    if not pool.is_loaded(name):
+        return None
+    return tuple(pool.engine(name).adapter.layer_types)
 
 
 @takes_controls
@@ -326,7 +366,7 @@ def apply_scenario(pool: ModelPool, key: str, step: int, session: Session | None
         values = scenario_controls(key, step, layers, wanted)
     values.update(core_sliders(layers, values["core_head"], values["core_tail"]))
     finding = {"scenario_finding": "*Running… the numbers appear here when the scenario's runs are done.*"} if step == 0 else {}
-    titles = {p.prompt: p.title for p in example_prompts()}  # the picker names the scenario's prompt, or none
+    titles = {prompt: title for title, prompt in prompt_titles().items()}  # the picker names the scenario's prompt
     return ordered(SCENARIO_OUTPUTS, scenario_text=scenario_text(key, step), **finding, **values,
                    example=gr.update(value=titles.get(values["prompt"])))
 

@@ -90,7 +90,7 @@ def _queued(pool: ModelPool, ui: dict[str, Any]) -> dict[str, Any]:
 
 def _wire_generation(pool: ModelPool, ui: dict[str, Any], triggers: list[Any], suffix: str = "") -> Any:
     """Stop this session's running generation out of the queue, then generate in the queue."""
-    first = gr.on(triggers, interrupt, [ui["session"]], None, queue=False, show_progress="hidden",
+    first = gr.on(triggers, interrupt, [ui["session"]], ui["status"], queue=False, show_progress="hidden",
                   api_name=f"interrupt{suffix}", trigger_mode="multiple")
     return _generate_after(pool, ui, first, suffix)
 
@@ -109,7 +109,7 @@ def _wire_release(pool: ModelPool, ui: dict[str, Any], moves: Moves, runs: dict[
         name = (lambda n: f"{n}_on_release") if first else (lambda n: False)
         check = settled.success(functools.partial(check_release, pool), _with_controls(ui, "session"), None,
                                 queue=False, show_progress="hidden", api_name=name("check"), preprocess=False)
-        stopped = check.success(interrupt, [ui["session"]], None, queue=False, show_progress="hidden",
+        stopped = check.success(interrupt, [ui["session"]], ui["status"], queue=False, show_progress="hidden",
                                 api_name=name("interrupt"))
         key = "_on_release" if first else f"_on_release_{sum(k.startswith('_on_release') for k in runs) + 1}"
         runs[key] = _generate_after(
@@ -273,7 +273,7 @@ def wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     # earlier one is still in flight, and Stop would seem not to answer.
     ui["stop"].click(stop, ui["session"], ui["status"], api_name="stop", queue=False, show_progress="hidden",
                      trigger_mode="multiple")
-    fills = gr.on([ui["fills_button"].click], interrupt, [ui["session"]], None, queue=False,
+    fills = gr.on([ui["fills_button"].click], interrupt, [ui["session"]], ui["status"], queue=False,
                   api_name="interrupt_fills", show_progress="hidden")
     _wire_fills(pool, ui, fills, "")
     runs.update(_wire_scenarios(pool, ui))

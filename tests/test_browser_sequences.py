@@ -286,7 +286,9 @@ def test_generate_clicked_during_a_scenarios_runs(watched, engines) -> None:
 
 
 def test_a_seeded_random_walk_over_the_controls(watched) -> None:
-    """A few dozen random moves of the controls a person touches most; after every ten, the three checks."""
+    """A few dozen random moves of the controls a person touches most (model switches and core resets among them);
+    after every five, the decay curve is drawn for the model and the sliders on screen; after every ten, the three
+    checks."""
     # Seed 25 clicks a scenario while another scenario's runs go (the last hang of issue 24); others by hand.
     page, rng = watched.page, random.Random(int(os.environ.get("D3_WALK_SEED", "25")))
     moves = [
@@ -301,9 +303,13 @@ def test_a_seeded_random_walk_over_the_controls(watched) -> None:
         move = rng.randrange(len(moves))
         watched.moves.append(move)
         moves[move]()
+        if step % 5 == 4:
+            watched.settle()
+            assert_curve_matches(page, f"random move {step} (moves {watched.moves})")  # issue 35: the model's, the sliders'
         if step % 10 == 9 and step < 29:
             watched.check(f"random move {step}")
     watched.check("end of the walk")
+    assert_curve_matches(page, "end of the walk")
 
 
 VIEW_TABS = "#views .tab-wrapper > .tab-container:not(.visually-hidden) button, #views .overflow-dropdown button"
@@ -377,3 +383,188 @@ def test_a_sweep_row_loaded_then_a_scenario(watched) -> None:
     page.click(f"#scenario-{next(iter(SCENARIOS))}")
     watched.wait_status("Done.", "Cannot run this")
     watched.check("a sweep row loaded then a scenario")
+
+
+def _steps(engines) -> int:
+    return sum(e.steps for e in engines.values())
+
+
+@pytest.mark.parametrize("box, value, used, leave", [("#alpha", "1.5", "1", "Tab"), ("#alpha", "1.5", "1", "Enter"),
+                                                     ("#alpha", "1.5", "1", "click"), ("#core-head", "99", "26", "Tab")])
+def test_leaving_a_box_out_of_range_runs_nothing_and_says_the_value_used(watched, engines, box, value, used,
+                                                                         leave) -> None:
+    """Issue 35, M5: leaving the α box at 1.5 silently set 1 and started a run nobody asked for; Core head 99 became
+    26 in the box while the status still named 99. Now nothing runs, the refusal stays, and it names the value the
+    slider shows."""
+    page = watched.page
+    page.fill("#max-new-tokens input", str(TOKENS))
+    page.click("#generate")
+    watched.wait_status("Done.")
+    watched.settle()
+    before = _steps(engines)
+    field = page.locator(f"{box} input[type=number]")
+    field.fill(value)
+    if leave == "click":
+        page.click("#prompt textarea")  # the box loses focus as a person clicks elsewhere
+    else:
+        field.press(leave)
+    watched.settle()
+    text = watched.status()
+    assert _steps(engines) == before, f"leaving {box} at {value} started a run: {text!r}"
+    assert value in text and f"shows {used}" in text, text
+    if leave != "Enter":  # the box lost focus: the browser put it at the slider's end, the value the status names
+        shown = page.input_value(f"{box} input[type=number]")
+        assert float(shown) == float(used), shown
+
+
+# What the decay curve shows against what the sliders and the model picker hold: the number of layers the figure
+# was drawn for, its core floor's label, the D3 line's name, and the sliders' values.
+CURVE_AND_SLIDERS = """() => {
+  const gd = document.querySelector('#plot-decay .js-plotly-plot');
+  const s = gd && gd.layout && gd.layout.meta && gd.layout.meta.d3_schedule;
+  const floor = ((gd && gd.layout.annotations) || []).find(a => a.name === 'core-floor');
+  const planned = ((gd && gd.data) || []).find(t => (t.meta || {}).role === 'planned' && (t.meta || {}).strategy === 'd3');
+  const value = (id) => Number(document.querySelector(`#${id} input[type=number]`).value);
+  return {layers: s ? s.num_layers : null, floor: floor ? floor.text : null, name: planned ? planned.name : null,
+          head: value('core-head'), tail: value('core-tail'), alpha: value('alpha'),
+          model: document.querySelector('#model input').value};
+}"""
+LAYERS = {"smollm2-135m": 30, "gemma3-270m": 18}
+
+
+def assert_curve_matches(page, where: str) -> None:
+    """The decay curve is drawn for the model and the sliders on screen."""
+    shown = page.evaluate(CURVE_AND_SLIDERS)
+    head, tail = int(shown["head"]), int(shown["tail"])
+    assert shown["layers"] == LAYERS[shown["model"]], (where, shown)
+    assert shown["floor"] == f"core floor<br>{head}+{tail}={head + tail}", (where, shown)
+    assert shown["name"] is None or "core" not in shown["name"] or f"core {head}+{tail}" in shown["name"], (where, shown)
+
+
+def test_a_model_switch_redraws_the_curve_and_panes_for_the_new_model(watched) -> None:
+    """Issue 35, M1: Core tail 5 (Enter), Stop, switch to gemma3-270m: the sliders showed 2+2 but the curve "core
+    3+5" over 18 layers; back on smollm2-135m the sliders showed 3+3 and the curve still Gemma's 3+5. The curve, the
+    panes and the status belong to the model and the sliders on screen."""
+    page = watched.page
+    page.fill("#max-new-tokens input", str(TOKENS))
+    box = page.locator("#core-tail input[type=number]")
+    box.fill("5")
+    box.press("Enter")
+    page.click("#generate")
+    watched.wait_status("Done.")
+    page.click("#stop")
+    watched.settle()
+    assert_curve_matches(page, "before the switch")
+    for model, core in (("gemma3-270m", (2, 2)), ("smollm2-135m", (3, 3))):
+        switch_model(page, model)
+        watched.settle()
+        shown = page.evaluate(CURVE_AND_SLIDERS)
+        assert (shown["head"], shown["tail"]) == core, shown
+        assert_curve_matches(page, f"after switching to {model}")
+        panes = page.inner_text("#d3-pane") + page.inner_text("#full-pane")
+        assert "press Generate" in panes and not page.evaluate(
+            "() => document.querySelectorAll('#d3-pane .d3-tok, #full-pane .d3-tok').length"), panes
+        assert f"Model {model}" in watched.status(), watched.status()
+
+
+def _answer_of(page, api_name: str):
+    """A predicate for the response to the event named `api_name` (sent out of the queue)."""
+    fn = page.evaluate("(n) => window.gradio_config.dependencies.find(d => d.api_name === n).id", api_name)
+
+    def answer(response) -> bool:
+        request = response.request
+        return request.method == "POST" and "run/predict" in request.url and \
+            json.loads(request.post_data or "{}").get("fn_index") == fn
+    return answer
+
+
+@pytest.fixture(scope="module")
+def one_slot_url(engines):
+    """The page with one run at a time on the server (a busy server: every other slot taken)."""
+    demo = build_demo(engines.__getitem__, model_names=tuple(engines), public=False,
+                      caps=Caps(max_new_tokens=64, concurrency=1))
+    with serve(demo) as address:
+        yield address
+
+
+def test_runs_asked_for_while_one_runs_are_dropped_and_each_click_is_answered(browser, one_slot_url, engines) -> None:
+    """Issue 35, M3: a scenario, a slider released during its run, then Generate: nothing changed for a while, then
+    whole runs played back to back. On a server with one slot, only the newest request runs after the scenario's
+    run stops; each click is answered at once in the status line; the history holds the stopped scenario run and
+    Generate's run, nothing between."""
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    page.set_default_timeout(int(GUARD_S * 1000))
+    page.goto(one_slot_url)
+    page.wait_for_selector("#plot-decay .js-plotly-plot .main-svg")
+    watched, engine = Watched(page), engines["smollm2-135m"]
+    try:
+        engine.delay = 1.0  # the scenario's run notices a stop only after its current step (a hang guard)
+        page.click("#scenario-core")
+        page.wait_for_function("() => document.querySelectorAll('#d3-pane .d3-tok').length >= 1",
+                               timeout=GUARD_S * 1000)
+        page.locator("#alpha").scroll_into_view_if_needed()  # the scenario scrolled the panes into view
+        with page.expect_response(_answer_of(page, "interrupt_on_release"), timeout=GUARD_S * 1000) as answer:
+            drag(page, "#alpha", 0.3)  # released: a run is asked for
+        assert "new run is asked" in json.dumps(answer.value.json())  # answered at once, out of the queue
+        page.fill("#max-new-tokens input", str(TOKENS))
+        with page.expect_response(_answer_of(page, "interrupt"), timeout=GUARD_S * 1000) as answer:
+            page.click("#generate")  # while the release's run still waits for the one slot
+        assert "new run is asked" in json.dumps(answer.value.json())
+    finally:
+        engine.delay = 0.0
+    watched.wait_status("Done.")
+    watched.settle()
+    open_view(page, "Run history")
+    # the table is virtual: its grid says how many rows it holds (the header's among them)
+    count_rows = "() => Number(document.querySelector('#history [role=grid]')?.getAttribute('aria-rowcount') || 1) - 1"
+    page.wait_for_function(f"() => ({count_rows})() > 0", timeout=GUARD_S * 1000)
+    rows = page.evaluate(count_rows)
+    assert rows == 2, f"{rows} runs in the history: a request made while another waited was played too"
+    assert len(page.inner_text("#d3-pane").split()) >= 1
+    watched.check("a scenario, a release and Generate on a one-slot server")
+    page.close()
+
+
+def test_a_core_reset_gives_back_the_pages_own_order(watched) -> None:
+    """Issue 35, M2: on a fresh page Core tail dragged then ↺ gave the arithmetic order instead of the page's own
+    (the chat order for the default prompt); the default prompt then diverged much earlier, and nothing said why."""
+    page = watched.page
+    open_more(page)  # the calibrated order's box is under More controls
+    order = page.input_value("#layer-order textarea")
+    drag(page, "#core-tail", 0.3)
+    watched.settle()
+    assert page.input_value("#layer-order textarea") != order  # re-fitted to the new core
+    page.locator("#core-tail button.reset-button").click()
+    watched.settle()
+    assert int(page.input_value("#core-tail input[type=number]")) == 3
+    assert page.input_value("#layer-order textarea") == order, watched.status()
+
+
+def test_a_status_keeps_how_a_run_ended_after_later_moves(watched, engines) -> None:
+    """Issue 35, M7: "Stopped. 2 D3 tokens…" turned into "Done. …" when a control moved afterwards, and an idle Stop
+    showed "Nothing is running… no divergence so far"."""
+    page, engine = watched.page, engines["smollm2-135m"]
+    page.fill("#max-new-tokens input", "40")
+    engine.delay = 0.3  # the run outlasts the Stop (a hang guard, not a timing claim)
+    try:
+        page.click("#generate")
+        page.wait_for_function("() => document.querySelectorAll('#d3-pane .d3-tok').length >= 2",
+                               timeout=GUARD_S * 1000)
+        page.click("#stop")
+        watched.wait_status("Stopped.")
+    finally:
+        engine.delay = 0.0
+    watched.settle()
+    tokens = page.locator("#max-new-tokens input")
+    tokens.fill("0")  # refused: said in the status line (a box, not a slider: no release starts a run)
+    tokens.press("Tab")
+    watched.wait_status("Cannot run this")
+    tokens.fill("12")  # fixed: the status goes back to how the run ended
+    tokens.press("Tab")
+    watched.settle()
+    text = watched.status()
+    assert "Stopped." in text and "Done." not in text, text
+    watched.answers_a_click()
+    watched.settle()
+    text = watched.status()
+    assert "Stopped." in text and "so far" not in text, text

@@ -6,7 +6,7 @@ import gradio as gr
 import pytest
 
 from d3.config import D3Config
-from d3.orders import MEASURED
+from d3.orders import CHAT_ORDERS, MEASURED
 from explorer.caps import Caps
 from explorer.controls import (
     check_sliders,
@@ -49,9 +49,10 @@ def test_a_calibrated_order_follows_any_core_and_the_run_is_valid(head, tail) ->
 
 
 def test_the_measured_order_for_a_core_is_used_where_one_ships() -> None:
-    away = refit_order(MEASURED[SMOL][(3, 3)], SMOL, 30, 5, 5)
-    back = refit_order(away, SMOL, 30, 3, 3)
+    away = refit_order(MEASURED[SMOL][(3, 3)], SMOL, 30, 5, 5, "arithmetic")
+    back = refit_order(away, SMOL, 30, 3, 3, "arithmetic")
     assert back == MEASURED[SMOL][(3, 3)]  # not the drifted one: the measured order for this core
+    assert refit_order(away, SMOL, 30, 3, 3) == CHAT_ORDERS[SMOL][(3, 3)]  # on chat text, the chat order
 
 
 def test_an_order_that_fits_is_left_alone_and_junk_is_refused_with_what_to_type() -> None:

@@ -3,6 +3,7 @@ sessions, scenarios."""
 
 from __future__ import annotations
 
+import re
 import threading
 
 import numpy as np
@@ -317,3 +318,92 @@ def test_streaming_sends_the_page_a_paced_subset_of_updates(tiny_engine) -> None
     assert len(drawn) <= 80 * 0.01 / live.FIGURES_EVERY_S + 4
     assert sent[0].d3 is not None and len(sent[0].d3.steps) == 1  # the first token shows at once
     assert [u.phase for u in sent if u.phase != "streaming"] == [u.phase for u in updates if u.phase != "streaming"]
+
+
+def test_early_exit_runs_with_its_own_fill_unless_one_is_chosen(pool) -> None:
+    """Issue 35 (code review): the page mapped its one fill control to D3's default, so early exit ran with copy; its
+    own default is propagate. Left out (an API call) or "the strategy's own" (the page's default), each strategy
+    takes its own; a fill chosen is kept."""
+    from explorer.controls import OWN_FILL
+    from tests.apphelpers import run
+
+    session = Session()
+    run(pool, session, strategy="early_exit", threshold=0.5, max_new_tokens=4, fill=OWN_FILL)
+    assert session.d3.strategy["fill"] == "propagate"
+    run(pool, session, strategy="early_exit", threshold=0.5, max_new_tokens=4, fill="copy")
+    assert session.d3.strategy["fill"] == "copy"
+    run(pool, session, strategy="d3", max_new_tokens=4, fill=OWN_FILL)
+    assert session.d3.strategy["fill"] == "copy"
+    run(pool, session, strategy="early_exit", threshold=0.5, max_new_tokens=4, fill=OWN_FILL)
+    assert session.d3.strategy["fill"] == "propagate"
+
+
+def test_a_status_said_after_a_stopped_run_keeps_how_it_ended(pool) -> None:
+    """Issue 35, M7: "Stopped. 2 D3 tokens…" turned into "Done. …" when a control moved afterwards, and Stop on an
+    idle page said "Nothing is running… no divergence so far" of a run that had ended."""
+    from explorer import live
+    from explorer.view_handlers import SETTLE_OUTPUTS, settle_controls
+    from tests.apphelpers import DEFAULTS, OUT
+
+    session = Session()
+    stream = live.generate(pool, session, **{**DEFAULTS, "max_new_tokens": 30})
+    for out in stream:
+        if session.d3 is not None and len(session.d3.steps) >= 2:
+            session.request_stop()
+    assert session.d3 is not None and len(session.d3.steps) < 30
+    ended = out[OUT["status"]]
+    assert "Stopped." in ended
+    idle = stop(session)
+    assert "Stopped." in idle and "Nothing is running" in idle and "so far" not in idle
+    controls = {k: v for k, v in DEFAULTS.items() if k != "prompt"}
+    settle_controls(pool, session, **{**controls, "alpha": 7})  # a mistake, said in the status line
+    fixed = dict(zip(SETTLE_OUTPUTS, settle_controls(pool, session, **{**controls, "alpha": 0.95})))["status"]
+    assert "Stopped." in fixed and "Done." not in fixed, fixed
+
+
+def test_runs_asked_for_while_one_waits_are_dropped_not_played_back_to_back(pool) -> None:
+    """Issue 35, M3: a scenario, then ↺ (a release), then Generate, each asked for while the one before waited in
+    the queue: three whole runs played back to back. Each click is answered at once (the status says a new run is
+    asked for), and as the queue reaches them only the newest runs; the others are dropped."""
+    from explorer import live
+    from tests.apphelpers import DEFAULTS
+
+    session = Session()
+    said = [live.interrupt(session) for _ in range(3)]  # three clicks, before the queue reaches any of them
+    assert all("new run" in s for s in said)
+    outputs = [list(live.generate(pool, session, **{**DEFAULTS, "max_new_tokens": 4})) for _ in range(3)]
+    assert [bool(o) for o in outputs] == [False, False, True]  # the first two took no turn
+    assert len(session.history) == 1
+    live.interrupt(session)
+    session.request_stop()  # Stop while one waits: it begins and stops at once; none waits on another
+    list(live.generate(pool, session, **{**DEFAULTS, "max_new_tokens": 4}))
+    assert len(list(live.generate(pool, session, **{**DEFAULTS, "max_new_tokens": 4}))) > 1  # an API call runs
+
+
+def test_a_first_model_load_shows_its_progress_on_the_page(tiny_engine) -> None:
+    """Issue 35, M8: Gemma 3's first conversion took ~5 min with nothing on the page. While a model loads, the
+    status line says so about every second, with the loader's stage and the time so far (`ModelPool.loading`); then
+    the run streams."""
+    from explorer import live
+    from tests.apphelpers import DEFAULTS, OUT
+
+    loaded = threading.Event()
+
+    def slow_factory(name: str):
+        assert loaded.wait(60), "the test never let the load finish"
+        return tiny_engine
+
+    from d3.models import ModelFacts
+
+    facts = ModelFacts(tiny_engine.num_layers, tiny_engine.adapter.num_heads, tiny_engine.has_chat_template)
+    pool = ModelPool(slow_factory, names=("tiny",), caps=Caps(max_new_tokens=64), facts={"tiny": facts})  # a known model
+    session, said = Session(), []
+    for out in live.generate(pool, session, **{**DEFAULTS, "max_new_tokens": 3}):
+        status = out[OUT["status"]]
+        if isinstance(status, str):
+            said.append(status)
+        if sum("loading the model: " in s for s in said) >= 2:
+            loaded.set()  # two progress lines while loading, then the load ends
+    loading = [s for s in said if "Loading the model" in s]
+    assert len(loading) >= 2 and all(re.search(r"loading the model: \d+ s", s) for s in loading[1:])
+    assert "Done." in said[-1] and session.d3 is not None

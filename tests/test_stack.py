@@ -11,7 +11,7 @@ import pytest
 from d3.config import D3Config, GenerationConfig, TraceConfig
 from d3.trace import RAN, TokenStep, Trace
 from viz.layout import CELL_COLORS, FILL_COLORS
-from viz.stack import DETOUR_X, PATH_X, caption, fills, layer_stack
+from viz.stack import BOX_RIGHT, DETOUR_X, PATH_X, caption, fills, layer_stack
 from tests.figures import message
 
 L = 6
@@ -53,6 +53,11 @@ def arrows(annotations) -> list:
     return [a for a in annotations if (a.name or "").startswith("copy ") and a.arrowhead and a.visible is not False]
 
 
+def pairs(annotations) -> list[tuple[int, int]]:
+    """(source, copied layer) of each copy arrow, as it names them."""
+    return sorted(tuple(int(k) for k in a.name[len("copy "):].split("->")) for a in arrows(annotations))
+
+
 def test_one_frame_per_token_with_play_pause_and_a_step_slider_on_the_scrubbed_token() -> None:
     fig = layer_stack(TRACE, 1)
     slider = fig.layout.sliders[0]
@@ -77,7 +82,7 @@ def test_without_animation_only_the_shown_token_is_drawn() -> None:
     still, animated = layer_stack(TRACE, 1, animate=False), layer_stack(TRACE, 1)
     assert not still.layout.sliders and not still.layout.updatemenus
     assert list(boxes(still.data).marker.color) == list(boxes(frames(animated)[1].data).marker.color)
-    assert sorted((a.ay, a.y) for a in arrows(still.layout.annotations)) == [(1, 2), (1, 3)]
+    assert pairs(still.layout.annotations) == [(1, 2), (1, 3)]
 
 
 @pytest.mark.parametrize("index", range(3))
@@ -101,28 +106,42 @@ def test_every_frame_sets_as_many_annotations_so_none_stays_behind() -> None:
     # previous token's arrows on screen.
     fig = layer_stack(TRACE, 1)
     counts = {len(frame.layout.annotations) for frame in frames(fig)}
-    assert counts == {4}  # the caption, the line out of layer 1 and token 1's two arrows: the most of any frame
+    assert counts == {6}  # the caption, the line out of layer 1 and token 1's two arrows (lane, head): the most
     unused = [a for a in frames(fig)[2].layout.annotations if a.visible is False]
-    assert len(unused) == 3 and all(a.visible is True for a in frames(fig)[1].layout.annotations)
+    assert len(unused) == 5 and all(a.visible is True for a in frames(fig)[1].layout.annotations)
 
 
 def test_each_copied_layer_gets_an_arrow_from_its_recorded_source() -> None:
     fig = layer_stack(TRACE, 1)
-    drawn = sorted((a.ay, a.y) for a in arrows(frames(fig)[1].layout.annotations))
+    drawn = pairs(frames(fig)[1].layout.annotations)
     assert drawn == [(1, 2), (1, 3)]  # tail at the source layer, head at the copied layer
     assert all(a.arrowcolor == FILL_COLORS["copy"] for a in arrows(frames(fig)[1].layout.annotations))
-    assert sorted((a.ay, a.y) for a in arrows(fig.layout.annotations)) == drawn  # the first drawn frame too
+    assert pairs(fig.layout.annotations) == drawn  # the first drawn frame too
     # Within one source the shorter arrow sits nearer the boxes, so they never cross.
     inner, outer = sorted(arrows(frames(fig)[1].layout.annotations), key=lambda a: a.y)
-    assert inner.x < outer.x
+    assert inner.ax < outer.ax
     labels = list(boxes(frames(fig)[1].data).text)
     assert labels[2:4] == ["copied from 1", "copied from 1"]
+
+
+def test_each_copy_arrow_ends_on_the_box_it_fills() -> None:
+    """Issue 35: the arrows ended 85-150 px right of the boxes they fill, in their lane. The head now ends on the
+    filled box's right edge, at its height, coming in from the lane where the line from the source runs."""
+    fig = layer_stack(TRACE, 1)
+    for frame in (frames(fig)[1], fig):
+        heads = arrows(frame.layout.annotations)
+        assert heads and all(a.x == BOX_RIGHT and a.ay == a.y and a.ax > BOX_RIGHT and not a.standoff for a in heads)
+        lanes = {a.name[len("lane "):]: a for a in frame.layout.annotations if (a.name or "").startswith("lane ")}
+        for head in heads:  # the lane runs from the source's height to the filled layer's, where the head starts
+            lane = lanes[head.name[len("copy "):]]
+            source, layer = (int(k) for k in head.name[len("copy "):].split("->"))
+            assert (lane.ax, lane.ay, lane.x, lane.y) == (head.ax, source, head.ax, layer)
 
 
 def test_the_source_is_drawn_as_recorded_never_worked_out_again() -> None:
     # Layer 3 copied from layer 5 (the recorded source, not the nearest lower layer that ran): the arrow points down.
     trace = make_trace(step(0, "a", (0, 1, 2, 5), ((3, "copy", 5), (4, "copy", 2))))
-    drawn = sorted((a.ay, a.y) for a in arrows(frames(layer_stack(trace))[0].layout.annotations))
+    drawn = pairs(frames(layer_stack(trace))[0].layout.annotations)
     assert drawn == [(2, 4), (5, 3)]
 
 
@@ -196,7 +215,7 @@ def test_a_real_run_on_the_tiny_model(tiny_engine) -> None:
         colors = list(boxes(frame.data).marker.color)
         assert [k for k, c in enumerate(colors) if c == CELL_COLORS[RAN]] == list(s.layers_run)
         sourced = sorted((f.source, f.layer) for f in fills(s) if f.how == "copy" and f.source is not None)
-        assert sorted((a.ay, a.y) for a in arrows(frame.layout.annotations)) == sourced
+        assert pairs(frame.layout.annotations) == sourced
 
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -204,7 +223,7 @@ SHOWN = """() => { const gd = document.getElementById('stack');
     return {active: gd.layout.sliders[0].active,
             ran: gd.data[0].marker.color.filter(c => c === '%s').length,
             arrows: gd.layout.annotations.filter(a => (a.name || '').startsWith('copy ') && a.arrowhead
-                                                      && a.visible !== false).map(a => [a.ay, a.y]),
+                                                      && a.visible !== false).map(a => a.name.slice(5).split('->').map(Number)),
             caption: gd.layout.annotations.find(a => a.name === 'caption').text}; }""" % CELL_COLORS[RAN]
 
 

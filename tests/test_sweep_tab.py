@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import gradio as gr
 import numpy as np
@@ -48,7 +49,7 @@ def test_sweep_gives_one_row_per_setting_and_a_matching_pareto_view(swept) -> No
     assert len(results) == len(table) == 1 + len(REQUEST["sweep_settings"])  # the full-depth reference + each setting
     assert list(table.columns) == sweep_tab.SWEEP_TABLE_COLUMNS
     assert table["strategy"].tolist() == ["full", "d3", "d3", "skipdecode", "unified"]
-    assert table["label"].tolist() == results["label"].tolist()
+    assert table["setting"].tolist() == results["label"].tolist()
     points = [t for t in figure.data if (t.meta or {}).get("role") == "points"]
     xs = np.concatenate([np.asarray(t.x, dtype=float) for t in points])
     ys = np.concatenate([np.asarray(t.y, dtype=float) for t in points])
@@ -63,21 +64,21 @@ def test_two_prompts_give_agreement_its_paired_interval_in_the_table_and_as_erro
     request = {**REQUEST, "sweep_prompts": "hello there\nthe sky is", "sweep_settings": ["d3_67"]}
     out = sweep_tab.run_sweep(pool, **request, progress=lambda fraction, desc=None: None)
     table, figure, note = out[OUT["sweep_table"]], out[OUT["sweep_pareto"]], out[OUT["sweep_note"]]
-    assert (table["agreement_low"] <= table["agreement"]).all() and (table["agreement"] <= table["agreement_high"]).all()
-    assert table.loc[table["strategy"] == "full", ["agreement_low", "agreement_high"]].values.tolist() == [[1.0, 1.0]]
+    assert (table["agreement 95% low"] <= table["agreement"]).all() and (table["agreement"] <= table["agreement 95% high"]).all()
+    assert table.loc[table["strategy"] == "full", ["agreement 95% low", "agreement 95% high"]].values.tolist() == [[1.0, 1.0]]
     bars = {}
     for t in figure.data:
         if (t.meta or {}).get("role") == "points":
             for y, up, down in zip(t.y, t.error_y.array, t.error_y.arrayminus):
                 bars[round(float(y), 4)] = (round(float(y) - down, 4), round(float(y) + up, 4))
     for row in table.to_dict("records"):
-        assert bars[round(row["agreement"], 4)] == (round(row["agreement_low"], 4), round(row["agreement_high"], 4))
+        assert bars[round(row["agreement"], 4)] == (round(row["agreement 95% low"], 4), round(row["agreement 95% high"], 4))
     assert "95% interval (paired bootstrap over the 2 prompts" in note
 
 
 def test_one_prompt_says_agreement_has_no_interval(swept) -> None:
     out, _ = swept
-    assert out[OUT["sweep_table"]]["agreement_low"].isna().all()
+    assert out[OUT["sweep_table"]]["agreement 95% low"].isna().all()
     assert "on one prompt: no interval" in out[OUT["sweep_note"]]
 
 
@@ -204,7 +205,7 @@ def _stop_at_setting(number: int):
     state = {"started": 0}
 
     def progress(fraction, desc=None):
-        if desc and desc.endswith(f"{number}/5)"):
+        if desc and f"row {number} of 5" in desc:
             state["started"] = number
 
     def should_stop() -> bool:
@@ -222,7 +223,7 @@ def test_a_sweep_stopped_at_its_time_limit_keeps_and_draws_the_rows_it_finished(
     assert df["strategy"].tolist() == ["full", "d3"]  # the reference and the first setting, nothing half-measured
     out = sweep_tab.sweep_outputs(df, spec)
     assert "Stopped: the sweep reached its time limit of 7 s" in out["sweep_note"] and "after 2 of 5 rows" in out["sweep_note"]
-    assert out["sweep_table"]["label"].tolist() == df["label"].tolist()
+    assert out["sweep_table"]["setting"].tolist() == df["label"].tolist()
     points = [t for t in out["sweep_pareto"].data if (t.meta or {}).get("role") == "points"]
     assert sorted(int(i) for t in points for i in t.customdata) == [0, 1]  # both finished rows are drawn
 
@@ -283,3 +284,31 @@ def test_the_sweep_tab_times_full_depth_as_1x_after_a_warm_up_and_reports_progre
     fractions = [f for f, _ in calls]
     assert fractions == sorted(fractions) and len(set(fractions)) >= 10  # the bar moves run by run
     assert any(0 < f < 1 / 3 for f in fractions)  # ... from the first runs on, not only once a row is done
+
+
+def test_the_table_reads_as_words_and_says_when_a_speedup_exceeds_theory_or_is_noise() -> None:
+    """Issue 35, M4: the headers were code names (`theoretical_speedup`, `kl_teacher`, `params`), and a small sweep
+    plotted 3.90× measured against 1.5× theoretical with no warning."""
+    import pandas as pd
+
+    df = pd.DataFrame([
+        dict(label="full depth", strategy="full", theoretical_speedup=1.0, measured_speedup=1.12, self_speedup=1.12),
+        dict(label="d3 a", strategy="d3", theoretical_speedup=1.5, measured_speedup=3.9),
+        dict(label="d3 b", strategy="d3", theoretical_speedup=1.5, measured_speedup=1.05),
+        dict(label="unified", strategy="unified", theoretical_speedup=1.5, measured_speedup=1.4)])
+    spec = sweep_tab.sweep_spec("tiny", "hello there", ["d3_67", "unified_67"], 4, True, Caps())
+    table = sweep_tab.sweep_outputs(df, spec)["sweep_table"]
+    assert not [c for c in table.columns if "_" in c], list(table.columns)
+    speed = dict(zip(table["setting"], table["speed, read how"]))
+    assert "above its theoretical 1.50×" in speed["d3 a"] and "within timing noise" in speed["d3 b"]
+    assert speed["unified"] == "" and "unit" in speed["full depth"]
+
+
+def test_the_progress_says_what_is_being_measured_never_a_count_that_reads_as_done(swept) -> None:
+    """Issue 35, M4: the bar showed "full-depth reference 1/1" though the sweep then stopped before the reference was
+    measured."""
+    _, reports = swept
+    said = [d for _, d in reports if d]
+    assert any(d.startswith("Measuring the full-depth reference: prompt 1 of 1") for d in said), said
+    assert not [d for d in said if re.search(r"\d+/\d+\)?$", d)], said
+    assert sweep_tab.progress_words("d3 α=0.9 (2/5)") == "Measuring d3 α=0.9: row 2 of 5 (rows done: 1)…"

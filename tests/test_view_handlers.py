@@ -67,12 +67,12 @@ def test_a_model_switch_takes_back_the_note_of_an_order_it_reset(pool) -> None:
     assert out["layers_note"] == ""
 
 
-def test_a_scenario_sets_the_example_picker_to_its_prompt_or_to_none(pool) -> None:
+def test_a_scenario_sets_the_example_picker_to_its_prompt(pool) -> None:
     """Issue 24: "Example prompt" kept "Explain" after a scenario had put the arithmetic question in the prompt."""
-    from explorer.view_handlers import SCENARIO_OUTPUTS, apply_scenario
+    from explorer.view_handlers import SCENARIO_OUTPUTS, SCENARIO_QUESTION, apply_scenario
 
     arithmetic = dict(zip(SCENARIO_OUTPUTS, apply_scenario(pool, "full_vs_d3", 0, None, "tiny")))
-    assert arithmetic["example"]["value"] is None
+    assert arithmetic["example"]["value"] == SCENARIO_QUESTION  # issue 35: named, not blank
     fill = dict(zip(SCENARIO_OUTPUTS, apply_scenario(pool, "fill", 0, None, "tiny")))
     assert fill["example"]["value"] == "Explain"  # the sky question is the first example
 
@@ -179,3 +179,66 @@ def test_only_the_open_view_is_drawn_and_a_hidden_one_when_its_tab_opens(pool) -
     assert isinstance(open_view(pool, "planned", page, **run), go.Figure)
     api = dict(zip(GENERATE_OUTPUTS, list(generate(pool, Session(), **run))[-1]))
     assert all(isinstance(api[k], go.Figure) for k in ("usage", "stack", "heads", "flow", "errors"))
+
+
+def test_the_planned_grid_names_the_fill_sources_the_engine_uses_on_gemma3(tiny_gemma) -> None:
+    """Issue 35 (code review): the planned grid assumed every layer is full attention; on Gemma 3 a skipped global
+    layer copies a global one, so the grid named other sources than the engine. Drawn with the loaded model's layer
+    types, its cells and copy sources are the ones a real run records."""
+    import re
+
+    import numpy as np
+
+    from explorer.view_handlers import redraw_schedule
+
+    pool = ModelPool(lambda _: tiny_gemma, names=("tiny-gemma",), caps=Caps(max_new_tokens=64))
+    pool.engine("tiny-gemma")
+    controls = dict(model="tiny-gemma", alpha=0.8, core_head=0, core_tail=1, start=0, drop_order="strided",
+                    fill="copy", max_new_tokens=10)
+    _, planned = redraw_schedule(pool, None, **controls)
+    grid = next(t for t in planned.data if (t.meta or {}).get("role") == "grid")
+    hover = np.asarray(grid.text, dtype=object)
+    drawn = np.vectorize(lambda h: int(m.group(1)) if (m := re.search(r"copying layer (\d+)", h)) else -1)(hover)
+    cfg = D3Config(alpha=0.8, core_head=0, core_tail=1, drop_order="strided", fill="copy")
+    trace = tiny_gemma.generate("hello there", cfg, GenerationConfig(max_new_tokens=10, stop_at_eos=False))
+    recorded = trace.fill_sources()
+    assert (recorded >= 0).any() and len({tuple(r) for r in recorded}) > 1  # real copies, more than one row kind
+    np.testing.assert_array_equal(np.asarray(grid.z)[: len(recorded)], trace.grid())
+    np.testing.assert_array_equal(drawn[: len(recorded)], recorded)
+
+
+@pytest.mark.parametrize("kind", ["chat", "arithmetic"])
+def test_a_core_reset_gives_back_the_pages_own_order_for_that_kind_of_text(kind) -> None:
+    """Issue 35, M2: on a fresh page (the chat prompt, its chat order), Core tail dragged to 7 re-fits the order;
+    ↺ (back to 3) gave the arithmetic order, and the default prompt then diverged at token 16 instead of 35. A reset
+    gives back the page's own order for the model, the core and the kind of text (the scenarios' arithmetic question
+    keeps its own)."""
+    from explorer.controls import model_defaults
+    from explorer.pool import KNOWN_FACTS
+    from explorer.scenarios import ARITHMETIC, EXPLAIN_PROMPT
+
+    pool = ModelPool(lambda _: None, names=("smollm2-135m",), facts=KNOWN_FACTS, caps=Caps(max_new_tokens=64))
+    page = model_defaults("smollm2-135m", kind)
+    start = dict(prompt=EXPLAIN_PROMPT if kind == "chat" else ARITHMETIC, model="smollm2-135m", core_head=3,
+                 core_tail=3, alpha=page.alpha, drop_order="calibrated", layer_order=page.layer_order)
+    s = Session()
+    settle_controls(pool, s, **start)
+    moved = _settled(settle_controls(pool, s, **{**start, "core_tail": 7}))
+    assert moved["layer_order"] != page.layer_order
+    reset = _settled(settle_controls(pool, s, **{**start, "core_tail": 3, "layer_order": moved["layer_order"]}))
+    assert reset["layer_order"] == page.layer_order, reset["status"]
+    assert f"{kind} text" in reset["status"]
+
+
+@pytest.mark.parametrize("key", ["full_vs_d3", "core", "fill", "aggressive"])
+def test_the_example_menu_names_the_prompt_a_scenario_set(pool, key) -> None:
+    """Issue 35 (ugly list): the Example prompt menu went blank after a scenario (its arithmetic question is no
+    example). It names the scenario's prompt, one of its own choices, and picking that gives the prompt back."""
+    from explorer.view_handlers import SCENARIO_OUTPUTS, apply_scenario, prompt_titles, use_example
+    from explorer.scenarios import SCENARIOS
+
+    if key not in SCENARIOS:
+        pytest.skip(f"no scenario {key!r}")
+    out = dict(zip(SCENARIO_OUTPUTS, apply_scenario(pool, key, 0, None, "tiny")))
+    title = out["example"]["value"]
+    assert title in prompt_titles() and use_example(title) == out["prompt"]

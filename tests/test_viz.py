@@ -147,22 +147,22 @@ def test_layer_grid_names_holes_and_propagated_fills() -> None:
 
 
 def test_planned_grid_figure_matches_the_schedule(d3_cfg: D3Config) -> None:
-    fig = viz.planned_grid_figure(d3_cfg, 12, 30)
+    fig = viz.planned_grid_figure(d3_cfg, 12, 30, layer_types=None)
     expected = np.where(np.array(planned_grid(d3_cfg, 12, 30)), RAN, SKIPPED)
     np.testing.assert_array_equal(np.asarray(one(fig, "grid").z), expected)
     assert "planned: skipped" in np.asarray(one(fig, "grid").text, dtype=object)[-1, 5]
-    filled = viz.planned_grid_figure(d3_cfg, 12, 30, show_fill=True)
+    filled = viz.planned_grid_figure(d3_cfg, 12, 30, show_fill=True, layer_types=["full_attention"] * 12)
     np.testing.assert_array_equal(np.asarray(one(filled, "grid").z), np.where(expected == RAN, RAN, FILLED_COPY))
 
 
 def test_planned_grid_figure_says_early_exit_is_only_an_upper_bound() -> None:
-    fig = viz.planned_grid_figure(EarlyExitConfig(), 12, 10)
+    fig = viz.planned_grid_figure(EarlyExitConfig(), 12, 10, layer_types=None)
     assert "upper bound" in fig.layout.title.text
 
 
 def test_planned_grid_figure_rejects_a_config_that_does_not_fit() -> None:
     with pytest.raises(ValueError, match="core_head"):
-        viz.planned_grid_figure(D3Config(core_head=8, core_tail=8), 12, 10)
+        viz.planned_grid_figure(D3Config(core_head=8, core_tail=8), 12, 10, layer_types=None)
 
 
 def test_fig1_panels_one_grid_per_strategy(d3_trace: Trace, full_trace: Trace) -> None:
@@ -624,7 +624,7 @@ def test_presentation_scales_fonts_up(d3_cfg: D3Config) -> None:
 
 def test_every_figure_explains_its_points(d3_trace: Trace, full_trace: Trace, d3_cfg: D3Config) -> None:
     comp = make_comparison(full_trace, d3_trace)
-    figures = [viz.layer_grid(d3_trace), viz.planned_grid_figure(d3_cfg, 12, 10), viz.decay_curve(d3_cfg, 12, 20),
+    figures = [viz.layer_grid(d3_trace), viz.planned_grid_figure(d3_cfg, 12, 10, layer_types=None), viz.decay_curve(d3_cfg, 12, 20),
                viz.sublayer_flow(d3_trace), viz.attention_map(d3_trace, 0, 0), viz.error_propagation(comp),
                viz.fill_strategies({"copy": comp}), viz.pareto(_results()), viz.layers_vs_step({"d3": d3_trace}),
                viz.block_change([d3_trace, full_trace])]
@@ -700,8 +700,24 @@ def test_error_propagation_names_masked_holes_as_holes(tiny_engine) -> None:
         cfg = D3Config(alpha=0.8, core_head=1, core_tail=1, drop_order="strided", fill=fill)
         fig = viz.error_propagation(compare(tiny_engine, "hello world", cfg, gen, TRACE_OFF))
         names[fill] = [t.name for t in fig.data if (t.meta or {}).get("role") == "filled" and len(t.x)]
-    assert names["none"] == ["masked holes (never read)"]
+    assert names["none"] == ["hole (masked), its layer runs later"]
     assert names["copy"] == ["filled, read by later tokens"]
+
+
+@pytest.mark.parametrize("alpha, tokens", [(0.95, 8), (0.9, 4), (0.8, 8)])
+def test_error_propagation_with_fill_none_names_every_mark_a_hole_and_never_says_nested(tiny_engine, alpha,
+                                                                                        tokens) -> None:
+    """Issue 35, M6: strided with fill none: the legend said "filled, never read" and the subtitle "Nested drop
+    order…"; the layer stack, for the same run, says "hole (masked)"."""
+    from d3.compare import compare
+    from d3.config import GenerationConfig
+
+    cfg = D3Config(alpha=alpha, core_head=1, core_tail=1, drop_order="strided", fill="none")
+    fig = viz.error_propagation(compare(tiny_engine, "the cat sat on", cfg,
+                                        GenerationConfig(max_new_tokens=tokens, stop_at_eos=False)))
+    marks = [t.name for t in fig.data if (t.meta or {}).get("role") in ("filled", "filled-unread") and len(t.x)]
+    assert marks and all(name.startswith("hole (masked)") for name in marks), marks
+    assert "Nested drop order" not in fig.layout.title.text
 
 
 def test_an_answer_that_opens_with_line_breaks_starts_on_the_panes_first_line() -> None:
@@ -756,3 +772,14 @@ def test_the_core_floor_label_sits_clear_of_the_d3_line(presentation) -> None:
     assert note.text == "core floor<br>3+3=6"
     widest = max(len(line) for line in note.text.split("<br>"))  # "core floor" is 4.2 em wide in Arial
     assert fig.layout.margin.r >= FLOOR_LABEL_EM * note.font.size + note.xshift and FLOOR_LABEL_EM >= 0.42 * widest
+
+
+@pytest.mark.parametrize("steps", [8, 16, 64, 128])
+def test_the_planned_grids_labels_leave_room_for_each_other(d3_cfg: D3Config, steps: int) -> None:
+    """Issue 35 (ugly list): the planned grid's step labels overlapped at 1280 and on a phone, and its layer labels
+    on a phone. Each step label gets at least 22 px of plot (the figure less 300 px of title, axis and legend), at
+    most 10 layers are labelled."""
+    fig = viz.planned_grid_figure(d3_cfg, 30, steps, layer_types=None)
+    plot_px = fig.layout.height - 300
+    assert len(fig.layout.yaxis.tickvals) * 22 <= max(plot_px, 44)
+    assert len(fig.layout.xaxis.tickvals) <= 10 and 0 in fig.layout.xaxis.tickvals

@@ -45,6 +45,13 @@ def _kl_line(comparison: Comparison, which: str, *, name: str, color: str, dash:
 
 NEVER_READ = ("Nested drop order: no filled entry is ever read (no later token runs a skipped layer again), "
               "so the fill changes nothing here; strided orders read them.")
+NONE_READ_HERE = "No filled entry is read in this run: no later token ran a layer that an earlier one skipped."
+HOLE_NAME = "hole (masked)"  # fill none writes no entry: as the layer stack names it (viz/stack.py)
+
+
+def is_nested(layers_run: list[tuple[int, ...]]) -> bool:
+    """Whether each token's layers are a subset of the previous token's (then no skipped layer runs again)."""
+    return all(set(later) <= set(earlier) for earlier, later in zip(layers_run, layers_run[1:]))
 
 
 def read_later(grid: np.ndarray) -> np.ndarray:
@@ -95,15 +102,15 @@ def _kv_heatmap(comparison: Comparison) -> tuple[go.Heatmap, go.Scatter, go.Scat
                       # the bar's title along its side: above it, it ran into the panel's title on a phone
                       colorbar=dict(title=dict(text="KV error", side="right"), tickvals=ticks, ticktext=[f"1e{int(k)}" for k in ticks],
                                     y=0.3, len=0.6), meta={"role": "kv_error"})
-    t_idx, l_idx = np.nonzero(read)
-    holes = grid is not None and t_idx.size > 0 and bool(np.all(grid[t_idx, l_idx] == HOLE))
     # fill none writes no entry: a later token that runs the layer masks the hole out, it reads nothing from it
+    holes = grid is not None and bool(filled.any()) and bool(np.all(grid[filled] == HOLE))
+    t_idx, l_idx = np.nonzero(read)
     marks = go.Scatter(x=t_idx, y=l_idx, mode="markers",
-                       name="masked holes (never read)" if holes else "filled, read by later tokens",
+                       name=f"{HOLE_NAME}, its layer runs later" if holes else "filled, read by later tokens",
                        marker=dict(symbol="square-open", size=7, color="#22D3EE", line=dict(width=1.5)),
                        hoverinfo="skip", meta={"role": "filled"})
     t_idx, l_idx = np.nonzero(unread)
-    unread_marks = go.Scatter(x=t_idx, y=l_idx, mode="markers", name="filled, never read",
+    unread_marks = go.Scatter(x=t_idx, y=l_idx, mode="markers", name=HOLE_NAME if holes else "filled, never read",
                               marker=dict(symbol="circle", size=3, color="#9CA3AF"), hoverinfo="skip",
                               meta={"role": "filled-unread"})
     return heat, marks, unread_marks
@@ -160,7 +167,10 @@ def error_propagation(comparison: Comparison, *, log_kl: bool = False, title: st
         read, never = filled_read(comparison) if has_kv else (None, None)
         notes = [f"{strategy_label(comparison.skip.strategy)} · agreement {comparison.agreement:.0%}"]
         if has_kv and never.any() and not read.any():
-            notes.append(NEVER_READ)
+            # said of the order only where the order is nested: a strided run whose budget did not move yet is not
+            nested = comparison.skip.strategy.get("drop_order") != "strided" and \
+                is_nested([s.layers_run for s in comparison.skip.steps])
+            notes.append(NEVER_READ if nested else NONE_READ_HERE)
         title = fit_title("Error against full depth", *notes)
     return apply_layout(fig, title=title, presentation=presentation, height=height or (640 if has_kv else 400))
 

@@ -178,31 +178,52 @@ def layer_grid(trace: Trace, *, title: str | None = None, max_tokens: int | None
                         presentation=presentation, height=_grid_height(len(ys), height))
 
 
-def planned_grid_figure(cfg: StrategyConfig, num_layers: int, steps: int, *, show_fill: bool = False,
-                        layer_types: Sequence[str] | None = None, title: str | None = None, max_labels: int = 40,
+def planned_grid_figure(cfg: StrategyConfig, num_layers: int, steps: int, *, layer_types: Sequence[str] | None,
+                        show_fill: bool = False, title: str | None = None, max_labels: int = 40,
                         presentation: bool = False, height: int | None = None) -> go.Figure:
     """The planned grid from `d3.schedule.planned_grid` (bool [steps, L]) without running a model.
-    `show_fill` colours planned skips as the decoder would fill them (`d3.schedule.planned_fills`, with the model's
-    `layer_types`: on Gemma 3 a global layer copies a global one)."""
+    `show_fill` colours planned skips as the decoder would fill them (`d3.schedule.planned_fills`) with the model's
+    `layer_types` [L] (required: on Gemma 3 a global layer copies a global one, so assuming one type names the wrong
+    source); None where they are not known yet (a model not loaded): the skips are then drawn without their fills."""
     cfg.check_layers(num_layers)
+    if layer_types is not None and len(layer_types) != num_layers:
+        raise ValueError(f"layer_types has {len(layer_types)} entries for {num_layers} layers")
     ran = np.array(planned_grid(cfg, num_layers, steps), dtype=bool).reshape(steps, num_layers)
     codes, sources = np.where(ran, RAN, SKIPPED).astype(np.int8), None  # [steps, L]
-    if show_fill:
-        codes, sources = fill_grid(planned_fills(cfg, num_layers, steps, layer_types), ran)
+    if show_fill and layer_types is not None:
+        codes, sources = fill_grid(planned_fills(cfg, num_layers, steps, list(layer_types)), ran)
     ys = list(range(steps))
     counts = ran.sum(axis=1)
     hover_rows = [f"step {i} · {counts[i]}/{num_layers} layers" for i in ys]
+    fig_height = height or _planned_height(min(steps, 60))
+    # One step label per TICK_PX of plot at most (the plot is the figure less about CHROME_PX of title, axis and, on a
+    # phone, the legend under it), and at most PLANNED_LAYER_TICKS layer labels: they overlapped at 1280 and on a
+    # phone (issue 35).
+    max_labels = min(max_labels, max(2, (fig_height - CHROME_PX) // TICK_PX))
     panel = _grid_panel(codes, ys, hover_rows, display_core(cfg, num_layers), index=1, tick_text=None, planned=True,
-                        max_labels=max_labels, name=strategy_label(cfg), sources=sources)
+                        max_labels=max_labels, name=strategy_label(cfg), sources=sources,
+                        max_layer_ticks=PLANNED_LAYER_TICKS)
     first = decode_plan(cfg, num_layers)
     if title is None:
         notes = [strategy_label(cfg)]
+        if show_fill and layer_types is None:
+            notes.append("fills are drawn once the model is loaded (its layer types decide the copy sources)")
         if first.dynamic:
             notes.append(f"early exit decides per token while decoding: this is only the upper bound "
                          f"(a token may stop after layer {first.min_exit - 1})")
         title = fit_title("Planned layers", *notes)
     return _grid_figure([panel], titles=None, y_title="generated token (step)", title=title,
-                        presentation=presentation, height=_grid_height(min(steps, 60), height))
+                        presentation=presentation, height=fig_height)
+
+
+TICK_PX = 22  # px of plot per step label: a label is about 14 px high
+CHROME_PX = 300  # px of a planned grid's figure that is not plot (title, axis, the legend under it on a phone)
+PLANNED_LAYER_TICKS = 10  # layer labels at most: every third of 30 layers, legible in a phone's 250 px
+
+
+def _planned_height(rows: int) -> int:
+    """The planned grid's height: room for its legend under the plot on a phone, and 18 px per planned step."""
+    return int(np.clip(18 * rows + CHROME_PX, 460, 1600))
 
 
 def fig1_panels(traces: dict[str, Trace], *, max_tokens: int | None = 64, title: str | None = None,

@@ -121,9 +121,14 @@ def _arrows(step: TokenStep, slot_width: float) -> list[dict[str, Any]]:
                           name=f"copy source {source}", visible=True))
     for fill in copies:
         x = LANE_X + slot_width * slots[fill.layer]
+        # up (or down) the lane from the source's height to the filled layer's, then into the filled box: the head
+        # ends on the box it fills (it used to end in the lane, 85-150 px right of the box; issue 35)
         notes.append(dict(x=x, y=fill.layer, ax=x, ay=fill.source, xref="x", yref="y", axref="x", ayref="y",
+                          text="", showarrow=True, arrowhead=0, arrowwidth=2.5, arrowcolor=FILL_COLORS["copy"],
+                          name=f"lane {fill.source}->{fill.layer}", visible=True))
+        notes.append(dict(x=BOX_RIGHT, y=fill.layer, ax=x, ay=fill.layer, xref="x", yref="y", axref="x", ayref="y",
                           text="", showarrow=True, arrowhead=2, arrowsize=1.1, arrowwidth=2.5,
-                          arrowcolor=FILL_COLORS["copy"], standoff=4, startstandoff=2,
+                          arrowcolor=FILL_COLORS["copy"], standoff=0, startstandoff=0,
                           name=f"copy {fill.source}->{fill.layer}",
                           hovertext=f"layer {fill.layer}: KV entry copied from layer {fill.source}", visible=True))
     return notes

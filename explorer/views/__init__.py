@@ -10,7 +10,7 @@ import importlib
 import math
 import pkgutil
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import plotly.graph_objects as go
 
@@ -48,8 +48,10 @@ def decay_view(cfg: StrategyConfig, num_layers: int, steps: int, *, trace: Trace
                        title="", height=DECAY_HEIGHT[presentation])
 
 
-def planned_view(cfg: StrategyConfig, num_layers: int, steps: int, *, presentation: bool = False) -> go.Figure:
-    return planned_grid_figure(cfg, num_layers, steps, show_fill=True, presentation=presentation)
+def planned_view(cfg: StrategyConfig, num_layers: int, steps: int, *, layer_types: Sequence[str] | None,
+                 presentation: bool = False) -> go.Figure:
+    return planned_grid_figure(cfg, num_layers, steps, show_fill=True, layer_types=layer_types,
+                               presentation=presentation)
 
 
 def flow_view(d3: Trace | None, full: Trace | None, *, metric: str = "both", presentation: bool = False) -> go.Figure:

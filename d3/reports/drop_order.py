@@ -339,9 +339,17 @@ def readme_rows(studies: list[dict[str, Any]]) -> str:
         tasks = len(s.get("tasks", []))
         rows.append(f"{README_ROW}{s['model']}{tag}: fewest layers with a loss bound (95%, paired, "
                     f"{full.get('asked', 0)} test questions, {tasks} task{'s' if tasks != 1 else ''}) | "
-                    f"{short_headline(s, BOUNDS[0])}; {short_headline(s, BOUNDS[1])} "
+                    f"{_both_bounds(s)} "
                     "| [results/SUMMARY.md](results/SUMMARY.md) |")
     return "\n".join(rows)
+
+
+def _both_bounds(study: dict[str, Any]) -> str:
+    """The short headline at each bound, the second as "the same" when it names the same setting."""
+    first, second = (headline_pick(study, bound) for bound in BOUNDS)
+    if first[1] and first == second:
+        return f"{short_headline(study, BOUNDS[0])}; <= {100 * BOUNDS[1]:.0f} pt: the same"
+    return f"{short_headline(study, BOUNDS[0])}; {short_headline(study, BOUNDS[1])}"
 
 
 def short_headline(study: dict[str, Any], bound: float) -> str:
@@ -357,7 +365,8 @@ def short_headline(study: dict[str, Any], bound: float) -> str:
     if fresh:
         text += f", fresh questions {_interval(fresh['diff'])} ({replication(bound, r, fresh['diff'])})"
     if speed:
-        text += (f", {speed['ratio']:.2f}x per token (theory {speed['theory_fixed']:.2f}-{speed['theory_plain']:.2f}x)"
+        text += (f", {speed['ratio']:.2f}x [{speed['low']:.2f}, {speed['high']:.2f}] per token (theory "
+                 f"{speed['theory_fixed']:.2f}-{speed['theory_plain']:.2f}x)"
                  + (f", FLAG: {speed['flag']}" if speed["flag"] else ""))
     return text
 

@@ -179,7 +179,8 @@ def _stream(session: Session, run_id: int, setup: RunSetup, view: ViewOptions, c
             late = update.phase == "stopped" and time.monotonic() > deadline
             figures = pace.figures(update)
             if pace.panes(update) or figures:
-                yield _render(session, setup, update, view, figures, _time_limit_note(caps.max_run_s) if late else "")
+                note = " ".join(n for n in (setup.note, _time_limit_note(caps.max_run_s) if late else "") if n)
+                yield _render(session, setup, update, view, figures, note)
 
 
 @takes_controls

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Generator, Iterator
 
 from d3.compare import Recorded, compare, record, run_recorded
-from d3.config import FILLS, TRACE_OFF, FullConfig, GenerationConfig, StrategyConfig, TraceConfig
+from d3.config import FILLS, TRACE_OFF, D3Config, FullConfig, GenerationConfig, StrategyConfig, TraceConfig
 from d3.engine import Engine
 from d3.trace import Comparison, Trace
-from explorer.controls import Controls, parse_controls, schedule_of
+from explorer.controls import Controls, fitted, parse_controls, schedule_of
 from explorer.parse import as_flag, check_prompt_tokens, clean_prompt
 from explorer.pool import ModelPool
 
@@ -38,6 +38,7 @@ class RunSetup:
     prompt_tokens: int
     others: dict[str, StrategyConfig] = field(default_factory=dict)  # schedules drawn next to this one
     model: str = ""
+    note: str = ""  # what the page changed of what was asked (a calibrated order re-fitted to the core), said with the run
 
 
 def check_run(pool: ModelPool, c: Controls) -> RunSetup:
@@ -50,7 +51,9 @@ def check_run(pool: ModelPool, c: Controls) -> RunSetup:
     strategy, gen = parse_controls(c, layers, caps)
     trace = TraceConfig(attention_layers=(c.attention_layer_index(layers),),
                         lens_states=as_flag("logit_lens", c.logit_lens))
-    return RunSetup(None, prompt, chat, strategy, gen, trace, 0, schedule_of(c, strategy, layers, caps).others, model)
+    refit = fitted(c, layers)[1] if isinstance(strategy, D3Config) else ""  # a partial order is not re-fitted silently
+    return RunSetup(None, prompt, chat, strategy, gen, trace, 0, schedule_of(c, strategy, layers, caps).others, model,
+                    refit)
 
 
 def prepare_run(pool: ModelPool, c: Controls | RunSetup) -> RunSetup:

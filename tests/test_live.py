@@ -407,3 +407,18 @@ def test_a_first_model_load_shows_its_progress_on_the_page(tiny_engine) -> None:
     loading = [s for s in said if "Loading the model" in s]
     assert len(loading) >= 2 and all(re.search(r"loading the model: \d+ s", s) for s in loading[1:])
     assert "Done." in said[-1] and session.d3 is not None
+
+
+def test_a_partial_calibrated_order_is_re_fitted_and_the_run_says_so(pool) -> None:
+    """Issue 36, item 9: an API call with a short calibrated order ran on the order re-fitted to the core without
+    a word. The run's status says what was changed, first line to last, and the run used the re-fitted order."""
+    from tests.apphelpers import OUT, run
+
+    session = Session()
+    outs = run(pool, session, drop_order="calibrated", layer_order="2", core_head=1, core_tail=1, max_new_tokens=3)
+    said = [o[OUT["status"]] for o in outs if isinstance(o[OUT["status"]], str)]
+    assert "re-fitted to core 1 + 1" in said[-1] and "Done." in said[-1]
+    assert sorted(session.d3.strategy["layer_order"]) == [1, 2, 3, 4] and session.d3.strategy["layer_order"][0] == 2
+    outs = run(pool, session, drop_order="calibrated", layer_order="2, 1, 3, 4", core_head=1, core_tail=1,
+               max_new_tokens=3)
+    assert all("re-fitted" not in o[OUT["status"]] for o in outs if isinstance(o[OUT["status"]], str))

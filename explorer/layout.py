@@ -28,7 +28,7 @@ from explorer.controls import (
 from explorer.export import figures
 from explorer.pool import ModelPool
 from explorer.view_handlers import prompt_titles
-from explorer.scenarios import SCENARIOS
+from explorer.scenarios import offered
 from explorer.session import HISTORY_COLUMNS
 from explorer.share import share_box
 from explorer.sweep_tab import (
@@ -195,7 +195,7 @@ def _prompt_and_run(pool: ModelPool, ui: dict[str, Any]) -> None:
     with gr.Group(elem_classes=["d3-scenarios"]):
         gr.Markdown("**Scenarios**: one click sets the controls and runs.")
         with gr.Row():
-            for key, scenario in SCENARIOS.items():
+            for key, scenario in offered(pool.names).items():
                 ui[f"scenario_{key}"] = gr.Button(scenario.title, size="sm", variant="secondary",
                                                   elem_id=f"scenario-{key}", min_width=120)
     ui["scenario_text"] = gr.Markdown(elem_id="scenario-text", elem_classes=["d3-scenario-text"])

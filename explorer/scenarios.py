@@ -88,6 +88,12 @@ SCENARIO_CONTROLS = ("prompt", "chat_template", "max_new_tokens", "strategy", "a
                      "drop_order", "layer_order", "fill", "decoding")
 
 
+def offered(names: tuple[str, ...]) -> dict[str, Scenario]:
+    """The scenarios a page serving the models `names` can run: one whose run names a model must find it there (the
+    deeper-model scenario needs SmolLM2 and Qwen; a page without them shows no button that cannot run)."""
+    return {key: s for key, s in SCENARIOS.items() if all(run.get("model", names[0]) in names for run in s.runs)}
+
+
 def scenario_controls(key: str, step: int, num_layers: int, model: Any = None) -> dict[str, Any]:
     """The control values of run `step` of scenario `key`: the page's D3 setting for `model` with the scenario's
     changes."""

@@ -29,6 +29,7 @@ from explorer.controls import (
     takes_controls,
 )
 from explorer.parse import as_choice
+from explorer.parse import shown as shown_value
 from explorer.pool import ModelPool
 from explorer.scenarios import (ARITHMETIC, INTERRUPTED, SCENARIOS, fill_finding, scenario_controls, scenario_finding,
                                 scenario_text)
@@ -359,8 +360,8 @@ def apply_scenario(pool: ModelPool, key: str, step: int, session: Session | None
         session.settled = session.released = None  # the controls are set anew: the next settle answers in full
     wanted = SCENARIOS[key].runs[min(step, len(SCENARIOS[key].runs) - 1)].get("model", model)
     if wanted not in pool.names:  # a run on a model this page does not offer: the chain ends here
-        raise refused(ValueError(f"the scenario {SCENARIOS[key].title!r} runs {wanted}, which this page does not "
-                                 f"offer"))
+        raise refused(ValueError(f"the scenario {SCENARIOS[key].title!r} runs model={shown_value(wanted)}, which this "
+                                 f"page does not offer: choose one of {', '.join(pool.names)}"))
     with user_errors():
         layers = pool.facts(wanted).num_layers
         values = scenario_controls(key, step, layers, wanted)

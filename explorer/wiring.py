@@ -16,7 +16,7 @@ from explorer.live import FILLS_OUTPUTS, GENERATE_OUTPUTS, compare_fills, genera
 from explorer.layers_view import redraw_layers_after, wire_layers
 from explorer.needs import redraw_needs_after, wire_needs
 from explorer.pool import ModelPool
-from explorer.scenarios import SCENARIOS
+from explorer.scenarios import offered
 from explorer.share import wire_share
 from explorer.sweep_tab import (
     SWEEP_INPUTS,
@@ -142,7 +142,7 @@ def _wire_scenarios(pool: ModelPool, ui: dict[str, Any]) -> dict[str, Any]:
     (`Session.start_scenario`): a scenario, Generate, Stop or release during a scenario's run ends its chain there,
     instead of its next run setting the controls under the newer run and stopping it (issue 24)."""
     done, hidden = {}, dict(queue=False, preprocess=False, show_progress="hidden", show_progress_on=[ui["run_state"]])
-    for key, scenario in SCENARIOS.items():
+    for key, scenario in offered(pool.names).items():
         event = ui[f"scenario_{key}"].click
         interrupted = functools.partial(scenario_interrupted, key)
         for step in range(len(scenario.runs)):

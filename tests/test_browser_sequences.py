@@ -18,7 +18,7 @@ import pytest
 
 from explorer.caps import Caps
 from explorer.page import build_demo
-from explorer.scenarios import SCENARIOS
+from explorer.scenarios import offered
 from tests.apphelpers import CountingEngine, serve
 from tests.pagehelpers import D3_POINT, PLOT_HAS_DATA
 from tests.tiny import tiny_llama, tiny_tokenizer
@@ -176,7 +176,7 @@ def switch_model(page, name: str) -> None:
 
 def test_each_scenario_then_a_core_reset(watched) -> None:
     page = watched.page
-    for key in SCENARIOS:
+    for key in offered(("tiny",)):  # the page serves the tiny model alone (conftest's demo)
         page.click(f"#scenario-{key}")
         watched.wait_status("Done.", "Cannot run this")
         watched.settle()
@@ -296,7 +296,7 @@ def test_a_seeded_random_walk_over_the_controls(watched) -> None:
         lambda: type_into(page, rng.choice(("#core-head", "#core-tail")), str(rng.randint(0, 40))),
         lambda: type_into(page, "#alpha", f"{rng.uniform(0.5, 1.2):.3f}"),
         lambda: reset_core(page),
-        lambda: page.click(f"#scenario-{rng.choice(list(SCENARIOS))}"),
+        lambda: page.click(f"#scenario-{rng.choice(list(offered(('tiny',))))}"),
         lambda: switch_model(page, rng.choice(("gemma3-270m", "smollm2-135m"))),
     ]
     for step in range(30):
@@ -376,11 +376,11 @@ def test_a_sweep_row_loaded_then_a_scenario(watched) -> None:
     """A sweep point's setting loaded into the Live tab (it moves there), then a scenario: it runs, and the page
     settles, answers and runs Generate (issue 24: the drop-order handlers once looped after these two moves)."""
     page = watched.page
-    label = load_a_sweep_point(page)
-    assert label.startswith("D3 (α="), label
+    label = load_a_sweep_point(page)  # a D3 point, or the point drawn over it where the tiny model puts two alike
+    assert label.startswith(("D3 (α=", "Unified (", "SkipDecode (", "early exit (")), label
     watched.wait_status(f"Loaded from the sweep: {label}")
     watched.settle()
-    page.click(f"#scenario-{next(iter(SCENARIOS))}")
+    page.click(f"#scenario-{next(iter(offered(('tiny',))))}")
     watched.wait_status("Done.", "Cannot run this")
     watched.check("a sweep row loaded then a scenario")
 

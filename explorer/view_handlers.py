@@ -52,6 +52,12 @@ def new_session() -> Session:
     return Session(view=next(v.key for v in views.registry() if v.tab))
 
 
+def view_opened(key: str, session: Session | None) -> None:
+    """Remember which view tab is open (views drawn only while their tab is open, such as the lens, check it)."""
+    if session is not None:
+        session.opened(key)
+
+
 @takes_controls
 def open_view(pool: ModelPool, key: str, session: Session | None, controls: Controls) -> Any:
     """A person opened view `key`'s tab: draw it if what it shows is stale (it changed while its tab was hidden),

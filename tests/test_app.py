@@ -362,7 +362,7 @@ def test_export_trace_writes_json_and_csv_under_server_chosen_names(finished) ->
 
 def measured(pool, figure: str, args: dict) -> dict:
     """The state argument of a view that draws its own measurement (needs, layers), measured on the tiny model."""
-    from explorer import layers_view, needs
+    from explorer.views import layers as layers_view, needs
 
     if figure == "needs":
         return {"needs_state": needs.measure_needs(pool, None, prompt=DEFAULTS["prompt"], **args)[0]}

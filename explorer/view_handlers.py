@@ -313,13 +313,6 @@ def _layer_types(pool: ModelPool, model: Any) -> tuple[str, ...] | None:
     return tuple(pool.engine(name).adapter.layer_types)
 
 
-@takes_controls
-def render_flow(session: Session | None, controls: Controls) -> Any:
-    view, s = controls.view, session or Session()
-    with user_errors():
-        return views.flow_view(s.d3, s.full, metric=view.metric, presentation=view.presentation)
-
-
 ATTENTION_OUTPUTS = ("attention", "heads")  # the views drawn for the attention layer and head
 
 
@@ -331,13 +324,6 @@ def render_attention(session: Session | None, controls: Controls) -> tuple[Any, 
     with user_errors():
         return ordered(ATTENTION_OUTPUTS, **{key: views.draw(key, shown, controls.view)
                                              for key in s.due(ATTENTION_OUTPUTS)})
-
-
-@takes_controls
-def render_errors(session: Session | None, controls: Controls) -> Any:
-    view, s = controls.view, session or Session()
-    with user_errors():
-        return views.error_view(s.comparison, log_kl=view.log_kl, presentation=view.presentation)
 
 
 @takes_controls

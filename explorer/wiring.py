@@ -39,8 +39,6 @@ from explorer.view_handlers import (
     open_view,
     redraw_schedule,
     render_attention,
-    render_errors,
-    render_flow,
     scenario_goes_on,
     scenario_interrupted,
     set_presentation,
@@ -196,10 +194,8 @@ def _wire_views(pool: ModelPool, ui: dict[str, Any], moves: Moves) -> None:
               *(ui[n].input for n in REDRAW_NAMES if n not in (*RELEASE_TRIGGERS, "model"))],
              functools.partial(redraw_schedule, pool), _with_controls(ui, "session"), _pick(ui, views.SCHEDULE),
              api_name="redraw_schedule", **instant)
-    ui["metric"].input(render_flow, _with_controls(ui, "session"), ui["flow"], api_name="render_flow", **instant)
     moves.on(person_moved(ui, ("attention_layer", "attention_head")), render_attention, _with_controls(ui, "session"),
              _pick(ui, ATTENTION_OUTPUTS), api_name="render_attention", **instant)
-    ui["log_kl"].input(render_errors, _with_controls(ui, "session"), ui["errors"], api_name="render_errors", **instant)
 
 
 def _wire_tabs(pool: ModelPool, ui: dict[str, Any]) -> dict[str, Any]:

@@ -216,7 +216,9 @@ def test_view_settings_that_make_no_sense_are_explained_not_raised(finished) -> 
     assert not fig.data and "Head 99 does not exist" in message(fig)
     junk = attention(finished, attention_layer=float("inf"), attention_head="x")  # junk falls back to layer 0, head 0 ...
     assert "Layer 0 was not recorded" in message(junk)
-    assert view_handlers.render_flow(finished, metric="nonsense", presentation=None).data  # ... or to the default measure
+    from explorer.views.flow import render_flow
+
+    assert render_flow(finished, metric="nonsense", presentation=None).data  # ... or to the default measure
 
 
 def test_presentation_mode_enlarges_fonts_and_hides_explanations(finished) -> None:

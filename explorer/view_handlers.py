@@ -34,9 +34,10 @@ from explorer.scenarios import (ARITHMETIC, INTERRUPTED, SCENARIOS, fill_finding
                                 scenario_text)
 from explorer.session import Session
 from explorer.ui import core_sliders, ordered, refused, slider_range, user_errors
+from explorer.views import planned
 
 # Presentation mode redraws every view drawn from the session's run, and hides every explanation.
-DRAWN_ON_OPEN = (*views.drawn_from_session(), "planned")  # views `open_view` draws when their tab opens
+DRAWN_ON_OPEN = (*views.drawn_from_session(), planned.KEY)  # views `open_view` draws when their tab opens
 VIEW_OUTPUTS = (*views.drawn_from_session(), "root", *(f"explain_{v.key}" for v in views.registry() if v.tab))
 SCENARIO_OUTPUTS = (*CONTROL_NAMES, "scenario_text", "scenario_finding", "example")
 SIZED_OUTPUTS = ("core_head", "core_tail", "attention_layer", "attention_head", "chat_template", "alpha", "drop_order",
@@ -64,7 +65,7 @@ def open_view(pool: ModelPool, key: str, session: Session | None, controls: Cont
     else send nothing."""
     if session is None or not session.opened(key):
         return gr.skip()
-    if key == "planned":
+    if key == planned.KEY:
         return redraw_schedule.__wrapped__(pool, None, controls)[1]  # the controls already parsed into `Controls`
     with user_errors():
         return views.draw(key, views.Shown.of(session), controls.view)
@@ -298,10 +299,10 @@ def redraw_schedule(pool: ModelPool, session: Session | None, controls: Controls
         message = views.waiting(f"Cannot draw this schedule:<br>{html.escape(page_words(str(err)))}", presentation=p)
         return message, message
     trace = session.d3 if session is not None else None
-    planned = session.due(("planned",)) if session is not None else ("planned",)  # the grid: only if its tab is open
+    grid = session.due((planned.KEY,)) if session is not None else (planned.KEY,)  # the grid: only if its tab is open
     return (views.decay_view(s.strategy, s.num_layers, s.steps, trace=trace, others=s.others, presentation=p),
             views.planned_view(s.strategy, s.num_layers, s.steps, layer_types=_layer_types(pool, controls.model),
-                               presentation=p) if planned else gr.skip())
+                               presentation=p) if grid else gr.skip())
 
 
 def _layer_types(pool: ModelPool, model: Any) -> tuple[str, ...] | None:

@@ -23,8 +23,7 @@ from plotly.offline import get_plotlyjs
 
 from explorer import views
 from explorer.controls import Controls, takes_controls
-from explorer.explain import lens_view, read_session_lens, scrub_views
-from explorer.parse import as_choice, as_number
+from explorer.parse import as_choice
 from explorer.pool import ModelPool
 from explorer.session import Session
 from explorer.ui import user_errors
@@ -48,6 +47,11 @@ def figures() -> tuple[str, ...]:
 
 
 FIGURES = figures()
+
+
+def export_inputs() -> tuple[str, ...]:
+    """The components whose values Export takes after the figure: each view's `export_input`, in tab order."""
+    return tuple(v.export_input for v in views.registry() if v.export and v.export_input)
 
 
 _PRUNING = threading.Lock()  # one pruner at a time in this process: two would delete and stat the same folders
@@ -144,47 +148,39 @@ def export_trace(session: Session | None) -> list[str]:
     return [str(folder / n) for n in (*files, "traces.csv")]
 
 
-def _figures(pool: ModelPool, s: Session, key: str, measured: Any, token: Any, controls: Controls) -> dict[str, Any]:
-    """The view's figure(s) by file name (the scrubber has two); `measured`: the view's own measurement, if any."""
-    p = controls.view.presentation
-    if key in ("decay", "planned"):
-        decay, planned = redraw_schedule(pool, s, **vars(controls))
-        return {key: decay if key == "decay" else planned}
-    view = views.by_key()[key]
+def _figures(pool: ModelPool, s: Session, view: views.View, own: Any, controls: Controls) -> dict[str, Any]:
+    """The view's figure(s) by file name (the scrubber has two); `own`: the value of its `export_input` (a measured
+    view's state, the scrubber's token)."""
+    if view.key in views.SCHEDULE:  # drawn from the controls alone
+        return {view.key: dict(zip(views.SCHEDULE, redraw_schedule(pool, s, **vars(controls))))[view.key]}
     if view.measured:  # its own measurement, kept in its state (what to press first: `view.first`)
-        if measured is None:
+        if own is None:
             raise gr.Error(f"Nothing to export yet: {view.first}", print_exception=False)
         assert view.redraw is not None
-        return {key: view.redraw(pool, measured, **vars(controls))}
-    if key == "scrub":
-        last = len(s.d3.steps) - 1
-        index = last if token is None else int(as_number("Token", token, 0, last, integer=True))
-        layers, topk, _ = scrub_views(s.d3, s.full, index, presentation=p)
-        return {"scrub": layers, "scrub_topk": topk}
-    if key == "lens":
-        return {key: lens_view(s.d3, s.full, presentation=p)}
-    return {key: views.draw(key, views.Shown.of(s), controls.view)}
+        return {view.key: view.redraw(pool, own, **vars(controls))}
+    if view.exported is not None:
+        return view.exported(pool, s, own, controls)
+    return {view.key: views.draw(view.key, views.Shown.of(s), controls.view)}
 
 
 @takes_controls
 def export_figure(pool: ModelPool, session: Session | None, figure: str, needs_state: Any = None,
                   layers_state: Any = None, scrub_index: Any = None, controls: Controls = None) -> list[str]:
     """One view as an HTML page (the scrubber: its two) that loads plotly.js from the file beside it: all are
-    returned, so the pages work offline once downloaded into one folder. `needs_state` / `layers_state`: the
-    measurements of "What each token needs" and "Which layers matter"; `scrub_index`: the scrubber's token (None: the
-    last)."""
+    returned, so the pages work offline once downloaded into one folder. After the figure, the value of each view's
+    `export_input` in tab order (`export_inputs()`): the measurements of "What each token needs" and "Which layers
+    matter", the scrubber's token (None: the last)."""
     s = session
     if s is None:  # the page makes one on load; an API caller gets one by generating
         raise gr.Error("Nothing to export yet: press Generate first.", print_exception=False)
     with user_errors():
-        key = as_choice("figure", figure, figures())
-        if key == "lens":
-            read_session_lens(pool, s)
-        view = views.by_key()[key]
+        view = views.by_key()[as_choice("figure", figure, figures())]
+        if view.prepare is not None:
+            view.prepare(pool, s)
         if not view.measured and not view.ready_in(s):  # else the export would be the placeholder that asks for it
             raise gr.Error(f"Nothing to export yet: {view.first}", print_exception=False)
-        measured = needs_state if key == "needs" else layers_state if key == "layers" else None
-        drawn = _figures(pool, s, key, measured, scrub_index, controls)
+        own = dict(zip(export_inputs(), (needs_state, layers_state, scrub_index))).get(view.export_input or "")
+        drawn = _figures(pool, s, view, own, controls)
     pages = {name: to_html(fig, plotlyjs=PLOTLY_JS) for name, fig in drawn.items()}
     folder = export_dir(s, room=sum(map(len, pages.values())))
     for name, page in pages.items():

@@ -42,7 +42,7 @@ from explorer.sweep_tab import (
     sweep_bounds_text,
 )
 from explorer.ui import slider_range
-from explorer.views import caps_html, status_html
+from explorer.views import caps_html, decay, status_html, usage
 from explorer.wording import INTRO, SWEEP_EXPLAIN
 
 
@@ -147,7 +147,7 @@ def _tabs(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> None:
         with gr.Tab("Export", id="export"):
             with gr.Row():
                 ui["export_trace"] = gr.Button("Download traces (JSON + CSV)")
-                ui["figure"] = gr.Dropdown([(views.titles()[k], k) for k in figures()], value="usage",
+                ui["figure"] = gr.Dropdown([(views.titles()[k], k) for k in figures()], value=usage.KEY,
                                            label="Figure to export")
                 ui["export_figure"] = gr.Button("Download figure (HTML + plotly.min.js: keep both in one folder)")
             ui["files"] = gr.File(label="Files", file_count="multiple", interactive=False)
@@ -221,9 +221,9 @@ def _live_tab(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> None:
             # A scenario's findings (each run's numbers and text) under the status line, where the class looks.
             ui["scenario_finding"] = gr.Markdown(elem_id="scenario-finding", elem_classes=["d3-finding"])
             _panes(ui)
-            ui["decay"] = gr.Plot(show_label=False, elem_id="plot-decay")
+            ui[decay.KEY] = gr.Plot(show_label=False, elem_id="plot-decay")
             with gr.Accordion("How to read the decay curve", open=False) as ui["explain_decay"]:
-                gr.Markdown(views.by_key()["decay"].explain)
+                gr.Markdown(decay.VIEW.explain)
             _tabs(pool, facts, ui)
 
 

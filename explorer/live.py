@@ -18,14 +18,15 @@ from d3.trace import measured_speedup
 from explorer.runs import LiveUpdate, RunSetup, check_run, fill_comparison, prepare_run, side_by_side
 from explorer.session import Session
 from explorer.ui import caller_check, ordered, refused, user_errors
+from explorer.views import decay, errors, fills
 from viz import counters_html, token_html
 
 # The panes, the decay curve, every view a run draws (the view registry), the fill view (emptied by a new run) and
 # the run history.
 RUN_VIEWS = views.drawn_after_run()
 GENERATE_OUTPUTS = ("session", "status", "d3_title", "d3_tokens", "d3_counters", "full_tokens", "full_counters",
-                    "decay", *RUN_VIEWS, *(() if "fills" in RUN_VIEWS else ("fills",)), "history")
-FILLS_OUTPUTS = ("session", "status", "fills")
+                    decay.KEY, *RUN_VIEWS, *(() if fills.KEY in RUN_VIEWS else (fills.KEY,)), "history")
+FILLS_OUTPUTS = ("session", "status", fills.KEY)
 
 
 ASKED = "A new run is asked for: the one before stops within one token…"
@@ -126,7 +127,7 @@ def _render(session: Session, setup: RunSetup, update: LiveUpdate, view: ViewOpt
         out.update(decay=views.decay_view(cfg, layers, steps, trace=d3, others=setup.others, presentation=p),
                    **{key: views.draw(key, shown, view) for key in live})
     if update.phase == "comparing":  # the last tokens are in: the error view says it is being computed
-        out.update({key: views.draw(key, shown, view) for key in session.due(("errors",))})
+        out.update({key: views.draw(key, shown, view) for key in session.due((errors.KEY,))})
     if update.finished:  # the heavy views once, at the end, and only the one whose tab is open (Session.due)
         out.update({key: views.draw(key, shown, view) for key in session.due(RUN_VIEWS)})
         out["history"] = session.history_frame()
@@ -140,10 +141,10 @@ def _first_outputs(session: Session, setup: RunSetup, view: ViewOptions, *, clea
     p = view.presentation
     blank = "<div class='d3-tokens'>(waiting for the first token…)</div>"
     emptied = {key: views.empty(key, p) for key in session.due(k for k in RUN_VIEWS if not views.by_key()[k].live)}
-    fills = {"fills": views.empty("fills", p) for _ in session.due(("fills",) if clear_fills else ())}
+    emptied_fills = {fills.KEY: views.empty(fills.KEY, p) for _ in session.due((fills.KEY,) if clear_fills else ())}
     return ordered(GENERATE_OUTPUTS, session=session, status=views.status_html(None, None, "streaming"),
                    d3_title=f"### {views.pane_title(setup.strategy, 'D3')}", d3_tokens=blank, full_tokens=blank,
-                   d3_counters="", full_counters="", **emptied, **fills)
+                   d3_counters="", full_counters="", **emptied, **emptied_fills)
 
 
 def measuring_note(done: int, tokens: int) -> str:
@@ -251,8 +252,8 @@ def _fills(session: Session, run_id: int, setup: RunSetup, p: bool, limit_s: int
                 return
             session.fills = {**session.fills, name: comparison}
             yield (session, views.status_html(None, None, f"Comparing fills: {', '.join(session.fills)} done…"),
-                   views.fills_view(session.fills, presentation=p) if session.due(("fills",)) else gr.skip())
+                   views.fills_view(session.fills, presentation=p) if session.due((fills.KEY,)) else gr.skip())
     done = "Fill comparison done: see the Fill strategies tab." if len(session.fills) == len(FILLS) else "Stopped."
     note = _time_limit_note(limit_s) if done == "Stopped." and time.monotonic() > deadline else ""
     yield (session, views.status_html(None, None, done, note=note),
-           views.fills_view(session.fills, presentation=p) if session.due(("fills",)) else gr.skip())
+           views.fills_view(session.fills, presentation=p) if session.due((fills.KEY,)) else gr.skip())

@@ -21,7 +21,7 @@ from explorer.pool import ModelPool
 # With the "Record the logit lens" control on (the default), the D3 run keeps what the lens reads (each layer's output
 # at the newest position, `TraceConfig(lens_states=True)`): a copy of [layers, d_model] floats per step, no LM head.
 # The Logit lens and Token scrubber views read the lens out in one batched LM-head call when their tab is opened
-# (explorer.explain.read_session_lens). Reading it while generating cost each step about x1.6 on SmolLM2-135M
+# (explorer.views.lens.read_session_lens). Reading it while generating cost each step about x1.6 on SmolLM2-135M
 # (scripts/lens_cost.py); the page now streams at the engine's speed (scripts/measure_app.py, "page vs engine").
 
 

@@ -35,9 +35,10 @@ from explorer.scenarios import (ARITHMETIC, INTERRUPTED, SCENARIOS, fill_finding
                                 scenario_text)
 from explorer.session import Session
 from explorer.ui import core_sliders, ordered, refused, slider_range, user_errors
+from explorer.views import planned
 
 # Presentation mode redraws every view drawn from the session's run, and hides every explanation.
-DRAWN_ON_OPEN = (*views.drawn_from_session(), "planned")  # views `open_view` draws when their tab opens
+DRAWN_ON_OPEN = (*views.drawn_from_session(), planned.KEY)  # views `open_view` draws when their tab opens
 VIEW_OUTPUTS = (*views.drawn_from_session(), "root", *(f"explain_{v.key}" for v in views.registry() if v.tab))
 SCENARIO_OUTPUTS = (*CONTROL_NAMES, "scenario_text", "scenario_finding", "example")
 SIZED_OUTPUTS = ("core_head", "core_tail", "attention_layer", "attention_head", "chat_template", "alpha", "drop_order",
@@ -53,13 +54,19 @@ def new_session() -> Session:
     return Session(view=next(v.key for v in views.registry() if v.tab))
 
 
+def view_opened(key: str, session: Session | None) -> None:
+    """Remember which view tab is open (views drawn only while their tab is open, such as the lens, check it)."""
+    if session is not None:
+        session.opened(key)
+
+
 @takes_controls
 def open_view(pool: ModelPool, key: str, session: Session | None, controls: Controls) -> Any:
     """A person opened view `key`'s tab: draw it if what it shows is stale (it changed while its tab was hidden),
     else send nothing."""
     if session is None or not session.opened(key):
         return gr.skip()
-    if key == "planned":
+    if key == planned.KEY:
         return redraw_schedule.__wrapped__(pool, None, controls)[1]  # the controls already parsed into `Controls`
     with user_errors():
         return views.draw(key, views.Shown.of(session), controls.view)
@@ -293,10 +300,10 @@ def redraw_schedule(pool: ModelPool, session: Session | None, controls: Controls
         message = views.waiting(f"Cannot draw this schedule:<br>{html.escape(page_words(str(err)))}", presentation=p)
         return message, message
     trace = session.d3 if session is not None else None
-    planned = session.due(("planned",)) if session is not None else ("planned",)  # the grid: only if its tab is open
+    grid = session.due((planned.KEY,)) if session is not None else (planned.KEY,)  # the grid: only if its tab is open
     return (views.decay_view(s.strategy, s.num_layers, s.steps, trace=trace, others=s.others, presentation=p),
             views.planned_view(s.strategy, s.num_layers, s.steps, layer_types=_layer_types(pool, controls.model),
-                               presentation=p) if planned else gr.skip())
+                               presentation=p) if grid else gr.skip())
 
 
 def _layer_types(pool: ModelPool, model: Any) -> tuple[str, ...] | None:
@@ -306,13 +313,6 @@ def _layer_types(pool: ModelPool, model: Any) -> tuple[str, ...] | None:
     if not pool.is_loaded(name):
         return None
     return tuple(pool.engine(name).adapter.layer_types)
-
-
-@takes_controls
-def render_flow(session: Session | None, controls: Controls) -> Any:
-    view, s = controls.view, session or Session()
-    with user_errors():
-        return views.flow_view(s.d3, s.full, metric=view.metric, presentation=view.presentation)
 
 
 ATTENTION_OUTPUTS = ("attention", "heads")  # the views drawn for the attention layer and head
@@ -326,13 +326,6 @@ def render_attention(session: Session | None, controls: Controls) -> tuple[Any, 
     with user_errors():
         return ordered(ATTENTION_OUTPUTS, **{key: views.draw(key, shown, controls.view)
                                              for key in s.due(ATTENTION_OUTPUTS)})
-
-
-@takes_controls
-def render_errors(session: Session | None, controls: Controls) -> Any:
-    view, s = controls.view, session or Session()
-    with user_errors():
-        return views.error_view(s.comparison, log_kl=view.log_kl, presentation=view.presentation)
 
 
 @takes_controls

@@ -9,12 +9,9 @@ import gradio as gr
 
 from d3.research.data import ASSETS
 from explorer.controls import CONTROL_NAMES, REDRAW_NAMES
-from explorer.explain import explain_moves, view_opened, wire_explain
-from explorer.export import export_figure, export_sweep, export_trace
+from explorer.export import export_figure, export_inputs, export_sweep, export_trace
 from explorer.moves import Moves
 from explorer.live import FILLS_OUTPUTS, GENERATE_OUTPUTS, compare_fills, generate, interrupt, stop
-from explorer.layers_view import redraw_layers_after, wire_layers
-from explorer.needs import redraw_needs_after, wire_needs
 from explorer.pool import ModelPool
 from explorer.scenarios import offered
 from explorer.share import wire_share
@@ -42,8 +39,6 @@ from explorer.view_handlers import (
     open_view,
     redraw_schedule,
     render_attention,
-    render_errors,
-    render_flow,
     scenario_goes_on,
     scenario_interrupted,
     set_presentation,
@@ -51,6 +46,7 @@ from explorer.view_handlers import (
     settle_released,
     show_finding,
     use_example,
+    view_opened,
 )
 
 SWEEP_CLICK_JS = ASSETS / "sweep_click.js"
@@ -126,14 +122,15 @@ def _wire_fills(pool: ModelPool, ui: dict[str, Any], event: Any, suffix: str) ->
 
 
 def _redraw_after(pool: ModelPool, ui: dict[str, Any], event: Any) -> None:
-    """Redraw what follows from the controls (the schedule preview, the needs and layers views) once `event` has
-    set them: the server's own updates of the controls trigger nothing (no `.change` listener anywhere), so
-    whatever sets them says what to redraw."""
+    """Redraw what follows from the controls (the schedule preview, then each view that follows them,
+    `View.follow`) once `event` has set them: the server's own updates of the controls trigger nothing (no
+    `.change` listener anywhere), so whatever sets them says what to redraw."""
     redrawn = event.then(functools.partial(redraw_schedule, pool), _with_controls(ui, "session"),
-                         [ui["decay"], ui["planned"]], api_name=False, queue=False, preprocess=False,
+                         _pick(ui, views.SCHEDULE), api_name=False, queue=False, preprocess=False,
                          show_progress="hidden")
-    redraw_needs_after(pool, ui, redrawn)
-    redraw_layers_after(pool, ui, redrawn)
+    for view in views.registry():
+        if view.follow is not None:
+            view.follow(pool, ui, redrawn)
 
 
 def _wire_scenarios(pool: ModelPool, ui: dict[str, Any]) -> dict[str, Any]:
@@ -195,12 +192,10 @@ def _wire_views(pool: ModelPool, ui: dict[str, Any], moves: Moves) -> None:
              _pick(ui, SETTLE_OUTPUTS), **instant)
     moves.on([*(ui[n].release for n in RELEASE_TRIGGERS),
               *(ui[n].input for n in REDRAW_NAMES if n not in (*RELEASE_TRIGGERS, "model"))],
-             functools.partial(redraw_schedule, pool), _with_controls(ui, "session"), [ui["decay"], ui["planned"]],
+             functools.partial(redraw_schedule, pool), _with_controls(ui, "session"), _pick(ui, views.SCHEDULE),
              api_name="redraw_schedule", **instant)
-    ui["metric"].input(render_flow, _with_controls(ui, "session"), ui["flow"], api_name="render_flow", **instant)
     moves.on(person_moved(ui, ("attention_layer", "attention_head")), render_attention, _with_controls(ui, "session"),
              _pick(ui, ATTENTION_OUTPUTS), api_name="render_attention", **instant)
-    ui["log_kl"].input(render_errors, _with_controls(ui, "session"), ui["errors"], api_name="render_errors", **instant)
 
 
 def _wire_tabs(pool: ModelPool, ui: dict[str, Any]) -> dict[str, Any]:
@@ -280,21 +275,25 @@ def wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     runs["_model"] = loaded  # the lens and scrubber forget the other model's run too
     _redraw_after(pool, ui, loaded)
     _wire_views(pool, ui, moves)
+    opened = _wire_tabs(pool, ui)
+    set_controls: list[Any] = []  # the views' own events that set controls: what follows is redrawn after them
+    after_runs: list[Any] = []  # what the views hang on each run
+    page = views.Page(moves, opened, set_controls.append, after_runs.append)
     for view in views.registry():  # a view's own events, declared in its module (`View.wire`)
         if view.wire is not None:
-            view.wire(pool, ui, runs)
-    fitted, used = wire_needs(pool, ui, moves), wire_layers(pool, ui, moves)
-    explain_moves(pool, ui, moves)
-    moves.wire()
+            view.wire(pool, ui, page)
+    moves.wire()  # wires the runs that follow a slider's release (`_wire_release`): every run is wired now
+    for hang in after_runs:
+        for suffix, run in runs.items():
+            hang(suffix, run)
     ui["export_trace"].click(export_trace, ui["session"], ui["files"], api_name="export_trace")
-    # the measured views' states and the scrubber's token: Export offers every view (explorer.export.FIGURES)
+    # each view's own input to Export (a measured view's state, the scrubber's token): Export offers every view
     ui["export_figure"].click(functools.partial(export_figure, pool),
-                              _with_controls(ui, "session", "figure", "needs_state", "layers_state", "scrub_index"),
+                              _with_controls(ui, "session", "figure", *export_inputs()),
                               ui["files"], api_name="export_figure", preprocess=False)
     _wire_sweep(pool, ui, demo)
-    _redraw_after(pool, ui, fitted)  # fit α sets α
-    _redraw_after(pool, ui, used)  # Use this order sets the order
-    wire_explain(pool, ui, runs, _wire_tabs(pool, ui))
+    for event in set_controls:  # e.g. fit α sets α, Use this order sets the order
+        _redraw_after(pool, ui, event)
     restored = wire_share(pool, ui, demo)
     _redraw_after(pool, ui, restored)  # on every page load, link or not: the first preview
     # A link may turn presentation mode on: nothing listens to the checkbox's .change, so apply it here.

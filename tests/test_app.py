@@ -216,7 +216,9 @@ def test_view_settings_that_make_no_sense_are_explained_not_raised(finished) -> 
     assert not fig.data and "Head 99 does not exist" in message(fig)
     junk = attention(finished, attention_layer=float("inf"), attention_head="x")  # junk falls back to layer 0, head 0 ...
     assert "Layer 0 was not recorded" in message(junk)
-    assert view_handlers.render_flow(finished, metric="nonsense", presentation=None).data  # ... or to the default measure
+    from explorer.views.flow import render_flow
+
+    assert render_flow(finished, metric="nonsense", presentation=None).data  # ... or to the default measure
 
 
 def test_presentation_mode_enlarges_fonts_and_hides_explanations(finished) -> None:
@@ -362,7 +364,7 @@ def test_export_trace_writes_json_and_csv_under_server_chosen_names(finished) ->
 
 def measured(pool, figure: str, args: dict) -> dict:
     """The state argument of a view that draws its own measurement (needs, layers), measured on the tiny model."""
-    from explorer import layers_view, needs
+    from explorer.views import layers as layers_view, needs
 
     if figure == "needs":
         return {"needs_state": needs.measure_needs(pool, None, prompt=DEFAULTS["prompt"], **args)[0]}

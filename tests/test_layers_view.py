@@ -1,4 +1,5 @@
-"""The page's "Which layers matter" view and the calibrated drop-order control, handlers called on the tiny model."""
+"""explorer/views/layers.py: the page's "Which layers matter" view and the calibrated drop-order control, handlers
+called on the tiny model."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 
 from d3.config import D3Config
 from d3.schedule import flex_drop_order, plan
-from explorer import layers_view as view
+from explorer.views import layers as view
 from explorer.caps import Caps
 from explorer.controls import DEFAULTS, parse_strategy
 from tests.figures import message, role

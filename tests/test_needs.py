@@ -8,7 +8,7 @@ import pytest
 from d3.config import D3Config
 from d3.research.oracle_fit import schedule_budgets, underserved_fraction
 from d3.schedule import budgets
-from explorer import needs as view
+from explorer.views import needs as view
 from tests.apphelpers import NEEDS_CONTROLS as CONTROLS
 from tests.figures import message, role
 

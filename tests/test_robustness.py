@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from explorer import export, live, page, view_handlers
+from explorer.views import errors, flow
 import d3.models
 from d3.decoder import DecodeState
 from d3.testing import count_hooks
@@ -109,10 +110,10 @@ def handlers(pool: ModelPool, finished: Session) -> dict[str, tuple[Callable[...
         "load_model": (lambda **kw: view_handlers.load_model(pool, **kw), {"model": "tiny"}),
         "use_example": (lambda **kw: view_handlers.use_example(**kw), {"title": "Fact"}),
         "apply_scenario": (lambda **kw: view_handlers.apply_scenario(pool, "core", 0, finished, **kw), {"model": "tiny"}),
-        "render_flow": (lambda **kw: view_handlers.render_flow(finished, **kw), _pick(view, ("metric", "presentation"))),
+        "render_flow": (lambda **kw: flow.render_flow(finished, **kw), _pick(view, ("metric", "presentation"))),
         "render_attention": (lambda **kw: view_handlers.render_attention(finished, **kw),
                              _pick(view, ("attention_layer", "attention_head", "presentation"))),
-        "render_errors": (lambda **kw: view_handlers.render_errors(finished, **kw), _pick(view, ("log_kl", "presentation"))),
+        "render_errors": (lambda **kw: errors.render_errors(finished, **kw), _pick(view, ("log_kl", "presentation"))),
         "set_presentation": (lambda **kw: view_handlers.set_presentation(finished, **kw), view),
         "export_figure": (lambda **kw: export.export_figure(pool, finished, **kw), figure),
     }

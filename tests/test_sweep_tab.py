@@ -253,7 +253,7 @@ def test_full_depth_reads_one_against_itself_and_keeps_its_own_timing_as_noise(s
 
 
 def test_the_small_wording_says_what_happens() -> None:
-    from explorer.explain import PAUSE, PLAY
+    from explorer.views.scrub import PAUSE, PLAY
     from explorer.sweep_tab import SWEEP_REPEATS, sweep_bounds_text
     from explorer.wording import SWEEP_EXPLAIN
 

@@ -78,7 +78,7 @@ def test_a_job_nobody_reads_frees_its_slot(slow_engine) -> None:
 # ---------------------------------------------------------------- the measuring endpoints
 
 
-from explorer import layers_view, needs  # noqa: E402
+from explorer.views import layers as layers_view, needs  # noqa: E402
 
 MEASURING = {"measure_layers": lambda pool: layers_view.measure_layers(pool, None, **RUN_TINY),
              "measure_needs": lambda pool: needs.measure_needs(pool, None, **RUN_TINY),

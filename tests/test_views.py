@@ -145,7 +145,7 @@ def controls(ui, facts):
     ui["stars"] = gr.Slider(1, 9, value=3, step=1, label="Stars", elem_id="stars")
 
 
-def wire(pool, ui, runs):
+def wire(pool, ui, page):
     ui["stars"].input(figure, ui["stars"], ui["stars_view"], api_name="stars_view", queue=False)
 
 

@@ -12,10 +12,13 @@ import pkgutil
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+import gradio as gr
 import plotly.graph_objects as go
 
 from d3.config import StrategyConfig
 from d3.trace import Comparison, Trace, token_agreement
+from explorer.controls import CONTROL_NAMES
+from explorer.ui import model_queue
 from explorer.wording import PHASES
 from viz.attention import attention_map
 from viz.depth import decay_curve
@@ -25,6 +28,7 @@ from viz.grid import layer_grid, planned_grid_figure
 from viz.layout import empty_figure, readable_token, strategy_label
 
 
+SCHEDULE = ("decay", "planned")  # the schedule preview: the two views drawn from the controls alone (no run)
 DECAY_HEIGHT = {False: 265, True: 240}  # px; the decay curve shares the first screen with the panes
 
 
@@ -177,8 +181,9 @@ class View:
     position: where its tab goes (ascending). draw(shown, options): its figure from a run (None: the view draws
     itself, through its own handlers). empty(presentation): what it shows before any run. after_run: drawn when a
     run ends (and emptied when one starts); live: drawn while a run streams, with the heavy figures. controls(ui,
-    facts): its own components above its plot; wire(pool, ui, runs): its own events (`runs`: API suffix -> each
-    run's final event). tab: False for a view that sits outside the tabs (the decay curve). plot: False when
+    facts): its own components above its plot; wire(pool, ui, page): its own events (`page`: a `Page`, what they
+    hang on); follow(pool, ui, event): redraw the view once `event` (a scenario, a model switch, a link, a view's
+    own button) has set the controls, since the server's own updates of the controls trigger no listener. tab: False for a view that sits outside the tabs (the decay curve). plot: False when
     `controls` makes the view's plots itself. export: whether Export offers it (every view does:
     explorer.export.FIGURES).
 
@@ -186,7 +191,10 @@ class View:
     ready(session): whether the session holds what the view draws (None: a view drawn after a run needs the run's
     D3 trace; any other view, the controls alone); first: what to do first when it is not ready (the export says it
     rather than export the placeholder that asks for it). measured: the view draws its own measurement (Measure),
-    kept in its own state, not in the session; redraw(pool, state, controls) draws that state."""
+    kept in its own state, not in the session; redraw(pool, state, controls) draws that state. prepare(pool,
+    session): what the view reads out of the run before it is exported (the lens: its reading). exported(pool,
+    session, own, controls): its figures by file name, for a view not drawn by `draw` (the scrubber: two, at its
+    token); export_input: the component whose value Export passes as `own` (the scrubber's token)."""
 
     key: str
     title: str
@@ -198,7 +206,8 @@ class View:
     after_run: bool = False
     live: bool = False
     controls: Callable[[dict[str, Any], Any], None] | None = None
-    wire: Callable[[Any, dict[str, Any], dict[str, Any]], None] | None = None
+    wire: Callable[[Any, dict[str, Any], "Page"], None] | None = None
+    follow: Callable[[Any, dict[str, Any], Any], Any] | None = None
     tab: bool = True
     plot: bool = True
     export: bool = True
@@ -206,12 +215,29 @@ class View:
     first: str = "press Generate first."
     measured: bool = False
     redraw: Callable[..., go.Figure] | None = None
+    prepare: Callable[[Any, Any], None] | None = None
+    exported: Callable[[Any, Any, Any, Any], dict[str, go.Figure]] | None = None
+    export_input: str | None = None
 
     def ready_in(self, session: Any) -> bool:
         """Whether `session` holds what this view draws (see `ready`); a measured view's state is not the session's."""
         if self.ready is not None:
             return bool(self.ready(session))
         return session.d3 is not None if self.after_run else True
+
+
+@dataclass(frozen=True)
+class Page:
+    """What a view's `wire` hangs its events on. moves: a person's moves of the controls (explorer.moves.Moves: one
+    event per trigger); opened: view key -> its tab's select event; controls_set(event): a view's event that sets
+    controls, after which the page redraws what follows from them (the schedule preview, every view's `follow`);
+    each_run(fn): fn(suffix, event) for each run's final event (`suffix`: its API name suffix), called once every
+    run is wired (a slider's release wires its runs only with the moves)."""
+
+    moves: Any
+    opened: Mapping[str, Any]
+    controls_set: Callable[[Any], None]
+    each_run: Callable[[Callable[[str, Any], None]], None]
 
 
 @functools.cache
@@ -265,3 +291,71 @@ class _Options:
     head: int = 0
     metric: str = "both"
     log_kl: bool = False
+
+
+# ---------------------------------------------------------------- a view that draws its own measurement
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A view that draws its own measurement rather than a run, written once here: its state, its Measure button
+    (in the model's queue), a second button that acts on the measurement, a note, and its redraw (no model) after
+    a person's moves of `redraw_on` and after anything else set the controls. Its components are named by the
+    view's key: `<key>_state`, `<key>_measure`, `<key>_<act>`, `<key>_note`, the plot `<key>`.
+
+    Every handler takes (pool, state, *controls) (`takes_controls`). measure returns the state, the figure and the
+    note; act returns `act_outputs` (component names); redraw the figure. The API names are the page's: measure_api
+    and act_api (documented), redraw_api (False: none)."""
+
+    measure: Callable[..., Any]
+    measure_label: str
+    measure_api: str
+    act: Callable[..., Any]
+    act_name: str
+    act_label: str
+    act_outputs: tuple[str, ...]
+    act_api: str
+    redraw: Callable[..., Any]
+    redraw_on: tuple[str, ...]
+    placeholder: Callable[[bool], go.Figure]
+    act_runs_model: bool = True  # in the model's queue, as Measure; else out of the queue
+    redraw_api: str | bool = False
+
+    def view(self, key: str, title: str, explain: str, *, position: int) -> View:
+        """The view: its controls and wiring from this pattern; exported by redrawing its state (`View.redraw`)."""
+        return View(key, title, explain, needs="its own measurement (Measure), not a run", position=position,
+                    empty=self.placeholder, controls=lambda ui, facts: self.controls(key, ui),
+                    wire=lambda pool, ui, page: self.wire(key, pool, ui, page),
+                    follow=lambda pool, ui, event: self.follow(key, pool, ui, event),
+                    measured=True, redraw=self.redraw, export_input=f"{key}_state", first=f"press “{self.measure_label}” in its tab first.")
+
+    def controls(self, key: str, ui: dict[str, Any]) -> None:
+        """The view's own components (inside its tab, above the plot)."""
+        ui[f"{key}_state"] = gr.State(None)
+        with gr.Row():
+            ui[f"{key}_measure"] = gr.Button(self.measure_label, elem_id=f"{key}-measure")
+            ui[f"{key}_{self.act_name}"] = gr.Button(self.act_label, elem_id=f"{key}-{self.act_name}")
+        ui[f"{key}_note"] = gr.Markdown(elem_id=f"{key}-note")
+
+    def _inputs(self, key: str, ui: dict[str, Any]) -> list[Any]:
+        return [ui[n] for n in (f"{key}_state", *CONTROL_NAMES)]
+
+    def wire(self, key: str, pool: Any, ui: dict[str, Any], page: Page) -> None:
+        """Measure in the model's queue; the second button after it, which sets controls (the page redraws what
+        follows); the redraw after a person's moves, out of the queue."""
+        inputs, queued = self._inputs(key, ui), model_queue(pool.caps.concurrency)
+        ui[f"{key}_measure"].click(functools.partial(self.measure, pool), inputs,
+                                   [ui[n] for n in (f"{key}_state", key, f"{key}_note")], api_name=self.measure_api,
+                                   **queued)
+        act = ui[f"{key}_{self.act_name}"].click(
+            functools.partial(self.act, pool), inputs, [ui[n] for n in self.act_outputs], api_name=self.act_api,
+            **(queued if self.act_runs_model else dict(queue=False, preprocess=False)))
+        page.controls_set(act)
+        moved = [*(ui[n].input for n in self.redraw_on),
+                 *(ui[n].release for n in self.redraw_on if isinstance(ui[n], gr.Slider))]
+        page.moves.on(moved, functools.partial(self.redraw, pool), inputs, [ui[key]], api_name=self.redraw_api,
+                      queue=False, preprocess=False, show_progress="hidden")
+
+    def follow(self, key: str, pool: Any, ui: dict[str, Any], event: Any) -> Any:
+        return event.then(functools.partial(self.redraw, pool), self._inputs(key, ui), ui[key], api_name=False,
+                          queue=False, preprocess=False, show_progress="hidden")

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import gradio as gr
 
-from explorer.controls import DEFAULTS
-from explorer.views import Shown, View, error_view
+from explorer.controls import CONTROL_NAMES, DEFAULTS, Controls, takes_controls
+from explorer.ui import user_errors
+from explorer.views import Page, Shown, View, error_view
 
+KEY = "errors"
 EXPLAIN = """**How far D3 drifts from full depth,** per position.
 *Teacher-forced* KL: both models see the same full-depth text, so this is the local error of one step.
 *Free-running* KL: D3 continues on its own text, so errors compound.
@@ -18,6 +22,7 @@ ever reads them.
 is a grey dot: errors there cannot propagate, the skipped layers' own absence is the error. With *strided* or
 early exit, filled entries with a large error are read and the error propagates."""
 
+
 def draw(shown: Shown, options) -> object:
     return error_view(shown.comparison, phase=shown.phase, log_kl=options.log_kl, presentation=options.presentation)
 
@@ -26,6 +31,20 @@ def controls(ui: dict, facts) -> None:
     ui["log_kl"] = gr.Checkbox(DEFAULTS.log_kl, label="Log scale for KL")
 
 
-VIEW = View("errors", "Error propagation", EXPLAIN, needs="a run's comparison with full depth", position=50, draw=draw,
-            after_run=True, controls=controls, ready=lambda s: s.comparison,
+@takes_controls
+def render_errors(session: Any, controls: Controls) -> Any:
+    """The view redrawn from the session's run after its own control (log scale) moved."""
+    with user_errors():
+        return draw(Shown.of(session), controls.view)
+
+
+def wire(pool: Any, ui: dict[str, Any], page: Page) -> None:
+    """Its own control redraws it, out of the queue (no model runs)."""
+    inputs = [ui["session"], *(ui[n] for n in CONTROL_NAMES)]
+    ui["log_kl"].input(render_errors, inputs, ui[KEY], api_name="render_errors", queue=False, preprocess=False,
+                   show_progress="hidden")
+
+
+VIEW = View(KEY, "Error propagation", EXPLAIN, needs="a run's comparison with full depth", position=50, draw=draw,
+            after_run=True, controls=controls, wire=wire, ready=lambda s: s.comparison,
             first="let a run finish (the error views come after both streams).")

@@ -6,6 +6,7 @@ import gradio as gr
 
 from explorer.views import Shown, View, fills_view
 
+KEY = "fills"
 EXPLAIN = """**The same prompt and schedule with each fill strategy:**
 *copy* takes the key/value entry of the nearest lower layer that ran. *propagate* passes the hidden state
 through the skipped layer unchanged and projects its own key/value from it. *none* leaves a hole and masks it.
@@ -22,6 +23,6 @@ def controls(ui: dict, facts) -> None:
     ui["fills_button"] = gr.Button("Compare fills (copy · propagate · none)", elem_id="fills-button")
 
 
-VIEW = View("fills", "Fill strategies", EXPLAIN, needs="a fill comparison (Compare fills)", position=60, draw=draw,
+VIEW = View(KEY, "Fill strategies", EXPLAIN, needs="a fill comparison (Compare fills)", position=60, draw=draw,
             controls=controls, ready=lambda s: s.fills,
             first="press “Compare fills” in the Fill strategies tab first.")

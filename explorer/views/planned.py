@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from explorer.views import View
 
+KEY = "planned"
 EXPLAIN = """**The schedule before any model runs:** which layers each future token *will* run
 under the current controls. The middle (flex) layers are dropped first, in the chosen drop order.
 
@@ -12,4 +13,4 @@ previous token's layers (nested). With *strided* they are not, so a later token 
 earlier token skipped."""
 
 
-VIEW = View("planned", "Planned layer grid", EXPLAIN, needs="the controls alone (drawn by the schedule preview)", position=20)
+VIEW = View(KEY, "Planned layer grid", EXPLAIN, needs="the controls alone (drawn by the schedule preview)", position=20)

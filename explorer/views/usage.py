@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from explorer.views import Shown, View, usage_view
 
+KEY = "usage"
 EXPLAIN = """**One row per generated token, one column per decoder layer.**
 Blue cells ran. Every other cell was skipped, and its colour says what went into its key/value entry instead:
 orange, a *copy* of a lower layer's entry (the default fill), green, *propagate*, red, a masked *hole* (fill
@@ -17,4 +18,4 @@ def draw(shown: Shown, options) -> object:
     return usage_view(shown.d3, presentation=options.presentation)
 
 
-VIEW = View("usage", "Per-token layer usage", EXPLAIN, needs="a run's D3 trace", position=10, draw=draw, after_run=True, live=True)
+VIEW = View(KEY, "Per-token layer usage", EXPLAIN, needs="a run's D3 trace", position=10, draw=draw, after_run=True, live=True)

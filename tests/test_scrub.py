@@ -1,5 +1,5 @@
-"""explorer/explain.py below the browser: the logit lens and the token scrubber (slider and Play) drawn from a
-finished run, only while their tab is open; the lens's inputs kept unless switched off. The page itself is in
+"""explorer/views/scrub.py (and the lens it draws with, explorer/views/lens.py) below the browser: the logit lens
+and the token scrubber (slider and Play) drawn from a finished run, only while their tab is open; the lens's inputs kept unless switched off. The page itself is in
 tests/test_browser_lens.py."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import pytest
 from d3.config import D3Config, GenerationConfig, TraceConfig
 from d3.trace import RAN
 from explorer.controls import DEFAULTS
-from explorer.explain import PAUSE, PLAY, RUN_OUTPUTS, next_token, render_scrub, show_run, toggle_play, view_opened
+from explorer.view_handlers import view_opened
+from explorer.views.scrub import PAUSE, PLAY, RUN_OUTPUTS, next_token, render_scrub, show_run, toggle_play
 from explorer.runs import check_run, side_by_side
 from explorer.session import Session
 from tests.figures import by_role

@@ -24,7 +24,7 @@ from explorer.sweep_tab import (
     SWEEP_OUTPUTS,
     load_sweep_point,
     load_sweep_setting,
-    run_sweep,
+    stream_sweep,
 )
 from explorer import views
 from explorer.view_handlers import (
@@ -218,7 +218,7 @@ def _wire_tabs(pool: ModelPool, ui: dict[str, Any]) -> dict[str, Any]:
 
 
 def _wire_sweep(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
-    ui["sweep_run"].click(functools.partial(run_sweep, pool), _pick(ui, SWEEP_INPUTS), _pick(ui, SWEEP_OUTPUTS),
+    ui["sweep_run"].click(functools.partial(stream_sweep, pool), _pick(ui, SWEEP_INPUTS), _pick(ui, SWEEP_OUTPUTS),
                           api_name="run_sweep", preprocess=False, concurrency_id="model",
                           concurrency_limit=pool.caps.concurrency, trigger_mode="once")
     _redraw_after(pool, ui, ui["sweep_table"].select(load_sweep_setting, ui["sweep_results"],

@@ -7,10 +7,12 @@
     if (!plot || typeof plot.on !== 'function' || plot.__d3CellClick) return;
     plot.__d3CellClick = true;
     plot.on('plotly_click', (event) => {
-      const point = event && event.points && event.points.find((p) => Array.isArray(p.customdata));
+      const point = event && event.points && event.points[0];
       const box = document.querySelector('#heads-cell textarea, #heads-cell input');
       if (!point || !box) return;
-      box.value = `${point.customdata[0]},${point.customdata[1]}@${Date.now()}`;
+      // the cell's (layer, head): its customdata, else its x (layer) and y (head)
+      const [layer, head] = Array.isArray(point.customdata) ? point.customdata : [point.x, point.y];
+      box.value = `${layer},${head}@${Date.now()}`;  // the stamp makes a second click on one cell a change too
       box.dispatchEvent(new Event('input', { bubbles: true }));
     });
   };

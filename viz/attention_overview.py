@@ -284,7 +284,7 @@ def divergence_overview(d3: Trace, full: Trace, *, presentation: bool = False, h
                             height=height or DIVERGENCE_HEIGHT[presentation])
     layers, heads = grid.shape
     z = grid.T  # [heads, layers]: layers across, heads down
-    cells = np.dstack(np.meshgrid(np.arange(layers), np.arange(heads)))  # [heads, layers, 2] = (layer, head)
+    cells = np.dstack(np.meshgrid(np.arange(layers), np.arange(heads))).tolist()  # [heads][layers] = [layer, head]
     top = max(float(np.nanmax(grid)), 1e-3)
     small = dict(size=font_size(presentation, delta=-3))
     data = [go.Heatmap(z=z, x=list(range(layers)), y=list(range(heads)), customdata=cells, coloraxis="coloraxis",

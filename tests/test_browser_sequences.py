@@ -342,6 +342,7 @@ def test_a_click_on_an_attention_overview_cell_opens_that_head(watched) -> None:
     page.wait_for_function("() => (document.querySelector('#plot-heads .js-plotly-plot')?.data || [])"
                            ".some(t => t.type === 'heatmap')", timeout=GUARD_S * 1000)  # drawn as the tab opened
     page.wait_for_timeout(600)  # assets/heads_click.js attaches its listener every 400 ms
+    page.locator("#plot-heads").scroll_into_view_if_needed()  # a mouse click lands only inside the viewport
     x, y = page.evaluate("""() => {
         const gd = document.querySelector('#plot-heads .js-plotly-plot'), fl = gd._fullLayout;
         const box = gd.getBoundingClientRect();

@@ -503,7 +503,11 @@ MAX_PROMPT_TOKENS_CAP = 4096
 # Seeds up to 2**32 - 1: numpy's and most tools' seed range, and exact in a browser's number box (a JavaScript number
 # holds integers exactly only up to 2**53), so a seed shown on the page is the seed that ran.
 SEED_MAX = 2**32 - 1
-MAX_ATTENTION_LAYERS = 4  # bounds a trace: 4 layers x heads x (prompt + 1024) x 1024 tokens in float16
+# Every layer of the models served (30 for SmolLM2, 28 for Qwen2.5, 18/26 for Gemma 3), so a run can record them all.
+# A trace keeps per token [layers, heads, positions] float16 weights: SmolLM2 (30 x 9 heads), 256 tokens after a
+# 1,024-token prompt: 30 * 9 * sum(1024 + t for t < 256) * 2 bytes = 159 MB; the page bounds what it records
+# (explorer/runs.py, ATTENTION_BUDGET_BYTES).
+MAX_ATTENTION_LAYERS = 64
 
 
 @dataclass(frozen=True)

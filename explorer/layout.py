@@ -135,7 +135,7 @@ def _view_tab(view: views.View, ui: dict[str, Any], facts: ModelFacts) -> None:
 
 
 def _tabs(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> None:
-    with gr.Tabs(elem_id="views"):
+    with gr.Tabs(elem_id="views") as ui["view_tabs"]:
         for view in views.registry():
             if view.tab:
                 _view_tab(view, ui, facts)

@@ -24,6 +24,29 @@ from explorer.pool import ModelPool
 # (explorer.views.lens.read_session_lens). Reading it while generating cost each step about x1.6 on SmolLM2-135M
 # (scripts/lens_cost.py); the page now streams at the engine's speed (scripts/measure_app.py, "page vs engine").
 
+# Every layer's attention is recorded (the Attention overview shows all layers x heads) where memory allows: a trace
+# keeps per token [layers, heads, prompt + t] float16 weights, and the prefill computes [layers, heads, prompt, prompt]
+# float32 ones for a moment (d3/decoder.py). Over this budget, per trace, only the chosen layer is recorded.
+# SmolLM2-135M (30 layers x 9 heads), 256 tokens: a 64-token prompt keeps 30*9*sum(64+t, t<256)*2 B = 26 MB and
+# computes 4 MB at prefill; prompts up to 498 tokens record every layer (prefill 30*9*498^2*4 B = 268 MB, kept 86 MB);
+# a 1,024-token prompt would keep 159 MB but compute 1.13 GB at prefill: the chosen layer alone then.
+ATTENTION_BUDGET_BYTES = 256 * 2**20
+
+
+def attention_bytes(layers: int, heads: int, prompt_tokens: int, new_tokens: int) -> int:
+    """The larger of what a trace keeps of `layers`' attention (float16 rows over prompt + t keys per token) and what
+    the prefill computes of it (float32 [heads, prompt, prompt] per layer), in bytes."""
+    kept = layers * heads * (new_tokens * prompt_tokens + new_tokens * (new_tokens - 1) // 2) * 2
+    prefill = layers * heads * prompt_tokens**2 * 4
+    return max(kept, prefill)
+
+
+def recorded_attention_layers(layers: int, heads: int, prompt_tokens: int, new_tokens: int,
+                              chosen: int) -> tuple[int, ...]:
+    """Every layer when its attention fits ATTENTION_BUDGET_BYTES, else the chosen layer alone."""
+    every = attention_bytes(layers, heads, prompt_tokens, new_tokens) <= ATTENTION_BUDGET_BYTES
+    return tuple(range(layers)) if every else (chosen,)
+
 
 @dataclass(frozen=True)
 class RunSetup:
@@ -61,8 +84,10 @@ def prepare_run(pool: ModelPool, c: Controls | RunSetup) -> RunSetup:
     whose parse is not repeated: a click parses the controls once), or for controls not checked yet."""
     setup = c if isinstance(c, RunSetup) else check_run(pool, c)
     engine = pool.engine(setup.model)
-    return replace(setup, engine=engine, prompt_tokens=check_prompt_tokens(engine, setup.prompt, setup.chat_template,
-                                                                            pool.caps))
+    tokens = check_prompt_tokens(engine, setup.prompt, setup.chat_template, pool.caps)
+    layers = recorded_attention_layers(engine.num_layers, engine.adapter.num_heads, tokens, setup.gen.max_new_tokens,
+                                       setup.trace.attention_layers[0])
+    return replace(setup, engine=engine, prompt_tokens=tokens, trace=replace(setup.trace, attention_layers=layers))
 
 
 # ---------------------------------------------------------------- streaming two runs side by side

@@ -9,7 +9,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import gradio as gr
 import pandas as pd
@@ -17,7 +17,7 @@ import pandas as pd
 from d3.config import D3Config, GenerationConfig, SkipDecodeConfig, strategy_from_dict
 from d3.engine import Engine
 from d3.research.sweep import SweepSpec
-from d3.research.sweep.run import run_sweep as run_sweep_file
+from d3.research.sweep.run import iter_sweep
 from d3.research.sweep.table import read_results
 from explorer import views
 from explorer.caps import Caps
@@ -143,10 +143,21 @@ def expected_runs(spec: SweepSpec) -> int:
 
 def run_small_sweep(engine: Engine, spec: SweepSpec, progress: Callable[[float, str], None] | None = None,
                     should_stop: Callable[[], bool] = _never) -> pd.DataFrame:
-    """Run `spec` on `engine` into a fresh temporary CSV (never resumed from an earlier sweep); the table.
+    """The table `iter_small_sweep` ends with: every row, or the rows finished before the sweep ran out of time."""
+    df = pd.DataFrame()
+    for df in iter_small_sweep(engine, spec, progress, should_stop):
+        pass
+    return df
+
+
+def iter_small_sweep(engine: Engine, spec: SweepSpec, progress: Callable[[float, str], None] | None = None,
+                     should_stop: Callable[[], bool] = _never) -> Iterator[pd.DataFrame]:
+    """Run `spec` on `engine` into a fresh temporary CSV (never resumed from an earlier sweep), yielding the table
+    after each row (the full-depth reference first, then the settings one by one) and once more at the end.
     `progress(fraction, desc)` moves with every run started, never backwards; `should_stop()` is checked before
     every token of every run (it raises to end the sweep: a run stopped early would measure nothing). When it
-    raises `OutOfTime`, the rows finished before are returned, with the reason in `df.attrs["stopped"]`."""
+    raises `OutOfTime`, the last table yielded holds the rows finished before, with the reason in
+    `df.attrs["stopped"]`."""
     report = progress or (lambda fraction, desc: None)
     state = {"runs": 0, "shown": 0.0, "desc": "Starting the sweep…"}
     total = expected_runs(spec)
@@ -163,12 +174,15 @@ def run_small_sweep(engine: Engine, spec: SweepSpec, progress: Callable[[float, 
     with tempfile.TemporaryDirectory(prefix="d3-sweep-") as folder:
         counting, path = _Counting(engine, tick, should_stop), Path(folder) / "sweep.csv"
         try:
-            return run_sweep_file(spec, path, engine=counting,  # type: ignore[arg-type]
-                                  progress=lambda fraction, desc: show(fraction, desc))
+            for rows in iter_sweep(spec, path, engine=counting,  # type: ignore[arg-type]
+                                   progress=lambda fraction, desc: show(fraction, desc)):
+                yield rows
         except OutOfTime as stop:
             done = read_results(path)
             done.attrs["stopped"] = str(stop)
-            return done
+            yield done
+            return
+        yield read_results(path)
 
 
 def speed_reading(measured: Any, theoretical: Any, noise: float, strategy: str) -> str:
@@ -244,7 +258,18 @@ def _sweep_figure(df: pd.DataFrame, presentation: bool = False) -> Any:
 
 def run_sweep(pool: ModelPool, model: str, chat_template: bool, sweep_prompts: str, sweep_settings: list[str],
               sweep_tokens: int, progress: gr.Progress = gr.Progress()) -> tuple[Any, ...]:
-    """A small bounded sweep (d3.research.sweep.run_sweep) on the chosen model: the table, its Pareto view, a note."""
+    """The outputs `stream_sweep` ends with (for a caller that wants only the finished sweep)."""
+    out: tuple[Any, ...] = ()
+    for out in stream_sweep(pool, model, chat_template, sweep_prompts, sweep_settings, sweep_tokens, progress):
+        pass
+    return out
+
+
+def stream_sweep(pool: ModelPool, model: str, chat_template: bool, sweep_prompts: str, sweep_settings: list[str],
+                 sweep_tokens: int, progress: gr.Progress = gr.Progress()) -> Iterator[tuple[Any, ...]]:
+    """A small bounded sweep (d3.research.sweep.iter_sweep) on the chosen model: the table, its Pareto view and a
+    note after each row as it is measured (the full-depth reference first), and once more when it ends, also when
+    it ends at its time limit (the rows already measured stay)."""
     with user_errors():
         name = pool.check_name(model)
         spec = sweep_spec(name, sweep_prompts, sweep_settings, sweep_tokens, chat_template, pool.caps)
@@ -260,9 +285,13 @@ def run_sweep(pool: ModelPool, model: str, chat_template: bool, sweep_prompts: s
                 raise OutOfTime(f"the sweep reached its time limit of {limit} s")
             return False
 
-        df = run_small_sweep(engine, spec, progress=lambda fraction, desc: progress(fraction, desc=desc),
-                             should_stop=out_of_time)
-    return ordered(SWEEP_OUTPUTS, **sweep_outputs(df, spec))
+        tables = iter_small_sweep(engine, spec, progress=lambda fraction, desc: progress(fraction, desc=desc),
+                                  should_stop=out_of_time)
+        df = next(tables)
+        for following in tables:
+            yield ordered(SWEEP_OUTPUTS, **sweep_outputs(df, spec, running=True))
+            df = following
+    yield ordered(SWEEP_OUTPUTS, **sweep_outputs(df, spec))
 
 
 def sweep_time_limit(caps: Caps) -> int:
@@ -270,11 +299,17 @@ def sweep_time_limit(caps: Caps) -> int:
     return min(SWEEP_MAX_S, caps.max_run_s)
 
 
-def sweep_outputs(df: pd.DataFrame, spec: SweepSpec) -> dict[str, Any]:
-    """The table, the Pareto view and the note of a finished sweep, or of one stopped at its time limit (the
-    rows done so far kept and drawn, and a plain message saying so)."""
+def sweep_outputs(df: pd.DataFrame, spec: SweepSpec, *, running: bool = False) -> dict[str, Any]:
+    """The table, the Pareto view and the note of a finished sweep, of one stopped at its time limit (the
+    rows done so far kept and drawn, and a plain message saying so), or (`running`) of one still measuring."""
     stopped = df.attrs.get("stopped")
     total = len(spec.depths) + len(spec.baselines) + 1
+    if running and not df.empty:
+        df, noise = reference_as_one(df)
+        note = (f"Measured {len(df)} of {total} rows so far (the full-depth reference first); measuring the next "
+                "one. The rows below are final; the sweep stops at its time limit and keeps them.")
+        return dict(sweep_results=df, sweep_table=sweep_table(df, noise), sweep_pareto=_sweep_figure(df),
+                    sweep_note=note, sweep_file=None)
     if stopped and df.empty:
         note = (f"**Stopped: {stopped}** before the full-depth reference was measured, so there is nothing to show. "
                 "Choose fewer settings or tokens, or a shorter prompt, and run it again.")

@@ -21,7 +21,7 @@ from explorer.sweep_tab import (
     SWEEP_OUTPUTS,
     load_sweep_point,
     load_sweep_setting,
-    run_sweep,
+    stream_sweep,
 )
 from explorer import views
 from explorer.view_handlers import (
@@ -50,6 +50,7 @@ from explorer.view_handlers import (
 )
 
 SWEEP_CLICK_JS = ASSETS / "sweep_click.js"
+HEADS_CLICK_JS = ASSETS / "heads_click.js"  # a click on a cell of the attention overview opens that head
 PAGE_JS = ASSETS / "page.js"  # fits plots to their boxes after tab switches
 PREVIEW_JS = ASSETS / "decay_preview.js"  # the decay curve drawn in the browser while a slider moves
 # Letting go of one of these sliders regenerates; while one moves, the browser redraws the decay curve from
@@ -213,7 +214,7 @@ def _wire_tabs(pool: ModelPool, ui: dict[str, Any]) -> dict[str, Any]:
 
 
 def _wire_sweep(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
-    ui["sweep_run"].click(functools.partial(run_sweep, pool), _pick(ui, SWEEP_INPUTS), _pick(ui, SWEEP_OUTPUTS),
+    ui["sweep_run"].click(functools.partial(stream_sweep, pool), _pick(ui, SWEEP_INPUTS), _pick(ui, SWEEP_OUTPUTS),
                           api_name="run_sweep", preprocess=False, concurrency_id="model",
                           concurrency_limit=pool.caps.concurrency, trigger_mode="once")
     _redraw_after(pool, ui, ui["sweep_table"].select(load_sweep_setting, ui["sweep_results"],
@@ -223,6 +224,7 @@ def _wire_sweep(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
                                                      _pick(ui, SWEEP_LOAD_OUTPUTS), api_name="load_sweep_point",
                                                      queue=False))
     demo.load(None, js=SWEEP_CLICK_JS.read_text(encoding="utf-8"), api_name=False)
+    demo.load(None, js=HEADS_CLICK_JS.read_text(encoding="utf-8"), api_name=False)
     ui["sweep_export"].click(export_sweep, ui["sweep_results"], ui["sweep_file"], api_name="export_sweep")
 
 

@@ -7,8 +7,8 @@ import pytest
 
 from d3.config import D3Config, FullConfig, GenerationConfig, TraceConfig
 from d3.trace import PromptStats, TokenStep, Trace
-from viz.attention_overview import attention_overview, compared_weights
-from tests.figures import message, title_text
+from viz.attention_overview import attention_overview, compared_weights, divergence_grid, divergence_overview
+from tests.figures import by_role, message, title_text
 
 P, HEADS, L = 3, 2, 4
 RNG = np.random.default_rng(0)
@@ -154,3 +154,82 @@ def test_a_real_run_on_the_tiny_model(tiny_engine) -> None:
         assert (np.abs(z[np.isfinite(z)]) > 1e-3).sum() > 10  # skipped layers below changed what layer 4 attends to
         np.testing.assert_allclose(z, mine - theirs, equal_nan=True)
         assert all(np.isnan(z[t]).all() for t in skipped)
+
+
+# ---------------------------------------------------------------- where D3 changes attention: layers x heads
+
+
+def rows_run(name: str, tokens: list[int], rows: dict[int, dict[int, list[list[float]]]], layers: int = 3) -> Trace:
+    """A run with explicit attention rows: rows[step][layer] = [heads][keys] (a layer absent at a step: skipped)."""
+    steps = []
+    for t, token in enumerate(tokens):
+        recorded = {k: np.asarray(v, dtype=np.float16) for k, v in rows.get(t, {}).items()}
+        ran = tuple(k for k in range(layers) if t == 0 or k in recorded or k == 0)
+        steps.append(TokenStep(step=t, token_id=token, text=f" t{token}", layers_run=ran, filled=(), planned=len(ran),
+                               entropy=1.0, wall_ms=1.0, attention=recorded))
+    return Trace(model="tiny", num_layers=layers, strategy={"strategy": name, "alpha": 0.9}, prompt="p", core=(1, 1),
+                 steps=tuple(steps), num_heads=2, prompt_stats=PromptStats(tokens=("a", "b")))
+
+
+# Two prompt tokens, three layers, two heads. Step 1 sees 3 keys, step 2 sees 4. Layer 2: D3 skipped it at step 1.
+FULL_ROWS = {1: {0: [[.5, .5, 0], [.2, .3, .5]], 1: [[1, 0, 0], [.25, .25, .5]], 2: [[.5, .5, 0], [1, 0, 0]]},
+             2: {0: [[.25, .25, .25, .25], [0, 0, 0, 1]], 1: [[0, 0, 0, 1], [.25, .25, .25, .25]],
+                 2: [[0, 0, .5, .5], [1, 0, 0, 0]]}}
+D3_ROWS = {1: {0: [[0, .5, .5], [.2, .3, .5]], 1: [[0, 1, 0], [.25, .25, .5]]},
+           2: {0: [[.25, .25, .25, .25], [0, 0, 1, 0]], 1: [[0, 0, 0, 1], [.25, .25, .25, .25]],
+               2: [[0, .5, .5, 0], [1, 0, 0, 0]]}}
+
+
+def test_the_divergence_grid_is_the_mean_js_divergence_per_layer_and_head_by_hand() -> None:
+    """JS([.5,.5,0], [0,.5,.5]) = 0.5 bit (m = [.25,.5,.25]: each side's KL to m is 0.5 bit); disjoint rows: 1 bit;
+    identical rows: 0. A layer D3 skipped at a step is averaged over the steps where it ran."""
+    full = rows_run("full", [5, 6, 7], FULL_ROWS)
+    d3 = rows_run("d3", [5, 6, 7], D3_ROWS)
+    grid, counted = divergence_grid(d3, full)
+    assert grid.shape == (3, 2)  # layers x heads
+    want = np.array([[(0.5 + 0.0) / 2, (0.0 + 1.0) / 2],   # layer 0: head 0 differs at step 1, head 1 at step 2
+                     [(1.0 + 0.0) / 2, 0.0],                 # layer 1: head 0 disjoint at step 1
+                     [0.5, 0.0]])                            # layer 2: step 2 only ([0,0,.5,.5] vs [0,.5,.5,0])
+    np.testing.assert_allclose(grid, want, atol=1e-6)
+    assert counted.tolist() == [2, 2, 1]
+    fig = divergence_overview(d3, full)
+    heat = by_role(fig, "attention-divergence")[0]
+    np.testing.assert_allclose(np.asarray(heat.z, dtype=float), want.T, atol=1e-6)  # heads down, layers across
+    assert list(heat.x) == [0, 1, 2] and list(heat.y) == [0, 1]
+    assert np.asarray(heat.customdata).tolist()[1][2] == [2, 1]  # each cell carries (layer, head) for the click
+    assert fig.layout.coloraxis.cmin == 0 and fig.layout.coloraxis.cmax == pytest.approx(want.max())
+
+
+def test_the_divergence_is_averaged_over_the_tokens_both_runs_read_alike() -> None:
+    """After the texts differ the two runs attend over different tokens: those steps are left out, and said."""
+    full = rows_run("full", [5, 6, 7], FULL_ROWS)
+    d3 = rows_run("d3", [5, 9, 7], D3_ROWS)  # differs at token 1: step 1 still read the same text, step 2 not
+    grid, counted = divergence_grid(d3, full)
+    assert counted.tolist() == [1, 1, 0]
+    np.testing.assert_allclose(grid[:2], [[0.5, 0.0], [1.0, 0.0]], atol=1e-6)
+    assert np.isnan(grid[2]).all()  # D3 skipped layer 2 on the one step compared: grey, not 0
+    fig = divergence_overview(d3, full)
+    grey = np.asarray(by_role(fig, "skipped-cells")[0].z, dtype=float)
+    assert np.isfinite(grey).tolist() == [[False, False, True], [False, False, True]]
+    assert "mean of token 1" in title_text(fig)
+
+
+def test_the_overview_title_is_short_and_the_figure_fits_a_1280x800_screen() -> None:
+    fig = divergence_overview(D3, FULL)
+    head = fig.layout.title.text.split("<br>")[0]
+    assert head == "Where D3 changes attention" and "<sub>" not in head  # one line: it does not wrap
+    assert len(fig.layout.title.text.split("<br>")) == 3  # the head and two short notes
+    assert fig.layout.height <= 500 and divergence_overview(D3, FULL, presentation=True).layout.height <= 600
+    assert "tokens 1–2" in title_text(fig) and "click" in title_text(fig)
+
+
+def test_the_overview_of_a_real_run_records_every_layer(tiny_engine) -> None:
+    gen = GenerationConfig(max_new_tokens=8, stop_at_eos=False)
+    trace_cfg = TraceConfig(attention_layers=tuple(range(tiny_engine.num_layers)))
+    d3 = tiny_engine.generate("hello world", D3Config(alpha=0.9, core_head=1, core_tail=1), gen, trace_cfg)
+    full = tiny_engine.generate("hello world", FullConfig(), gen, trace_cfg)
+    grid, counted = divergence_grid(d3, full)
+    assert grid.shape == (tiny_engine.num_layers, full.num_heads)
+    assert counted[0] > 0 and np.nanmax(grid) > 1e-4  # skipped layers changed what later layers attend to
+    assert np.nanmin(grid) >= 0 and np.nanmax(grid) <= 1
+    assert grid[0].max() < 1e-3  # layer 0 reads the same input in both runs: the same attention

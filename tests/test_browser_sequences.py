@@ -330,27 +330,33 @@ def annotations(page, plot: str) -> str:
                          ".map(a => a.textContent).join(' | ')")
 
 
-def test_the_all_heads_view_follows_the_attention_layer_after_a_run(watched) -> None:
-    """Issue 24: the all-heads view did not redraw when its layer changed after a run. It is drawn when its tab
-    opens (nothing is sent into a hidden tab), and redrawn when the layer moves while it is shown."""
+def test_a_click_on_an_attention_overview_cell_opens_that_head(watched) -> None:
+    """Issue 35, item 4 (issue 24 before it: the all-heads view must follow the run): the overview of every layer x
+    head is drawn as its tab opens, with no layer chosen before generating; a click on a cell opens the per-head view
+    set to that layer and head."""
     page = watched.page
     page.fill("#max-new-tokens input", str(TOKENS))
     page.click("#generate")
     watched.wait_status("Done.")
-    open_view(page, "Attention: all heads")
+    open_view(page, "Attention overview")
     page.wait_for_function("() => (document.querySelector('#plot-heads .js-plotly-plot')?.data || [])"
                            ".some(t => t.type === 'heatmap')", timeout=GUARD_S * 1000)  # drawn as the tab opened
-    open_more(page)
-    box = page.locator('input[aria-label="number input for Attention layer to record"]')
-    box.fill("1")
-    box.press("Tab")
+    page.wait_for_timeout(600)  # assets/heads_click.js attaches its listener every 400 ms
+    page.locator("#plot-heads").scroll_into_view_if_needed()  # a mouse click lands only inside the viewport
+    x, y = page.evaluate("""() => {
+        const gd = document.querySelector('#plot-heads .js-plotly-plot'), fl = gd._fullLayout;
+        const box = gd.getBoundingClientRect();
+        return [box.left + fl.xaxis._offset + fl.xaxis.l2p(1), box.top + fl.yaxis._offset + fl.yaxis.l2p(2)];
+    }""")
+    page.mouse.click(x, y)  # layer 1, head 2
     try:
-        page.wait_for_function("() => Array.from(document.querySelectorAll('#plot-heads .annotation-text'))"
-                               ".some(a => a.textContent.includes('Layer 1 was not recorded'))", timeout=GUARD_S * 1000)
+        page.wait_for_function("() => Array.from(document.querySelectorAll('#plot-attention .gtitle'))"
+                               ".some(t => /layer 1/.test(t.textContent) && /head 2/.test(t.textContent))",
+                               timeout=GUARD_S * 1000)
     except playwright_api.TimeoutError:
-        pytest.fail(f"the all-heads view kept its drawing: {annotations(page, 'heads')!r}")
+        pytest.fail(f"the click did not open layer 1, head 2: {annotations(page, 'attention')!r}")
+    assert page.get_by_role("tab", name="Attention: full depth vs D3").get_attribute("aria-selected") == "true"
     watched.settle()
-
 
 
 def load_a_sweep_point(page) -> str:

@@ -11,6 +11,7 @@ from d3.config import (
     D3Config,
     EarlyExitConfig,
     GenerationConfig,
+    MAX_ATTENTION_LAYERS,
     SkipDecodeConfig,
     StrategyConfig,
     TraceConfig,
@@ -38,7 +39,7 @@ from d3.config import (
     (lambda: GenerationConfig(max_new_tokens=10**9), "max_new_tokens"),
     (lambda: GenerationConfig(top_p=0), "top_p"),
     (lambda: TraceConfig(top_k=100), "top_k"),
-    (lambda: TraceConfig(attention_layers=tuple(range(5))), "attention_layers"),
+    (lambda: TraceConfig(attention_layers=tuple(range(MAX_ATTENTION_LAYERS + 1))), "attention_layers"),
 ])
 def test_bad_values_name_the_field(make, field):
     with pytest.raises(ValueError, match=field) as err:

@@ -121,6 +121,23 @@ def test_interrupted_sweep_resumes_without_duplicates(engine: Engine, tmp_path: 
     assert measured == [] and len(again) == n
 
 
+def test_the_sweep_yields_the_reference_row_first_then_one_row_at_a_time(engine: Engine, tmp_path: Path) -> None:
+    """Issue 35, M4: rows are drawn as they come; a sweep stopped after its second row keeps those two rows."""
+    spec = SweepSpec(prompts=("hello",), max_new_tokens=2, repeats=1, depths=(0.5, 0.75), baselines=("unified",),
+                     ppl_chunks=0)
+    out = tmp_path / "rows.csv"
+    sizes, strategies = [], []
+    for rows in run.iter_sweep(spec, out, engine=engine):
+        sizes.append(len(rows))
+        strategies.append(rows["strategy"].tolist())
+        if len(rows) == 2:  # the caller's limit passes after the second row
+            break
+    assert sizes == [1, 2] and strategies[0] == ["full"] and strategies[1][0] == "full"
+    kept = pd.read_csv(out)
+    assert kept["strategy"].tolist() == strategies[1]  # both rows are in the file, nothing half-measured
+    assert len(run.run_sweep(spec, out, engine=engine)) == len(grid.all_settings(spec, engine))  # and it resumes
+
+
 def test_keys_are_stable_and_depend_on_the_prompt_set() -> None:
     setting = Setting("x", D3Config(alpha=0.9), 0.5)
     a = setting_key(SMALL, "tiny", setting)

@@ -228,6 +228,31 @@ def test_a_sweep_stopped_at_its_time_limit_keeps_and_draws_the_rows_it_finished(
     assert sorted(int(i) for t in points for i in t.customdata) == [0, 1]  # both finished rows are drawn
 
 
+def test_a_sweep_draws_a_table_after_each_row_and_keeps_two_rows_when_its_limit_passes_after_the_second(
+        tiny_engine, pool) -> None:
+    """Issue 35, M4: the reference first, then each setting as it is measured; the limit keeps what was drawn."""
+    spec = sweep_tab.sweep_spec("tiny", "hello there", REQUEST["sweep_settings"], 4, True, pool.caps)
+    progress, should_stop = _stop_at_setting(3)
+    tables = list(sweep_tab.iter_small_sweep(tiny_engine, spec, progress=progress, should_stop=should_stop))
+    assert [len(t) for t in tables] == [1, 2, 2]
+    assert tables[0]["strategy"].tolist() == ["full"] and not tables[0].attrs.get("stopped")
+    assert tables[-1]["strategy"].tolist() == ["full", "d3"] and "time limit" in tables[-1].attrs["stopped"]
+
+
+def test_the_sweep_handler_yields_the_table_and_plot_after_each_row(pool) -> None:
+    request = dict(REQUEST, sweep_settings=["d3_75", "unified_67"])
+    outs = list(sweep_tab.stream_sweep(pool, **request, progress=lambda *a, **k: None))
+    tables = [o[OUT["sweep_table"]] for o in outs]
+    assert [len(t) for t in tables] == [1, 2, 3, 3]  # the reference, each setting as it comes, then the end
+    assert tables[0]["strategy"].tolist() == ["full"]
+    for out, table in zip(outs[:-1], tables[:-1]):
+        assert f"Measured {len(table)} of 3 rows so far" in out[OUT["sweep_note"]]
+        points = [t for t in out[OUT["sweep_pareto"]].data if (t.meta or {}).get("role") == "points"]
+        assert sorted(int(i) for t in points for i in t.customdata) == list(range(len(table)))
+    assert "Measured 3 rows" in outs[-1][OUT["sweep_note"]]
+    assert tables[-1]["setting"].tolist() == outs[-1][OUT["sweep_results"]]["label"].tolist()
+
+
 def test_a_sweep_out_of_time_before_its_reference_says_so_plainly(tiny_engine) -> None:
     pool = ModelPool(tiny_factory(tiny_engine), names=("tiny",), caps=Caps(max_new_tokens=64, max_run_s=0))
     out = sweep_tab.run_sweep(pool, **REQUEST, progress=lambda *a, **k: None)

@@ -242,3 +242,40 @@ def test_the_example_menu_names_the_prompt_a_scenario_set(pool, key) -> None:
     out = dict(zip(SCENARIO_OUTPUTS, apply_scenario(pool, key, 0, None, "tiny")))
     title = out["example"]["value"]
     assert title in prompt_titles() and use_example(title) == out["prompt"]
+
+
+def test_a_run_records_every_layer_and_a_click_on_an_overview_cell_opens_that_head(pool) -> None:
+    """Issue 35, item 4: every layer's attention is recorded without choosing one before generating (the chosen
+    layer is 2); the overview is layers x heads; a click on a cell ("layer,head@stamp") sets the per-head view's
+    layer and head, opens its tab and draws it for that layer and head."""
+    import numpy as np
+    import plotly.graph_objects as go
+
+    from explorer.live import GENERATE_OUTPUTS, generate
+    from explorer.views.heads import CELL_OUTPUTS, open_head
+    from tests.figures import by_role
+
+    run = dict(prompt="hello", model="tiny", max_new_tokens=5, attention_layer=2)
+    session = Session()
+    last = dict(zip(GENERATE_OUTPUTS, list(generate(pool, session, **run))[-1]))
+    layers, heads = pool.engine("tiny").num_layers, pool.engine("tiny").adapter.num_heads
+    assert {k for s in session.full.steps for k in s.attention} == set(range(layers))
+    cells = np.asarray(by_role(last["heads"], "attention-divergence")[0].z, dtype=float)
+    assert cells.shape == (heads, layers) and np.isfinite(cells[:, 0]).all()
+    out = dict(zip(CELL_OUTPUTS, open_head(session, f"4,1@{123}", **run)))
+    assert out["attention_layer"] == 4 and out["attention_head"] == 1
+    assert out["view_tabs"].selected == "attention"
+    assert isinstance(out["attention"], go.Figure) and "layer 4" in str(out["attention"].layout.title.text)
+    assert "head 1" in str(out["attention"].layout.title.text)
+    with pytest.raises(gr.Error, match="heads_cell"):
+        open_head(session, "no cell", **run)
+
+
+def test_attention_is_recorded_for_every_layer_only_within_its_memory_budget() -> None:
+    from explorer.runs import ATTENTION_BUDGET_BYTES, attention_bytes, recorded_attention_layers
+
+    # SmolLM2-135M: 30 layers x 9 heads; 256 tokens after a 1,024-token prompt keep 159 MB, the prefill computes 1.13 GB
+    assert attention_bytes(30, 9, 1024, 256) == max(30 * 9 * sum(1024 + t for t in range(256)) * 2, 30 * 9 * 1024**2 * 4)
+    assert recorded_attention_layers(30, 9, 64, 256, chosen=7) == tuple(range(30))
+    assert recorded_attention_layers(30, 9, 1024, 256, chosen=7) == (7,)
+    assert attention_bytes(30, 9, 498, 256) <= ATTENTION_BUDGET_BYTES < attention_bytes(30, 9, 499, 256)

@@ -1,5 +1,7 @@
-"""Attention overview for a projector: every head of one layer (or one head across the recorded layers), for D3, full
-depth and D3 minus full depth, as a grid of heatmaps on two shared colour scales."""
+"""Attention overviews for a projector: where D3 changes attention (one cell per layer and head: the Jensen-Shannon
+divergence between D3's and full depth's attention rows, `divergence_overview`), and every head of one layer (or one
+head across the recorded layers), for D3, full depth and D3 minus full depth, as a grid of heatmaps on two shared colour
+scales (`attention_overview`)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
+from scipy.spatial.distance import jensenshannon
 
 from d3.trace import Trace, token_agreement
 from viz.attention import SKIPPED_FILL, SKIPPED_TEXT, attention_matrix, prompt_length
@@ -219,3 +222,92 @@ def attention_overview(d3: Trace, full: Trace, *, layer: int | None = None, head
     row_px = 165 if presentation else 125
     return make_figure(data, layout, title=title, presentation=presentation, legend=False,
                        height=height or int(np.clip(row_px * len(rows) + 230, 380, 2000)))
+
+
+# ---------------------------------------------------------------- where D3 changes attention: layers x heads
+
+
+DIVERGENCE_HEIGHT = {False: 400, True: 480}  # px: with the page's header and tabs it fits a 1280x800 screen
+
+
+def js_divergence(p: np.ndarray, q: np.ndarray) -> float:
+    """Jensen-Shannon divergence in bits (0: the same weights, 1: no key in common) of two attention rows over the same
+    keys; each is normalised to sum 1 (float16 rows sum to 1 only within rounding). scipy gives the distance, its
+    square root."""
+    return float(jensenshannon(np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64), base=2) ** 2)
+
+
+def same_context_steps(d3: Trace, full: Trace) -> list[int]:
+    """Steps whose attention rows D3 and full depth computed over the same text: step t reads tokens 0..t-1, so every
+    step up to and including the first divergence (all compared steps when the texts never differ). Step 0 is the
+    prompt's, whose rows are not kept per token."""
+    compared = min(len(d3.steps), len(full.steps))
+    first = token_agreement(d3.token_ids, full.token_ids).first_divergence
+    last = compared - 1 if first is None else min(first, compared - 1)
+    return list(range(1, last + 1))
+
+
+def divergence_grid(d3: Trace, full: Trace, layers: int | None = None,
+                    heads: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(mean JS divergence [layers, heads], tokens averaged per layer [layers]) over `same_context_steps`, for each
+    token where D3 ran the layer and both runs recorded its attention; NaN for a layer with no such token."""
+    layers = layers if layers is not None else max(d3.num_layers, full.num_layers)
+    heads = heads if heads is not None else num_heads(d3, full)
+    total = np.zeros((layers, heads))
+    counted = np.zeros(layers, dtype=int)
+    for t in same_context_steps(d3, full):
+        mine, theirs = d3.steps[t].attention, full.steps[t].attention
+        for layer in sorted(set(mine) & set(theirs)):
+            if layer >= layers:
+                continue
+            a, b = np.asarray(mine[layer]), np.asarray(theirs[layer])
+            keys = min(a.shape[-1], b.shape[-1])
+            total[layer] += [js_divergence(a[h, :keys], b[h, :keys]) for h in range(heads)]
+            counted[layer] += 1
+    with np.errstate(invalid="ignore", divide="ignore"):
+        grid = np.where(counted[:, None] > 0, total / np.maximum(counted, 1)[:, None], np.nan)
+    return grid, counted
+
+
+def divergence_overview(d3: Trace, full: Trace, *, presentation: bool = False, height: int | None = None) -> go.Figure:
+    """Where D3 changes attention: one cell per layer (across) and head (down), coloured by the mean Jensen-Shannon
+    divergence (bits) between D3's and full depth's attention rows over the tokens both runs read alike
+    (`divergence_grid`); grey where D3 skipped the layer on every such token or nothing was recorded. Each cell's
+    customdata is [layer, head], for a click that opens that head's detail."""
+    if d3.prompt != full.prompt:
+        raise ValueError("the D3 run and the full-depth run must answer the same prompt to compare their attention")
+    grid, counted = divergence_grid(d3, full)
+    steps = same_context_steps(d3, full)
+    if not grid.size or not steps or not counted.any():
+        return empty_figure("No attention was recorded for tokens both runs read alike. Press Generate to record "
+                            "every layer's attention.", presentation=presentation,
+                            height=height or DIVERGENCE_HEIGHT[presentation])
+    layers, heads = grid.shape
+    z = grid.T  # [heads, layers]: layers across, heads down
+    cells = np.dstack(np.meshgrid(np.arange(layers), np.arange(heads))).tolist()  # [heads][layers] = [layer, head]
+    top = max(float(np.nanmax(grid)), 1e-3)
+    small = dict(size=font_size(presentation, delta=-3))
+    data = [go.Heatmap(z=z, x=list(range(layers)), y=list(range(heads)), customdata=cells, coloraxis="coloraxis",
+                       xgap=1, ygap=1, hoverongaps=False, name="js", meta={"role": "attention-divergence"},
+                       hovertemplate="layer %{x} · head %{y} · JS %{z:.4f} bits<br>click: this head in detail"
+                                     "<extra></extra>")]
+    skipped = np.where(np.isnan(z), 1.0, np.nan)
+    if np.isfinite(skipped).any():
+        data.append(go.Heatmap(z=skipped, x=list(range(layers)), y=list(range(heads)), customdata=cells, xgap=1, ygap=1,
+                               colorscale=[[0, SKIPPED_FILL], [1, SKIPPED_FILL]], zmin=0, zmax=1, showscale=False,
+                               hoverongaps=False, name="skipped", meta={"role": "skipped-cells"},
+                               hovertemplate="layer %{x} · head %{y}: D3 skipped this layer on every token compared"
+                                             "<extra></extra>"))
+    span = f"token {steps[0]}" if len(steps) == 1 else f"tokens {steps[0]}–{steps[-1]}"
+    layout = dict(xaxis=dict(title=dict(text="layer"), showgrid=False, dtick=5 if layers > 12 else 1, tickfont=small,
+                             constrain="domain"),
+                  yaxis=dict(title=dict(text="head"), showgrid=False, autorange="reversed", dtick=1 if heads <= 16 else 4,
+                             tickfont=small),
+                  coloraxis=dict(colorscale=SEQUENTIAL, cmin=0, cmax=top,
+                                 colorbar=dict(thickness=14, title=dict(text="JS<br>bits"), tickfont=small)),
+                  margin=dict(r=70))
+    # Short lines (fit_title wraps at 40): the head never wraps, the notes take two lines on a phone too.
+    title = fit_title("Where D3 changes attention", f"JS divergence, mean of {span}",
+                      ("grey: skipped · click: that head", SKIPPED_TEXT))
+    return make_figure(data, layout, title=title, presentation=presentation, legend=False,
+                       height=height or DIVERGENCE_HEIGHT[presentation])

@@ -9,8 +9,9 @@ from explorer.ui import slider_range
 from explorer.views import Shown, View, attention_view
 
 EXPLAIN = """**Where one attention head looks** while each token is generated (rows), over the prompt and
-the earlier tokens (columns): full depth on the left, D3 on the right. Choose the layer *before* generating,
-because only that layer is recorded, to keep traces small. The head can be changed afterwards. The default
+the earlier tokens (columns): full depth on the left, D3 on the right. Every layer is recorded (a long prompt: only the layer chosen
+under *More controls* before generating); a click on a cell of the *Attention overview* opens its layer and head
+here. The default
 layer is a flex layer that the default D3 run keeps for about three quarters of its tokens, then drops. The dotted
 line is where the prompt ends.
 

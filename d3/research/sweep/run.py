@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterator
+
 import pandas as pd
 
 from d3.engine import Engine
@@ -18,6 +20,16 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, engine: Engine | None = None,
     """Measure every setting of `spec` not already in `out` (at most `limit` new ones), row by row.
 
     Returns the whole table (old and new rows). `progress(fraction, desc)` is called as settings finish."""
+    for _ in iter_sweep(spec, out, engine=engine, progress=progress, limit=limit):
+        pass
+    return read_results(out)
+
+
+def iter_sweep(spec: SweepSpec, out: str | Path, *, engine: Engine | None = None, progress: Progress | None = None,
+               limit: int | None = None) -> Iterator[pd.DataFrame]:
+    """`run_sweep`, yielding the whole table (old and new rows) after each row is appended to `out`: the full-depth
+    reference row first, then the settings one by one. A caller that stops iterating (or an exception raised from
+    inside a run) leaves every row yielded so far in `out`."""
     engine = engine if engine is not None else load_engine(spec.model)
     out = Path(out)
     done = set(read_results(out)["key"])
@@ -36,9 +48,9 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, engine: Engine | None = None,
             row, first = measure_row(engine, spec, setting, refs, key)
             append_row(out, row)
             append_jsonl(traces_path, {"kind": "layers", "key": key, "label": setting.label, "trace": slim_trace(first)})
+            yield read_results(out)
         report(1.0, f"{len(todo)} settings measured")
     write_json(out)
-    return read_results(out)
 
 
 def load_engine(name: str) -> Engine:

@@ -10,7 +10,7 @@ import gradio as gr
 from explorer.controls import CONTROL_NAMES, takes_controls
 from explorer.session import Session
 from explorer.ui import ordered, user_errors
-from explorer.views import Shown, View, attention_view, waiting
+from explorer.views import Page, Shown, View, attention_view, waiting
 from viz.attention_overview import divergence_overview
 
 EXPLAIN = """**Where D3 changes attention**, every layer (across) and head (down) at once: each cell is the
@@ -62,7 +62,7 @@ def open_head(session: Session | None, heads_cell: str, controls) -> tuple[Any, 
                    attention=figure)
 
 
-def wire(pool: Any, ui: dict[str, Any], runs: dict[str, Any]) -> None:
+def wire(pool: Any, ui: dict[str, Any], page: Page) -> None:
     ui["heads_cell"].change(open_head, [ui["session"], ui["heads_cell"], *(ui[n] for n in CONTROL_NAMES)],
                             [ui[n] for n in CELL_OUTPUTS], api_name="open_head", queue=False, show_progress="hidden")
 

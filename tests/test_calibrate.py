@@ -317,15 +317,21 @@ def test_a_measurement_stops_within_one_pass_of_should_stop(identity_engine, all
     assert len(passes) <= max(0, allowed - 4)  # 4 decode steps and the full-depth score come first
 
 
-def test_steps_within_a_budget():
-    from d3.research.calibrate import removals, steps_within
+def test_greedy_order_ends_its_greedy_part_where_another_step_says_so():
+    from d3.research.calibrate import Score, greedy_order
 
-    # 22 flex layers (Qwen2.5-Coder's 28 with core 3 + 3), 8 steps wanted, one order of 22 compared
-    assert removals(22, 8) == 148
-    assert steps_within(1e9, 1.0, 22, 8, [22]) == 8
-    assert steps_within(140.0, 1.0, 22, 8, [22]) == 7  # 22 + 21 + ... + 16 removals and 7 compared: 140 passes
-    assert steps_within(139.0, 1.0, 22, 8, [22]) == 6 == steps_within(69.5, 0.5, 22, 8, [22])
-    assert steps_within(0.0, 1.0, 22, 8) == 1  # at least one step, whatever the budget
+    harm = {1: 0.5, 2: 0.1, 3: 0.9, 4: 0.3}  # what each layer costs the signal, removals adding up
+    asked: list[tuple[int, int]] = []
+
+    def another_step(k: int, done: int) -> bool:
+        asked.append((k, done))
+        return k < 2
+
+    order, single, curve = greedy_order(list(harm), lambda removed: Score(1 - sum(harm[x] for x in removed), 0.0),
+                                        higher=True, steps=4, another_step=another_step)
+    assert asked == [(1, 4), (2, 7)]  # before steps 2 and 3, after 4 and then 4 + 3 scored removals
+    assert len(curve) == 2 and order == (2, 4, 1, 3)  # 2 greedy steps, the rest by single drop
+    assert set(single) == set(harm)
 
 
 @pytest.mark.parametrize("budget, steps", [(None, 4), (0.0, 1)])

@@ -79,17 +79,22 @@ def _rank(score: Score, higher: bool) -> tuple[float, float]:
 
 
 def greedy_order(flex: Sequence[int], score: Callable[[tuple[int, ...]], Score], *, higher: bool, steps: int,
-                 progress: Progress | None = None,
-                 should_stop: ShouldStop | None = None) -> tuple[tuple[int, ...], dict[int, Score], list[Score]]:
+                 progress: Progress | None = None, should_stop: ShouldStop | None = None,
+                 another_step: Callable[[int, int], bool] | None = None,
+                 ) -> tuple[tuple[int, ...], dict[int, Score], list[Score]]:
     """Greedy nested removal over `flex`: (order, single-drop scores, score after each of the `steps` removals).
 
     The layers left after `steps` follow in the order of their single-drop scores (least harmful first).
-    should_stop(): checked before every scored removal; True raises Stopped there."""
+    should_stop(): checked before every scored removal; True raises Stopped there.
+    another_step(k, passes done): asked before each greedy step after the first; False ends the greedy part there
+    (a time budget), the rest following by single-drop score as after `steps`."""
     steps = max(1, min(steps, len(flex)))
     total = removals(len(flex), steps)
     done, removed, curve = 0, [], []
     single: dict[int, Score] = {}
     for k in range(steps):
+        if k and another_step is not None and not another_step(k, done):
+            break
         scores = {}
         for layer in (x for x in flex if x not in removed):
             stop_if(should_stop)
@@ -258,9 +263,9 @@ def calibrate_and_compare(engine: Any, signal: str, cal_set: CalibrationSet, ord
 
     should_stop(): checked between every two passes; True raises `d3.research.Stopped` (a time limit, a caller
     gone): the measurement stops within one pass.
-    budget_s: seconds the whole measurement may take; fewer greedy steps (at least one) where `steps` of them would
-    not fit at the cost of full depth's pass, measured first (a 28-layer 1.5B model on a CPU: ~150 passes of seconds
-    each for 8 steps). The result's `steps` says how many ran."""
+    budget_s: seconds the whole measurement may take; fewer greedy steps (at least one) where the next would not fit
+    at the mean cost of the passes so far (a 28-layer 1.5B model on a CPU: ~150 passes of 1-2 s for 8 steps). The
+    result's `steps` says how many ran."""
     L = engine.num_layers
     D3Config(core_head=core[0], core_tail=core[1]).check_layers(L)
     steps = max(1, min(steps, L - sum(core)))
@@ -268,14 +273,22 @@ def calibrate_and_compare(engine: Any, signal: str, cal_set: CalibrationSet, ord
                     budget_s=budget_s)
 
 
-def steps_within(budget_s: float, seconds_each: float, flex: int, steps: int, compared: Sequence[int] = ()) -> int:
-    """The most greedy steps (1 .. `steps`) whose scored removals, plus the compared orders' first layers
-    (`compared`: each order's length), take at most `budget_s` at `seconds_each` per pass."""
-    def passes(k: int) -> int:
-        return removals(flex, k) + sum(min(k, n) for n in compared)
+def _within(budget_s: float | None, t0: float, flex: int,
+            orders: dict[str, Sequence[int]]) -> Callable[[int, int], bool] | None:
+    """another_step for `greedy_order`: whether greedy step k, and then the compared orders' first k + 1 layers, still
+    fit in `budget_s` from `t0`, at the mean cost of the passes scored so far (what a pass costs varies with the
+    layers it drops and with the machine's load: measured as it goes, not once beforehand)."""
+    if budget_s is None:
+        return None
+    started = time.perf_counter()
 
-    fitting = [k for k in range(1, steps + 1) if passes(k) * seconds_each <= budget_s]
-    return max(fitting, default=1)
+    def another_step(k: int, done: int) -> bool:
+        now = time.perf_counter()
+        each = (now - started) / max(done, 1)
+        passes = (flex - k) + sum(min(k + 1, len(o)) for o in orders.values())
+        return (now - t0) + passes * each <= budget_s
+
+    return another_step
 
 
 def _measure(engine: Any, signal: str, cal_set: CalibrationSet, core: tuple[int, int], steps: int, tokens: int,
@@ -289,14 +302,12 @@ def _measure(engine: Any, signal: str, cal_set: CalibrationSet, core: tuple[int,
     stop_if(should_stop)
     t_full = time.perf_counter()
     full = score(())
-    if budget_s is not None:  # what is left of the budget, at what full depth's pass just cost
-        left = budget_s - (time.perf_counter() - t0)
-        steps = steps_within(left, time.perf_counter() - t_full, len(flex), steps, [len(o) for o in orders.values()])
     if announce is not None:  # one removal costs about what full depth's pass did
         count = removals(len(flex), steps) + sum(min(steps, len(o)) for o in orders.values())
         announce(cost_line(count, time.perf_counter() - t_full))
     order, single, curve = greedy_order(flex, score, higher=HIGHER_IS_BETTER[signal], steps=steps, progress=progress,
-                                        should_stop=should_stop)
+                                        should_stop=should_stop, another_step=_within(budget_s, t0, len(flex), orders))
+    steps = len(curve)  # fewer than asked where the budget ended the greedy part
 
     def stopping(removed: tuple[int, ...]) -> float:
         stop_if(should_stop)

@@ -189,6 +189,10 @@ MEASURED: dict[str, dict[tuple[int, int], tuple[int, ...]]] = {
 # depth's text about twice as long as the arithmetic order, and breaks arithmetic at 28 layers (docs/drop_order.md).
 CHAT_ORDERS: dict[str, dict[tuple[int, int], tuple[int, ...]]] = {
     "smollm2-135m": {(3, 3): (3, 17, 16, 7, 14, 19, 18, 5, 26, 25, 4, 6, 15, 23, 11, 20, 12, 13, 10, 22, 9, 8, 21, 24)},
+    # The same 8 prompts, 32 tokens, 3 greedy steps then by single drop (results/qwen_chat_calibration.json, 17 min on
+    # one thread): on them, 64 tokens at α 0.99 / 0.995 / 0.98 with core 3 + 3, it keeps full depth's text 114 / 126 /
+    # 106 tokens in all before the first differences against middle-out's 101 / 105 / 70 (docs/models.md).
+    "qwen2.5-coder-1.5b": {(3, 3): (10, 13, 9, 8, 7, 12, 6, 16, 14, 3, 15, 5, 4, 17, 11, 18, 20, 22, 24, 23, 21, 19)},
 }
 
 

@@ -287,6 +287,7 @@ def layer_order_text(order: tuple[int, ...] | None) -> str:
 TEXT_KINDS = ("chat", "arithmetic")
 PAGE_MODELS = {"smollm2-135m": (0.998, (3, 3)), "gemma3-270m": (0.998, (2, 2)),
                "qwen2.5-coder-1.5b": (0.99, (3, 3))}  # docs/models.md: keeps the worked answer at 24.5 of 28 layers
+# (Qwen: its chat order on chat text; no arithmetic order ships for it, so the arithmetic kind runs middle-out)
 
 
 def calibrated_order(model: str, core: tuple[int, int], kind: str = "chat") -> tuple[int, ...] | None:
@@ -302,7 +303,7 @@ def model_defaults(model: Any, kind: str = "chat") -> Controls:
         return DEFAULTS
     alpha, core = PAGE_MODELS[str(model)]
     order = calibrated_order(str(model), core, kind)
-    if order is None:  # no calibration ships for it (qwen2.5-coder-1.5b): the paper's middle-out at its measured α
+    if order is None:  # no calibration ships for this kind (Qwen's arithmetic): the paper's middle-out at its α
         return DEFAULTS.with_(alpha=alpha, drop_order="middle_out", layer_order="")
     return DEFAULTS.with_(alpha=alpha, drop_order="calibrated", layer_order=layer_order_text(order))
 

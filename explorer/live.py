@@ -155,8 +155,20 @@ def measuring_note(done: int, tokens: int) -> str:
     return "Full depth's probabilities of D3's text (for the free-running KL and perplexity): one pass…"
 
 
-def _time_limit_note(limit_s: int) -> str:
-    return f"This run reached the server's time limit of {limit_s} s: try fewer tokens."
+def _time_limit_note(limit_s: int, written: int | None = None, asked: int | None = None) -> str:
+    """Why a run stopped early; with the tokens each pane wrote (`written`, the fewer of the two) of the `asked`,
+    what would fit: on a slow model (Qwen2.5-Coder at ~0.3 token/s under load) a page run ends here mid-answer."""
+    if written is None or asked is None:
+        return f"This run reached the server's time limit of {limit_s} s: try fewer tokens."
+    pace = f" ({written / limit_s:.2g} tokens/s per pane)" if written else ""
+    fit = f"ask for {written} tokens or fewer" if written else "try a shorter prompt or a smaller model"
+    return (f"This run reached the server's time limit of {limit_s} s after {written} of the {asked} tokens asked"
+            f"{pace}: {fit} to see it finish.")
+
+
+def _written(update: LiveUpdate) -> int:
+    """Tokens both panes wrote (the fewer of the two)."""
+    return min(len(t.steps) if t is not None else 0 for t in (update.d3, update.full))
 
 
 def _stream(session: Session, run_id: int, setup: RunSetup, view: ViewOptions, caps: Caps) -> Iterator[tuple[Any, ...]]:
@@ -180,7 +192,8 @@ def _stream(session: Session, run_id: int, setup: RunSetup, view: ViewOptions, c
             late = update.phase == "stopped" and time.monotonic() > deadline
             figures = pace.figures(update)
             if pace.panes(update) or figures:
-                note = " ".join(n for n in (setup.note, _time_limit_note(caps.max_run_s) if late else "") if n)
+                limit = _time_limit_note(caps.max_run_s, _written(update), setup.gen.max_new_tokens) if late else ""
+                note = " ".join(n for n in (setup.note, limit) if n)
                 yield _render(session, setup, update, view, figures, note)
 
 

@@ -315,3 +315,30 @@ def test_a_measurement_stops_within_one_pass_of_should_stop(identity_engine, all
                               progress=lambda done, total, what: passes.append(done))
     assert allowed + 1 <= len(asked) <= allowed + 2  # asked once more after the loop it ended; nothing ran between
     assert len(passes) <= max(0, allowed - 4)  # 4 decode steps and the full-depth score come first
+
+
+def test_greedy_order_ends_its_greedy_part_where_another_step_says_so():
+    from d3.research.calibrate import Score, greedy_order
+
+    harm = {1: 0.5, 2: 0.1, 3: 0.9, 4: 0.3}  # what each layer costs the signal, removals adding up
+    asked: list[tuple[int, int]] = []
+
+    def another_step(k: int, done: int) -> bool:
+        asked.append((k, done))
+        return k < 2
+
+    order, single, curve = greedy_order(list(harm), lambda removed: Score(1 - sum(harm[x] for x in removed), 0.0),
+                                        higher=True, steps=4, another_step=another_step)
+    assert asked == [(1, 4), (2, 7)]  # before steps 2 and 3, after 4 and then 4 + 3 scored removals
+    assert len(curve) == 2 and order == (2, 4, 1, 3)  # 2 greedy steps, the rest by single drop
+    assert set(single) == set(harm)
+
+
+@pytest.mark.parametrize("budget, steps", [(None, 4), (0.0, 1)])
+def test_a_budget_fits_the_greedy_steps(identity_engine, budget, steps):
+    from d3.research.calibrate import CalibrationSet, calibrate_and_compare
+
+    cal, curves = calibrate_and_compare(identity_engine, "agreement", CalibrationSet("p", PROMPTS[:1]), {"x": (1, 2, 3)},
+                                        core=(1, 1), steps=4, tokens=4, budget_s=budget)
+    assert cal.steps == steps and len(cal.curve) == steps and len(curves["x"]) == min(steps, 3)
+    assert sorted(cal.order) == [1, 2, 3, 4, 5, 6] and cal.order[0] == 4  # the identity layer first either way

@@ -38,6 +38,17 @@ def test_measure_draws_single_drops_and_both_removal_curves(measured):
     assert state.in_use == flex_drop_order(6, 1, 1, "middle_out") and len(in_use.y) == len(cal.curve) + 1
     assert max(cal.curve[0], 0) >= state.in_use_curve[0] - 1e-9  # greedy's first drop is the best single drop
     assert "spares best" in measured[OUT["layers_note"]]
+    assert cal.steps == 4 and "time limit" not in measured[OUT["layers_note"]]  # all 4 flex layers greedily, in time
+
+
+def test_a_measurement_fits_its_greedy_steps_to_the_time_limit_and_says_so(pool, monkeypatch):
+    """On a slow model 8 greedy steps outlast the server's limit: the view runs as many as fit (here none but the
+    first: a budget of 0 s) and says so, instead of stopping with nothing drawn."""
+    monkeypatch.setattr(view, "LAYERS_BUDGET", 0.0)
+    out = view.measure_layers(pool, None, **CONTROLS)
+    cal = out[OUT["layers_state"]].calibration
+    assert cal.steps == 1 and len(cal.curve) == 1 and sorted(cal.order) == [1, 2, 3, 4]  # the rest by single drop
+    assert "1 greedy step of 4 fit the server" in out[OUT["layers_note"]]
 
 
 def test_use_this_order_sets_the_calibrated_order_and_the_schedule_follows(pool, measured):
@@ -82,7 +93,21 @@ def test_an_order_of_distinct_layers_follows_the_core(pool, order, fitted):
     assert parse_strategy(c, 6, pool.caps).layer_order == fitted
 
 
-@pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m"])
+def test_qwen_runs_its_chat_order_on_chat_text_and_middle_out_on_arithmetic():
+    """Qwen2.5-Coder's chat order ships (it kept full depth's chat text longer than middle-out, docs/models.md);
+    no arithmetic order does, so the arithmetic kind falls back to the paper's middle-out, not an empty order."""
+    from d3.orders import CHAT_ORDERS
+    from explorer.controls import model_defaults, parse_layer_order
+
+    qwen = "qwen2.5-coder-1.5b"
+    chat = model_defaults(qwen, "chat")
+    assert chat.drop_order == "calibrated" and parse_layer_order(chat.layer_order, 28) == CHAT_ORDERS[qwen][(3, 3)]
+    assert sorted(CHAT_ORDERS[qwen][(3, 3)]) == list(range(3, 25))  # each flex layer of 28 with core 3 + 3, once
+    arithmetic = model_defaults(qwen, "arithmetic")
+    assert (arithmetic.drop_order, arithmetic.layer_order, arithmetic.alpha) == ("middle_out", "", 0.99)
+
+
+@pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-1.5b"])
 def test_each_embedded_model_starts_on_its_measured_order(model):
     """The page's setting for an embedded model parses for that model (its order a permutation of its flex layers),
     and a switch to the model sets it."""

@@ -19,12 +19,12 @@ WORDS = ["<pad>", "<eos>", "<unk>", "hello", "world", "the", "cat", "sat", "on",
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
 
 
-def tiny_tokenizer():
-    """A word-level tokenizer over a dozen words, built offline."""
+def tiny_tokenizer(words: list[str] = WORDS):
+    """A word-level tokenizer over `words` (a dozen by default), built offline."""
     from tokenizers import Tokenizer, models as tok_models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    backend = Tokenizer(tok_models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
+    backend = Tokenizer(tok_models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>")
     tokenizer.chat_template = CHAT_TEMPLATE
@@ -289,6 +289,31 @@ def test_loaded_from_objects_rejects_unsupported_architectures():
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=99))
     with pytest.raises(ValueError, match="not supported"):
         loaded_from_objects(model, tiny_tokenizer())
+
+
+def test_stop_tokens_join_the_configured_eos_and_the_engine_stops_where_generate_does():
+    from d3.config import TRACE_OFF, FullConfig, GenerationConfig
+    from d3.engine import Engine
+
+    words = WORDS + [f"w{i}" for i in range(len(WORDS), 99)]  # a token string for each of the tiny model's ids
+    loaded = loaded_from_objects(tiny_llama(), tiny_tokenizer(words))
+    assert loaded.model.generation_config.eos_token_id == 1  # the one eos a GGUF keeps
+    models._add_stop_tokens(loaded, ("<eos>", "cat", "no-such-token"))  # one it has, a new one, one not in the vocab
+    assert loaded.model.generation_config.eos_token_id == [1, words.index("cat")]
+    models._add_stop_tokens(loaded, ("cat",))  # again: nothing doubles
+    assert loaded.model.generation_config.eos_token_id == [1, words.index("cat")]
+
+    # make whatever the random model writes third a stop token: the engine and generate both end there
+    ids = Engine.from_loaded(loaded).encode(["hello world"], chat_template=False)[0]
+    free = loaded.model.generate(input_ids=ids, max_new_tokens=6, do_sample=False, eos_token_id=None,
+                                 pad_token_id=0)[0, ids.shape[1]:].tolist()
+    loaded.model.generation_config.eos_token_id = 1
+    models._add_stop_tokens(loaded, (words[free[2]],))
+    stops_at = free.index(free[2]) + 1
+    trace = Engine.from_loaded(loaded).generate("hello world", FullConfig(), GenerationConfig(max_new_tokens=6),
+                                                TRACE_OFF, chat_template=False)
+    ref = loaded.model.generate(input_ids=ids, max_new_tokens=6, do_sample=False, pad_token_id=0)[0, ids.shape[1]:]
+    assert list(trace.token_ids) == free[:stops_at] == ref.tolist() and stops_at <= 3 and free[2] != 1
 
 
 def test_get_model_loads_once_under_concurrent_calls(tiny_dir: Path):

@@ -64,6 +64,25 @@ def test_full_depth_equals_generate_with_the_chat_template(qwen: Engine) -> None
     torch.testing.assert_close(torch.stack(logits).float(), torch.stack(ref.logits).float())
 
 
+# A few-shot prompt in raw text (as the drop-order study asks its tasks): Qwen ends the answer with <|endoftext|>,
+# not the chat turn's <|im_end|>, the one eos the GGUF kept.
+FEW_SHOT = ("Q: What is 9 plus 5?\nA: 9 plus 5 is 14. So the answer is 14.\n\n"
+            "Q: What is 0 plus 2?\nA: 0 plus 2 is 2. So the answer is 2.\n\n"
+            "Q: What is 1 plus 8?\nA: 1 plus 8 is 9. So the answer is 9.\n\nQ: What is 6 plus 6?\nA:")
+
+
+def test_a_raw_text_answer_ends_at_endoftext_as_generate_ends_it(qwen: Engine) -> None:
+    tok = qwen.tokenizer
+    stops = [tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
+    assert qwen.model.generation_config.eos_token_id == stops and qwen.eos_ids == set(stops)
+    ids, mask = qwen.encode([FEW_SHOT], chat_template=False)
+    ref = qwen.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=32, do_sample=False)
+    trace = qwen.generate(FEW_SHOT, FullConfig(), GenerationConfig(max_new_tokens=32), TRACE_OFF, chat_template=False)
+    assert list(trace.token_ids) == ref[0, ids.shape[1]:].tolist()
+    assert trace.token_ids[-1] == stops[1] and len(trace.token_ids) < 32  # it stopped at <|endoftext|>, not the cap
+    assert tok.decode(trace.token_ids, skip_special_tokens=True).strip() == "6 plus 6 is 12. So the answer is 12."
+
+
 def test_d3_runs_floor_28_alpha_i_layers_above_the_core(qwen: Engine) -> None:
     trace = qwen.generate(PROMPT, D3Config(alpha=0.97, core_head=3, core_tail=3),
                           GenerationConfig(max_new_tokens=8, stop_at_eos=False), TRACE_OFF)

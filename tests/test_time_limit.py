@@ -35,8 +35,18 @@ def test_a_run_stops_at_the_time_limit_and_says_so(slow_engine) -> None:
     outputs = list(live.generate(pool, session, **{**DEFAULTS, "max_new_tokens": 60}))
     status = outputs[-1][1]
     assert "Stopped." in status and "time limit of 1 s" in status and len(session.d3.steps) < 60
+    written = min(len(session.d3.steps), len(session.full.steps))  # what both panes wrote: what fits the limit
+    assert f"after {written} of the 60 tokens asked" in status and f"ask for {written} tokens or fewer" in status
     fills = list(live.compare_fills(pool, Session(), **{**DEFAULTS, "max_new_tokens": 60, "drop_order": "strided"}))
     assert "Stopped." in fills[-1][1] and "time limit of 1 s" in fills[-1][1]
+
+
+def test_the_time_limit_note_says_what_was_written_and_what_fits() -> None:
+    note = live._time_limit_note(180, 54, 256)
+    assert note == ("This run reached the server's time limit of 180 s after 54 of the 256 tokens asked "
+                    "(0.3 tokens/s per pane): ask for 54 tokens or fewer to see it finish.")
+    assert "try a shorter prompt or a smaller model" in live._time_limit_note(180, 0, 64)  # not one token in time
+    assert live._time_limit_note(180) == "This run reached the server's time limit of 180 s: try fewer tokens."
 
 
 def test_a_sweep_stops_at_the_time_limit(tiny_engine) -> None:

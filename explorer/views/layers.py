@@ -27,6 +27,7 @@ KEY = "layers"
 LAYERS_OUTPUTS = (f"{KEY}_state", KEY, f"{KEY}_note")
 USE_OUTPUTS = ("drop_order", "layer_order", f"{KEY}_note")
 LAYERS_STEPS = 8  # greedy removals measured on the page (the rest of the order follows by single-drop score)
+LAYERS_BUDGET = 0.8  # of the server's time limit: fewer greedy steps where 8 would not fit (a 28-layer 1.5B model)
 LAYERS_TOKENS = 32  # tokens of full depth's answer the agreement is read on
 REDRAW_ON = ("drop_order", "layer_order", "core_head", "core_tail", "presentation")
 
@@ -68,6 +69,10 @@ def _note(state: Layers) -> str:
             f"{', '.join(map(str, spare[:5]))} (greedy): dropping the first {min(3, len(c.curve))} keeps {kept:.0%} of "
             f"full depth's next tokens. Dropped alone, layer {worst} hurts most ({c.single[worst]:.0%} kept). "
             f"Measured in {c.seconds:.0f} s.")
+    wanted = min(LAYERS_STEPS, len(c.order))
+    if c.steps < wanted:
+        text += (f" {c.steps} greedy step{'s' if c.steps > 1 else ''} of {wanted} fit the server's time limit "
+                 f"on this model; the rest of the order follows by single-drop score.")
     if state.in_use_curve:
         k = min(3, len(state.in_use_curve))
         text += f" The order in use ({state.in_use_name}) keeps {state.in_use_curve[k - 1]:.0%} after its first {k}."
@@ -92,7 +97,8 @@ def measure_layers(pool: ModelPool, state: Layers | None, progress: gr.Progress 
         with within_limit(pool.caps.max_run_s, "the measurement") as should_stop:
             cal, curves = calibrate_and_compare(setup.engine, "agreement", prompt_set(setup.prompt, setup.chat_template),
                                                 {"in use": in_use}, core=cfg.core(layers), steps=LAYERS_STEPS,
-                                                tokens=key[3], progress=report, should_stop=should_stop)
+                                                tokens=key[3], progress=report, should_stop=should_stop,
+                                                budget_s=LAYERS_BUDGET * pool.caps.max_run_s)
         state = Layers(key, cal, in_use, name, tuple(curves["in use"]))
         return ordered(LAYERS_OUTPUTS, layers_state=state, layers_note=html.escape(_note(state)),
                        layers=_figure(state, presentation=controls.view.presentation))

@@ -27,6 +27,32 @@
   };
   setInterval(scan, 300);
 
+  // A slider's number box: gradio sends its pointerup and its blur as the slider's release, and a release starts a
+  // run. A click into the box to type, or a click in and out, changed nothing: a run nobody asked for (issue 35,
+  // M5). Such a pointerup or blur is stopped here, in the capture phase, before gradio's own listeners see it; one
+  // that follows a change (typed digits, the box's arrows) goes on as a release.
+  const RELEASING = '#alpha, #core-head, #core-tail, #start';
+  const box = (e) => {
+    const t = e.target;
+    return t instanceof HTMLInputElement && t.type === 'number' && t.closest(RELEASING) ? t : null;
+  };
+  const before = new WeakMap();  // each box's value when the person took it (focus, or the press of a click)
+  const took = (e) => {
+    const b = box(e);
+    if (b && !(e.type === 'pointerdown' && b === document.activeElement)) before.set(b, b.value);
+  };
+  const unchanged = (e) => {
+    const b = box(e);
+    if (!b) return;
+    if (before.has(b) && before.get(b) === b.value) e.stopPropagation();
+    else if (e.type === 'blur') before.delete(b);
+    else before.set(b, b.value);  // released at this value: a blur that follows changed nothing more
+  };
+  window.addEventListener('focus', took, true);
+  window.addEventListener('pointerdown', took, true);
+  window.addEventListener('pointerup', unchanged, true);
+  window.addEventListener('blur', unchanged, true);
+
   // Hover linking: a token in either pane lights its row in the per-token layer grid (#plot-usage), and a row of
   // the grid lights its token in both panes. The pane spans carry data-step (viz/stream.py token_html) and the
   // grid's rows are at y = step; the row is marked by a band laid over the plot (.d3-row-hot, data-step), the

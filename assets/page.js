@@ -5,7 +5,11 @@
   // which gradio switches on) whenever the box changes; the scan also catches a plot redrawn at a stale width.
   const fits = (plot) => {
     const svg = plot.querySelector('.main-svg');
-    return !svg || Math.abs(svg.getBoundingClientRect().width - plot.getBoundingClientRect().width) <= 2;
+    if (!svg) return true;
+    const drawn = svg.getBoundingClientRect(), box = plot.getBoundingClientRect();
+    // a figure with no height of its own takes its box's (the decay curve in presentation mode, assets/style.css)
+    const free = plot.layout && !plot.layout.height && getComputedStyle(plot).height !== 'auto';
+    return Math.abs(drawn.width - box.width) <= 2 && (!free || Math.abs(drawn.height - box.height) <= 2);
   };
   const fit = (plot) => {
     if (plot.offsetParent === null || fits(plot)) return;

@@ -95,12 +95,14 @@ def _planned_line(cfg: StrategyConfig, num_layers: int, steps: int, *, name: str
 
 def decay_curve(cfg: StrategyConfig, num_layers: int, steps: int, *, trace: Trace | None = None,
                 others: dict[str, StrategyConfig] | None = None, others_traces: dict[str, Trace] | None = None,
-                title: str | None = None, presentation: bool = False, height: int | None = None) -> go.Figure:
+                title: str | None = None, presentation: bool = False, height: int | None = None,
+                box_height: bool = False) -> go.Figure:
     """Layers per step: the raw decay floor(L * alpha ** i) [steps] (dashed, D3 only), the planned budget
     `budgets(cfg)` [steps] with the core floor and the delayed start marked, the layers each token of
     `trace` used [T] (markers), other strategies' planned budgets (legend entries, drawn when clicked: the curve
     draws what the run uses), and the actual usage of `others_traces` (early exit has no plan, so only its trace can show it). Cheap enough for every
-    slider move (about 15 ms for 512 steps with three other strategies)."""
+    slider move (about 15 ms for 512 steps with three other strategies). `box_height`: no height of its own, the
+    figure takes its box's (a page sizes the box to its screen)."""
     cfg.check_layers(num_layers)
     others = others or {}
     others_traces = others_traces or {}
@@ -156,7 +158,8 @@ def decay_curve(cfg: StrategyConfig, num_layers: int, steps: int, *, trace: Trac
         layout["meta"] = {"d3_schedule": d3_schedule_meta(d3, num_layers, steps, main=d3 is cfg,
                                                           short_names=presentation)}
     title = title if title is not None else f"Depth decay · {label} · L = {num_layers}"
-    return make_figure(data, layout, title=title, presentation=presentation, height=height or 460)
+    return make_figure(data, layout, title=title, presentation=presentation,
+                       height=None if box_height else height or 460)
 
 
 def layers_vs_step(traces: dict[str, Trace], *, show_planned: bool = True, title: str | None = None,

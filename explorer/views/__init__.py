@@ -29,7 +29,9 @@ from viz.layout import empty_figure, readable_token, strategy_label
 
 
 SCHEDULE = ("decay", "planned")  # the schedule preview: the two views drawn from the controls alone (no run)
-DECAY_HEIGHT = {False: 265, True: 240}  # px; the decay curve shares the first screen with the panes
+# px; the decay curve shares the first screen with the panes. In presentation mode its box sets its height
+# (assets/style.css): 240 px at 1280x800, taller on a taller screen (a room reads it from 1920x1080).
+DECAY_HEIGHT = {False: 265, True: None}
 
 
 def waiting(message: str, *, presentation: bool = False) -> go.Figure:
@@ -49,7 +51,7 @@ def decay_view(cfg: StrategyConfig, num_layers: int, steps: int, *, trace: Trace
     mislead). Compact (no title: the D3 pane's title names the schedule) so that it fits on the first screen."""
     shown = trace if trace is not None and trace.strategy == cfg.to_dict() else None
     return decay_curve(cfg, num_layers, steps, trace=shown, others=dict(others or {}), presentation=presentation,
-                       title="", height=DECAY_HEIGHT[presentation])
+                       title="", height=DECAY_HEIGHT[presentation], box_height=DECAY_HEIGHT[presentation] is None)
 
 
 def planned_view(cfg: StrategyConfig, num_layers: int, steps: int, *, layer_types: Sequence[str] | None,

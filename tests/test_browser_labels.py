@@ -333,6 +333,44 @@ def test_presentation_on_a_big_screen_draws_a_decay_curve_and_counters_a_room_ca
     assert drawn["plot_bottom"] + 30 <= DESKTOP["height"], drawn  # the curve and its tick labels
 
 
+# Each visible figure's title and annotation boxes that a shown plotly toolbar (modebar) button covers.
+UNDER_TOOLBAR = """() => Array.from(document.querySelectorAll('[id^=plot-]')).filter((c) => c.offsetParent !== null)
+  .map((c) => {
+    const box = (e) => e.getBoundingClientRect(), hit = (a, b) => a.left < b.right && b.left < a.right
+      && a.top < b.bottom && b.top < a.bottom && a.width > 0 && b.width > 0;
+    const buttons = Array.from(c.querySelectorAll('.modebar-btn')).filter((b) => b.offsetParent !== null
+      && Number(getComputedStyle(b.closest('.modebar-group')).opacity) > 0).map(box);
+    const texts = Array.from(c.querySelectorAll('.gtitle, .g-gtitle text, .infolayer .annotation-text'));
+    return {id: c.id, buttons: buttons.length,
+            covered: texts.filter((t) => buttons.some((b) => hit(box(t), b))).map((t) => t.textContent.slice(0, 50))};
+  })"""
+PHONE_VIEWS = ("Per-token layer usage", "Planned layer grid", "Layer stack (animated)", "Attention overview",
+               "Error propagation", "Logit lens")
+
+
+def test_on_a_phone_the_plotly_toolbar_covers_no_title(after_run) -> None:
+    """Issue 35: on a phone (390x844) the plotly toolbar, shown as a finger touches a figure, covered the figures'
+    titles (it sits at the top right, and a title there takes the whole width). A person touches the top of each
+    figure: no title or annotation lies under a shown toolbar button."""
+    screen(after_run, PHONE, False)
+    covered = {}
+    for view in PHONE_VIEWS:
+        open_view(after_run, view)
+        after_run.wait_for_function("() => Array.from(document.querySelectorAll('[id^=plot-]'))"
+                                    ".filter((c) => c.offsetParent !== null).every((c) => c.querySelector('.main-svg'))")
+        for plot in after_run.evaluate("() => Array.from(document.querySelectorAll('[id^=plot-]'))"
+                                       ".filter((c) => c.offsetParent !== null).map((c) => c.id)"):
+            after_run.locator(f"#{plot}").scroll_into_view_if_needed()
+            box = after_run.locator(f"#{plot}").bounding_box()
+            after_run.mouse.move(box["x"] + box["width"] / 2, box["y"] + 20)  # the toolbar shows on hover
+            found = [f for f in after_run.evaluate(UNDER_TOOLBAR) if f["id"] == plot and f["covered"]]
+            if found:
+                covered[f"{view}: {plot}"] = found[0]["covered"]
+        shoot(after_run, f"phone_toolbar_{re.sub(r'[^a-z]+', '_', view.lower()).strip('_')}")
+    after_run.mouse.move(0, 0)
+    assert not covered, covered
+
+
 DECAY_LINES = """() => document.querySelector('#plot-decay .js-plotly-plot')._fullData.filter((t) => t.showlegend
   || t.visible === true).map((t) => [t.name, t.visible])"""
 

@@ -57,6 +57,34 @@
   window.addEventListener('pointerup', unchanged, true);
   window.addEventListener('blur', unchanged, true);
 
+  // A run refused (the status line says "Cannot run this") after a person asked for one (a button, or Enter in the
+  // prompt) is said in the status line, at the top of the page: a person scrolled down to the prompt and Generate
+  // did not see it (issue 35: a 20,000-character prompt's refusal sat above the fold). The status line is brought
+  // onto the screen, scrolled no further than it takes.
+  let asked = false;
+  document.addEventListener('click', (e) => { if (e.target.closest && e.target.closest('button')) asked = true; }, true);
+  document.addEventListener('keydown', (e) => {
+    if (e.key === 'Enter' && e.target.closest && e.target.closest('#prompt')) asked = true;
+  }, true);
+  const refusedInView = () => {
+    const status = document.querySelector('#status');
+    if (!asked || !status) return;
+    if (!status.querySelector('.d3-problem')) {
+      if (/^(Done|Stopped)\./.test(status.innerText.trim())) asked = false;  // what was asked for ran
+      return;
+    }
+    asked = false;
+    const r = status.getBoundingClientRect();
+    if (r.top < 0 || r.bottom > window.innerHeight) status.scrollIntoView({block: 'nearest'});
+  };
+  const statusWatch = new MutationObserver(refusedInView);
+  const watchStatus = () => {
+    const status = document.querySelector('#status');
+    if (!status) return setTimeout(watchStatus, 300);
+    statusWatch.observe(status, {childList: true, subtree: true, characterData: true});
+  };
+  watchStatus();
+
   // Hover linking: a token in either pane lights its row in the per-token layer grid (#plot-usage), and a row of
   // the grid lights its token in both panes. The pane spans carry data-step (viz/stream.py token_html) and the
   // grid's rows are at y = step; the row is marked by a band laid over the plot (.d3-row-hot, data-step), the

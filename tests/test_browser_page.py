@@ -109,6 +109,46 @@ def test_an_invalid_input_shows_one_plain_message_and_no_error_pills(page) -> No
     assert page.evaluate("() => document.querySelectorAll('#d3-pane .d3-tok').length") > 0  # the last run stays
 
 
+# Scroll the page down so that the status line is just above the screen while Generate stays on it, if the
+# layout allows it (a person scrolled down to the controls and the prompt); returns whether the status is off screen.
+STATUS_OFF_SCREEN = """() => {
+  const abs = (s) => { const r = document.querySelector(s).getBoundingClientRect();
+    return {top: r.top + scrollY, bottom: r.bottom + scrollY}; };
+  const status = abs('#status'), generate = abs('#generate'), y = status.bottom + 2;
+  if (generate.top >= y && generate.bottom <= y + innerHeight) window.scrollTo(0, y);
+  const r = document.querySelector('#status').getBoundingClientRect();
+  return r.bottom <= 0 || r.top >= innerHeight;
+}"""
+# The elements showing the refusal of a too-long prompt, as a person sees them (leaves, visible).
+REFUSALS = """() => Array.from(document.querySelectorAll('body *')).filter((e) => e.offsetParent !== null
+  && /characters long/.test(e.textContent) && !Array.from(e.children).some((c) => /characters long/.test(c.textContent)))
+  .map((e) => { const r = e.getBoundingClientRect(); return {text: e.textContent.slice(0, 80), top: r.top, bottom: r.bottom,
+    in_view: r.height > 0 && r.top >= 0 && r.bottom <= innerHeight}; })"""
+
+
+@pytest.mark.parametrize("page", [{"width": 1280, "height": 800}, PHONE], indirect=True, ids=["1280x800", "phone"])
+def test_a_too_long_prompt_is_refused_where_the_person_looks_and_once(page) -> None:
+    """Issue 35: the 20,000-character refusal could sit above the fold: said in the status line, at the top of the
+    page, while the person had scrolled down to the prompt and Generate. After Generate the refusal is on the
+    screen, in one place."""
+    page.fill("#prompt textarea", "word " * 4000)
+    off = page.evaluate(STATUS_OFF_SCREEN)
+    if page.viewport_size["width"] >= 1280:
+        assert off, "the test must start with the status line off the screen"
+    page.click("#generate")
+    wait_for_status(page, "Cannot run this")
+    try:  # the page brings the refusal on screen (a hang guard; the assertion below says where it was)
+        page.wait_for_function(f"() => ({REFUSALS})().some((r) => r.in_view)", timeout=10_000)
+    except playwright_api.TimeoutError:
+        pass
+    shown = page.evaluate(REFUSALS)
+    assert len(shown) == 1, shown
+    assert shown[0]["in_view"], shown
+    assert page.evaluate(IN_VIEW, "#generate") or page.evaluate(IN_VIEW, "#prompt"), "the prompt went off screen"
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"refusal_{page.viewport_size['width']}.png"))
+
+
 def test_the_core_sliders_cannot_add_up_to_the_whole_model(page) -> None:
     page.fill("#core-head input[type=number]", "20")
     page.press("#core-head input[type=number]", "Enter")

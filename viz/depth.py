@@ -19,6 +19,7 @@ from viz.layout import (
     quoted,
     series_colors,
     short_label,
+    shown_text,
     strategy_kind,
     strategy_label,
 )
@@ -32,7 +33,7 @@ def raw_decay(cfg: D3Config, num_layers: int, steps: int) -> np.ndarray:
 def usage_scatter(trace: Trace, *, name: str, color: str, mode: str = "markers", showlegend: bool = True) -> go.Scatter:
     """What each token of `trace` actually ran: layers_used [T] against step [T], with per-token hover."""
     used = trace.layers_used
-    hover = [f"step {s.step}: token {quoted(s.text)} ran {s.n_layers} of {trace.num_layers} layers"
+    hover = [f"step {s.step}: token {quoted(shown_text(s))} ran {s.n_layers} of {trace.num_layers} layers"
              f" (planned {s.planned})" + (f", exited after layer {s.exit_layer}" if s.exit_layer is not None else "")
              for s in trace.steps]
     return go.Scatter(x=np.array([s.step for s in trace.steps]), y=used, mode=mode, name=name, text=hover,

@@ -25,7 +25,7 @@ from viz.depth import decay_curve
 from viz.errors import error_propagation, fill_strategies
 from viz.flow import sublayer_flow
 from viz.grid import layer_grid, planned_grid_figure
-from viz.layout import empty_figure, readable_token, strategy_label
+from viz.layout import empty_figure, readable_token, shown_text, strategy_label
 
 
 SCHEDULE = ("decay", "planned")  # the schedule preview: the two views drawn from the controls alone (no run)
@@ -124,7 +124,7 @@ def status_html(d3: Trace | None, full: Trace | None, phase: str, *, comparison:
         n, first = agreement.compared, agreement.first_divergence
         parts.append(f"{len(d3.steps)} D3 tokens, {len(full.steps)} full-depth tokens, {agreement.agreeing}/{n} agree.")
         if first is not None:
-            a, b = readable_token(d3.steps[first].text), readable_token(full.steps[first].text)
+            a, b = readable_token(shown_text(d3.steps[first])), readable_token(shown_text(full.steps[first]))
             parts.append(f'<span class="d3-callout">First divergence at token {first}: D3 wrote '
                          f'<code>{html.escape(a)}</code> where full depth wrote <code>{html.escape(b)}</code>.</span>')
         elif n:

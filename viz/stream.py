@@ -137,13 +137,17 @@ def token_html(trace: Trace, *, reference: Trace | None = None, full_prob: Seque
             spans.append(f'<span class="d3-badge" title="first token that differs from full depth" style="background:'
                          f'{DIFF_COLOR};color:#fff;font-size:0.75em;font-weight:600;padding:1px 5px;border-radius:8px;'
                          f'margin:0 3px;white-space:nowrap">first divergence ▸</span>')
-        # Line breaks before the answer's first visible character show as ⏎ only: an answer that opens with two
-        # (Gemma 3's does) would otherwise fill a three-line pane with empty lines.
-        text = html.escape(step.text).replace("\n", "⏎\n" if started else "⏎")
-        if step.piece and not step.text:  # part of a character the next token completes: a sliver in its colour
+        # White space before the answer's first visible character is not drawn: an answer that opens with two
+        # line breaks (Gemma 3's does) read "⏎⏎" before its first word, or filled a three-line pane with empty
+        # lines. Such a token stays, a sliver in its colour, its tooltip saying what it was (issue 35).
+        leading = not started and not step.text.strip() and step.text != ""
+        text = "" if leading else html.escape(step.text).replace("\n", "⏎\n")
+        if leading or (step.piece and not step.text):  # or part of a character the next token completes
             style += ";display:inline-block;min-width:0.4em;height:1.1em;vertical-align:text-bottom"
         started = started or bool(step.text.strip())
         tip = _token_title(step, trace.num_layers, other)
+        if leading:
+            tip = "white space before the answer's first word (not drawn)\n" + tip
         if full_prob is not None and i < len(full_prob):
             mark, word = plausibility(float(full_prob[i]))
             style += f";border-bottom:3px solid {mark}"

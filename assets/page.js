@@ -5,7 +5,11 @@
   // which gradio switches on) whenever the box changes; the scan also catches a plot redrawn at a stale width.
   const fits = (plot) => {
     const svg = plot.querySelector('.main-svg');
-    return !svg || Math.abs(svg.getBoundingClientRect().width - plot.getBoundingClientRect().width) <= 2;
+    if (!svg) return true;
+    const drawn = svg.getBoundingClientRect(), box = plot.getBoundingClientRect();
+    // a figure with no height of its own takes its box's (the decay curve in presentation mode, assets/style.css)
+    const free = plot.layout && !plot.layout.height && getComputedStyle(plot).height !== 'auto';
+    return Math.abs(drawn.width - box.width) <= 2 && (!free || Math.abs(drawn.height - box.height) <= 2);
   };
   const fit = (plot) => {
     if (plot.offsetParent === null || fits(plot)) return;
@@ -26,6 +30,60 @@
     });
   };
   setInterval(scan, 300);
+
+  // A slider's number box: gradio sends its pointerup and its blur as the slider's release, and a release starts a
+  // run. A click into the box to type, or a click in and out, changed nothing: a run nobody asked for (issue 35,
+  // M5). Such a pointerup or blur is stopped here, in the capture phase, before gradio's own listeners see it; one
+  // that follows a change (typed digits, the box's arrows) goes on as a release.
+  const RELEASING = '#alpha, #core-head, #core-tail, #start';
+  const box = (e) => {
+    const t = e.target;
+    return t instanceof HTMLInputElement && t.type === 'number' && t.closest(RELEASING) ? t : null;
+  };
+  const before = new WeakMap();  // each box's value when the person took it (focus, or the press of a click)
+  const took = (e) => {
+    const b = box(e);
+    if (b && !(e.type === 'pointerdown' && b === document.activeElement)) before.set(b, b.value);
+  };
+  const unchanged = (e) => {
+    const b = box(e);
+    if (!b) return;
+    if (before.has(b) && before.get(b) === b.value) e.stopPropagation();
+    else if (e.type === 'blur') before.delete(b);
+    else before.set(b, b.value);  // released at this value: a blur that follows changed nothing more
+  };
+  window.addEventListener('focus', took, true);
+  window.addEventListener('pointerdown', took, true);
+  window.addEventListener('pointerup', unchanged, true);
+  window.addEventListener('blur', unchanged, true);
+
+  // A run refused (the status line says "Cannot run this") after a person asked for one (a button, or Enter in the
+  // prompt) is said in the status line, at the top of the page: a person scrolled down to the prompt and Generate
+  // did not see it (issue 35: a 20,000-character prompt's refusal sat above the fold). The status line is brought
+  // onto the screen, scrolled no further than it takes.
+  let asked = false;
+  document.addEventListener('click', (e) => { if (e.target.closest && e.target.closest('button')) asked = true; }, true);
+  document.addEventListener('keydown', (e) => {
+    if (e.key === 'Enter' && e.target.closest && e.target.closest('#prompt')) asked = true;
+  }, true);
+  const refusedInView = () => {
+    const status = document.querySelector('#status');
+    if (!asked || !status) return;
+    if (!status.querySelector('.d3-problem')) {
+      if (/^(Done|Stopped)\./.test(status.innerText.trim())) asked = false;  // what was asked for ran
+      return;
+    }
+    asked = false;
+    const r = status.getBoundingClientRect();
+    if (r.top < 0 || r.bottom > window.innerHeight) status.scrollIntoView({block: 'nearest'});
+  };
+  const statusWatch = new MutationObserver(refusedInView);
+  const watchStatus = () => {
+    const status = document.querySelector('#status');
+    if (!status) return setTimeout(watchStatus, 300);
+    statusWatch.observe(status, {childList: true, subtree: true, characterData: true});
+  };
+  watchStatus();
 
   // Hover linking: a token in either pane lights its row in the per-token layer grid (#plot-usage), and a row of
   // the grid lights its token in both panes. The pane spans carry data-step (viz/stream.py token_html) and the

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from d3.adapter import Adapter
+from d3.pieces import piece_text
 from d3.trace import Trace
 
 ROWS_PER_CALL = 256  # (token, layer) rows per LM-head call: [256, vocab] float32 logits is 50 MB on SmolLM2
@@ -21,7 +22,7 @@ def lens_fields(tokenizer: Any, num_layers: int, layers_run: Sequence[int], top1
     probability and rank ("", NaN and -1 where the layer did not run)."""
     by_layer = dict(zip(layers_run, zip(top1, prob, rank)))
     rows = [by_layer.get(layer) for layer in range(num_layers)]
-    return {"logit_lens": tuple(tokenizer.decode([int(r[0])]) if r else "" for r in rows),
+    return {"logit_lens": tuple(piece_text(tokenizer, int(r[0])) if r else "" for r in rows),
             "lens_prob": tuple(float(r[1]) if r else float("nan") for r in rows),
             "lens_rank": tuple(int(r[2]) if r else -1 for r in rows)}
 

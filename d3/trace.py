@@ -65,6 +65,9 @@ class TokenStep:
       reading the lens out later (`d3.lens.read_lens`); None once read out, or when not kept. Not exported.
     attention: layer -> float16 array [heads, kv_len], this token's attention weights at that layer.
     confidence: early exit only, the confidence measured after each layer (NaN where not measured).
+    piece: "" unless the token ends inside a multi-byte character (its `text` then holds only what comes before
+      it; the token that completes the character holds the character): the token on its own, its bytes of that
+      character written out ("<0xF0><0x9F>", `d3.trace_builder.piece_text`).
     """
 
     step: int
@@ -85,6 +88,7 @@ class TokenStep:
     attention: dict[int, np.ndarray] = field(default_factory=dict)
     confidence: tuple[float, ...] = ()
     exit_layer: int | None = None
+    piece: str = ""
     lens_states: np.ndarray | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:

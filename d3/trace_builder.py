@@ -11,6 +11,7 @@ import torch
 from d3.config import TraceConfig
 from d3.decoder import StepOutput
 from d3.lens import lens_fields, read_logits
+from d3.pieces import piece_text
 from d3.schedule import LayerPlan
 from d3.trace import PromptStats, TokenStep, Trace
 
@@ -21,10 +22,19 @@ def token_text(tokenizer: Any, ids: list[int], i: int) -> str:
     """Text that token i adds, decoded incrementally with a little left context: a byte-level piece that ends
     inside a multi-byte character adds nothing (its half decodes to U+FFFD), and the token that completes the
     character adds all of it."""
+    return token_texts(tokenizer, ids, i)[0]
+
+
+def token_texts(tokenizer: Any, ids: list[int], i: int) -> tuple[str, str]:
+    """(the text token i adds, `token_text`; its piece): the piece is "" unless the token ends inside a multi-byte
+    character, whose text shows at the token that completes it; then it is the token on its own (`piece_text`),
+    e.g. " <0xF0><0x9F>" for the first two of an emoji's four bytes and a space."""
     lo = max(0, i - 8)
     before = tokenizer.decode(ids[lo:i], skip_special_tokens=False).rstrip("\ufffd")
-    after = tokenizer.decode(ids[lo:i + 1], skip_special_tokens=False).rstrip("\ufffd")
-    return after[len(before):] if after.startswith(before) else tokenizer.decode([ids[i]])
+    decoded = tokenizer.decode(ids[lo:i + 1], skip_special_tokens=False)
+    after = decoded.rstrip("\ufffd")
+    text = after[len(before):] if after.startswith(before) else piece_text(tokenizer, ids[i])
+    return text, piece_text(tokenizer, ids[i]) if decoded.endswith("\ufffd") else ""
 
 
 @dataclass
@@ -105,7 +115,7 @@ class TraceBuilder:
         if self.trace.top_k:
             top = logprobs.topk(self.trace.top_k, dim=-1)
             for row, values, ids in zip(rows, top.values.tolist(), top.indices.tolist()):
-                row["topk"] = tuple((i, self.tokenizer.decode([i]), math.exp(v)) for v, i in zip(values, ids))
+                row["topk"] = tuple((i, piece_text(self.tokenizer, i), math.exp(v)) for v, i in zip(values, ids))
         return rows
 
     def _token_step(self, row: _Row, b: int, step: int, out: StepOutput, planned: int, read: dict[str, Any],
@@ -121,7 +131,8 @@ class TraceBuilder:
                                      *read_logits(out.lens[:, b], torch.full((len(out.layers_run),), token, device=out.lens.device))))
         if out.lens_states is not None:
             extra["lens_states"] = out.lens_states[:, b].numpy().copy()  # [n_ran, d_model]
-        return TokenStep(step=step, token_id=token, text=token_text(self.tokenizer, row.ids, len(row.ids) - 1),
+        text, piece = token_texts(self.tokenizer, row.ids, len(row.ids) - 1)
+        return TokenStep(step=step, token_id=token, text=text, piece=piece,
                          layers_run=out.layers_run, filled=out.filled, planned=planned,
                          entropy=extra.pop("entropy", float("nan")), wall_ms=wall_ms, seq=b,
                          confidence=out.confidence, exit_layer=out.exit_layer, **extra)

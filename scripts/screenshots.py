@@ -6,6 +6,7 @@ mode on a projector (1920x1080) and on a laptop (1280x800), and a phone (390x844
 1280x800 and saves the screen after it. Nothing is asserted: the tests check boxes and pixels; this is for eyes.
 
 Usage: python scripts/screenshots.py OUT_DIR [--tokens 24] [--chromium /usr/bin/chromium] [--no-scenarios]
+       [--views TITLE ...] (only these view tabs, by their titles)
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def generate(page, tokens: int) -> None:
     page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('Done')", timeout=TIMEOUT_MS)
 
 
-def shoot_size(browser, url: str, out: Path, name: str, tokens: int) -> None:
+def shoot_size(browser, url: str, out: Path, name: str, tokens: int, only: list[str] | None = None) -> None:
     viewport, presentation = SIZES[name]
     page = browser.new_page(viewport=viewport)
     page.set_default_timeout(TIMEOUT_MS)
@@ -57,6 +58,8 @@ def shoot_size(browser, url: str, out: Path, name: str, tokens: int) -> None:
     page.screenshot(path=str(out / f"{name}-first-screen.png"))
     page.screenshot(path=str(out / f"{name}-page.png"), full_page=True)
     for view in page.evaluate(ALL_VIEWS):
+        if only and view not in only:
+            continue
         open_view(page, view)
         page.locator("#views").screenshot(path=str(out / f"{name}-view-{slug(view)}.png"))
     page.close()
@@ -83,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=24, help="new tokens per run (the page's default is 64)")
     parser.add_argument("--chromium", default="/usr/bin/chromium")
     parser.add_argument("--no-scenarios", action="store_true")
+    parser.add_argument("--views", nargs="+", metavar="TITLE", help="only these view tabs (default: every one)")
     args = parser.parse_args(argv)
     from playwright.sync_api import sync_playwright
 
@@ -96,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             browser = p.chromium.launch(executable_path=args.chromium,
                                         args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
             for name in SIZES:
-                shoot_size(browser, url, args.out, name, args.tokens)
+                shoot_size(browser, url, args.out, name, args.tokens, args.views)
                 print(f"{name}: saved", flush=True)
             if not args.no_scenarios:
                 shoot_scenarios(browser, url, args.out)

@@ -233,3 +233,13 @@ def test_the_overview_of_a_real_run_records_every_layer(tiny_engine) -> None:
     assert counted[0] > 0 and np.nanmax(grid) > 1e-4  # skipped layers changed what later layers attend to
     assert np.nanmin(grid) >= 0 and np.nanmax(grid) <= 1
     assert grid[0].max() < 1e-3  # layer 0 reads the same input in both runs: the same attention
+
+
+def test_the_overviews_colour_bar_lies_under_the_plot_so_the_cells_get_the_width() -> None:
+    """Looked at on a phone (390x844): with the colour bar at the side, 30 layers had 6 px each. The bar lies under
+    the plot, across, and the right margin is a plain one."""
+    for presentation in (False, True):
+        fig = divergence_overview(D3, FULL, presentation=presentation)
+        bar = fig.layout.coloraxis.colorbar
+        assert bar.orientation == "h" and bar.yref == "container" and bar.y == 0
+        assert fig.layout.margin.r <= 30 and fig.layout.margin.b >= 4 * (22 if presentation else 16) - 10

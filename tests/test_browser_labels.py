@@ -302,6 +302,75 @@ def test_presentation_on_a_big_screen_gives_the_answer_the_room_and_the_biggest_
     shoot(after_run, "ugly_presentation_1920")
 
 
+# The decay curve's plot area (inside its axes) and the counters' fonts, as drawn.
+CURVE_AND_COUNTERS = """() => { const gd = document.querySelector('#plot-decay .js-plotly-plot');
+  const svg = gd.querySelector('.main-svg').getBoundingClientRect(), ya = gd._fullLayout.yaxis;
+  const px = (s) => Math.min(...Array.from(document.querySelectorAll(s)).map((e) => parseFloat(getComputedStyle(e).fontSize)));
+  return {plot_height: ya._length, figure_height: svg.height, box_height: gd.getBoundingClientRect().height,
+          figure_bottom: svg.bottom, plot_bottom: svg.top + ya._offset + ya._length, unit_px: px('.d3-counter .d3-counter-label'),
+          value_px: px('.d3-counter .d3-counter-value')}; }"""
+
+
+def test_presentation_on_a_big_screen_draws_a_decay_curve_and_counters_a_room_can_read(after_run) -> None:
+    """Issue 35: in presentation mode at 1920x1080 the decay curve's plot was ~130 px high and the counters' units
+    ~12 px. The plot is at least 300 px high and on the first screen, the figure fills its box, and the units are
+    at least 18 px; at 1280x800 the curve keeps its place on the first screen (its box is lower there)."""
+    screen(after_run, WIDE, True)
+    after_run.wait_for_function("() => document.querySelector('#plot-decay .js-plotly-plot').layout.font.size > 16")
+    try:  # the figure redrawn in presentation mode lands (a hang guard: the assertion below says what was drawn)
+        after_run.wait_for_function(f"() => ({CURVE_AND_COUNTERS})().plot_height >= 300", timeout=10_000)
+    except playwright_api.TimeoutError:
+        pass
+    drawn = after_run.evaluate(CURVE_AND_COUNTERS)
+    assert drawn["plot_height"] >= 300, drawn
+    assert abs(drawn["figure_height"] - drawn["box_height"]) <= 2, drawn
+    assert drawn["figure_bottom"] <= WIDE["height"], drawn
+    assert drawn["unit_px"] >= 18 and drawn["value_px"] > drawn["unit_px"], drawn
+    shoot(after_run, "presentation_1920_decay")
+    screen(after_run, DESKTOP, True)
+    after_run.wait_for_function(f"() => Math.abs(({CURVE_AND_COUNTERS})().figure_height - 240) <= 2")
+    drawn = after_run.evaluate(CURVE_AND_COUNTERS)
+    assert drawn["plot_bottom"] + 30 <= DESKTOP["height"], drawn  # the curve and its tick labels
+
+
+# Each visible figure's title and annotation boxes that a shown plotly toolbar (modebar) button covers.
+UNDER_TOOLBAR = """() => Array.from(document.querySelectorAll('[id^=plot-]')).filter((c) => c.offsetParent !== null)
+  .map((c) => {
+    const box = (e) => e.getBoundingClientRect(), hit = (a, b) => a.left < b.right && b.left < a.right
+      && a.top < b.bottom && b.top < a.bottom && a.width > 0 && b.width > 0;
+    const buttons = Array.from(c.querySelectorAll('.modebar-btn')).filter((b) => b.offsetParent !== null
+      && Number(getComputedStyle(b.closest('.modebar-group')).opacity) > 0).map(box);
+    const texts = Array.from(c.querySelectorAll('.gtitle, .g-gtitle text, .infolayer .annotation-text'));
+    return {id: c.id, buttons: buttons.length,
+            covered: texts.filter((t) => buttons.some((b) => hit(box(t), b))).map((t) => t.textContent.slice(0, 50))};
+  })"""
+PHONE_VIEWS = ("Per-token layer usage", "Planned layer grid", "Layer stack (animated)", "Attention overview",
+               "Error propagation", "Logit lens")
+
+
+def test_on_a_phone_the_plotly_toolbar_covers_no_title(after_run) -> None:
+    """Issue 35: on a phone (390x844) the plotly toolbar, shown as a finger touches a figure, covered the figures'
+    titles (it sits at the top right, and a title there takes the whole width). A person touches the top of each
+    figure: no title or annotation lies under a shown toolbar button."""
+    screen(after_run, PHONE, False)
+    covered = {}
+    for view in PHONE_VIEWS:
+        open_view(after_run, view)
+        after_run.wait_for_function("() => Array.from(document.querySelectorAll('[id^=plot-]'))"
+                                    ".filter((c) => c.offsetParent !== null).every((c) => c.querySelector('.main-svg'))")
+        for plot in after_run.evaluate("() => Array.from(document.querySelectorAll('[id^=plot-]'))"
+                                       ".filter((c) => c.offsetParent !== null).map((c) => c.id)"):
+            after_run.locator(f"#{plot}").scroll_into_view_if_needed()
+            box = after_run.locator(f"#{plot}").bounding_box()
+            after_run.mouse.move(box["x"] + box["width"] / 2, box["y"] + 20)  # the toolbar shows on hover
+            found = [f for f in after_run.evaluate(UNDER_TOOLBAR) if f["id"] == plot and f["covered"]]
+            if found:
+                covered[f"{view}: {plot}"] = found[0]["covered"]
+        shoot(after_run, f"phone_toolbar_{re.sub(r'[^a-z]+', '_', view.lower()).strip('_')}")
+    after_run.mouse.move(0, 0)
+    assert not covered, covered
+
+
 DECAY_LINES = """() => document.querySelector('#plot-decay .js-plotly-plot')._fullData.filter((t) => t.showlegend
   || t.visible === true).map((t) => [t.name, t.visible])"""
 

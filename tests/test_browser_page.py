@@ -6,6 +6,8 @@ the layer grid have the real model's shape); the tests drive it by URL, element 
 
 from __future__ import annotations
 
+import re
+import threading
 import time
 
 import pytest
@@ -15,6 +17,7 @@ from d3.config import D3Config
 from d3.schedule import budgets
 from tests.pagehelpers import (
     ARTIFACTS,
+    SHOWN_TABS,
     assert_plots_fit,
     ERROR_PILLS,
     generate,
@@ -79,6 +82,53 @@ def test_every_figure_fills_its_box_after_tab_switches_and_a_scenario(page) -> N
         assert_plots_fit(page, f"presentation, {name}")
 
 
+# Each visible plot's drawn width against its box's, once every visible plot is drawn; null while one is not.
+DRAWN_IN_BOX = """() => { const shown = Array.from(document.querySelectorAll('[id^=plot-]')).filter((c) => c.offsetParent !== null);
+  const widths = shown.map((c) => { const svg = c.querySelector('.js-plotly-plot .main-svg');
+    return svg ? {id: c.id, box: c.getBoundingClientRect().width, drawn: svg.getBoundingClientRect().width} : null; });
+  return widths.every((w) => w !== null) ? widths : null; }"""
+
+
+def test_every_figure_fits_its_box_after_tab_switches_on_a_loaded_machine(page, monkeypatch) -> None:
+    """Issue 35: on a loaded machine, after tab switches at 1280x800, the Logit lens figure kept a 700 px width in a
+    644 px box: a figure that lands in a tab the person has already left is drawn hidden, at plotly's fallback
+    width, and nothing redraws it when its tab opens again (the server sends it once). Here the browser's CPU is
+    slowed down 6 times (Chromium's throttling) and the server holds every view's figure until the person has
+    clicked through all the tabs (a loaded server: the figures land in tabs already left). Then each tab is opened
+    again: once its figures are drawn, none is wider than its box."""
+    from explorer import views as registry
+
+    views = view_names(page)
+    generate(page)
+    held, real = threading.Event(), registry.draw
+
+    def slow_draw(*args, **kwargs):
+        held.wait(120)  # until the person has left every tab (a hang guard, not a timing claim)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(registry, "draw", slow_draw)
+    cdp = page.context.new_cdp_session(page)
+    cdp.send("Emulation.setCPUThrottlingRate", {"rate": 6})
+    wide = {}
+    try:
+        for name in views[1:] + views[:1]:  # each tab asks for its figure; the person ends on the first tab
+            open_view(page, name)
+        held.set()
+        page.wait_for_function("() => document.querySelectorAll('[id^=plot-] .js-plotly-plot .main-svg').length"
+                               " >= document.querySelectorAll('[id^=plot-]').length")  # landed, hidden (a hang guard)
+        for name in views:
+            open_view(page, name)
+            page.wait_for_function(DRAWN_IN_BOX)  # drawn (a hang guard)
+            try:
+                page.wait_for_function(f"() => ({DRAWN_IN_BOX})().every((w) => w.drawn <= w.box + 1)", timeout=15_000)
+            except playwright_api.TimeoutError:
+                wide[name] = [w for w in page.evaluate(DRAWN_IN_BOX) or [] if w["drawn"] > w["box"] + 1]
+    finally:
+        held.set()
+        cdp.send("Emulation.setCPUThrottlingRate", {"rate": 1})
+    assert not wide, f"figures wider than their box after tab switches under load: {wide}"
+
+
 # ---------------------------------------------------------------- 3: scenarios state their finding with numbers
 
 
@@ -107,6 +157,46 @@ def test_an_invalid_input_shows_one_plain_message_and_no_error_pills(page) -> No
     messages = page.evaluate(TOASTS) + [page.inner_text("#status")]
     assert sum("prompt is empty" in m.lower() for m in messages) == 1, messages  # named as the page labels it
     assert page.evaluate("() => document.querySelectorAll('#d3-pane .d3-tok').length") > 0  # the last run stays
+
+
+# Scroll the page down so that the status line is just above the screen while Generate stays on it, if the
+# layout allows it (a person scrolled down to the controls and the prompt); returns whether the status is off screen.
+STATUS_OFF_SCREEN = """() => {
+  const abs = (s) => { const r = document.querySelector(s).getBoundingClientRect();
+    return {top: r.top + scrollY, bottom: r.bottom + scrollY}; };
+  const status = abs('#status'), generate = abs('#generate'), y = status.bottom + 2;
+  if (generate.top >= y && generate.bottom <= y + innerHeight) window.scrollTo(0, y);
+  const r = document.querySelector('#status').getBoundingClientRect();
+  return r.bottom <= 0 || r.top >= innerHeight;
+}"""
+# The elements showing the refusal of a too-long prompt, as a person sees them (leaves, visible).
+REFUSALS = """() => Array.from(document.querySelectorAll('body *')).filter((e) => e.offsetParent !== null
+  && /characters long/.test(e.textContent) && !Array.from(e.children).some((c) => /characters long/.test(c.textContent)))
+  .map((e) => { const r = e.getBoundingClientRect(); return {text: e.textContent.slice(0, 80), top: r.top, bottom: r.bottom,
+    in_view: r.height > 0 && r.top >= 0 && r.bottom <= innerHeight}; })"""
+
+
+@pytest.mark.parametrize("page", [{"width": 1280, "height": 800}, PHONE], indirect=True, ids=["1280x800", "phone"])
+def test_a_too_long_prompt_is_refused_where_the_person_looks_and_once(page) -> None:
+    """Issue 35: the 20,000-character refusal could sit above the fold: said in the status line, at the top of the
+    page, while the person had scrolled down to the prompt and Generate. After Generate the refusal is on the
+    screen, in one place."""
+    page.fill("#prompt textarea", "word " * 4000)
+    off = page.evaluate(STATUS_OFF_SCREEN)
+    if page.viewport_size["width"] >= 1280:
+        assert off, "the test must start with the status line off the screen"
+    page.click("#generate")
+    wait_for_status(page, "Cannot run this")
+    try:  # the page brings the refusal on screen (a hang guard; the assertion below says where it was)
+        page.wait_for_function(f"() => ({REFUSALS})().some((r) => r.in_view)", timeout=10_000)
+    except playwright_api.TimeoutError:
+        pass
+    shown = page.evaluate(REFUSALS)
+    assert len(shown) == 1, shown
+    assert shown[0]["in_view"], shown
+    assert page.evaluate(IN_VIEW, "#generate") or page.evaluate(IN_VIEW, "#prompt"), "the prompt went off screen"
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"refusal_{page.viewport_size['width']}.png"))
 
 
 def test_the_core_sliders_cannot_add_up_to_the_whole_model(page) -> None:

@@ -395,32 +395,67 @@ def _steps(engines) -> int:
     return sum(e.steps for e in engines.values())
 
 
-@pytest.mark.parametrize("box, value, used, leave", [("#alpha", "1.5", "1", "Tab"), ("#alpha", "1.5", "1", "Enter"),
-                                                     ("#alpha", "1.5", "1", "click"), ("#core-head", "99", "26", "Tab")])
+def _runs_asked(watched, since: float) -> list[str]:
+    """The runs the page asked the server for since `since`: its queue joins for an event that generates."""
+    names = dict(watched.page.evaluate("() => window.gradio_config.dependencies.map(d => [d.id, d.api_name])"))
+    asked = [e for t, _, e in watched.requests if t >= since and e.startswith("join")]
+    return [str(names.get(int(e.rsplit(":", 1)[1]))) for e in asked
+            if e.rsplit(":", 1)[1].isdigit() and "generate" in str(names.get(int(e.rsplit(":", 1)[1])))]
+
+
+@pytest.mark.parametrize("box, value, used, leave, fresh", [
+    ("#alpha", "1.5", "1", "Tab", False), ("#alpha", "1.5", "1", "Enter", False),
+    ("#alpha", "1.5", "1", "click", False), ("#core-head", "99", "26", "Tab", False),
+    ("#alpha", "1.5", "1", "Tab", True), ("#core-head", "99", "26", "click", True)])
 def test_leaving_a_box_out_of_range_runs_nothing_and_says_the_value_used(watched, engines, box, value, used,
-                                                                         leave) -> None:
+                                                                         leave, fresh) -> None:
     """Issue 35, M5: leaving the α box at 1.5 silently set 1 and started a run nobody asked for; Core head 99 became
-    26 in the box while the status still named 99. Now nothing runs, the refusal stays, and it names the value the
-    slider shows."""
+    26 in the box while the status still named 99. Typed as a person types: a click into the box (gradio counts
+    its pointerup as a slider's release, and a blur too), every character selected and typed over one key at a
+    time, then Tab, Enter or a click elsewhere; on a fresh page or after a run. No run is asked for (no queue join
+    of a generating event, no decoding step), the refusal stays, and it names the value the box shows."""
     page = watched.page
-    page.fill("#max-new-tokens input", str(TOKENS))
-    page.click("#generate")
-    watched.wait_status("Done.")
+    if not fresh:
+        page.fill("#max-new-tokens input", str(TOKENS))
+        page.click("#generate")
+        watched.wait_status("Done.")
     watched.settle()
-    before = _steps(engines)
+    before, since = _steps(engines), time.monotonic()
     field = page.locator(f"{box} input[type=number]")
-    field.fill(value)
+    field.click()  # a person clicks into the box to type (its pointerup is a release to gradio)
+    field.press("Control+A")
+    field.press_sequentially(value, delay=60)
     if leave == "click":
         page.click("#prompt textarea")  # the box loses focus as a person clicks elsewhere
     else:
         field.press(leave)
     watched.settle()
     text = watched.status()
+    assert not _runs_asked(watched, since), f"leaving {box} at {value} asked for a run: {_runs_asked(watched, since)}"
     assert _steps(engines) == before, f"leaving {box} at {value} started a run: {text!r}"
     assert value in text and f"shows {used}" in text, text
     if leave != "Enter":  # the box lost focus: the browser put it at the slider's end, the value the status names
         shown = page.input_value(f"{box} input[type=number]")
         assert float(shown) == float(used), shown
+
+
+def test_a_click_into_a_slider_box_and_out_runs_nothing(watched, engines) -> None:
+    """Issue 35, M5: a click into the α box and out again (nothing typed) is no request for a run, on a fresh page
+    or after a run: gradio sends the box's pointerup and blur as a slider's release."""
+    page = watched.page
+    for fresh in (True, False):
+        if not fresh:
+            page.fill("#max-new-tokens input", str(TOKENS))
+            page.click("#generate")
+            watched.wait_status("Done.")
+        watched.settle()
+        before, since, status = _steps(engines), time.monotonic(), watched.status()
+        page.locator("#alpha input[type=number]").click()
+        page.click("#prompt textarea")
+        watched.settle()
+        assert not _runs_asked(watched, since), (fresh, _runs_asked(watched, since))
+        assert _steps(engines) == before
+        assert watched.status() == status
 
 
 # What the decay curve shows against what the sliders and the model picker hold: the number of layers the figure

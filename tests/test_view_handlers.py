@@ -279,3 +279,17 @@ def test_attention_is_recorded_for_every_layer_only_within_its_memory_budget() -
     assert recorded_attention_layers(30, 9, 64, 256, chosen=7) == tuple(range(30))
     assert recorded_attention_layers(30, 9, 1024, 256, chosen=7) == (7,)
     assert attention_bytes(30, 9, 498, 256) <= ATTENTION_BUDGET_BYTES < attention_bytes(30, 9, 499, 256)
+
+
+def test_a_release_with_the_controls_of_the_last_run_runs_nothing(pool) -> None:
+    """Issue 35, M5: gradio sends a click into a slider's number box (its pointerup) and the box losing focus as the
+    slider's release; after Generate, such a release with nothing changed started the same run again. A release
+    that changes nothing from the last run runs nothing; one that moves a slider runs."""
+    from tests.apphelpers import DEFAULTS, run
+
+    s = Session()
+    controls = {**DEFAULTS, "model": "tiny", "core_head": 1, "core_tail": 1, "max_new_tokens": 2}
+    run(pool, s, **controls)
+    with pytest.raises(gr.Error, match="nothing changed"):
+        check_release(pool, s, **controls)
+    assert check_release(pool, s, **{**controls, "alpha": 0.95}) is None

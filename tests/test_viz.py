@@ -720,13 +720,20 @@ def test_error_propagation_with_fill_none_names_every_mark_a_hole_and_never_says
     assert "Nested drop order" not in fig.layout.title.text
 
 
-def test_an_answer_that_opens_with_line_breaks_starts_on_the_panes_first_line() -> None:
-    """Issue 24: on Gemma 3 the answer starts with two line breaks, so the pane showed only those."""
-    trace = make_trace(FullConfig(), num_layers=12, steps=4)
-    texts = ("\n", "\n", "Hi", "\nthere")
+def test_an_answer_that_opens_with_line_breaks_starts_with_its_first_word() -> None:
+    """Issue 24: on Gemma 3 the answer starts with two line breaks, so the pane showed only those; issue 35: then
+    it began with two ⏎ marks. The white space before the first word is not drawn (a person reads an answer from
+    its first word); those tokens stay in the pane, each a sliver of its colour whose tooltip says what it was, and
+    a line break inside the answer shows its ⏎ and breaks the line."""
+    trace = make_trace(FullConfig(), num_layers=12, steps=5)
+    texts = ("\n", "\n", "Hi", " ", "\nthere")
     trace = trace.with_steps([replace(s, text=t) for s, t in zip(trace.steps, texts)])
-    shown = re.findall(r'class="d3-tok"[^>]*>([^<]*)</span>', viz.token_html(trace))
-    assert shown == ["⏎", "⏎", "Hi", "⏎\nthere"]  # only the break inside the answer breaks the line
+    out = viz.token_html(trace)
+    shown = re.findall(r'class="d3-tok"[^>]*>([^<]*)</span>', out)
+    assert shown == ["", "", "Hi", " ", "⏎\nthere"]
+    leading = re.findall(r'<span class="d3-tok" data-step="(\d)"[^>]*title="([^"]*)"[^>]*style="([^"]*)"', out)
+    assert [step for step, tip, style in leading if "min-width" in style] == ["0", "1"]  # hoverable, in colour
+    assert all("before the answer" in tip for step, tip, _ in leading if step in "01")
 
 def test_paired_curves_draw_the_difference_in_points_with_asymmetric_interval_bars() -> None:
     from viz.results import paired_curves

@@ -17,6 +17,7 @@ from viz.layout import (
     plot_text,
     quoted,
     short_label,
+    shown_text,
     strategy_label,
     tick_subset,
 )
@@ -71,7 +72,7 @@ def key_labels(trace: Trace, prompt_len: int, width: int) -> list[str]:
         if k < len(trace.prompt_stats.tokens):  # raw tokenizer pieces ("Ġthe"): shown like generated text ("␣the")
             labels.append(plot_text(trace.prompt_stats.tokens[k].translate(_TOKEN_MARKERS)))
         elif prompt_len <= k < prompt_len + len(trace.steps):
-            labels.append(plot_text(trace.steps[k - prompt_len].text))
+            labels.append(plot_text(shown_text(trace.steps[k - prompt_len])))
         else:
             labels.append(f"pos {k}")
     return labels
@@ -82,7 +83,7 @@ def _categories(trace: Trace, weights: np.ndarray, labels: list[str], prompt_len
     """Unique, self-explaining names for rows [T] and columns [K]: the heatmap uses them as categories,
     so hover reads "%{y} · %{x}" without a per-cell text array (512 x 600 strings cost ~0.3 s to copy)."""
     has_row = np.isfinite(weights).any(axis=1)  # [T]
-    rows = [f"step {s.step} (producing {quoted(s.text)})" + ("" if has_row[t] else _missing(s, layer))
+    rows = [f"step {s.step} (producing {quoted(shown_text(s))})" + ("" if has_row[t] else _missing(s, layer))
             for t, s in enumerate(trace.steps)]
     cols = [f"key {k} '{labels[k]}' ({'prompt' if k < prompt_len else 'generated'})" for k in range(weights.shape[1])]
     return rows, cols
@@ -111,7 +112,7 @@ def _panel(trace: Trace, layer: int, head: int, index: int, name: str) -> tuple[
     skipped = [t for t, s in enumerate(trace.steps) if layer not in s.layers_run]
     grey = _skipped_rows(weights, skipped, cols, rows, xref, yref, layer)
     yaxis = dict(type="category", autorange="reversed", tickmode="array", tickvals=[rows[i] for i in row_picks],
-                 showgrid=False, ticktext=[_row_tick(trace.steps[i].text, i in skipped) for i in row_picks])
+                 showgrid=False, ticktext=[_row_tick(shown_text(trace.steps[i]), i in skipped) for i in row_picks])
     shapes = []
     if 0 < prompt_len < weights.shape[1]:  # where the prompt ends and generated tokens begin
         shapes.append(guide_line(x=prompt_len - 0.5, xref=xref, yref=yref, color="#D55E00", dash="dot", width=2))

@@ -14,6 +14,7 @@ from scipy.spatial.distance import jensenshannon
 from d3.trace import Trace, token_agreement
 from viz.attention import SKIPPED_FILL, SKIPPED_TEXT, attention_matrix, prompt_length
 from viz.layout import (
+    PANEL_TITLES,
     SEQUENTIAL,
     axis_ref,
     empty_figure,
@@ -22,6 +23,7 @@ from viz.layout import (
     guide_line,
     make_figure,
     short_label,
+    title_margin,
 )
 
 DIVERGING = "RdBu_r"  # red: D3 attends more than full depth; blue: less; white: the same
@@ -303,11 +305,19 @@ def divergence_overview(d3: Trace, full: Trace, *, presentation: bool = False, h
                              constrain="domain"),
                   yaxis=dict(title=dict(text="head"), showgrid=False, autorange="reversed", dtick=1 if heads <= 16 else 4,
                              tickfont=small),
+                  # The colour bar lies under the plot, across, so the cells get the figure's whole width (on a
+                  # phone a bar at the side left 6 px per layer).
                   coloraxis=dict(colorscale=SEQUENTIAL, cmin=0, cmax=top,
-                                 colorbar=dict(thickness=14, title=dict(text="JS<br>bits"), tickfont=small)),
-                  margin=dict(r=70))
+                                 colorbar=dict(orientation="h", thickness=12, len=0.75, lenmode="fraction", x=0,
+                                               xanchor="left", yref="container", y=0, yanchor="bottom",
+                                               title=dict(text="JS bits", side="right"), tickfont=small,
+                                               tickangle=0, nticks=4)))
     # Short lines (fit_title wraps at 40): the head never wraps, the notes take two lines on a phone too.
     title = fit_title("Where D3 changes attention", f"JS divergence, mean of {span}",
                       ("grey: skipped · click: that head", SKIPPED_TEXT))
+    # No panel titles under the title: their room (viz.layout.PANEL_TITLES) goes to the plot; the bottom margin
+    # holds the layer axis and, under it, the colour bar.
+    layout["margin"] = dict(t=title_margin(title, presentation) - PANEL_TITLES, r=20,
+                            b=round(5.5 * font_size(presentation)))
     return make_figure(data, layout, title=title, presentation=presentation, legend=False,
                        height=height or DIVERGENCE_HEIGHT[presentation])

@@ -19,6 +19,7 @@ from viz.layout import (
     quoted,
     series_colors,
     short_label,
+    shown_text,
     strategy_kind,
     strategy_label,
 )
@@ -32,7 +33,7 @@ def raw_decay(cfg: D3Config, num_layers: int, steps: int) -> np.ndarray:
 def usage_scatter(trace: Trace, *, name: str, color: str, mode: str = "markers", showlegend: bool = True) -> go.Scatter:
     """What each token of `trace` actually ran: layers_used [T] against step [T], with per-token hover."""
     used = trace.layers_used
-    hover = [f"step {s.step}: token {quoted(s.text)} ran {s.n_layers} of {trace.num_layers} layers"
+    hover = [f"step {s.step}: token {quoted(shown_text(s))} ran {s.n_layers} of {trace.num_layers} layers"
              f" (planned {s.planned})" + (f", exited after layer {s.exit_layer}" if s.exit_layer is not None else "")
              for s in trace.steps]
     return go.Scatter(x=np.array([s.step for s in trace.steps]), y=used, mode=mode, name=name, text=hover,
@@ -95,12 +96,14 @@ def _planned_line(cfg: StrategyConfig, num_layers: int, steps: int, *, name: str
 
 def decay_curve(cfg: StrategyConfig, num_layers: int, steps: int, *, trace: Trace | None = None,
                 others: dict[str, StrategyConfig] | None = None, others_traces: dict[str, Trace] | None = None,
-                title: str | None = None, presentation: bool = False, height: int | None = None) -> go.Figure:
+                title: str | None = None, presentation: bool = False, height: int | None = None,
+                box_height: bool = False) -> go.Figure:
     """Layers per step: the raw decay floor(L * alpha ** i) [steps] (dashed, D3 only), the planned budget
     `budgets(cfg)` [steps] with the core floor and the delayed start marked, the layers each token of
     `trace` used [T] (markers), other strategies' planned budgets (legend entries, drawn when clicked: the curve
     draws what the run uses), and the actual usage of `others_traces` (early exit has no plan, so only its trace can show it). Cheap enough for every
-    slider move (about 15 ms for 512 steps with three other strategies)."""
+    slider move (about 15 ms for 512 steps with three other strategies). `box_height`: no height of its own, the
+    figure takes its box's (a page sizes the box to its screen)."""
     cfg.check_layers(num_layers)
     others = others or {}
     others_traces = others_traces or {}
@@ -156,7 +159,8 @@ def decay_curve(cfg: StrategyConfig, num_layers: int, steps: int, *, trace: Trac
         layout["meta"] = {"d3_schedule": d3_schedule_meta(d3, num_layers, steps, main=d3 is cfg,
                                                           short_names=presentation)}
     title = title if title is not None else f"Depth decay · {label} · L = {num_layers}"
-    return make_figure(data, layout, title=title, presentation=presentation, height=height or 460)
+    return make_figure(data, layout, title=title, presentation=presentation,
+                       height=None if box_height else height or 460)
 
 
 def layers_vs_step(traces: dict[str, Trace], *, show_planned: bool = True, title: str | None = None,

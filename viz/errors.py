@@ -17,6 +17,7 @@ from viz.layout import (
     guide_line,
     layer_kinds,
     quoted,
+    shown_text,
     strategy_label,
 )
 
@@ -27,7 +28,7 @@ KV_FLOOR = 1e-6  # relative KV errors below this are drawn at the floor of the l
 
 def _token_at(comparison: Comparison, position: int, run: str) -> str:
     steps = (comparison.full if run == "full" else comparison.skip).steps
-    return quoted(steps[position].text) if position < len(steps) else "(none)"
+    return quoted(shown_text(steps[position])) if position < len(steps) else "(none)"
 
 
 def _kl_line(comparison: Comparison, which: str, *, name: str, color: str, dash: str = "solid",

@@ -33,6 +33,7 @@ from viz.layout import (
     panels,
     plot_text,
     quoted,
+    shown_text,
     strategy_label,
     tick_subset,
 )
@@ -159,8 +160,8 @@ def _trace_rows(trace: Trace, max_tokens: int | None) -> tuple[np.ndarray, list[
     steps = trace.steps[:max_tokens]
     codes = trace.grid()[: len(steps)]
     ys = [s.step for s in steps]
-    hover_rows = [f"token {quoted(s.text)} (step {s.step}) · {s.n_layers}/{trace.num_layers} layers" for s in steps]
-    return codes, ys, hover_rows, [plot_text(s.text) for s in steps], trace.fill_sources()[: len(steps)]
+    hover_rows = [f"token {quoted(shown_text(s))} (step {s.step}) · {s.n_layers}/{trace.num_layers} layers" for s in steps]
+    return codes, ys, hover_rows, [plot_text(shown_text(s)) for s in steps], trace.fill_sources()[: len(steps)]
 
 
 def layer_grid(trace: Trace, *, title: str | None = None, max_tokens: int | None = None, token_labels: bool = True,

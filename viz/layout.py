@@ -219,6 +219,13 @@ def readable_token(text: str) -> str:
     return "".join(out)
 
 
+def shown_text(step: Any) -> str:
+    """A token's text as a view shows it: its text, or where it holds only part of a multi-byte character (its
+    text is then "" or what comes before that part), the token on its own with those bytes written out
+    (`TokenStep.piece`: "<0xF0><0x9F>"), never U+FFFD or the empty token's ∅."""
+    return getattr(step, "piece", "") or step.text
+
+
 def plot_text(text: str) -> str:
     """Token text safe for plotly labels: whitespace made visible, then &, < and > escaped, because
     plotly reads label text as a small subset of HTML (a token "<br>" would otherwise break the line)."""

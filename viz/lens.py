@@ -18,6 +18,7 @@ from viz.layout import (
     make_figure,
     plot_text,
     quoted,
+    shown_text,
     strategy_label,
     tick_subset,
 )
@@ -48,14 +49,14 @@ def _hover(trace: Trace, prob: np.ndarray, rank: np.ndarray) -> np.ndarray:
     """Hover text [L, T] (transposed like z): the lens reading where a layer ran, the cell's fate where not."""
     num_layers = trace.num_layers
     kinds = layer_kinds(num_layers, trace.core)
-    rows = [f"token {quoted(s.text)} (step {s.step})" for s in trace.steps]
+    rows = [f"token {quoted(shown_text(s))} (step {s.step})" for s in trace.steps]
     text = cell_hover(trace.grid(), rows, kinds, sources=trace.fill_sources())  # [T, L], names each copy's recorded source
     for t, s in enumerate(trace.steps):
         for layer in range(num_layers):
             if rank[t, layer] >= 0:
                 text[t, layer] = (f"{rows[t]} · layer {layer} ({kinds[layer]}) · lens top-1 "
                                   f"{quoted(s.logit_lens[layer]) if s.logit_lens else '?'} · "
-                                  f"p({quoted(s.text)}) = {fmt(prob[t, layer])} · rank {rank[t, layer] + 1}")
+                                  f"p({quoted(shown_text(s))}) = {fmt(prob[t, layer])} · rank {rank[t, layer] + 1}")
     return text.T
 
 
@@ -113,7 +114,7 @@ def logit_lens_heatmap(trace: Trace, *, reference: Trace | None = None, selected
     prob, rank = lens_arrays(trace)
     num_layers = trace.num_layers
     steps = np.array([s.step for s in trace.steps])
-    texts = [s.text for s in trace.steps]
+    texts = [shown_text(s) for s in trace.steps]
     hover = _hover(trace, prob, rank)
     depth = prediction_depth(rank)
     heat = go.Heatmap(z=prob.T, x=steps, y=np.arange(num_layers), zmin=0, zmax=1, colorscale=LENS_SCALE, text=hover,

@@ -33,6 +33,7 @@ from viz.layout import (
     plot_text,
     quoted,
     readable_token,
+    shown_text,
     strategy_label,
 )
 from viz.stream import layer_range_text
@@ -73,7 +74,7 @@ def token_layers(trace: Trace, index: int, *, title: str | None = None, presenta
     num_layers = trace.num_layers
     cells = step.cells(num_layers)
     kinds = layer_kinds(num_layers, trace.core)
-    hover = cell_hover(cells[None, :], [f"token {quoted(step.text)} (step {step.step})"], kinds,
+    hover = cell_hover(cells[None, :], [f"token {quoted(shown_text(step))} (step {step.step})"], kinds,
                        sources=step.fill_sources(num_layers)[None, :])[0]
     bars = go.Bar(y=np.arange(num_layers), x=np.ones(num_layers), orientation="h", width=0.9,
                   marker=dict(color=[CELL_COLORS[int(c)] for c in cells]),
@@ -91,7 +92,7 @@ def token_layers(trace: Trace, index: int, *, title: str | None = None, presenta
         shapes=core_shapes(num_layers, trace.core, axis="y"), bargap=0.05,
     )
     if title is None:
-        title = fit_title(f"Token {index}: {quoted(step.text)}",
+        title = fit_title(f"Token {index}: {quoted(shown_text(step))}",
                           f"{step.n_layers} of {num_layers} layers ran (planned {step.planned})")
     return make_figure([bars], layout, title=title, presentation=presentation, legend=False,
                        height=height or int(np.clip(20 * num_layers + 150, 360, 900)))
@@ -176,7 +177,7 @@ def scrub_html(trace: Trace, index: int, reference: Trace | None = None) -> str:
     step = trace.steps[index]
     cells = step.cells(trace.num_layers)
     skipped = [layer for layer in range(trace.num_layers) if cells[layer] != RAN]
-    lines = [f"<b>Token {index} of {len(trace.steps)}: <code>{html.escape(readable_token(step.text))}</code></b> "
+    lines = [f"<b>Token {index} of {len(trace.steps)}: <code>{html.escape(readable_token(shown_text(step)))}</code></b> "
              f"(id {step.token_id}{f', p = {math.exp(step.logprob):.2f}' if math.isfinite(step.logprob) else ''})",
              f"Ran {step.n_layers} of {trace.num_layers} layers: {layer_range_text(step.layers_run)}. "
              f"Skipped: {layer_range_text(skipped)}."]
@@ -201,4 +202,4 @@ def _reference_text(trace: Trace, reference: Trace | None, index: int) -> str:
     if other.token_id == trace.steps[index].token_id:
         return "Full depth wrote the same token here."
     return (f'<span class="d3-callout">First divergence: full depth wrote '
-            f"<code>{html.escape(readable_token(other.text))}</code> here.</span>")
+            f"<code>{html.escape(readable_token(shown_text(other)))}</code> here.</span>")

@@ -23,6 +23,7 @@ from viz.layout import (
     make_figure,
     quoted,
     readable_token,
+    shown_text,
     wrap_message,
 )
 
@@ -65,7 +66,7 @@ def caption(trace: Trace, index: int) -> str:
     parts += [f"{counts['copy']} filled by copy"] if counts["copy"] else []
     parts += [f"{counts['propagate']} by propagate"] if counts["propagate"] else []
     parts += [f"{counts['none']} left as holes"] if counts["none"] else []
-    return f"token {index} {quoted(step.text)}: " + ", ".join(parts)
+    return f"token {index} {quoted(shown_text(step))}: " + ", ".join(parts)
 
 
 def _box_label(cell: int, fill: Fill | None) -> str:
@@ -203,7 +204,7 @@ def _slider(trace: Trace, frames: list[dict[str, Any]], index: int, presentation
     """A step control: one step per token, on `index`; labels only where few enough to read (the current one always
     shows above it)."""
     few = len(trace.steps) <= 12
-    steps = [dict(method="animate", label=f"{i} {readable_token(s.text)[:12]}", args=[[frames[i]], STEP])
+    steps = [dict(method="animate", label=f"{i} {readable_token(shown_text(s))[:12]}", args=[[frames[i]], STEP])
              for i, s in enumerate(trace.steps)]
     return dict(active=index, steps=steps, x=0.0, len=1.0, y=0, yanchor="top", pad=dict(t=50, b=0),
                 currentvalue=dict(prefix="token ", font=dict(size=font_size(presentation, delta=-2), color="#1F2937")),

@@ -11,7 +11,7 @@ import numpy as np
 from plotly.colors import sample_colorscale, unlabel_rgb
 
 from d3.trace import TokenStep, Trace, token_agreement
-from viz.layout import FONT_FAMILY, SEQUENTIAL, readable_token
+from viz.layout import FONT_FAMILY, SEQUENTIAL, readable_token, shown_text
 
 DIFF_COLOR = "#D55E00"
 
@@ -59,7 +59,7 @@ def _colors(n_layers: int, few: int, many: int) -> tuple[str, str]:
 def _token_title(step: TokenStep, num_layers: int, other: TokenStep | None) -> str:
     """Plain-text details of one token for its tooltip (escaped by the caller)."""
     skipped = sorted(set(range(num_layers)) - set(step.layers_run))
-    lines = [f"step {step.step} · token '{readable_token(step.text)}' (id {step.token_id})",
+    lines = [f"step {step.step} · token '{readable_token(shown_text(step))}' (id {step.token_id})",
              f"{step.n_layers}/{num_layers} layers (planned {step.planned}) · skipped: {layer_range_text(skipped)}"]
     fills: dict[str, int] = {}
     for _, how, _ in step.filled:
@@ -75,7 +75,7 @@ def _token_title(step: TokenStep, num_layers: int, other: TokenStep | None) -> s
     if step.topk:
         lines.append("top: " + ", ".join(f"'{readable_token(text)}' {p:.2f}" for _, text, p in step.topk))
     if other is not None and other.token_id != step.token_id:
-        lines.append(f"full depth picked '{readable_token(other.text)}' here")
+        lines.append(f"full depth picked '{readable_token(shown_text(other))}' here")
     return "\n".join(lines)
 
 
@@ -137,11 +137,17 @@ def token_html(trace: Trace, *, reference: Trace | None = None, full_prob: Seque
             spans.append(f'<span class="d3-badge" title="first token that differs from full depth" style="background:'
                          f'{DIFF_COLOR};color:#fff;font-size:0.75em;font-weight:600;padding:1px 5px;border-radius:8px;'
                          f'margin:0 3px;white-space:nowrap">first divergence ▸</span>')
-        # Line breaks before the answer's first visible character show as ⏎ only: an answer that opens with two
-        # (Gemma 3's does) would otherwise fill a three-line pane with empty lines.
-        text = html.escape(step.text).replace("\n", "⏎\n" if started else "⏎")
+        # White space before the answer's first visible character is not drawn: an answer that opens with two
+        # line breaks (Gemma 3's does) read "⏎⏎" before its first word, or filled a three-line pane with empty
+        # lines. Such a token stays, a sliver in its colour, its tooltip saying what it was (issue 35).
+        leading = not started and not step.text.strip() and step.text != ""
+        text = "" if leading else html.escape(step.text).replace("\n", "⏎\n")
+        if leading or (step.piece and not step.text):  # or part of a character the next token completes
+            style += ";display:inline-block;min-width:0.4em;height:1.1em;vertical-align:text-bottom"
         started = started or bool(step.text.strip())
         tip = _token_title(step, trace.num_layers, other)
+        if leading:
+            tip = "white space before the answer's first word (not drawn)\n" + tip
         if full_prob is not None and i < len(full_prob):
             mark, word = plausibility(float(full_prob[i]))
             style += f";border-bottom:3px solid {mark}"

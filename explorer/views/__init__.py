@@ -25,11 +25,13 @@ from viz.depth import decay_curve
 from viz.errors import error_propagation, fill_strategies
 from viz.flow import sublayer_flow
 from viz.grid import layer_grid, planned_grid_figure
-from viz.layout import empty_figure, readable_token, strategy_label
+from viz.layout import empty_figure, readable_token, shown_text, strategy_label
 
 
 SCHEDULE = ("decay", "planned")  # the schedule preview: the two views drawn from the controls alone (no run)
-DECAY_HEIGHT = {False: 265, True: 240}  # px; the decay curve shares the first screen with the panes
+# px; the decay curve shares the first screen with the panes. In presentation mode its box sets its height
+# (assets/style.css): 240 px at 1280x800, taller on a taller screen (a room reads it from 1920x1080).
+DECAY_HEIGHT = {False: 265, True: None}
 
 
 def waiting(message: str, *, presentation: bool = False) -> go.Figure:
@@ -49,7 +51,7 @@ def decay_view(cfg: StrategyConfig, num_layers: int, steps: int, *, trace: Trace
     mislead). Compact (no title: the D3 pane's title names the schedule) so that it fits on the first screen."""
     shown = trace if trace is not None and trace.strategy == cfg.to_dict() else None
     return decay_curve(cfg, num_layers, steps, trace=shown, others=dict(others or {}), presentation=presentation,
-                       title="", height=DECAY_HEIGHT[presentation])
+                       title="", height=DECAY_HEIGHT[presentation], box_height=DECAY_HEIGHT[presentation] is None)
 
 
 def planned_view(cfg: StrategyConfig, num_layers: int, steps: int, *, layer_types: Sequence[str] | None,
@@ -122,7 +124,7 @@ def status_html(d3: Trace | None, full: Trace | None, phase: str, *, comparison:
         n, first = agreement.compared, agreement.first_divergence
         parts.append(f"{len(d3.steps)} D3 tokens, {len(full.steps)} full-depth tokens, {agreement.agreeing}/{n} agree.")
         if first is not None:
-            a, b = readable_token(d3.steps[first].text), readable_token(full.steps[first].text)
+            a, b = readable_token(shown_text(d3.steps[first])), readable_token(shown_text(full.steps[first]))
             parts.append(f'<span class="d3-callout">First divergence at token {first}: D3 wrote '
                          f'<code>{html.escape(a)}</code> where full depth wrote <code>{html.escape(b)}</code>.</span>')
         elif n:

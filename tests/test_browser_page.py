@@ -6,7 +6,6 @@ the layer grid have the real model's shape); the tests drive it by URL, element 
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 
@@ -17,7 +16,6 @@ from d3.config import D3Config
 from d3.schedule import budgets
 from tests.pagehelpers import (
     ARTIFACTS,
-    SHOWN_TABS,
     assert_plots_fit,
     ERROR_PILLS,
     generate,

@@ -287,7 +287,8 @@ def layer_order_text(order: tuple[int, ...] | None) -> str:
 TEXT_KINDS = ("chat", "arithmetic")
 PAGE_MODELS = {"smollm2-135m": (0.998, (3, 3)), "gemma3-270m": (0.998, (2, 2)),
                "qwen2.5-coder-1.5b": (0.99, (3, 3))}  # docs/models.md: keeps the worked answer at 24.5 of 28 layers
-# (Qwen: its chat order on chat text; no arithmetic order ships for it, so the arithmetic kind runs middle-out)
+# (Qwen: its chat order on chat text, the drop-order study's order on arithmetic; the "deeper model" scenario asks
+# for middle-out itself)
 
 
 def calibrated_order(model: str, core: tuple[int, int], kind: str = "chat") -> tuple[int, ...] | None:

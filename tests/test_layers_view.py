@@ -93,18 +93,20 @@ def test_an_order_of_distinct_layers_follows_the_core(pool, order, fitted):
     assert parse_strategy(c, 6, pool.caps).layer_order == fitted
 
 
-def test_qwen_runs_its_chat_order_on_chat_text_and_middle_out_on_arithmetic():
-    """Qwen2.5-Coder's chat order ships (it kept full depth's chat text longer than middle-out, docs/models.md);
-    no arithmetic order does, so the arithmetic kind falls back to the paper's middle-out, not an empty order."""
-    from d3.orders import CHAT_ORDERS
+def test_qwen_runs_its_chat_order_on_chat_text_and_the_studys_order_on_arithmetic():
+    """Qwen2.5-Coder's chat order ships (it kept full depth's chat text longer than middle-out, docs/models.md), and
+    the drop-order study's calibrated order on arithmetic (it kept 120 of 120 answers at 26 of 28 layers): each kind
+    of text gets its own, a permutation of the 22 flex layers of 28 with core 3 + 3."""
+    from d3.orders import CHAT_ORDERS, MEASURED
     from explorer.controls import model_defaults, parse_layer_order
 
     qwen = "qwen2.5-coder-1.5b"
-    chat = model_defaults(qwen, "chat")
-    assert chat.drop_order == "calibrated" and parse_layer_order(chat.layer_order, 28) == CHAT_ORDERS[qwen][(3, 3)]
-    assert sorted(CHAT_ORDERS[qwen][(3, 3)]) == list(range(3, 25))  # each flex layer of 28 with core 3 + 3, once
-    arithmetic = model_defaults(qwen, "arithmetic")
-    assert (arithmetic.drop_order, arithmetic.layer_order, arithmetic.alpha) == ("middle_out", "", 0.99)
+    for kind, orders in (("chat", CHAT_ORDERS), ("arithmetic", MEASURED)):
+        page = model_defaults(qwen, kind)
+        assert page.drop_order == "calibrated" and page.alpha == 0.99
+        assert parse_layer_order(page.layer_order, 28) == orders[qwen][(3, 3)]
+        assert sorted(orders[qwen][(3, 3)]) == list(range(3, 25))  # each flex layer of 28 with core 3 + 3, once
+    assert CHAT_ORDERS[qwen][(3, 3)] != MEASURED[qwen][(3, 3)]
 
 
 @pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-1.5b"])

@@ -367,7 +367,8 @@ def in_parallel(models: list[str], parts: list[str], jobs: int) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", default="smollm2-135m,gemma3-270m")
+    p.add_argument("--models", default="smollm2-135m,gemma3-270m", help="comma-separated; the report's across-models "
+                   "section compares the last with the others (name the largest last)")
     p.add_argument("--tasks", default=",".join(ROOMY_TASKS), help="candidate tasks (screened on validation)")
     p.add_argument("--max-tasks", type=int, default=0, help="at most this many of the kept tasks, in --tasks order "
                    "(0: all); each costs the same number of test questions")

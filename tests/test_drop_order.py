@@ -206,7 +206,8 @@ def test_across_models_says_where_the_deep_model_keeps_answers_the_small_one_los
     small = {**STUDY, "model": "small"}  # 10 layers: kept within 3 pts at 9.6 (96%), 8.8 (88%) loses 3.5 at most
     deep = {**STUDY, "model": "deep", "num_layers": 20, "settings": {
         "full depth": STUDY["settings"]["full depth"], "d3 x @0.9": _row(17.8, -0.005, -0.02, 0.01)}}  # 89%
-    lines = rep.across_models([small, deep])
+    lines = rep.across_models([small, deep])  # the last named is the one compared with the others
+    assert rep.across_models([deep, small], "deep") == lines and rep.across_models([deep, small])[0].startswith("small")
     assert lines[0].startswith("deep (20 layers) keeps its answers within 3 points at 17.80 of 20 layers per token (89.0%")
     assert "small (10 layers): its own fewest within 3 points: 9.60 of 10 (96.0%)" in lines[1]
     assert "d3 good @0.9 at 8.80 (88.0%), -2.0 [-3.5, -1.0] pts on 200 questions: **not within 3 points** (its loss may reach 3.5)" in lines[1]

@@ -395,15 +395,17 @@ def _share(row: dict[str, Any], num_layers: int) -> float:
     return row["layers"] / num_layers
 
 
-def across_models(studies: list[dict[str, Any]], bound: float = BOUNDS[1]) -> list[str]:
-    """Whether the deepest model keeps its answers at a share of its depth the smaller ones cannot, in lines: its
-    headline at `bound` as a share of its layers, beside each smaller model's own headline share and, for that
-    model, the measured setting closest at or below the deep model's share with its interval (a loss there beyond
-    `bound` is what "cannot" means; a share it never ran at is said to be unmeasured, not claimed)."""
+def across_models(studies: list[dict[str, Any]], subject: str | None = None, bound: float = BOUNDS[1]) -> list[str]:
+    """Whether `subject` (a model's name; default the last study: the largest model, named last) keeps its answers
+    at a share of its depth the other models cannot, in lines: its headline at `bound` as a share of its layers,
+    beside each other model's own headline share and, for that model, the measured setting closest at or below the
+    subject's share with its interval (a loss bound beyond `bound` there is what "cannot" means; a share it never
+    ran at is said to be unmeasured, not claimed)."""
     measured = [s for s in studies if s.get("settings")]
     if len(measured) < 2:
         return []
-    deep = max(measured, key=lambda s: s["num_layers"])
+    named = [s for s in measured if s["model"] == subject]
+    deep = named[0] if named else measured[-1]
     pick, met = headline_pick(deep, bound)
     points = f"{100 * bound:.0f} points"
     if pick is None or not met:
@@ -439,9 +441,9 @@ def across_models(studies: list[dict[str, Any]], bound: float = BOUNDS[1]) -> li
 ACROSS = f"{HEADING} across models"
 
 
-def write_across(summary: str | Path, studies: list[dict[str, Any]]) -> Path:
+def write_across(summary: str | Path, studies: list[dict[str, Any]], subject: str | None = None) -> Path:
     """Put the `across_models` section into SUMMARY.md (replacing its earlier self); nothing when it has no lines."""
-    lines = across_models(studies)
+    lines = across_models(studies, subject)
     path = Path(summary)
     if not lines:
         return path

@@ -208,7 +208,6 @@ def generate(pool: ModelPool, session: Session | None, controls: Controls) -> It
             checked = check_run(pool, controls)  # a mistake is reported before a slow model load
         except ValueError as err:
             yield from _refuse(GENERATE_OUTPUTS, err, session)
-        session.released = controls  # a slider's release that changes nothing from here runs nothing (`check_release`)
         run_id = session.begin()  # any earlier run of this session stops within one token
         try:
             if not pool.is_loaded(checked.model):

@@ -63,7 +63,7 @@ class Session:
     typed_out_of_range: bool = False  # a value typed into a slider's box outside its range, not yet fixed
     core: tuple[int, int] | None = None  # (head, tail) as last settled on valid values (which one a person typed)
     settled: Any = None  # the controls the last settle answered (an identical one sends no update: no event storm)
-    released: Any = None  # the controls the last run ran, or a slider's release last ran (the same again runs nothing)
+    released: Any = None  # the controls a slider's release last ran (the same again runs nothing)
     # The view tab open on the page (None: not a page but an API client, which gets every view). On the page only
     # that view is drawn; the others are `stale` and drawn when their tab opens (`due`, `opened`).
     view: str | None = None

@@ -390,6 +390,38 @@ def hub_fallback(name: str) -> str | None:
         return known.hub_id if hub_reachable(known.hub_id) else None
 
 
+def prepare(name: str, progress: Progress | None = None) -> None:
+    """Make the known model `name` loadable with nothing left to do but read it: its conversion made (in a
+    subprocess, reporting each stage to `progress`) or, where it falls back to the hub, its snapshot downloaded into
+    the hub cache. For a public server at startup (explorer/prepare.py); a load does the same on first use."""
+    report = progress or _no_progress
+    hub = hub_fallback(name)
+    if hub is None:
+        known_directory(name, progress=report, apart=True)
+    elif not hub_cached(hub):
+        _download(hub, report)
+    report("ready")
+
+
+def _download(hub_id: str, progress: Progress) -> None:
+    """Download what from_pretrained reads of `hub_id` (config, safetensors, tokenizer) into the hub cache,
+    reporting the share of its bytes written ("downloading ... from the hub: 40% of 3.1 GB")."""
+    from huggingface_hub import snapshot_download
+    from tqdm.auto import tqdm
+
+    class Report(tqdm):  # type: ignore[misc]  (snapshot_download counts files and bytes with it)
+        def update(self, n: float | None = 1) -> bool | None:
+            done = super().update(n)
+            if getattr(self, "unit", "") == "B" and self.total:
+                progress(f"downloading {hub_id} from the hub: {100 * self.n / self.total:.0f}% of "
+                         f"{self.total / 1e9:.1f} GB")
+            return done
+
+    progress(f"downloading {hub_id} from the hub")
+    snapshot_download(hub_id, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.jinja", "*.model"],
+                      tqdm_class=Report)
+
+
 def hub_cache_dir(env: dict[str, str] | None = None) -> Path:
     """Where huggingface_hub keeps its downloads: HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub
     (read from the environment at each call: huggingface_hub reads it once, at import)."""

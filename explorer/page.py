@@ -20,7 +20,7 @@ from explorer.expiry import session_expiry
 from explorer.guard import RequestGuard, UploadBudget, bound_the_log
 from explorer.layout import build_layout
 from explorer.pool import ModelPool
-from explorer.prepare import EVERY_S, Preparation
+from explorer.prepare import EVERY_S, Preparation, prepare_order
 from explorer.wiring import wire
 
 CSS_PATH = ASSETS / "style.css"
@@ -37,7 +37,7 @@ def build_demo(engine_factory: Callable[[str], Engine] | None = None, *, caps: C
     names = model_names or tuple(KNOWN_MODELS)
     pool = ModelPool(engine_factory, caps=caps, public=public, names=names)
     if preparation is None and public and engine_factory is None:
-        preparation = Preparation(names)
+        preparation = Preparation(prepare_order(names))
     if preparation is not None:
         pool.preparing = preparation.message
     facts = pool.facts(names[0])

@@ -28,6 +28,27 @@ def prepare_known(name: str, report: Callable[[str], None]) -> None:
     prepare(name, report)
 
 
+def prepare_order(names: tuple[str, ...]) -> tuple[str, ...]:
+    """The known models in the order to prepare them: those with nothing to do first (converted already, or in the
+    hub cache), then downloads, then conversions (minutes of CPU each), so that a quick one never waits behind a
+    slow one. Names that are not known models keep their place at the end."""
+    from d3.models import KNOWN_MODELS, hub_cached, hub_fallback, known_key
+    from d3.model_cache import ready_conversion
+
+    def cost(name: str) -> int:
+        if name not in KNOWN_MODELS:
+            return 3
+        hub = hub_fallback(name)
+        if hub is not None:
+            return 0 if hub_cached(hub) else 1
+        try:
+            return 0 if ready_conversion(name, known_key(name)) is not None else 2
+        except ValueError:  # its source is not installed: preparing it fails at once, and says so
+            return 0
+
+    return tuple(sorted(names, key=cost))
+
+
 def percent(stage: str) -> int | None:
     """How far a stage line says it is: "120 of 339" or "35%" in it; None when it says nothing countable."""
     found = _PERCENT.search(stage)

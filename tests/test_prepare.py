@@ -119,3 +119,16 @@ def test_a_local_server_prepares_nothing(tiny_engine) -> None:
     demo = page.build_demo(tiny_factory(tiny_engine), public=False, model_names=("tiny",))
     assert demo.preparation is None and demo.pool.preparing is None
     assert not [b for b in demo.blocks.values() if isinstance(b, gr.HTML) and b.elem_id == "preparing"]
+
+
+def test_quick_models_are_prepared_before_slow_ones(monkeypatch, tmp_path) -> None:
+    """A model in the hub cache (nothing to do) before one to download, before one to convert from its packages."""
+    from d3 import models
+    from explorer.prepare import prepare_order
+
+    hub = {"smollm2-135m": "cached/smol", "qwen2.5-coder-1.5b": "to/download"}
+    monkeypatch.setattr(models, "hub_fallback", lambda name: hub.get(name))
+    monkeypatch.setattr(models, "hub_cached", lambda hub_id: hub_id.startswith("cached/"))
+    monkeypatch.setenv("D3_CACHE_DIR", str(tmp_path))  # nothing converted
+    assert prepare_order(("gemma3-270m", "qwen2.5-coder-1.5b", "smollm2-135m", "mine")) == (
+        "smollm2-135m", "qwen2.5-coder-1.5b", "gemma3-270m", "mine")

@@ -41,6 +41,7 @@ class Measured:
     total_s: float
     phase: str
     beside: int
+    threads: int
     load_avg: tuple[float, float, float]
 
     @property
@@ -90,8 +91,10 @@ def run_once(pool, model: str, tokens: int, stop: threading.Event | None = None)
 
 def measure(model: str, tokens: int, beside: int) -> Measured:
     from explorer.caps import Caps
+    from explorer.page import tune_process
     from explorer.pool import ModelPool
 
+    tune_process()  # as the server does: D3_TORCH_THREADS, if set, is the threads torch computes with
     caps = Caps.from_env()
     pool = ModelPool(caps=Caps(**{**asdict(caps), "max_new_tokens": max(caps.max_new_tokens, tokens)}))
     pool.engine(model)  # loaded (and converted if need be) before anything is timed
@@ -111,8 +114,10 @@ def measure(model: str, tokens: int, beside: int) -> Measured:
     stop.set()
     for thread in others:
         thread.join(600)
+    import torch
+
     return Measured(model, tokens, written, round(first, 1), round(last - first, 1), round(total - last, 1),
-                    round(total, 1), phase, beside, tuple(round(x, 1) for x in load))  # type: ignore[arg-type]
+                    round(total, 1), phase, beside, torch.get_num_threads(), tuple(round(x, 1) for x in load))  # type: ignore[arg-type]
 
 
 def pick(m: Measured, limit_s: float, margin: float) -> int:

@@ -4,7 +4,9 @@
 # scenario "D3 on a deeper model" and a default run on each model. Every step is timed; the figures land in
 # $OUT/figures.json (docs/install.md quotes them), screenshots beside them.
 #
-# Usage: bash scripts/space_rehearsal.sh            (PYTHON: a Python with playwright for the browser, default `python`)
+# Usage: bash scripts/space_rehearsal.sh            (PYTHON: a Python with playwright for the browser, default `python`;
+#        OUT: where everything goes, default a new temp dir; VENV: an earlier rehearsal's venv, to skip the install;
+#        the app inherits the rest of the environment, e.g. D3_TORCH_THREADS=1 as a Space's settings may set it)
 #
 # What stands in for the Space, and what does not:
 # - torch: installed first as torch==2.13.0 (this machine's CPU build), then `pip install -r requirements.txt`
@@ -28,13 +30,19 @@ echo "rehearsal: into $OUT"
 T0=$(date +%s.%N)
 started=$SECONDS
 
-"$BASE_PYTHON" -m venv "$OUT/venv"  # no --system-site-packages: a Space's Python has none of this machine's
-pip_install() { "$OUT/venv/bin/python" -m pip install --quiet --disable-pip-version-check "$@"; }
-pip_install "torch==2.13.0"
-torch_s=$((SECONDS - started))
-pip_install -r requirements.txt
-install_s=$((SECONDS - started))
-echo "rehearsal: torch in ${torch_s} s, requirements.txt in $((install_s - torch_s)) s"
+VENV="${VENV:-}"  # the venv of an earlier rehearsal, to rehearse the app again without installing (not timed)
+if [[ -z "$VENV" ]]; then
+  VENV="$OUT/venv"
+  "$BASE_PYTHON" -m venv "$VENV"  # no --system-site-packages: a Space's Python has none of this machine's
+  pip_install() { "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$@"; }
+  pip_install "torch==2.13.0"
+  torch_s=$((SECONDS - started))
+  pip_install -r requirements.txt
+  install_s=$((SECONDS - started))
+  echo "rehearsal: torch in ${torch_s} s, requirements.txt in $((install_s - torch_s)) s"
+else
+  torch_s=0 install_s=0
+fi
 
 "$DRIVER" scripts/space_rehearsal.py hub-cache "$OUT/hf/hub"
 
@@ -42,7 +50,7 @@ mkdir -p "$OUT/d3-cache" "$OUT/gradio"
 app_started=$SECONDS
 env -u PYTHONPATH -u VIRTUAL_ENV SPACE_ID=rehearsal/d3-explorer HF_HOME="$OUT/hf" HF_HUB_OFFLINE=1 \
   D3_CACHE_DIR="$OUT/d3-cache" GRADIO_TEMP_DIR="$OUT/gradio" GRADIO_SERVER_PORT="$PORT" \
-  GRADIO_ANALYTICS_ENABLED=False "$OUT/venv/bin/python" app.py >"$OUT/app.log" 2>&1 &
+  GRADIO_ANALYTICS_ENABLED=False "$VENV/bin/python" app.py >"$OUT/app.log" 2>&1 &
 APP=$!
 trap 'kill "$APP" 2>/dev/null || true' EXIT
 

@@ -46,10 +46,11 @@ fi
 
 "$DRIVER" scripts/space_rehearsal.py hub-cache "$OUT/hf/hub"
 
-mkdir -p "$OUT/d3-cache" "$OUT/gradio"
+CACHE="${CACHE:-$OUT/d3-cache}"  # where the app converts gemma3-270m; an earlier rehearsal's skips that conversion
+mkdir -p "$CACHE" "$OUT/gradio"
 app_started=$SECONDS
 env -u PYTHONPATH -u VIRTUAL_ENV SPACE_ID=rehearsal/d3-explorer HF_HOME="$OUT/hf" HF_HUB_OFFLINE=1 \
-  D3_CACHE_DIR="$OUT/d3-cache" GRADIO_TEMP_DIR="$OUT/gradio" GRADIO_SERVER_PORT="$PORT" \
+  D3_CACHE_DIR="$CACHE" GRADIO_TEMP_DIR="$OUT/gradio" GRADIO_SERVER_PORT="$PORT" \
   GRADIO_ANALYTICS_ENABLED=False "$VENV/bin/python" app.py >"$OUT/app.log" 2>&1 &
 APP=$!
 trap 'kill "$APP" 2>/dev/null || true' EXIT

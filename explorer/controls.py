@@ -292,7 +292,7 @@ PAGE_MODELS = {"smollm2-135m": (0.998, (3, 3)), "gemma3-270m": (0.998, (2, 2)),
 # Each model's default new tokens: the most, in steps of 8 up to 64, whose default run (both panes, tracing, the
 # comparison) is predicted to end within half of D3_MAX_RUN_S on the shared 2-core CPU with another visitor's default
 # run beside it (scripts/default_tokens.py; the figures are in docs/speed.md). A person or an API call may ask more.
-PAGE_TOKENS = {"smollm2-135m": 64, "gemma3-270m": 64, "qwen2.5-coder-1.5b": 24}
+PAGE_TOKENS = {"smollm2-135m": 32, "gemma3-270m": 24, "qwen2.5-coder-1.5b": 8}
 
 
 def calibrated_order(model: str, core: tuple[int, int], kind: str = "chat") -> tuple[int, ...] | None:

@@ -5,7 +5,8 @@ after them: `explorer.live.generate`, the handler the Generate button calls) mea
 `--beside` other visitors' default runs on the same model go on beside it (as many as D3_CONCURRENCY lets run at
 once besides it: a second slot), on this machine. From the measured run: the wait before the first token, the pace
 while decoding (tokens per second per pane), and the time after the last token (the comparison). The default picked
-is the largest multiple of 8, at most the page's 64, whose run is predicted to end within `--margin` of D3_MAX_RUN_S:
+is the largest multiple of 8, at most the page's 64, whose run is predicted to end within `--margin` of D3_MAX_RUN_S
+(8, with "fits": false, when not even 8 tokens do):
 
     first token wait + N / pace + comparison time * N / tokens  <=  margin * D3_MAX_RUN_S
 
@@ -144,10 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     limit = Caps.from_env().max_run_s
     m = measure(args.model, args.tokens, args.beside)
     chosen = pick(m, limit, args.margin)
+    predicted = round(m.first_token_s + (chosen - 1) / m.pace + m.after_s / max(m.tokens_written, 1) * chosen, 1)
     row = {**asdict(m), "pace_tokens_per_s_per_pane": round(m.pace, 2), "limit_s": limit, "margin": args.margin,
-           "default_new_tokens": chosen,
-           "predicted_default_run_s": round(m.first_token_s + (chosen - 1) / m.pace
-                                            + m.after_s / max(m.tokens_written, 1) * chosen, 1)}
+           "default_new_tokens": chosen, "predicted_default_run_s": predicted,
+           "fits": predicted <= args.margin * limit}  # False: not even STEP tokens fit under this load
     print(json.dumps(row, indent=1))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -410,12 +410,19 @@ def _download(hub_id: str, progress: Progress) -> None:
     from tqdm.auto import tqdm
 
     class Report(tqdm):  # type: ignore[misc]  (snapshot_download counts files and bytes with it)
+        """No bar drawn in the server's log; the bytes written so far, as a share of the total, to `progress`."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self.bytes = kwargs.get("unit") == "B"
+            self.done = 0.0
+            super().__init__(*args, **{**kwargs, "disable": True})
+
         def update(self, n: float | None = 1) -> bool | None:
-            done = super().update(n)
-            if getattr(self, "unit", "") == "B" and self.total:
-                progress(f"downloading {hub_id} from the hub: {100 * self.n / self.total:.0f}% of "
+            self.done += n or 0
+            if self.bytes and self.total:
+                progress(f"downloading {hub_id} from the hub: {min(100.0, 100 * self.done / self.total):.0f}% of "
                          f"{self.total / 1e9:.1f} GB")
-            return done
+            return super().update(n)
 
     progress(f"downloading {hub_id} from the hub")
     snapshot_download(hub_id, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.jinja", "*.model"],

@@ -470,3 +470,30 @@ def test_parameter_estimate_counts_every_expert(model_type):
     config = AutoConfig.for_model(model_type, **{**TINY_FAMILY_BASE, **FAMILIES[model_type].tiny})
     actual = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
     assert abs(models.estimate_parameters(config.to_dict()) - actual) / actual < 0.05
+
+
+def test_preparing_a_model_the_hub_gives_downloads_it_reporting_its_bytes(monkeypatch: pytest.MonkeyPatch,
+                                                                          tmp_path: Path):
+    """`prepare` on a Space where Qwen's packages are absent: a snapshot download of its hub id (faked here: no
+    network), each byte count reported as a share ("40% of ..."), which the page's preparation line shows."""
+    import huggingface_hub
+
+    _without_qwen_packages(monkeypatch, tmp_path)
+    monkeypatch.setenv("SPACE_ID", "someone/d3-explorer")
+    asked: list[str] = []
+
+    def fake_download(repo_id: str, *, allow_patterns: list[str], tqdm_class: type) -> str:
+        asked.append(repo_id)
+        assert "*.safetensors" in allow_patterns
+        bar = tqdm_class(total=2_000_000_000, unit="B", disable=True)  # as snapshot_download makes its bytes bar
+        bar.update(800_000_000)
+        return str(tmp_path)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_download)
+    lines: list[str] = []
+    models.prepare(models.QWEN_CODER, lines.append)
+    assert asked == ["Qwen/Qwen2.5-Coder-1.5B-Instruct"]
+    assert "downloading Qwen/Qwen2.5-Coder-1.5B-Instruct from the hub: 40% of 2.0 GB" in lines and lines[-1] == "ready"
+    from explorer.prepare import percent
+
+    assert percent(lines[-2]) == 40

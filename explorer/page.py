@@ -54,11 +54,12 @@ def build_demo(engine_factory: Callable[[str], Engine] | None = None, *, caps: C
 
 def _show_preparation(preparation: Preparation) -> None:
     """A line at the top of the page with each model's preparation, refreshed every EVERY_S until all are ready."""
-    line = gr.HTML(preparation.html(), elem_id="preparing")
+    line = gr.HTML(preparation.html(), elem_id="preparing", visible=False)  # shown by the first tick, if need be
     timer = gr.Timer(EVERY_S)
 
-    def tick() -> tuple[str, Any]:
-        return preparation.html(), gr.Timer(active=not preparation.done())
+    def tick() -> tuple[Any, Any]:
+        shown = preparation.html()
+        return gr.update(value=shown, visible=bool(shown)), gr.Timer(active=not preparation.done())
 
     timer.tick(tick, None, [line, timer], api_name=False, queue=False, show_progress="hidden")
 

@@ -112,7 +112,12 @@ def test_the_public_page_shows_the_preparation_at_its_top_and_its_pool_asks_it(t
     (tick,) = [fn for fn in demo.fns.values() if shown[0] in fn.outputs]
     assert any(isinstance(demo.blocks[t[0]], gr.Timer) for t in tick.targets)  # refreshed by its timer
     assert tick.api_visibility == "private"  # not in gradio_client's API
-    assert "tiny waiting" not in tick.fn()[0]  # nothing started yet: an empty line
+    assert tick.fn()[0]["visible"] is False  # nothing started yet: no line
+    preparation.start()
+    assert preparation._prepare.reported.wait(WAIT_S)
+    shown = tick.fn()[0]
+    assert shown["visible"] is True and "tiny is being prepared: 40%" in shown["value"]
+    finish(preparation, preparation._prepare)
 
 
 def test_a_local_server_prepares_nothing(tiny_engine) -> None:

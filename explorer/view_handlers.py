@@ -22,6 +22,7 @@ from explorer.controls import (
     derived,
     fitted,
     page_words,
+    PAGE_TOKENS,
     model_defaults,
     parse_controls,
     parse_schedule,
@@ -102,8 +103,11 @@ def _model_schedule(model: str, max_tokens: int | None = None) -> dict[str, Any]
     """α, the drop order, the calibrated order and the new tokens the page starts a model with (its measured best, if
     any; the tokens no more than the server's `max_tokens`: `Controls.new_tokens` refuses more)."""
     page = model_defaults(model)
-    tokens = page.max_new_tokens if max_tokens is None else min(page.max_new_tokens, max_tokens)
-    return dict(alpha=page.alpha, drop_order=page.drop_order, layer_order=page.layer_order, max_new_tokens=tokens)
+    schedule = dict(alpha=page.alpha, drop_order=page.drop_order, layer_order=page.layer_order)
+    if model in PAGE_TOKENS:  # a model of no table leaves the tokens a person chose as they are
+        tokens = page.max_new_tokens if max_tokens is None else min(page.max_new_tokens, max_tokens)
+        schedule["max_new_tokens"] = tokens
+    return schedule
 
 
 def _cleared(session: Session | None, model: str, presentation: bool = False) -> dict[str, Any]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -14,13 +16,38 @@ class CliError(Exception):
 
 
 def check_output_file(path: str | Path, flag: str) -> None:
-    """Fail now, not after the work, when an output file cannot be written because a directory is in the way."""
+    """Fail now, not after the work, when an output file cannot be written: a directory in the way, a file in
+    the way of a directory, or a place this process may not write (tried for real: a permission bit says little
+    to root, or on a read-only mount). Nothing is left behind: a probe file is removed at once."""
     path = Path(path)
     if path.is_dir():
         raise CliError(f"{flag} {path} is a directory; give a file path")
     for parent in path.parents:
         if parent.exists() and not parent.is_dir():
             raise CliError(f"{flag} {path}: {parent} is a file, not a directory")
+    problem = _unwritable(path)
+    if problem:
+        raise CliError(f"{flag} {path} cannot be written: {problem}")
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why `path` cannot be written (an existing file opened for appending, else a probe file made where it would
+    be), or None."""
+    try:
+        if path.exists():
+            with path.open("ab"):
+                return None
+        folder = next((p for p in path.absolute().parents if p.exists()), Path("/"))
+        if folder == path.parent.absolute():  # the file itself, exactly where it will be (a name too long fails here)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            os.close(fd)
+            path.unlink()
+        else:  # folders to be made: a probe folder in the nearest one that exists
+            probe = Path(tempfile.mkdtemp(prefix=".d3-probe-", dir=folder))
+            probe.rmdir()
+    except OSError as err:
+        return err.strerror or type(err).__name__
+    return None
 
 
 def check_input_file(path: str | Path, flag: str, hint: str = "") -> None:
@@ -45,7 +72,8 @@ def int_in(lo: int, hi: int | None = None) -> Callable[[str], int]:
 
     def parse(text: str) -> int:
         try:
-            value = int(text.strip()) if len(text) <= 20 else None
+            # ASCII only: Python's int() also reads other scripts' digits ("٣"), which no other tool here would
+            value = int(text.strip()) if len(text) <= 20 and text.isascii() else None
         except ValueError:
             value = None
         if value is None or value < lo or (hi is not None and value > hi):
@@ -77,8 +105,8 @@ def param_type(prm: Param, flag: str) -> Callable[[str], Any]:
             return None
         value: Any = text
         if not prm.choices:
-            try:
-                value = int(text) if prm.integer else float(text)
+            try:  # ASCII only, as for `int_in`; and no more characters than a float can mean
+                value = (int(text) if prm.integer else float(text)) if text.isascii() and len(text) <= 40 else None
             except ValueError:
                 value = None
         if value is None or not prm.ok(value):

@@ -8,7 +8,11 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from d3.config import DEFAULT_MODEL, Param, params
+from d3.config import DEFAULT_MODEL, MAX_NEW_TOKENS_CAP, Param, params
+
+# Where every command allows less than the registry (a field's name -> the narrower bounds): a D3 start past the last
+# token any run may generate would change nothing, and a number that large is a typing mistake.
+CLI_NARROW: dict[str, dict[str, float]] = {"start": {"hi": MAX_NEW_TOKENS_CAP}}
 
 
 class CliError(Exception):
@@ -20,11 +24,14 @@ def check_output_file(path: str | Path, flag: str) -> None:
     the way of a directory, or a place this process may not write (tried for real: a permission bit says little
     to root, or on a read-only mount). Nothing is left behind: a probe file is removed at once."""
     path = Path(path)
-    if path.is_dir():
-        raise CliError(f"{flag} {path} is a directory; give a file path")
-    for parent in path.parents:
-        if parent.exists() and not parent.is_dir():
-            raise CliError(f"{flag} {path}: {parent} is a file, not a directory")
+    try:
+        if path.is_dir():
+            raise CliError(f"{flag} {path} is a directory; give a file path")
+        for parent in path.parents:
+            if parent.exists() and not parent.is_dir():
+                raise CliError(f"{flag} {path}: {parent} is a file, not a directory")
+    except OSError as err:  # a name too long to look at, a loop of links
+        raise CliError(f"{flag} {path} cannot be written: {err.strerror or type(err).__name__}") from None
     problem = _unwritable(path)
     if problem:
         raise CliError(f"{flag} {path} cannot be written: {problem}")
@@ -56,6 +63,33 @@ def check_input_file(path: str | Path, flag: str, hint: str = "") -> None:
     if not path.is_file():
         what = "is a directory" if path.is_dir() else "not found"
         raise CliError(f"{flag} {path} {what}" + (f": {hint}" if hint else ""))
+
+
+def known_layers(model: str) -> int | None:
+    """A known model's layer count, read without loading it (None for anything else: a local folder, a hub id)."""
+    from d3.models import KNOWN_MODELS  # imports torch: only from a command's run, never from building the parser
+
+    known = KNOWN_MODELS.get(model)
+    return None if known is None else int(known.facts.num_layers)
+
+
+def check_steps(steps: int | None, flag: str, model: str, num_layers: int, head: int, tail: int) -> None:
+    """A calibration's greedy removals (`calibrate --steps`, `paper --calibrate-steps`): at most the flex layers the
+    core leaves; CliError naming the flag and the range otherwise."""
+    flex = num_layers - head - tail
+    if steps is not None and steps > flex:
+        raise CliError(f"{flag} {steps} is not allowed: {flag} must be an integer in [1, {flex}] (the flex layers of "
+                       f"{model}'s {num_layers} with core {head}+{tail})")
+
+
+def check_device(device: str, flag: str = "--device") -> None:
+    """The device is one this machine has (mps without Apple's GPU, cuda:3 on a one-GPU machine: refused now)."""
+    from d3.models import resolve_device  # imports torch: only from a command's run
+
+    try:
+        resolve_device(device)
+    except ValueError as err:
+        raise CliError(f"{flag} {device}: {err}") from None
 
 
 def set_threads(threads: int) -> None:
@@ -132,6 +166,8 @@ def add_field_args(p: argparse.ArgumentParser, cls: type, names: tuple[str, ...]
     registry = params(cls)
     for name in names:
         prm = (narrow or {}).get(name, registry[name])
+        if name in CLI_NARROW:
+            prm = prm.narrowed(**CLI_NARROW[name])
         flag = (flags or {}).get(name, "--" + name.replace("_", "-"))
         kind: dict[str, Any] = {"choices": prm.choices} if prm.choices else {"type": param_type(prm, flag)}
         if prm.choices:

@@ -116,7 +116,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     choices and default from the spec (its Params, or the field's default for the lists)."""
     p = subparsers.add_parser("sweep", help="run a grid of D3 settings and baselines at matched depth",
                               description=d3.research.sweep.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    defaults = {f.name: f.default for f in fields(SweepSpec)}
+    defaults: dict[str, Any] = {f.name: f.default for f in fields(SweepSpec)}
     add_model_arg(p)
     p.add_argument("--out", default="results/sweep.csv", help="CSV appended row by row; a rerun resumes")
     p.add_argument("--prompts", type=int_in(1, prompt_count()), default=len(defaults["prompts"]),
@@ -176,10 +176,10 @@ def check_results_file(path: str | Path, task_mode: str) -> None:
     path = Path(path)
     if not path.is_file() or path.stat().st_size == 0:
         return
-    if task_mode == "generate":
-        from d3.research.sweep.generation import GEN_COLUMNS as columns
-    else:
-        from d3.research.sweep.table import COLUMNS as columns
+    from d3.research.sweep.generation import GEN_COLUMNS
+    from d3.research.sweep.table import COLUMNS
+
+    columns: tuple[str, ...] = GEN_COLUMNS if task_mode == "generate" else COLUMNS
     try:
         with path.open(newline="", encoding="utf-8") as fh:
             header = next(csv.reader(fh), [])

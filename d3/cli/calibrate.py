@@ -10,6 +10,7 @@ from typing import Any
 from d3.cli.common import CliError, add_field_args, add_model_arg, add_threads_arg, check_input_file, check_steps, \
     describe_param, int_in, known_layers, param_type, set_threads
 from d3.config import D3Config
+from d3.orders import SIGNALS
 from d3.research.calibration_sets import TOKENS
 
 SIGNAL_HELP = ("agreement: share of full depth's own next tokens kept top-1, teacher-forced (SWIFT); perplexity: NLL "
@@ -20,7 +21,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("calibrate", help="measure which flex layers the model can spare (a calibrated drop order)",
                               description=__doc__)
     add_model_arg(p)
-    p.add_argument("--signal", default="agreement", choices=("agreement", "perplexity", "task"), help=SIGNAL_HELP)
+    p.add_argument("--signal", default=SIGNALS[0], choices=SIGNALS, help=SIGNAL_HELP)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompts", help="a prompt file: JSON list (strings or {prompt}) or one prompt per line "
                      "(default for agreement: assets/prompts.json)")

@@ -52,6 +52,8 @@ def _unwritable(path: Path) -> str | None:
         else:  # folders to be made: a probe folder in the nearest one that exists
             probe = Path(tempfile.mkdtemp(prefix=".d3-probe-", dir=folder))
             probe.rmdir()
+    except FileExistsError:  # made meanwhile (another process of the same run probing it): the folder is writable
+        return None
     except OSError as err:
         return err.strerror or type(err).__name__
     return None

@@ -402,3 +402,17 @@ def test_bench_and_paper_ranges_are_the_registrys(monkeypatch, capsys):
     args = cli.build_parser().parse_args(["bench"])
     assert (args.max_new_tokens, args.repeats) == (128, params(__import__("d3.research.sweep.spec", fromlist=["x"])
                                                               .SweepSpec)["repeats"].default)
+
+
+def test_every_registered_sweep_field_is_a_sweep_flag():
+    """A field of SweepSpec given a Param is a flag of `sweep`, with the Param's default (nothing restated)."""
+    from d3.config import params
+    from d3.research.sweep.spec import SweepSpec
+
+    parser = cli.build_parser()
+    sweep = parser._subparsers._group_actions[0].choices["sweep"]
+    dests = {action.dest: action for action in sweep._actions}
+    for name, prm in params(SweepSpec).items():
+        assert name in dests, name
+        if name != "variants_at":  # given as a fraction ("2/3"); its default is the spec's (test above)
+            assert dests[name].default == prm.default, name

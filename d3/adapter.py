@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import sys
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -34,26 +34,28 @@ class Adapter:
     """
 
     def __init__(self, model: nn.Module) -> None:
-        self.model = model
-        self.base = model.model
-        self.config = self.base.config
+        # The model's parts as the family has them (attributes of modules the library builds, found at run time):
+        # typed Any, the pieces this class hands out typed below.
+        self.model: Any = cast(Any, model)
+        self.base: Any = self.model.model
+        self.config: Any = self.base.config
         self.family: Family = family_of(self.config)
-        self.layers: list[nn.Module] = list(self.base.layers)
+        self.layers: list[Any] = list(self.base.layers)
         self.num_layers = len(self.layers)
         self.layer_types: list[str] = list(get_layer_types_and_kwargs(self.config)[0])
         self._layer_cache_kw = _cache_keyword(type(self.layers[0]).forward)
         self._rotary_takes_type = "layer_type" in inspect.signature(self.base.rotary_emb.forward).parameters
         self._embed_multiplier = getattr(self.config, self.family.embed_multiplier or "", None)
-        self._logit_ops = {op: getattr(self.config, op, None) for op in self.family.logit_ops}
+        self._logit_ops: dict[str, Any] = {op: getattr(self.config, op, None) for op in self.family.logit_ops}
         attn_module = sys.modules[type(self.layers[0].self_attn).__module__]
-        self._apply_rotary = attn_module.apply_rotary_pos_emb
-        self.head_dim = self.layers[0].self_attn.head_dim
-        self.num_heads = self.config.num_attention_heads
-        self.num_kv_heads = self.config.num_key_value_heads
+        self._apply_rotary: Any = attn_module.apply_rotary_pos_emb
+        self.head_dim: int = self.layers[0].self_attn.head_dim
+        self.num_heads: int = self.config.num_attention_heads
+        self.num_kv_heads: int = self.config.num_key_value_heads
 
     # -- per-call pieces ---------------------------------------------------------------------
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        hidden = self.base.embed_tokens(input_ids)  # [batch, pos, d_model]
+        hidden: torch.Tensor = self.base.embed_tokens(input_ids)  # [batch, pos, d_model]
         return hidden * self._embed_multiplier if self._embed_multiplier is not None else hidden  # Granite
 
     def masks(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None, cache: Any,
@@ -61,7 +63,7 @@ class Adapter:
         """The library's own causal masks, one per attention type (None where sdpa needs none)."""
         kwargs = {"config": self.config, "inputs_embeds": hidden, "attention_mask": attention_mask,
                   _MASK_CACHE_KW: cache, "position_ids": position_ids}
-        out = {}
+        out: dict[str, Any] = {}
         for kind in set(self.layer_types):
             make = create_sliding_window_causal_mask if kind == "sliding_attention" else create_causal_mask
             out[kind] = make(**kwargs)
@@ -70,36 +72,40 @@ class Adapter:
     def rope(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """(cos, sin) per attention type."""
         if not self._rotary_takes_type:
-            shared = self.base.rotary_emb(hidden, position_ids)
+            shared: tuple[torch.Tensor, torch.Tensor] = self.base.rotary_emb(hidden, position_ids)
             return {kind: shared for kind in set(self.layer_types)}
         return {kind: self.base.rotary_emb(hidden, position_ids, kind) for kind in set(self.layer_types)}
 
     def run_layer(self, idx: int, hidden: torch.Tensor, mask: Any, rope: tuple[torch.Tensor, torch.Tensor],
                   cache: Any, position_ids: torch.Tensor) -> torch.Tensor:
         # hidden is passed positionally so forward pre-hooks see it in args[0].
-        return self.layers[idx](hidden, attention_mask=mask, position_embeddings=rope,
-                                position_ids=position_ids, use_cache=True, **{self._layer_cache_kw: cache})
+        out: torch.Tensor = self.layers[idx](hidden, attention_mask=mask, position_embeddings=rope,
+                                             position_ids=position_ids, use_cache=True, **{self._layer_cache_kw: cache})
+        return out
 
     def mid_norm(self, idx: int) -> nn.Module:
         """The module whose input is the residual stream between attention and MLP (the family's `mid_point`); for
         a parallel block (no such stream) the layer itself, so `resid_mid` reads the layer's input."""
         layer = self.layers[idx]
-        return getattr(layer, self.family.mid_point) if self.family.mid_point else layer
+        module: nn.Module = getattr(layer, self.family.mid_point) if self.family.mid_point else layer
+        return module
 
     def layer_device(self, idx: int) -> torch.device:
         """Where layer idx's weights (and so its KV cache) live; differs per layer under device_map="auto"."""
-        return next(self.layers[idx].parameters()).device
+        device: torch.device = next(self.layers[idx].parameters()).device
+        return device
 
     def head_device(self) -> torch.device:
         """Where the final norm reads its input (under device_map="auto", not necessarily the embedding's device)."""
-        return next(self.base.norm.parameters(), next(self.model.lm_head.parameters())).device
+        device: torch.device = next(self.base.norm.parameters(), next(self.model.lm_head.parameters())).device
+        return device
 
     def logits(self, hidden_last: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head + the family's own scaling on [batch, d_model] -> float32 [batch, vocab].
 
         The scaling is done in the head's dtype as the model's forward does it, then cast (Cohere's
         `logit_scale`, Granite's `logits_scaling`, Gemma 2/3's `final_logit_softcapping`)."""
-        logits = self.model.lm_head(self.base.norm(hidden_last))
+        logits: torch.Tensor = self.model.lm_head(self.base.norm(hidden_last))
         ops = self._logit_ops
         if ops.get("logit_scale") is not None:
             logits = logits * ops["logit_scale"]
@@ -126,7 +132,8 @@ class Adapter:
 
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
         """What the LM head reads: the final norm of the residual."""
-        return self.base.norm(hidden)
+        normed: torch.Tensor = self.base.norm(hidden)
+        return normed
 
     # -- filling and inspection ----------------------------------------------------------------
     def _project(self, idx: int, hidden: torch.Tensor, which: str) -> torch.Tensor:
@@ -139,7 +146,7 @@ class Adapter:
         if fam.fused_qkv:
             q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
             qkv = attn.qkv_proj(normed)
-            states = {"q": qkv[..., :q_size], "k": qkv[..., q_size:q_size + kv_size], "v": qkv[..., q_size + kv_size:]}[which]
+            states: torch.Tensor = {"q": qkv[..., :q_size], "k": qkv[..., q_size:q_size + kv_size], "v": qkv[..., q_size + kv_size:]}[which]
         else:
             states = getattr(attn, f"{which}_proj")(normed)
         norm = getattr(attn, f"{which}_norm", None) if which != "v" else None
@@ -154,7 +161,8 @@ class Adapter:
         if not self.family.uses_rope(self.layers[idx].self_attn):
             return states
         cos, sin = (t.to(states.device) for t in rope)
-        return self._apply_rotary(states, states, cos, sin)[1]
+        rotated: torch.Tensor = self._apply_rotary(states, states, cos, sin)[1]
+        return rotated
 
     def project_kv(self, idx: int, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer idx's own keys/values computed from `hidden` (state propagation): [b, kv_heads, pos, hd] each, on
@@ -182,7 +190,7 @@ class Adapter:
 def check_supported(model: nn.Module) -> None:
     """Raise ValueError if the model's architecture is not one the skip-aware loop handles, or if it was built with
     an attention implementation that does not compute what the checkpoint means (Gemma 2 under sdpa)."""
-    config = model.config.get_text_config()
+    config: Any = cast(Any, model).config.get_text_config()
     family = family_of(config)
     needed, used = family.attn_implementation(config), getattr(config, "_attn_implementation", None)
     if needed == "eager" and used != "eager":

@@ -8,7 +8,7 @@ every position (filled by copy / propagate, or a masked-out hole), so every laye
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -104,6 +104,12 @@ def _layer_mask(state: DecodeState, idx: int, base: Any) -> Any:
     return base.masked_fill(~allowed, torch.finfo(base.dtype).min)
 
 
+def _keys_values(cache: Any, idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Layer idx's cached keys and values, [batch, kv_heads, pos, head_dim] each."""
+    layer = cache.layers[idx]
+    return layer.keys, layer.values
+
+
 def _fill(adapter: Adapter, state: DecodeState, pending: list[tuple[int, torch.Tensor]], ran: list[int],
           fill: str, ropes: dict[str, Any]) -> tuple[Fill, ...]:
     """Give every skipped layer a KV entry at the newest position, as `d3.schedule.fill_plan` decides (the one place
@@ -115,7 +121,9 @@ def _fill(adapter: Adapter, state: DecodeState, pending: list[tuple[int, torch.T
         hidden = hidden_of[idx]
         if how == "copy":
             device = adapter.layer_device(idx)  # layers may sit on different devices (device_map="auto")
-            keys, values = cache.layers[src].keys[..., -1:, :].to(device), cache.layers[src].values[..., -1:, :].to(device)
+            assert src is not None  # fill_plan names the layer a copy reads
+            src_keys, src_values = _keys_values(cache, src)
+            keys, values = src_keys[..., -1:, :].to(device), src_values[..., -1:, :].to(device)
         elif how == "propagate":
             keys, values = adapter.project_kv(idx, hidden, ropes[adapter.layer_types[idx]])
         else:  # none: a zero placeholder that the mask hides from every later query
@@ -169,7 +177,7 @@ def _capture_attention(adapter: Adapter, state: DecodeState, recorder: StatsReco
     out = {}
     for idx, h_in in recorder.inputs.items():
         kind = adapter.layer_types[idx]
-        keys = state.cache.layers[idx].keys
+        keys = _keys_values(state.cache, idx)[0]
         mask = _layer_mask(state, idx, masks[kind])
         if mask is None:
             mask = state.attention_mask.bool()[:, None, None, :]
@@ -231,7 +239,8 @@ def forward(adapter: Adapter, state: DecodeState, hidden: torch.Tensor, position
     )
 
 
-def _recorded(adapter: Adapter, recorder: StatsRecorder | None, batch: int, valid: torch.Tensor | None, run: Any) -> StepOutput:
+def _recorded(adapter: Adapter, recorder: StatsRecorder | None, batch: int, valid: torch.Tensor | None,
+              run: Callable[[], StepOutput]) -> StepOutput:
     """Call `run()` with the recorder's hooks registered for exactly this forward pass (or none)."""
     if recorder is None:
         return run()
@@ -301,8 +310,9 @@ def shared_prefill(adapter: Any, ids: torch.Tensor, mask: torch.Tensor, room: in
             shared = k
             break
     window = getattr(adapter.config, "sliding_window", None)
-    windowed = "sliding_attention" in adapter.layer_types and window is not None
-    if shared < MIN_SHARED or (windowed and window < ids.shape[1] + room):
+    # a sliding window shorter than the prompt and what follows it: its cache would not hold every prompt position
+    short_window = "sliding_attention" in adapter.layer_types and window is not None and window < ids.shape[1] + room
+    if shared < MIN_SHARED or short_window:
         return prefill(adapter, ids, mask)
     state, _ = prefill(adapter, ids.new_tensor([rows[0][:shared]]), mask.new_ones(1, shared))
     state.repeat(len(rows))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, cast
 
 import torch
 
@@ -113,8 +113,8 @@ class Engine:
     # -- text in ---------------------------------------------------------------------------------
     def _fixed_cost_in_layers(self) -> float:
         """Embedding lookup is ~free; the LM head's matmul in units of one decoder layer's matmuls."""
-        layer_params = sum(p.numel() for p in self.adapter.layers[0].parameters())
-        head = self.model.lm_head.weight.numel()
+        layer_params: int = sum(p.numel() for p in self.adapter.layers[0].parameters())
+        head: int = self.adapter.model.lm_head.weight.numel()  # the adapter's model: this engine's own
         return head / max(layer_params, 1)
 
     @property
@@ -124,8 +124,9 @@ class Engine:
     def render(self, prompt: str, chat_template: bool = True) -> str:
         prompt = check_prompt(prompt)
         if chat_template and self.has_chat_template:
-            return self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                                      add_generation_prompt=True)
+            rendered: str = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                                               add_generation_prompt=True)
+            return rendered
         return prompt
 
     def encode(self, prompts: Sequence[str], chat_template: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,8 +146,9 @@ class Engine:
     def _ids(self, prompt: str | Sequence[int], chat_template: bool) -> list[int]:
         if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
             return list(prompt)
-        text = self.render(prompt, chat_template)  # type: ignore[arg-type]  (render rejects non-text)
-        return self.tokenizer(text, add_special_tokens=not chat_template or not self.has_chat_template)["input_ids"]
+        text = self.render(cast(str, prompt), chat_template)  # render rejects what is not text
+        ids: list[int] = self.tokenizer(text, add_special_tokens=not chat_template or not self.has_chat_template)["input_ids"]
+        return ids
 
     def token_text(self, ids: list[int], i: int) -> str:
         """Text that token i adds (see `d3.trace_builder.token_text`)."""
@@ -199,6 +201,7 @@ class Engine:
                     t0 = time.perf_counter()
                     out = decoding.step(layer_plan, builder.last_tokens() if step else [])
                     if observer is not None:
+                        assert decoding.state is not None  # set by the step just taken
                         observer(step, out, decoding.state)
                     picked = pick(step, out.logits).tolist()
             if stopped:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from functools import partial
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, cast
 
 import torch
 import torch.nn.functional as F
@@ -98,7 +98,8 @@ class StatsRecorder:
         idxs = [d[0] for d in self._deferred]
         s = self.stats
         device = next(iter(s.values())).device  # layers may live on several devices: one [batch, d_model] each moves
-        h_in, h_mid, h_out = (torch.stack([d[k][:, -1].to(device) for d in self._deferred]).float() for k in (1, 2, 3))
+        h_in, h_mid, h_out = (torch.stack([cast(torch.Tensor, d[k])[:, -1].to(device) for d in self._deferred]).float()
+                              for k in (1, 2, 3))
         for sublayer, before, after in (("attn", h_in, h_mid), ("mlp", h_mid, h_out)):
             s[f"{sublayer}_cos"][:, idxs] = F.cosine_similarity(before, after, dim=-1).T  # [batch, layers]
             s[f"{sublayer}_dist"][:, idxs] = ((after - before).norm(dim=-1) / before.norm(dim=-1).clamp_min(1e-6)).T
@@ -115,12 +116,12 @@ class StatsRecorder:
 
 
 def _read_input(on: Callable[[str, int, torch.Tensor], None], point: str, idx: int, module: torch.nn.Module,
-                args: tuple) -> None:
+                args: tuple[Any, ...]) -> None:
     on(point, idx, args[0])
 
 
 def _read_output(on: Callable[[str, int, torch.Tensor], None], point: str, idx: int, module: torch.nn.Module,
-                 args: tuple, output: Any) -> None:
+                 args: tuple[Any, ...], output: Any) -> None:
     on(point, idx, output[0] if isinstance(output, tuple) else output)
 
 

@@ -22,6 +22,9 @@ MARKER = "d3-source.json"  # written last: a folder without it was never finishe
 TEMP_PREFIX = ".tmp-"
 # A conversion takes one to two minutes here; a temp folder untouched for this long belongs to a crashed one.
 STALE_AFTER_S = 30 * 60
+# The marker's "covers": what its records cover. Older code recorded only the weights (no key): a load records the
+# other files as they are then; a marker that covers every file makes a file added later damage.
+COVERS, EVERY_FILE = "covers", "every file"
 ENDS_BYTES = 1 << 20  # hashing the first and last MiB takes ~2 ms; a full sha256 of the 538 MB file takes 1-3 s
 
 Convert = Callable[[Path, Path, str], None]  # (gguf file, output folder, model name): writes a save_pretrained folder
@@ -87,11 +90,14 @@ def full_digest(path: Path) -> dict[str, Any]:
 
 
 def check_folder(folder: Path) -> str | None:
-    """None if the weights match the marker's record; otherwise what is wrong, in a few words.
+    """None if every file of the folder matches the marker's record; otherwise what is wrong, in a few words.
 
-    Each file's size and ends are checked at every load (~2 ms). Its full sha256 (kept beside, under "digests",
-    where markers written by older code leave it alone) is checked only when the file's modification time is
-    not the one recorded with it: the full hash runs once per change of the file, not once per load."""
+    Every file a load reads is recorded (the weights, config.json, the tokenizer's files, the chat template, the
+    generation config): a changed layer count or rope_theta is damage like a changed weight. Each file's size
+    and ends are checked at every load (~2 ms). Its full sha256 (kept beside, under "digests", where markers
+    written by older code leave it alone) is checked only when the file's modification time is not the one
+    recorded with it: the full hash runs once per change of the file, not once per load. A file that was not
+    there at conversion is damage too (a chat template dropped in changes every prompt)."""
     try:
         meta = json.loads((folder / MARKER).read_text())
         files = meta.get("files")
@@ -117,9 +123,19 @@ def check_folder(folder: Path) -> str | None:
             return f"{filename} is {actual:,} bytes, {expected['size']:,} expected" if actual != expected["size"] \
                 else f"{filename} differs from the recorded hash"
     problem, checked = _check_digests(folder, files, digests)
-    if problem is None and checked != digests:
+    if problem is not None:
+        return problem
+    unrecorded = [name for name in _recorded_names(folder) if name not in files]
+    if unrecorded and meta.get(COVERS) == EVERY_FILE:
+        return f"{unrecorded[0]} was not there at conversion"
+    upgrade = checked != digests
+    if meta.get(COVERS) != EVERY_FILE:  # a marker from older code recorded only the weights: record the rest now
+        files = {**files, **{name: weight_record(folder / name) for name in unrecorded}}
+        checked = {**checked, **{name: full_digest(folder / name) for name in unrecorded}}
+        upgrade = True
+    if upgrade:
         _upgrade_marker(folder, meta, files, checked)
-    return problem
+    return None
 
 
 def _is_record(filename: Any, record: Any) -> bool:
@@ -130,12 +146,16 @@ def _is_record(filename: Any, record: Any) -> bool:
 
 
 def verify_folder(folder: Path) -> str | None:
-    """Every weight file hashed in full against the sha256 recorded at conversion, whatever its modification time
-    says (on demand: `d3 install NAME --verify`; seconds per GB). None when all match; else what differs."""
+    """Every file of the folder (weights, config, tokenizer, chat template) hashed in full against the sha256
+    recorded at conversion, whatever its modification time says (on demand: `d3 install NAME --verify`; seconds
+    per GB). None when all match; else what differs."""
     problem = check_folder(folder)
     if problem is not None:
         return problem
     meta = json.loads((folder / MARKER).read_text())
+    if meta.get(COVERS) != EVERY_FILE:  # older code's marker, in a cache this process may not write
+        return (f"{MARKER} records only the weights (written by older code): load the model once where the cache is "
+                "writable to record the other files")
     digests = meta.get("digests") if isinstance(meta.get("digests"), dict) else {}
     for filename in sorted(meta.get("files") or _weight_names(folder)):
         recorded = digests.get(filename)
@@ -148,6 +168,11 @@ def verify_folder(folder: Path) -> str | None:
 
 def _weight_names(folder: Path) -> list[str]:
     return [p.name for p in folder.glob("*.safetensors")]
+
+
+def _recorded_names(folder: Path) -> list[str]:
+    """The files a marker records: every file at the folder's top level but the marker (and its staged copies)."""
+    return sorted(p.name for p in folder.iterdir() if p.is_file() and not p.name.startswith(MARKER))
 
 
 def _check_digests(folder: Path, files: dict[str, Any], digests: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
@@ -192,13 +217,13 @@ def _upgrade_marker(folder: Path, meta: dict[str, Any], files: dict[str, Any] | 
 
 def _write_marker(folder: Path, meta: dict[str, Any], files: dict[str, Any] | None = None,
                   digests: dict[str, Any] | None = None) -> None:
-    """The marker with a record and a full digest of every weight file (`files`, `digests`, else made now),
+    """The marker with a record and a full digest of every file of the folder (`files`, `digests`, else made now),
     replaced atomically (another process may be reading it)."""
-    weights = sorted(folder.glob("*.safetensors"))
-    files = files if files is not None else {p.name: weight_record(p) for p in weights}
-    digests = digests if digests is not None else {p.name: full_digest(p) for p in weights}
+    names = _recorded_names(folder)
+    files = files if files is not None else {name: weight_record(folder / name) for name in names}
+    digests = digests if digests is not None else {name: full_digest(folder / name) for name in names}
     staged = folder / f"{MARKER}.{os.getpid()}.{threading.get_ident()}.tmp"
-    staged.write_text(json.dumps({**meta, "files": files, "digests": digests}))
+    staged.write_text(json.dumps({**meta, COVERS: EVERY_FILE, "files": files, "digests": digests}))
     os.replace(staged, folder / MARKER)
 
 

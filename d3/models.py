@@ -171,6 +171,16 @@ def resolve_device(device: str = "auto") -> torch.device:
         raise ValueError(f"device={device!r} is not a torch device: use 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'") from err
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={device!r} was asked for but CUDA is not available here; use 'auto' or 'cpu'")
+    if resolved.type == "cuda" and resolved.index is not None and resolved.index >= torch.cuda.device_count():
+        raise ValueError(f"device={device!r} was asked for but this machine has {torch.cuda.device_count()} CUDA "
+                         f"device(s): cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    mps = getattr(torch.backends, "mps", None)
+    if resolved.type == "mps" and not (mps is not None and mps.is_available()):
+        raise ValueError(f"device={device!r} was asked for but MPS (Apple's GPU) is not available here; use 'auto' "
+                         "or 'cpu'")
+    if resolved.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"device={device!r} is not a device this project runs on: use 'auto', 'cpu', 'cuda', "
+                         "'cuda:N' or 'mps'")
     return resolved
 
 

@@ -30,6 +30,11 @@ class Score:
     kl: float = float("nan")
 
 
+def _keys_values(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's (keys, values) of a filled cache (every layer of these models holds both)."""
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
 class _PromptPast:
     """The prompt's exact keys and values, shared by every removal: `update` (the one cache method a decoder layer
     calls) returns them followed by the generated positions' own, and stores nothing, so nothing is rolled back."""
@@ -61,7 +66,10 @@ class TeacherForced:
         device = self.adapter.model.device
         P = max(len(p) for p in self.prompts)
         T = max(len(c) for c in self.continuations)
-        pad = lambda row, width, left: ([0] * (width - len(row)) + row) if left else (row + [0] * (width - len(row)))  # noqa: E731
+
+        def pad(row: list[int], width: int, left: bool) -> list[int]:
+            return ([0] * (width - len(row)) + row) if left else (row + [0] * (width - len(row)))
+
         self.scored = torch.tensor([[t < len(tg) for t in range(T)] for tg in self.targets], device=device)  # bool [B, T]
         self.target_ids = torch.tensor([pad(tg, T, False) for tg in self.targets], device=device)
         self.T = T
@@ -78,9 +86,10 @@ class TeacherForced:
         few-shot questions do, run their common prefix once); False where its cache does not hold every prompt
         position (a sliding window shorter than prompt and continuation), left to `_prompt_pass`."""
         state, _ = shared_prefill(self.adapter, ids, mask, room=self.T)
-        if any(layer.keys.shape[-2] != state.seq_len for layer in state.cache.layers):
+        kv = _keys_values(state.cache)
+        if any(keys.shape[-2] != state.seq_len for keys, _ in kv):
             return False
-        self.kv = [(layer.keys, layer.values) for layer in state.cache.layers]
+        self.kv = kv
         self.prompt_mask = state.attention_mask
         self.positions = state.next_positions + torch.arange(self.T, device=ids.device)  # [B, T]
         return True
@@ -94,7 +103,7 @@ class TeacherForced:
         masks, ropes = a.masks(hidden, mask, cache, positions), a.rope(hidden, positions)
         for idx in range(a.num_layers):
             hidden = a.run_layer(idx, hidden, masks[a.layer_types[idx]], ropes[a.layer_types[idx]], cache, positions)
-        self.kv = [(layer.keys, layer.values) for layer in cache.layers]
+        self.kv = _keys_values(cache)
         self.prompt_mask = mask
         self.positions = positions[:, -1:] + 1 + torch.arange(self.T, device=ids.device)
 
@@ -130,6 +139,7 @@ class TeacherForced:
         """Full depth's distribution p at positions `hidden` [n, d_model], as KL(p || q) needs it under a linear head
         (logits z = s (W norm(h) + b)): sum p log p [n], p's mean head row p W [n, d_model], and p b [n]. Then
         KL = sum p log p - s (pW . norm(h_q) + p b) + logsumexp(z_q), from the removal's own logits alone."""
+        assert self._head is not None  # set in _full_pass before any summary is made
         weight, bias, _ = self._head
         logp = self._read_out(hidden)
         p = logp.exp()
@@ -219,7 +229,11 @@ class TeacherForced:
             plogp, p_weight, p_bias = self._summary[k]
             p_logits = self._head[2] * ((p_weight * self.adapter.final_norm(ours)).sum(-1) + p_bias)  # sum p z_q
             return plogp - p_logits + lse
-        logp = self._reference[k] if self._reference is not None else self._read_out(full)
+        if self._reference is not None:
+            logp = self._reference[k]
+        else:
+            assert full is not None  # `score` reads full depth's residuals out again where nothing is kept
+            logp = self._read_out(full)
         return (logp.exp() * (logp - (logits - lse[:, None]))).sum(-1)
 
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:  # pandas is imported where a table is made: `import d3` stays light
+    import pandas as pd
 
 # Cell codes of the tokens x layers grid (Fig. 1 of the paper).
 SKIPPED, RAN, FILLED_COPY, FILLED_PROPAGATE, HOLE = 0, 1, 2, 3, 4
@@ -297,7 +300,7 @@ class Trace:
     def from_json(cls, text: str) -> "Trace":
         return cls.from_dict(json.loads(text))
 
-    def to_frame(self):  # -> pandas.DataFrame, one row per (token, layer)
+    def to_frame(self) -> pd.DataFrame:  # one row per (token, layer)
         """Tidy table: one row per generated token and layer, with the cell state and per-layer stats."""
         import pandas as pd  # only for this export: `import d3` (configs, schedules, traces) stays light
 
@@ -422,7 +425,8 @@ class Comparison:
     @property
     def full_prob(self) -> np.ndarray:
         """Full depth's probability of each token of the skipping run's text: float [T']."""
-        return np.exp(self.full_logprob)
+        prob: np.ndarray = np.exp(self.full_logprob)
+        return prob
 
     def full_perplexity(self) -> float:
         """Full depth's perplexity of the skipping run's text (its own text's is `perplexity(self.full)`)."""

@@ -6,6 +6,7 @@ plotly.js is written once and referenced by every page."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import shutil
@@ -14,7 +15,7 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import gradio as gr
 import pandas as pd
@@ -163,13 +164,11 @@ def _figures(pool: ModelPool, s: Session, view: views.View, own: Any, controls: 
     return {view.key: views.draw(view.key, views.Shown.of(s), controls.view)}
 
 
-@takes_controls
-def export_figure(pool: ModelPool, session: Session | None, figure: str, needs_state: Any = None,
-                  layers_state: Any = None, scrub_index: Any = None, controls: Controls = None) -> list[str]:
+def _export_figure(pool: ModelPool, session: Session | None, figure: str, own_values: dict[str, Any],
+                   controls: Controls) -> list[str]:
     """One view as an HTML page (the scrubber: its two) that loads plotly.js from the file beside it: all are
-    returned, so the pages work offline once downloaded into one folder. After the figure, the value of each view's
-    `export_input` in tab order (`export_inputs()`): the measurements of "What each token needs" and "Which layers
-    matter", the scrubber's token (None: the last)."""
+    returned, so the pages work offline once downloaded into one folder. own_values: each view's `export_input`
+    by name (a measured view's state, the scrubber's token); the figure's view reads its own."""
     s = session
     if s is None:  # the page makes one on load; an API caller gets one by generating
         raise gr.Error("Nothing to export yet: press Generate first.", print_exception=False)
@@ -179,13 +178,38 @@ def export_figure(pool: ModelPool, session: Session | None, figure: str, needs_s
             view.prepare(pool, s)
         if not view.measured and not view.ready_in(s):  # else the export would be the placeholder that asks for it
             raise gr.Error(f"Nothing to export yet: {view.first}", print_exception=False)
-        own = dict(zip(export_inputs(), (needs_state, layers_state, scrub_index))).get(view.export_input or "")
+        own = own_values.get(view.export_input) if view.export_input else None
         drawn = _figures(pool, s, view, own, controls)
     pages = {name: to_html(fig, plotlyjs=PLOTLY_JS) for name, fig in drawn.items()}
     folder = export_dir(s, room=sum(map(len, pages.values())))
     for name, page in pages.items():
         (folder / f"{name}.html").write_text(page, encoding="utf-8")
     return [*(str(folder / f"{name}.html") for name in pages), str(plotly_js())]
+
+
+def figure_exporter(inputs: tuple[str, ...] | None = None) -> Callable[..., list[str]]:
+    """`export_figure(pool, session, figure, <each view's export_input>..., <every control>...)`, its parameters
+    made from the registry's declarations (`export_inputs()`, in tab order; default None each), whatever their
+    number: Gradio passes the inputs positionally and names the API's parameters after this signature, so a view
+    that declares an input adds a parameter of its name, and no other moves."""
+    names = export_inputs() if inputs is None else inputs
+
+    def export_figure(pool: ModelPool, session: Session | None, figure: str, *rest: Any) -> list[str]:
+        *values, controls = rest
+        return _export_figure(pool, session, figure, dict(zip(names, values)), controls)
+
+    leading = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+               for name in ("pool", "session", "figure")]
+    own = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None) for name in names]
+    controls = inspect.Parameter("controls", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None)
+    export_figure.__signature__ = inspect.Signature([*leading, *own, controls])  # type: ignore[attr-defined]
+    export_figure.__doc__ = _export_figure.__doc__
+    return takes_controls(export_figure)
+
+
+# The views' inputs as the registry declares them when this module is imported (the page's modules are imported,
+# or reloaded, after the views: `explorer.wiring` passes `export_inputs()` in the same order).
+export_figure = figure_exporter()
 
 
 def export_sweep(sweep_results: pd.DataFrame | None) -> str:

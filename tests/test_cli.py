@@ -262,3 +262,157 @@ def test_every_command_defaults_to_the_one_default_model():
     models = {name: sub.get_default("model") for name, sub in choices.items()
               if any(action.dest == "model" for action in sub._actions)}
     assert models and set(models.values()) == {DEFAULT_MODEL}, models
+
+
+# -- issue 41 item 8: what a hostile caller tried, each refused in one line before any work -----------------------
+
+
+def _refused(argv, monkeypatch, capsys) -> str:
+    """Run the CLI with every way of loading a model or starting a sweep replaced by a failure: exit 2, one line."""
+    for target in ("d3.models.get_model", "d3.models.load_model", "d3.research.sweep.run.load_engine",
+                   "d3.research.sweep.run.run_sweep"):
+        monkeypatch.setattr(target, _must_not_run)
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+def test_a_device_this_machine_lacks_is_refused_in_one_line(monkeypatch, capsys):
+    import torch
+
+    if torch.backends.mps.is_available():
+        pytest.skip("this machine has MPS")
+    err = _refused(["generate", "--prompt", "hi", "--device", "mps"], monkeypatch, capsys)
+    assert "--device mps" in err and "MPS" in err and "not available" in err
+    err = _refused(["info", "--device", f"cuda:{torch.cuda.device_count() + 3}"], monkeypatch, capsys)
+    assert "--device cuda:" in err
+
+
+def test_paper_calibrate_steps_are_capped_like_calibrates(monkeypatch, capsys):
+    """SmolLM2's 30 layers with the default core 3+3 leave 24 flex layers: calibrate --steps and paper
+    --calibrate-steps both stop there, before the model loads."""
+    err = _refused(["paper", "--calibrate-steps", "1000"], monkeypatch, capsys)
+    assert "--calibrate-steps must be an integer in [1, 24]" in err
+    assert "--steps must be an integer in [1, 24]" in _refused(["calibrate", "--steps", "1000"], monkeypatch, capsys)
+    assert "argument --calibrate-steps: '0' is not allowed" in _refused(["paper", "--calibrate-steps", "0"],
+                                                                        monkeypatch, capsys)
+
+
+def _unwritable_paths(tmp_path):
+    # A name longer than any file system allows (fails for root too), and a folder that cannot be made.
+    return [tmp_path / ("x" * 300 + ".csv"), "/proc/d3-no-such-folder/out.csv"]
+
+
+@pytest.mark.parametrize("argv", [["sweep"], ["paper"], ["oracle", "--prompt", "hi"]])
+def test_an_unwritable_out_is_found_before_the_work(argv, tmp_path, monkeypatch, capsys):
+    for path in _unwritable_paths(tmp_path):
+        err = _refused([*argv, "--out", str(path)], monkeypatch, capsys)
+        assert f"--out {path} cannot be written" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # the probe left nothing behind
+
+
+def test_a_writable_out_is_left_as_it_was(tmp_path):
+    from d3.cli.common import check_output_file
+
+    existing = tmp_path / "old.csv"
+    existing.write_text("kept\n")
+    check_output_file(existing, "--out")
+    check_output_file(tmp_path / "new" / "deeper" / "out.csv", "--out")
+    check_output_file(tmp_path / "new.csv", "--out")
+    assert existing.read_text() == "kept\n" and sorted(p.name for p in tmp_path.iterdir()) == ["old.csv"]
+
+
+@pytest.mark.parametrize("text", ["name,score\nalpha,1\n", "key,label,not_a_sweep_column\nk,x,1\n", "\x00\xff\xfe\n"])
+def test_sweep_refuses_to_append_to_a_csv_that_is_not_a_sweeps(text, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "other.csv"
+    out.write_bytes(text.encode("latin-1"))
+    err = _refused(["sweep", "--out", str(out)], monkeypatch, capsys)
+    assert f"--out {out} is not a sweep's table" in err
+    assert out.read_bytes() == text.encode("latin-1")
+    err = _refused(["sweep", "--out", str(out), "--task-mode", "generate", "--tasks", "default"], monkeypatch, capsys)
+    assert "is not a generation sweep's table" in err
+
+
+def test_sweep_accepts_its_own_table_to_resume(tmp_path):
+    from d3.cli.sweep import check_results_file
+    from d3.research.sweep.table import COLUMNS
+
+    out = tmp_path / "sweep.csv"
+    out.write_text(",".join(COLUMNS[:12]) + "\n")  # a table from before the later columns were added
+    check_results_file(out, "score")
+    (tmp_path / "empty.csv").write_text("")
+    check_results_file(tmp_path / "empty.csv", "score")
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["generate", "--prompt", "hi", "--alpha", "٠.٩"], "--alpha"),
+    (["generate", "--prompt", "hi", "--max-new-tokens", "١٢"], "--max-new-tokens"),
+    (["oracle", "--prompt", "hi", "--alpha", "٠.٩"], "--alpha"),
+    (["oracle", "--prompt", "hi", "--underserved-at", "٠.٩"], "--underserved-at"),
+    (["sweep", "--alphas", "٠.٩"], "--alphas"),
+    (["sweep", "--starts", "٣"], "--starts"),
+    (["sweep", "--cores", "٣+٣"], "--cores"),
+    (["paper", "--alphas", "٠.٩"], "--alphas"),
+    (["generate", "--prompt", "hi", "--start", "1e21"], "--start"),
+    (["generate", "--prompt", "hi", "--start", str(10**21)], "--start must be an integer <= 1024"),
+    (["oracle", "--prompt", "hi", "--start", str(10**21)], "--start must be an integer in [0, 1024]"),
+    (["oracle", "--prompt", "hi", "--count", "-1"], "argument --count: '-1' is not allowed"),
+    (["oracle", "--prompts-file", "assets/prompts.json", "--count", "0"], "argument --count: '0' is not allowed"),
+    (["oracle", "--prompt", "hi", "--k", "200"], "--k must be a percentage in [0, 100]"),
+])
+def test_numbers_a_person_did_not_mean_are_refused(argv, flag, tmp_path, monkeypatch, capsys):
+    extra = ["--out", str(tmp_path / "s.csv")] if argv[0] in ("sweep", "paper") else []
+    assert flag in _refused([*argv, *extra], monkeypatch, capsys)
+
+
+# -- issue 43 item 3: every subcommand's flags from the registry -------------------------------------------------
+
+
+def test_building_the_parser_does_not_import_torch():
+    probe = ("import sys\nfrom d3.cli import build_parser\nbuild_parser()\n"
+             "print('torch' in sys.modules, 'transformers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=300)
+    assert out.stdout.split() == ["False", "False"], out.stdout + out.stderr
+
+
+def test_sweeps_defaults_are_the_specs_own():
+    """No flag restates a SweepSpec default: the flags left out give the spec's own defaults."""
+    from dataclasses import fields
+
+    from d3.cli.sweep import spec_from_args
+    from d3.research.sweep.spec import SweepSpec
+
+    spec = spec_from_args(cli.build_parser().parse_args(["sweep"]))
+    own = SweepSpec()
+    differ = [f.name for f in fields(SweepSpec) if getattr(spec, f.name) != getattr(own, f.name)]
+    assert differ == ["prompts"]  # the CLI reads them from assets/prompts.json
+    assert len(spec.prompts) == len(own.prompts)
+
+
+def test_bench_and_paper_ranges_are_the_registrys(monkeypatch, capsys):
+    from d3.config import MAX_NEW_TOKENS_CAP, D3Config, params
+
+    err = _refused(["bench", "--new-tokens", str(MAX_NEW_TOKENS_CAP + 1)], monkeypatch, capsys)
+    assert f"--new-tokens must be an integer in [2, {MAX_NEW_TOKENS_CAP}]" in err
+    err = _refused(["paper", "--alphas", "0.9,1.5"], monkeypatch, capsys)
+    assert f"each alpha must be {params(D3Config)['alpha'].allowed()}" in err
+    err = _refused(["paper", "--drop-orders", "sideways"], monkeypatch, capsys)
+    assert "middle_out, top_down, bottom_up, strided, task" in err  # d3.config.DROP_ORDERS' named orders, and task
+    args = cli.build_parser().parse_args(["bench"])
+    assert (args.max_new_tokens, args.repeats) == (128, params(__import__("d3.research.sweep.spec", fromlist=["x"])
+                                                              .SweepSpec)["repeats"].default)
+
+
+def test_every_registered_sweep_field_is_a_sweep_flag():
+    """A field of SweepSpec given a Param is a flag of `sweep`, with the Param's default (nothing restated)."""
+    from d3.config import params
+    from d3.research.sweep.spec import SweepSpec
+
+    parser = cli.build_parser()
+    sweep = parser._subparsers._group_actions[0].choices["sweep"]
+    dests = {action.dest: action for action in sweep._actions}
+    for name, prm in params(SweepSpec).items():
+        assert name in dests, name
+        if name != "variants_at":  # given as a fraction ("2/3"); its default is the spec's (test above)
+            assert dests[name].default == prm.default, name

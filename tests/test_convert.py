@@ -61,7 +61,7 @@ def test_install_converts_with_its_stages_and_verify_hashes_in_full(chunked_mode
     out = capsys.readouterr().out
     assert "assembling the GGUF: part 3 of 3" in out and "chunked-tiny: ready in" in out and "(4 layers;" in out
     assert cli(["install", "chunked-tiny", "--verify"]) == 0
-    assert "every weight file matches the sha256 recorded at conversion" in capsys.readouterr().out
+    assert "every file matches the sha256 recorded at conversion" in capsys.readouterr().out
     weights = converted()[0] / "model.safetensors"
     stat, data = weights.stat(), bytearray(weights.read_bytes())
     data[len(data) // 2] ^= 0xFF  # one byte, in place: size, ends and modification time as they were

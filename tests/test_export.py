@@ -129,3 +129,38 @@ def test_before_a_run_every_view_exports_its_figure_or_says_what_to_do_first(poo
             continue
         assert not view.measured and view.ready is None and not view.after_run, view.key  # drawn from the controls
         assert "Press Generate" not in Path(pages[0]).read_text(encoding="utf-8"), view.key
+
+
+def test_a_view_declaring_a_fourth_input_gets_a_parameter_of_its_own(pool, fresh, monkeypatch) -> None:
+    """Issue 43 item 4: Export's parameters come from each view's declaration (`View.export_input`), whatever
+    their number: a view that declares a fourth input gets a parameter of its name after the three of today
+    (their names, the gradio_client API's, unchanged), and its value, positional as Gradio passes it or by
+    keyword, reaches that view and no other."""
+    import inspect
+
+    import plotly.graph_objects as go
+
+    from explorer import views
+    from explorer.controls import CONTROL_NAMES
+
+    seen: list = []
+
+    def exported(pool, session, own, controls):
+        seen.append(own)
+        return {"fourth": go.Figure(go.Bar(x=["a"], y=[own["bars"]]))}
+
+    fourth = views.View(key="fourth", title="Fourth", explain="", needs="", position=10**6, exported=exported,
+                        export_input="fourth_state", ready=lambda session: True)
+    registry = (*views.registry(), fourth)
+    monkeypatch.setattr(views, "registry", lambda: registry)
+    exporter = export.figure_exporter()
+    names = list(inspect.signature(exporter).parameters)
+    assert names == ["pool", "session", "figure", "needs_state", "layers_state", "scrub_index", "fourth_state",
+                     *CONTROL_NAMES]
+    assert list(inspect.signature(export.export_figure).parameters)[:6] == names[:6]  # the page's own, as before
+    page, _script = exporter(pool, fresh, "fourth", None, None, None, {"bars": 4}, **FIGURE_ARGS)
+    assert Path(page).name == "fourth.html" and seen == [{"bars": 4}]
+    exporter(pool, fresh, "fourth", fourth_state={"bars": 5}, **FIGURE_ARGS)
+    assert seen[-1] == {"bars": 5}
+    usage, _ = exporter(pool, fresh, "usage", None, None, None, {"bars": 6}, **FIGURE_ARGS)
+    assert Path(usage).name == "usage.html" and len(seen) == 2  # another view never reads it

@@ -273,3 +273,63 @@ def test_the_sha256_is_recorded_at_conversion(tmp_path, monkeypatch):
     weights = folder / "model.safetensors"
     digest = hashlib.sha256(weights.read_bytes()).hexdigest()
     assert marker(folder)["digests"]["model.safetensors"] == {"mtime_ns": weights.stat().st_mtime_ns, "sha256": digest}
+
+
+def _edit_config(folder: Path, **changes) -> None:
+    path = folder / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+def test_every_file_of_the_folder_is_recorded(fake: FakeConversion):
+    folder = resolve()
+    files = marker(folder)["files"]
+    assert {"config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors"} <= set(files)
+    assert set(files) == {p.name for p in folder.iterdir() if p.name != model_cache.MARKER}
+    assert set(marker(folder)["digests"]) == set(files) and marker(folder)["covers"] == "every file"
+
+
+@pytest.mark.parametrize("change", [{"num_hidden_layers": 3}, {"rope_theta": 1234.0}])
+def test_a_changed_config_is_damage_and_a_load_converts_again(fake: FakeConversion, change,
+                                                              caplog: pytest.LogCaptureFixture):
+    """Issue 41 item 6: a changed layer count or rope_theta is found at load, said in one line, and converted
+    again: the load gets the model as converted (4 layers), never a traceback from a model that does not fit."""
+    folder = resolve()
+    _edit_config(folder, **change)
+    problem = model_cache.check_folder(folder)
+    assert problem is not None and problem.startswith("config.json ") and "\n" not in problem
+    with caplog.at_level(logging.WARNING, logger="d3.model_cache"):
+        loaded = load_model("smollm2-135m", device="cpu")
+    assert fake.calls == 2 and loaded.num_layers == 4
+    assert json.loads((folder / "config.json").read_text()).get("rope_theta") != 1234.0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "config.json" in warnings[0] and "\n" not in warnings[0]
+
+
+def test_a_changed_tokenizer_or_an_added_tokenizer_file_is_converted_again(fake: FakeConversion):
+    folder = resolve()
+    path = folder / "tokenizer_config.json"
+    path.write_text(path.read_text().replace("}", ', "model_max_length": 7}', 1) if "}" in path.read_text() else "{}")
+    assert model_cache.check_folder(folder).startswith("tokenizer_config.json ")
+    resolve()
+    assert fake.calls == 2 and model_cache.check_folder(folder) is None
+    added = folder / "added_tokens.json"  # transformers reads it when it is there
+    assert not added.exists()
+    added.write_text('{"<extra>": 99}')
+    assert model_cache.check_folder(folder) == "added_tokens.json was not there at conversion"
+    resolve()
+    assert fake.calls == 3 and not added.exists()
+
+
+def test_a_marker_that_recorded_only_the_weights_records_the_rest_at_load(fake: FakeConversion):
+    """Caches converted by older code: the first load records the other files as they are; a later change to
+    one of them is then found like any other."""
+    folder = resolve()
+    meta = marker(folder)
+    old = {**meta, "files": {"model.safetensors": meta["files"]["model.safetensors"]},
+           "digests": {"model.safetensors": meta["digests"]["model.safetensors"]}}
+    old.pop("covers")
+    (folder / model_cache.MARKER).write_text(json.dumps(old))
+    assert model_cache.check_folder(folder) is None
+    assert "config.json" in marker(folder)["files"] and marker(folder)["covers"] == "every file"
+    _edit_config(folder, num_hidden_layers=3)
+    assert model_cache.check_folder(folder).startswith("config.json ")

@@ -169,7 +169,7 @@ def test_cli_prompts_file_writes_one_entry_per_prompt(tiny_cli, capsys, tmp_path
     (["--prompts-file", "nope.json"], "nope.json not found"),
     (["--prompt", "a", "--drop-order", "random"], "invalid choice"),
     (["--prompt", "a", "--alpha", "2"], "argument --alpha: '2' is not allowed: --alpha must be a number in (0, 1]"),
-    (["--prompt", "a", "--k", "200"], "--k 200.0"),
+    (["--prompt", "a", "--k", "200"], "--k must be a percentage in [0, 100]"),
     (["--prompt", "a", "--underserved-at", "0.9@x"], "--underserved-at"),
     (["--prompt", "a", "--max-new-tokens", "0"], "--max-new-tokens must be an integer in [1, 1024]"),
     (["--prompt", "a", "--core-head", "4", "--core-tail", "4"], "at most 5: the model's 6 layers less one flex layer"),

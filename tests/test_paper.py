@@ -101,7 +101,7 @@ def _run(args: list[str], launch: int = 0) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--tasks", "nope"], "--tasks"), (["--limit", "0"], "--limit 0"), (["--alphas", "0.9,1.5"], "--alphas"),
+    (["--tasks", "nope"], "--tasks"), (["--limit", "0"], "argument --limit: '0'"), (["--alphas", "0.9,1.5"], "--alphas"),
     (["--alphas", "x"], "--alphas"), (["--start-fractions", "2"], "--start-fractions")])
 def test_bad_input_exits_2_with_one_line(args, message):
     out = _run(args)

@@ -11,7 +11,8 @@ from typing import Any, NoReturn, Sequence
 from d3.config import STRATEGIES, TRACE_OFF, GenerationConfig, Param, StrategyConfig, TraceConfig, params, \
     strategy_from_dict
 
-from d3.cli.common import CliError, add_field_args, add_model_arg, describe_param, param_type
+from d3.cli.common import CLI_NARROW, CliError, add_field_args, add_model_arg, check_device, describe_param, \
+    param_type
 from d3.research.data import fetch
 
 # Subcommands that live in their own modules, each exposing add_parser(subparsers) and main(args) -> int.
@@ -64,7 +65,8 @@ def add_strategy_args(p: argparse.ArgumentParser) -> None:
         first = owners[0][1]
         # the type reads the kind only (strategies share a flag, each with its own range: the config checks it)
         kind: dict[str, Any] = ({"choices": first.choices} if first.choices
-                                else {"type": param_type(Param("", "", integer=first.integer, optional=first.optional),
+                                else {"type": param_type(Param("", "", integer=first.integer, optional=first.optional)
+                                                         .narrowed(**CLI_NARROW.get(name, {})),
                                                          "--" + name.replace("_", "-"))})
         p.add_argument("--" + name.replace("_", "-"), help=_flag_help(owners), **kind)
     p.add_argument("--layer-order", type=layer_order_arg, help="D3 with --drop-order calibrated: the flex layers in "
@@ -75,7 +77,7 @@ def add_strategy_args(p: argparse.ArgumentParser) -> None:
 def layer_order_arg(text: str) -> tuple[int, ...] | str:
     """"3,4,5" -> (3, 4, 5); anything else is a calibration's name, resolved once the model is loaded."""
     parts = [p.strip() for p in text.split(",") if p.strip()]
-    if parts and all(p.isdigit() for p in parts):
+    if parts and all(p.isascii() and p.isdigit() for p in parts):
         return tuple(int(p) for p in parts)
     if not text.strip():
         raise argparse.ArgumentTypeError("give the layers (3,4,5) or a calibration's name")
@@ -127,6 +129,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     check_prompt(args.prompt)  # before the model loads: a bad prompt fails in milliseconds
     strategy = strategy_from_args(args)
+    check_device(args.device)  # mps on a machine without it: one line now, not a traceback from the model's move
     gen = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                            seed=args.seed)
     engine = load_engine(args)
@@ -155,6 +158,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
     from d3.families import fill_exactness, family_of
 
+    check_device(args.device)
     _quiet_transformers()
     loaded = get_model(args.model, device=args.device, dtype=args.dtype)
     info = describe(loaded)

@@ -10,11 +10,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from d3.cli.common import add_model_arg, add_threads_arg, check_output_file, int_in, set_threads
-from d3.research.sweep.spec import load_prompts, prompt_count
+from d3.cli.common import add_field_args, add_model_arg, add_threads_arg, check_output_file, int_in, set_threads
+from d3.config import params
+from d3.research.sweep.spec import SweepSpec, load_prompts, prompt_count
+
+BENCH_TOKENS = 128  # the bench's own default: long enough that per-token costs dominate the prefill
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -23,8 +27,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_model_arg(p)
     p.add_argument("--prompts", type=int_in(1, prompt_count()), default=4,
                    help=f"how many prompts of assets/prompts.json (it holds {prompt_count()})")
-    p.add_argument("--new-tokens", type=int_in(2, 4096), default=128)
-    p.add_argument("--repeats", type=int_in(1, 50), default=3)
+    # The registry's ranges (d3.config, SweepSpec): a run of the bench generates what any run may, at least two tokens
+    add_field_args(p, SweepSpec, ("max_new_tokens", "repeats"), flags={"max_new_tokens": "--new-tokens"},
+                   narrow={"max_new_tokens": replace(params(SweepSpec)["max_new_tokens"], default=BENCH_TOKENS,
+                                                     help="tokens each timed run generates")})
     add_threads_arg(p)
     p.add_argument("--skip-load", action="store_true", help="skip the subprocess load-time check")
     p.add_argument("--profile", choices=("auto", "always", "never"), default="auto",
@@ -47,8 +53,8 @@ def main(args: argparse.Namespace, engine: Any = None) -> int:
     if engine is None:
         engine = Engine.from_loaded(get_model(args.model, device="cpu"))
     prompts = load_prompts(args.prompts)
-    d3 = d3_two_thirds(engine.num_layers, args.new_tokens)
-    times, first = interleaved(engine, prompts, args.new_tokens, args.repeats, d3,
+    d3 = d3_two_thirds(engine.num_layers, args.max_new_tokens)
+    times, first = interleaved(engine, prompts, args.max_new_tokens, args.repeats, d3,
                                progress=lambda m: print(m, file=sys.stderr, flush=True))
     load = None if args.skip_load else load_time(args.model)
     res = results(engine, times, first, d3, load)
@@ -56,7 +62,7 @@ def main(args: argparse.Namespace, engine: Any = None) -> int:
     print(table(res))
     if args.profile != "never":
         forced = {k: False for k in ("full_vs_hf", "d3_efficiency", "trace_overhead")} if args.profile == "always" else {}
-        profiles = profile_misses(engine, {**res, "ok": {**res["ok"], **forced}}, prompts[0], d3, args.new_tokens)
+        profiles = profile_misses(engine, {**res, "ok": {**res["ok"], **forced}}, prompts[0], d3, args.max_new_tokens)
         if load is not None and (args.profile == "always" or not res["ok"]["load_s"]):
             profiles["load_s"] = profile_load(args.model)
         for name, text in profiles.items():

@@ -7,9 +7,11 @@ import json
 import sys
 from typing import Any
 
-from d3.cli.common import CliError, add_field_args, add_model_arg, add_threads_arg, check_input_file, int_in, \
-    set_threads
+from d3.cli.common import CliError, add_field_args, add_model_arg, add_threads_arg, check_input_file, check_steps, \
+    describe_param, int_in, known_layers, param_type, set_threads
 from d3.config import D3Config
+from d3.orders import SIGNALS
+from d3.research.calibration_sets import TOKENS
 
 SIGNAL_HELP = ("agreement: share of full depth's own next tokens kept top-1, teacher-forced (SWIFT); perplexity: NLL "
                "of prose (SLEB); task: exact match on a generation task's validation split (TALE)")
@@ -19,7 +21,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("calibrate", help="measure which flex layers the model can spare (a calibrated drop order)",
                               description=__doc__)
     add_model_arg(p)
-    p.add_argument("--signal", default="agreement", choices=("agreement", "perplexity", "task"), help=SIGNAL_HELP)
+    p.add_argument("--signal", default=SIGNALS[0], choices=SIGNALS, help=SIGNAL_HELP)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompts", help="a prompt file: JSON list (strings or {prompt}) or one prompt per line "
                      "(default for agreement: assets/prompts.json)")
@@ -29,8 +31,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     src.add_argument("--text", help="perplexity: a prose file (default: assets/ppl_text.txt)")
     p.add_argument("--steps", type=int_in(1), help="greedy removals, at most the model's flex layers (default: every "
                    "flex layer); the rest follow by single-drop score")
-    p.add_argument("--tokens", type=int_in(1, 1024), default=32, help="generated (agreement) or continuation "
-                   "(perplexity) tokens")
+    p.add_argument("--tokens", type=param_type(TOKENS, "--tokens"), default=TOKENS.default, help=describe_param(TOKENS))
     add_field_args(p, D3Config, ("core_head", "core_tail"))
     p.add_argument("--no-chat-template", action="store_true", help="--prompt/--prompts as raw text (base models)")
     p.add_argument("--no-cache", action="store_true", help="measure again even when a cached result exists")
@@ -74,7 +75,7 @@ def main(args: argparse.Namespace) -> int:
 
     cal_set = calibration_set(args)
     _check_pairing(args.signal, cal_set)
-    known = _known_layers(args.model)
+    known = known_layers(args.model)
     if known is not None:  # its layers are known without loading it: a bad core or --steps fails in milliseconds
         _check_core_and_steps(args, known)
     set_threads(args.threads)
@@ -105,13 +106,6 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _known_layers(model: str) -> int | None:
-    from d3.models import KNOWN_MODELS
-
-    known = KNOWN_MODELS.get(model)
-    return None if known is None else known.facts.num_layers
-
-
 def _check_core_and_steps(args: argparse.Namespace, num_layers: int) -> tuple[int, int]:
     """The core (the core rule, d3.config.core_fits) and --steps (at most the flex layers it leaves)."""
     cfg = D3Config(core_head=args.core_head, core_tail=args.core_tail)
@@ -120,8 +114,5 @@ def _check_core_and_steps(args: argparse.Namespace, num_layers: int) -> tuple[in
         cfg.check_layers(num_layers)
     except ValueError as err:
         raise CliError(str(err).replace("core_head + core_tail", "--core-head + --core-tail")) from None
-    flex = num_layers - head - tail
-    if args.steps is not None and args.steps > flex:
-        raise CliError(f"--steps {args.steps} is not allowed: --steps must be an integer in [1, {flex}] (the flex "
-                       f"layers of {args.model}'s {num_layers} with core {head}+{tail})")
+    check_steps(args.steps, "--steps", args.model, num_layers, head, tail)
     return head, tail

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from d3.config import DEFAULT_MODEL, Param, params
+from d3.config import DEFAULT_MODEL, MAX_NEW_TOKENS_CAP, Param, params
+
+# Where every command allows less than the registry (a field's name -> the narrower bounds): a D3 start past the last
+# token any run may generate would change nothing, and a number that large is a typing mistake.
+CLI_NARROW: dict[str, dict[str, float]] = {"start": {"hi": MAX_NEW_TOKENS_CAP}}
 
 
 class CliError(Exception):
@@ -14,13 +20,43 @@ class CliError(Exception):
 
 
 def check_output_file(path: str | Path, flag: str) -> None:
-    """Fail now, not after the work, when an output file cannot be written because a directory is in the way."""
+    """Fail now, not after the work, when an output file cannot be written: a directory in the way, a file in
+    the way of a directory, or a place this process may not write (tried for real: a permission bit says little
+    to root, or on a read-only mount). Nothing is left behind: a probe file is removed at once."""
     path = Path(path)
-    if path.is_dir():
-        raise CliError(f"{flag} {path} is a directory; give a file path")
-    for parent in path.parents:
-        if parent.exists() and not parent.is_dir():
-            raise CliError(f"{flag} {path}: {parent} is a file, not a directory")
+    try:
+        if path.is_dir():
+            raise CliError(f"{flag} {path} is a directory; give a file path")
+        for parent in path.parents:
+            if parent.exists() and not parent.is_dir():
+                raise CliError(f"{flag} {path}: {parent} is a file, not a directory")
+    except OSError as err:  # a name too long to look at, a loop of links
+        raise CliError(f"{flag} {path} cannot be written: {err.strerror or type(err).__name__}") from None
+    problem = _unwritable(path)
+    if problem:
+        raise CliError(f"{flag} {path} cannot be written: {problem}")
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why `path` cannot be written (an existing file opened for appending, else a probe file made where it would
+    be), or None."""
+    try:
+        if path.exists():
+            with path.open("ab"):
+                return None
+        folder = next((p for p in path.absolute().parents if p.exists()), Path("/"))
+        if folder == path.parent.absolute():  # the file itself, exactly where it will be (a name too long fails here)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            os.close(fd)
+            path.unlink()
+        else:  # folders to be made: a probe folder in the nearest one that exists
+            probe = Path(tempfile.mkdtemp(prefix=".d3-probe-", dir=folder))
+            probe.rmdir()
+    except FileExistsError:  # made meanwhile (another process of the same run probing it): the folder is writable
+        return None
+    except OSError as err:
+        return err.strerror or type(err).__name__
+    return None
 
 
 def check_input_file(path: str | Path, flag: str, hint: str = "") -> None:
@@ -29,6 +65,33 @@ def check_input_file(path: str | Path, flag: str, hint: str = "") -> None:
     if not path.is_file():
         what = "is a directory" if path.is_dir() else "not found"
         raise CliError(f"{flag} {path} {what}" + (f": {hint}" if hint else ""))
+
+
+def known_layers(model: str) -> int | None:
+    """A known model's layer count, read without loading it (None for anything else: a local folder, a hub id)."""
+    from d3.models import KNOWN_MODELS  # imports torch: only from a command's run, never from building the parser
+
+    known = KNOWN_MODELS.get(model)
+    return None if known is None else int(known.facts.num_layers)
+
+
+def check_steps(steps: int | None, flag: str, model: str, num_layers: int, head: int, tail: int) -> None:
+    """A calibration's greedy removals (`calibrate --steps`, `paper --calibrate-steps`): at most the flex layers the
+    core leaves; CliError naming the flag and the range otherwise."""
+    flex = num_layers - head - tail
+    if steps is not None and steps > flex:
+        raise CliError(f"{flag} {steps} is not allowed: {flag} must be an integer in [1, {flex}] (the flex layers of "
+                       f"{model}'s {num_layers} with core {head}+{tail})")
+
+
+def check_device(device: str, flag: str = "--device") -> None:
+    """The device is one this machine has (mps without Apple's GPU, cuda:3 on a one-GPU machine: refused now)."""
+    from d3.models import resolve_device  # imports torch: only from a command's run
+
+    try:
+        resolve_device(device)
+    except ValueError as err:
+        raise CliError(f"{flag} {device}: {err}") from None
 
 
 def set_threads(threads: int) -> None:
@@ -45,7 +108,8 @@ def int_in(lo: int, hi: int | None = None) -> Callable[[str], int]:
 
     def parse(text: str) -> int:
         try:
-            value = int(text.strip()) if len(text) <= 20 else None
+            # ASCII only: Python's int() also reads other scripts' digits ("٣"), which no other tool here would
+            value = int(text.strip()) if len(text) <= 20 and text.isascii() else None
         except ValueError:
             value = None
         if value is None or value < lo or (hi is not None and value > hi):
@@ -77,8 +141,8 @@ def param_type(prm: Param, flag: str) -> Callable[[str], Any]:
             return None
         value: Any = text
         if not prm.choices:
-            try:
-                value = int(text) if prm.integer else float(text)
+            try:  # ASCII only, as for `int_in`; and no more characters than a float can mean
+                value = (int(text) if prm.integer else float(text)) if text.isascii() and len(text) <= 40 else None
             except ValueError:
                 value = None
         if value is None or not prm.ok(value):
@@ -104,6 +168,8 @@ def add_field_args(p: argparse.ArgumentParser, cls: type, names: tuple[str, ...]
     registry = params(cls)
     for name in names:
         prm = (narrow or {}).get(name, registry[name])
+        if name in CLI_NARROW:
+            prm = prm.narrowed(**CLI_NARROW[name])
         flag = (flags or {}).get(name, "--" + name.replace("_", "-"))
         kind: dict[str, Any] = {"choices": prm.choices} if prm.choices else {"type": param_type(prm, flag)}
         if prm.choices:

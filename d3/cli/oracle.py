@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from d3.cli.common import CliError, add_field_args, add_model_arg, add_threads_arg, check_input_file, \
-    check_output_file, set_threads
+    check_output_file, int_in, set_threads
 from d3.cli import layer_order_arg
 from d3.config import GenerationConfig, D3Config
 from d3.research.data import example_prompts
@@ -24,14 +24,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                               description=__doc__)
     p.add_argument("--prompt", help="one prompt")
     p.add_argument("--prompts-file", help="a JSON list of {title, prompt} (e.g. assets/prompts.json)")
-    p.add_argument("--count", type=int, default=8, help="how many prompts of --prompts-file")
+    p.add_argument("--count", type=int_in(1), default=8, help="how many prompts of --prompts-file (default 8)")
     add_field_args(p, GenerationConfig, ("max_new_tokens",))
     add_field_args(p, D3Config, ("drop_order", "core_head", "core_tail"))
     p.add_argument("--layer-order", type=layer_order_arg, help="with --drop-order calibrated: the flex layers in drop "
                    "order (comma-separated) or a calibration's name (default measured)")
     add_field_args(p, D3Config, ("alpha",), keep_default=False)  # not given: the least-squares fit is judged
     add_field_args(p, D3Config, ("start",))
-    p.add_argument("--k", type=float, default=10.0, help="coverage fit: at most this %% of tokens under-served")
+    p.add_argument("--k", type=_percent, default=10.0, help="coverage fit: at most this %% of tokens under-served")
     p.add_argument("--underserved-at", default=",".join(map(str, PAPER_ALPHAS)) + "," + SWEEP_ALPHAS,
                    help="D3 settings whose under-served fraction is listed: alpha or alpha@start, comma-separated")
     p.add_argument("--no-chat-template", action="store_true", help="feed prompts as raw text (base models)")
@@ -43,10 +43,23 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
+def _percent(text: str) -> float:
+    """A percentage in [0, 100], in ASCII digits."""
+    try:
+        value = float(text) if text.isascii() and len(text) <= 40 else None
+    except ValueError:
+        value = None
+    if value is None or not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not allowed: --k must be a percentage in [0, 100]")
+    return value
+
+
 def _settings(text: str) -> tuple[D3Config, ...]:
     out = []
     for part in (x.strip() for x in text.split(",") if x.strip()):
         alpha, _, start = part.partition("@")
+        if not part.isascii():
+            raise CliError(f"--underserved-at {part[:40]!r}: give ASCII digits (0.99 or 0.99@16)")
         try:
             out.append(D3Config(alpha=float(alpha), start=int(start or 0)))
         except ValueError as err:
@@ -60,8 +73,6 @@ def _prompts(args: argparse.Namespace) -> list[tuple[str, str]]:
     if args.prompt is not None:
         return [("", args.prompt)]
     check_input_file(args.prompts_file, "--prompts-file")
-    if args.count < 1:
-        raise CliError(f"--count {args.count} must be at least 1")
     try:
         rows = example_prompts(Path(args.prompts_file))
     except (ValueError, KeyError, TypeError) as err:
@@ -86,8 +97,6 @@ def _check(args: argparse.Namespace) -> tuple[list[tuple[str, str]], D3Config, t
     if args.alpha is not None:
         fields["alpha"] = args.alpha
     cfg = D3Config(**fields)
-    if not 0 <= args.k <= 100:
-        raise CliError(f"--k {args.k} must be a percentage in [0, 100]")
     if args.out:
         check_output_file(args.out, "--out")
     return prompts, cfg, _settings(args.underserved_at)

@@ -4,17 +4,33 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import fields
 from typing import Any
 
-from d3.cli.common import CliError, add_model_arg, add_threads_arg, check_output_file, set_threads
-from d3.research.paper import ALPHAS, DROP_ORDER_CHOICES, SELECTION_RULE, START_FRACTIONS, TASKS
+from d3.cli.common import CliError, add_model_arg, add_threads_arg, check_device, check_output_file, check_steps, \
+    int_in, known_layers, set_threads
+from d3.config import DROP_ORDERS, D3Config, default_core, params
+from d3.research.paper import SELECTION_RULE, TASKS, RunSettings
+
+
+# The orders the validation split may choose among: every named drop order of the registry (d3.config.DROP_ORDERS;
+# calibrated: per model, not per task), and `task`, the order calibrated on the task's own validation split.
+DROP_ORDERS_ALLOWED: tuple[str, ...] = (*(o for o in DROP_ORDERS if o != "calibrated"), "task")
+SETTINGS: dict[str, Any] = {f.name: f.default for f in fields(RunSettings)}  # the protocol's defaults, said once there
+ALPHA = params(D3Config)["alpha"]
 
 
 def _floats(text: str) -> tuple[float, ...]:
     try:
+        if not text.isascii():  # Python reads other scripts' digits ("٠.٩"); no other tool here does
+            raise ValueError(text)
         return tuple(float(x) for x in text.split(",") if x.strip())
     except ValueError as err:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers") from err
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a comma-separated list of numbers") from err
+
+
+def _show(values: tuple[object, ...]) -> str:
+    return ",".join(map(str, values))
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -30,16 +46,21 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto", help="auto (the model's own), float32, bfloat16 or float16")
     p.add_argument("--device-map", default=None, help="e.g. auto: spread one model over every GPU (one process)")
     p.add_argument("--tasks", default="addition", help=f"comma-separated, of: {', '.join(TASKS)}")
-    p.add_argument("--limit", type=int, default=None, help="test questions per task (default all)")
-    p.add_argument("--val-limit", type=int, default=None, help="validation questions per task (default all)")
-    p.add_argument("--alphas", type=_floats, default=ALPHAS, help="alpha grid, comma-separated")
-    p.add_argument("--start-fractions", type=_floats, default=START_FRACTIONS,
-                   help="start grid as fractions of the mean full-depth output length, comma-separated")
-    p.add_argument("--drop-orders", default=",".join(DROP_ORDER_CHOICES), help="drop orders the validation split "
-                   "chooses among, comma-separated: middle_out, bottom_up, top_down, strided, and task (the order "
+    p.add_argument("--limit", type=int_in(1), default=SETTINGS["limit"], help="test questions per task (default all)")
+    p.add_argument("--val-limit", type=int_in(1), default=SETTINGS["val_limit"],
+                   help="validation questions per task (default all)")
+    p.add_argument("--alphas", type=_floats, default=SETTINGS["alphas"], help=f"alpha grid, comma-separated: each "
+                   f"{ALPHA.allowed()} (default {_show(SETTINGS['alphas'])})")
+    p.add_argument("--start-fractions", type=_floats, default=SETTINGS["start_fractions"],
+                   help="start grid as fractions of the mean full-depth output length, comma-separated (default "
+                   f"{_show(SETTINGS['start_fractions'])})")
+    p.add_argument("--drop-orders", default=",".join(SETTINGS["drop_orders"]), help="drop orders the validation "
+                   f"split chooses among, comma-separated: {', '.join(DROP_ORDERS_ALLOWED)} (task: the order "
                    "calibrated by exact match on the validation split)")
-    p.add_argument("--calibrate-steps", type=int, default=6, help="greedy removals of the task-calibrated order")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--calibrate-steps", type=int_in(1), default=SETTINGS["calibrate_steps"],
+                   help="greedy removals of the task-calibrated order, at most the model's flex layers (default "
+                   f"{SETTINGS['calibrate_steps']})")
+    p.add_argument("--batch-size", type=int_in(1), default=SETTINGS["batch_size"])
     p.add_argument("--chat-template", action="store_true", help="wrap prompts in the chat template (default raw "
                    "few-shot text, as for a base model)")
     p.add_argument("--out", default="paper_results.csv", help="CSV written by the main process")
@@ -54,21 +75,26 @@ def _check(args: argparse.Namespace) -> list[str]:
     unknown = [t for t in tasks if t not in TASKS]
     if not tasks or unknown:
         raise CliError(f"--tasks {args.tasks!r}: tasks are {', '.join(TASKS)}")
-    for flag, value in (("--limit", args.limit), ("--val-limit", args.val_limit), ("--batch-size", args.batch_size)):
-        if value is not None and value < 1:
-            raise CliError(f"{flag} {value}: must be at least 1")
-    if not args.alphas or not all(0 < a <= 1 for a in args.alphas):
-        raise CliError(f"--alphas {args.alphas}: each alpha must be in (0, 1]")
+    if not args.alphas or not all(ALPHA.ok(a) for a in args.alphas):
+        raise CliError(f"--alphas {args.alphas}: each alpha must be {ALPHA.allowed()}")
     orders = [o.strip() for o in args.drop_orders.split(",") if o.strip()]
-    allowed = ("middle_out", "bottom_up", "top_down", "strided", "task")
-    if not orders or any(o not in allowed for o in orders):
-        raise CliError(f"--drop-orders {args.drop_orders!r}: each must be one of {', '.join(allowed)}")
-    if args.calibrate_steps < 1:
-        raise CliError(f"--calibrate-steps {args.calibrate_steps}: must be at least 1")
+    if not orders or any(o not in DROP_ORDERS_ALLOWED for o in orders):
+        raise CliError(f"--drop-orders {args.drop_orders!r}: each must be one of {', '.join(DROP_ORDERS_ALLOWED)}")
     if not args.start_fractions or not all(0 <= f <= 1 for f in args.start_fractions):
         raise CliError(f"--start-fractions {args.start_fractions}: each fraction must be in [0, 1]")
     check_output_file(args.out, "--out")
+    if args.device_map is None:
+        check_device(args.device)
+    known = known_layers(args.model)
+    if known is not None:  # its layers are known without loading it: a bad --calibrate-steps fails in milliseconds
+        _check_steps(args, known)
     return tasks
+
+
+def _check_steps(args: argparse.Namespace, num_layers: int) -> None:
+    """--calibrate-steps: at most the flex layers the default core leaves (the calibration's own cap, as for
+    `calibrate --steps`)."""
+    check_steps(args.calibrate_steps, "--calibrate-steps", args.model, num_layers, *default_core(num_layers))
 
 
 def _wants_cpu(device: str) -> bool:
@@ -100,6 +126,7 @@ def main(args: argparse.Namespace) -> int:
     set_threads(args.threads)
     shards = Shards(cpu=_wants_cpu(args.device))
     engine = _engine(args, shards)
+    _check_steps(args, engine.num_layers)  # a local model: right after it loads, before any work
     orders = tuple(o.strip() for o in args.drop_orders.split(",") if o.strip())
     settings = RunSettings(alphas=tuple(args.alphas), start_fractions=tuple(args.start_fractions), limit=args.limit,
                            drop_orders=orders, calibrate_steps=args.calibrate_steps,

@@ -3,35 +3,49 @@
 from __future__ import annotations
 
 import argparse
+import csv
 import re
+from dataclasses import fields
 from fractions import Fraction
+from pathlib import Path
 from typing import Any, Callable
 
-from tqdm import tqdm
-
 import d3.research.sweep
-from d3.cli.common import CliError, add_field_args, add_model_arg, add_threads_arg, check_output_file, int_in, \
-    set_threads
-from d3.config import DROP_ORDERS, GenerationConfig, core_fits, params
-from d3.models import KNOWN_MODELS
+from d3.cli.common import CliError, add_field_args, add_model_arg, add_threads_arg, check_output_file, \
+    describe_param, int_in, set_threads
+from d3.config import BASELINES, CONFIDENCE_MEASURES, DROP_ORDERS, FILLS, core_fits, params
 from d3.research.data import DEFAULT_TASKS
 from d3.research.gentasks import DEFAULT_GENERATION_TASKS
-from d3.research.sweep.spec import BASELINES, MIN_SWEEP_TOKENS, TASK_MODES, TASK_SCORINGS, Progress, SweepSpec, \
-    load_prompts, prompt_count
+from d3.research.sweep.spec import Progress, SweepSpec, load_prompts, prompt_count
 from d3.research.sweep.table import sidecar
+
+
+def _ascii(text: str) -> str:
+    """The text, if it is ASCII: Python reads other scripts' digits as numbers ("٠.٩"), no other tool here does."""
+    if not text.isascii():
+        raise ValueError("give ASCII digits")
+    return text
 
 
 def _floats(text: str) -> tuple[float, ...]:
     """"0.85,2/3" -> (0.85, 0.666...)."""
     try:
-        return tuple(float(Fraction(x.strip())) for x in text.split(",") if x.strip())
+        return tuple(float(Fraction(x.strip())) for x in _ascii(text).split(",") if x.strip())
     except (ValueError, ZeroDivisionError):
         raise ValueError("give numbers or fractions, comma-separated (0.85,2/3)") from None
 
 
+def _fraction(text: str) -> float:
+    """"2/3" -> 0.666...: one number or fraction."""
+    values = _floats(text)
+    if len(values) != 1:
+        raise ValueError("give one number or fraction (2/3)")
+    return values[0]
+
+
 def _ints(text: str) -> tuple[int, ...]:
     try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
+        return tuple(int(x) for x in _ascii(text).split(",") if x.strip())
     except ValueError:
         raise ValueError("give integers, comma-separated (0,16)") from None
 
@@ -44,7 +58,7 @@ def _cores(text: str) -> tuple[tuple[int, int] | None, ...]:
             out.append(None)
             continue
         pair = part.split("+")
-        if len(pair) != 2 or not all(x.strip().isdigit() and len(x.strip()) <= 6 for x in pair):
+        if len(pair) != 2 or not all(x.strip().isascii() and x.strip().isdigit() and len(x.strip()) <= 6 for x in pair):
             raise ValueError(f"{part[:40]!r} is not a core split: give default or HEAD+TAIL, comma-separated (default,2+2)")
         out.append((int(pair[0]), int(pair[1])))
     return tuple(out)
@@ -63,53 +77,65 @@ def _task_names(text: str, mode: str = "score") -> tuple[str, ...]:
     return DEFAULT_GENERATION_TASKS if mode == "generate" else DEFAULT_TASKS
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register `sweep` on an argparse subparsers object."""
-    p = subparsers.add_parser("sweep", help="run a grid of D3 settings and baselines at matched depth",
-                              description=d3.research.sweep.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_model_arg(p)
-    p.add_argument("--out", default="results/sweep.csv", help="CSV appended row by row; a rerun resumes")
-    p.add_argument("--prompts", type=int_in(1, prompt_count()), default=4,
-                   help=f"how many prompts of assets/prompts.json (it holds {prompt_count()})")
-    add_field_args(p, GenerationConfig, ("max_new_tokens",), flags={"max_new_tokens": "--new-tokens"},
-                   narrow={"max_new_tokens": params(GenerationConfig)["max_new_tokens"].narrowed(lo=MIN_SWEEP_TOKENS)})
-    p.add_argument("--repeats", type=int_in(1, 50), default=3, help="timing repeats (full depth and method alternate)")
-    p.add_argument("--depths", default="0.85,0.75,2/3,0.55", help="target mean depths, fractions of L")
-    p.add_argument("--alphas", default="", help="extra D3 settings with explicit alpha")
-    p.add_argument("--cores", default="default", help="D3 core splits, e.g. default,0+0,4+4")
-    p.add_argument("--starts", default="0", help="D3 start values in tokens, e.g. 0,16")
-    p.add_argument("--fills", default="copy", help="D3 fills among copy,propagate,none")
-    p.add_argument("--drop-orders", default="middle_out", help=f"D3 drop orders among {','.join(DROP_ORDERS)}; "
-                   "calibrated is the model's measured order, calibrated:NAME a cached calibration (calibrated:agreement)")
-    p.add_argument("--task-split", default="all", choices=("all", "test"), help="generate mode: all questions "
-                   "(validation first) or only the test split")
-    p.add_argument("--variants-at", default="2/3", help="depth at which the non-base D3 variants run")
-    p.add_argument("--product", action="store_true", help="full product of the D3 axes at every depth")
-    p.add_argument("--baselines", default=",".join(BASELINES))
-    p.add_argument("--baseline-depths", default="", help="depths for baselines (default: --depths)")
-    p.add_argument("--early-exit-measures", default="softmax_gap", help="softmax_gap,cosine")
-    p.add_argument("--early-exit-depths", default="", help="depths for early exit (default: baseline depths)")
-    p.add_argument("--tasks", default="", help="BIG-bench tasks (d3.research.data.TASKS), comma separated; 'default' for "
-                   "d3.research.data.DEFAULT_TASKS, the ones the embedded model is above chance on")
-    p.add_argument("--task-limit", type=int_in(1), default=30)
-    p.add_argument("--task-scoring", default="loglik", choices=TASK_SCORINGS)
-    p.add_argument("--task-mode", default="score", choices=TASK_MODES,
-                   help="generate: generation accuracy (the paper's measure): --tasks are d3.research.gentasks tasks, answered "
-                   "in full by greedy generation and scored by exact match; each setting timed against full depth "
-                   "on --repeats batches per task; --new-tokens is the answer length depths are matched over")
-    p.add_argument("--ppl-chunks", type=int_in(0), default=4)
-    add_threads_arg(p)
-    p.add_argument("--limit", type=int_in(1), default=None, help="measure at most this many new settings, then stop")
-    p.add_argument("--no-chat-template", action="store_true")
-    p.set_defaults(func=main)
-    return p
+def _shown(value: Any) -> str:
+    """A SweepSpec default as its flag takes it: (0.85, 2/3) -> "0.85,2/3", (None, (2, 2)) -> "default,2+2"."""
+    if value is None:
+        return "default"
+    if isinstance(value, tuple):
+        return ",".join(_shown(v) if not isinstance(v, tuple) else f"{v[0]}+{v[1]}" for v in value) or "none"
+    if isinstance(value, float) and len(repr(value)) > 6:  # 2/3 rather than 0.6666666666666666
+        fraction = Fraction(value).limit_denominator(100)
+        return str(fraction) if abs(float(fraction) - value) < 1e-12 else repr(value)
+    return str(value)
 
 
+# The spec's list fields, each a comma-separated flag: its parser and what it is. The default is the spec's own
+# (SweepSpec), shown in the help; a flag left out leaves the field at it.
+LISTS: dict[str, tuple[Callable[[str], Any], str]] = {
+    "depths": (_floats, "target mean depths, fractions of L"),
+    "alphas": (_floats, "extra D3 settings with explicit alpha"),
+    "cores": (_cores, "D3 core splits, e.g. default,0+0,4+4"),
+    "starts": (_ints, "D3 start values in tokens, e.g. 0,16"),
+    "fills": (_words, f"D3 fills among {','.join(FILLS)}"),
+    "drop_orders": (_words, f"D3 drop orders among {','.join(DROP_ORDERS)}; calibrated is the model's measured "
+                    "order, calibrated:NAME a cached calibration (calibrated:agreement)"),
+    "baselines": (_words, f"baselines among {','.join(BASELINES)}"),
+    "baseline_depths": (_floats, "depths for baselines (default: --depths)"),
+    "early_exit_measures": (_words, f"early exit's confidence measures among {','.join(CONFIDENCE_MEASURES)}"),
+    "early_exit_depths": (_floats, "depths for early exit (default: baseline depths)"),
+}
+OPTIONAL_LISTS = ("baseline_depths", "early_exit_depths")  # empty: None (the field's default: follow the others)
+SCALARS = ("max_new_tokens", "repeats", "task_limit", "task_scoring", "task_mode", "task_split", "ppl_chunks")
 FLAGS = {"max_new_tokens": "--new-tokens", "chat_template": "--no-chat-template"}  # spec fields named otherwise
 
 
 def _flag(field: str) -> str:
     return FLAGS.get(field, "--" + field.replace("_", "-"))
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register `sweep` on an argparse subparsers object: every flag that sets a SweepSpec field takes its range,
+    choices and default from the spec (its Params, or the field's default for the lists)."""
+    p = subparsers.add_parser("sweep", help="run a grid of D3 settings and baselines at matched depth",
+                              description=d3.research.sweep.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    defaults: dict[str, Any] = {f.name: f.default for f in fields(SweepSpec)}
+    add_model_arg(p)
+    p.add_argument("--out", default="results/sweep.csv", help="CSV appended row by row; a rerun resumes")
+    p.add_argument("--prompts", type=int_in(1, prompt_count()), default=len(defaults["prompts"]),
+                   help=f"how many prompts of assets/prompts.json (it holds {prompt_count()})")
+    add_field_args(p, SweepSpec, SCALARS, flags=FLAGS)
+    for name, (_, what) in LISTS.items():
+        default = "" if name in OPTIONAL_LISTS else f" (default {_shown(defaults[name])})"
+        p.add_argument(_flag(name), dest=name, default=None, help=(what + default).replace("%", "%%"))
+    variants_at = params(SweepSpec)["variants_at"]
+    p.add_argument("--variants-at", default=None, help=describe_param(variants_at).replace(
+        f"default {variants_at.default}", f"default {_shown(variants_at.default)}"))
+    p.add_argument("--product", action="store_true", help="full product of the D3 axes at every depth")
+    p.add_argument("--tasks", default="", help="BIG-bench tasks (d3.research.data.TASKS), comma separated; 'default' for "
+                   "d3.research.data.DEFAULT_TASKS, the ones the embedded model is above chance on")
+    add_threads_arg(p)
+    p.add_argument("--limit", type=int_in(1), default=None, help="measure at most this many new settings, then stop")
+    p.add_argument("--no-chat-template", action="store_true")
+    p.set_defaults(func=main)
+    return p
 
 
 def _parsed(flag: str, parse: Callable[[str], Any], text: str) -> Any:
@@ -120,23 +146,21 @@ def _parsed(flag: str, parse: Callable[[str], Any], text: str) -> Any:
 
 
 def spec_from_args(args: argparse.Namespace) -> SweepSpec:
-    """The spec of the flags; CliError naming the flag of the first value that is not allowed."""
-    lists = {name: _parsed(_flag(name), parse, getattr(args, name)) for name, parse in (
-        ("depths", _floats), ("alphas", _floats), ("cores", _cores), ("starts", _ints), ("variants_at", _floats),
-        ("baseline_depths", _floats), ("early_exit_depths", _floats))}
-    if not lists["variants_at"]:
-        raise CliError("--variants-at is empty: give one depth (2/3)")
+    """The spec of the flags; CliError naming the flag of the first value that is not allowed. A list flag left
+    out leaves its field at the spec's default."""
+    given: dict[str, Any] = {}
+    for name, (parse, _) in LISTS.items():
+        text = getattr(args, name)
+        if text is not None:
+            value = _parsed(_flag(name), parse, text)
+            given[name] = (value or None) if name in OPTIONAL_LISTS else value
+    if args.variants_at is not None:
+        given["variants_at"] = _parsed("--variants-at", _fraction, args.variants_at)
     try:
         return SweepSpec(
-            model=args.model, prompts=load_prompts(args.prompts), max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-            depths=lists["depths"], alphas=lists["alphas"], cores=lists["cores"], starts=lists["starts"],
-            fills=_words(args.fills), drop_orders=_words(args.drop_orders), variants_at=lists["variants_at"][0],
-            product=args.product, baselines=_words(args.baselines),
-            baseline_depths=lists["baseline_depths"] or None, early_exit_measures=_words(args.early_exit_measures),
-            early_exit_depths=lists["early_exit_depths"] or None,
-            tasks=_task_names(args.tasks, args.task_mode), task_limit=args.task_limit, task_scoring=args.task_scoring,
-            task_mode=args.task_mode, task_split=args.task_split,
-            ppl_chunks=args.ppl_chunks, chat_template=not args.no_chat_template)
+            model=args.model, prompts=load_prompts(args.prompts), **{name: getattr(args, name) for name in SCALARS},
+            **given, product=args.product, tasks=_task_names(args.tasks, args.task_mode),
+            chat_template=not args.no_chat_template)
     except ValueError as err:  # the spec names its field ("tasks=... is not allowed: tasks must be ..."): say the flag
         message = str(err)
         field = re.match(r"\w+", message)
@@ -144,6 +168,27 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
             message = re.sub(rf"^{field.group(0)}=(.*?) {field.group(0)} must", lambda m: f"{_flag(field.group(0))}="
                              f"{m.group(1)} {_flag(field.group(0))} must", message, count=1)
         raise CliError(message) from None
+
+
+def check_results_file(path: str | Path, task_mode: str) -> None:
+    """An existing --out must be a sweep's own table (of this task mode) to be appended to: its header has the key
+    column and no column the sweep does not write. Anything else is refused, never appended to."""
+    path = Path(path)
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    from d3.research.sweep.generation import GEN_COLUMNS
+    from d3.research.sweep.table import COLUMNS
+
+    columns: tuple[str, ...] = GEN_COLUMNS if task_mode == "generate" else COLUMNS
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            header = next(csv.reader(fh), [])
+    except (OSError, UnicodeDecodeError, csv.Error):
+        header = []
+    if "key" not in header or not set(header) <= set(columns):
+        kind = "a generation sweep's" if task_mode == "generate" else "a sweep's"
+        raise CliError(f"--out {path} is not {kind} table (a rerun appends to one): give a new file, or that "
+                       "sweep's own CSV to resume it")
 
 
 def check_cores(spec: SweepSpec, num_layers: int) -> None:
@@ -156,6 +201,8 @@ def check_cores(spec: SweepSpec, num_layers: int) -> None:
 
 def tqdm_progress() -> tuple[Progress, Callable[[], None]]:
     """A progress(fraction, desc) callback drawing a tqdm bar, and a function that closes the bar."""
+    from tqdm import tqdm
+
     bar = tqdm(total=1000, unit="‰", bar_format="{l_bar}{bar}| {elapsed}<{remaining}")
 
     def update(fraction: float, desc: str) -> None:
@@ -170,6 +217,9 @@ def main(args: argparse.Namespace, engine: Any = None) -> int:
     """Run the sweep; `engine` lets tests inject a tiny model."""
     check_output_file(args.out, "--out")  # before any model loads: a bad path fails in milliseconds
     spec = spec_from_args(args)
+    check_results_file(args.out, spec.task_mode)
+    from d3.models import KNOWN_MODELS
+
     known = KNOWN_MODELS.get(spec.model)
     if known is not None:  # its layers are known without loading it
         check_cores(spec, known.facts.num_layers)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from d3.research.calibration_sets import (  # noqa: F401  (the sets are part of this module's API)
+    TOKENS,
     CalibrationSet,
     default_set,
     paper_task_set,
@@ -223,7 +224,7 @@ def _as_perplexity(score: Score) -> Score:
 
 
 def calibrate(engine: Any, signal: str, cal_set: CalibrationSet | None = None, *, core: tuple[int, int] | None = None,
-              steps: int | None = None, tokens: int = 32, progress: Progress | None = None,
+              steps: int | None = None, tokens: int = TOKENS.default, progress: Progress | None = None,
               use_cache: bool = True, announce: Announce | None = announce_to_stderr) -> Calibration:
     """Measure the greedy nested drop order of `engine`'s model under `signal` on `cal_set` (default: the signal's
     own set), cached per (model, signal, set, core, tokens, steps) in the model cache folder.
@@ -241,8 +242,7 @@ def calibrate(engine: Any, signal: str, cal_set: CalibrationSet | None = None, *
     if not (isinstance(steps, int) and 1 <= steps):
         raise ValueError(f"steps={steps!r} is not allowed: steps must be an integer >= 1 (greedy removals)")
     steps = min(steps, len(flex))
-    if not (isinstance(tokens, int) and 2 <= tokens <= 256):
-        raise ValueError(f"tokens={tokens!r} is not allowed: tokens must be an integer in [2, 256]")
+    TOKENS.check("tokens", tokens)
     path = calibration_path(engine.name, signal, cal_set.name, (head, tail), tokens, steps)
     if use_cache and path.is_file():
         try:
@@ -255,7 +255,7 @@ def calibrate(engine: Any, signal: str, cal_set: CalibrationSet | None = None, *
 
 
 def calibrate_and_compare(engine: Any, signal: str, cal_set: CalibrationSet, orders: dict[str, Sequence[int]], *,
-                          core: tuple[int, int], steps: int, tokens: int = 32, progress: Progress | None = None,
+                          core: tuple[int, int], steps: int, tokens: int = TOKENS.default, progress: Progress | None = None,
                           should_stop: ShouldStop | None = None,
                           budget_s: float | None = None) -> tuple[Calibration, dict[str, list[float]]]:
     """`calibrate` (not cached: the page's one prompt) plus, for each named order, the signal after dropping its

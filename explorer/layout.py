@@ -60,7 +60,7 @@ def _key_controls(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> Non
         ui["core_tail"] = gr.Slider(0, value=tail, step=1, label=LABELS["core_tail"], elem_id="core-tail",
                                     info=HELP["core_tail"],
                                     min_width=120, **slider_range(layers - 1 - head))
-    ui["max_new_tokens"] = gr.Number(min(DEFAULTS.max_new_tokens, pool.caps.max_new_tokens), precision=0,
+    ui["max_new_tokens"] = gr.Number(min(model_defaults(pool.names[0]).max_new_tokens, pool.caps.max_new_tokens), precision=0,
                                      label=LABELS["max_new_tokens"], elem_id="max-new-tokens",
                                      info=f"{HELP['max_new_tokens']} (1–{pool.caps.max_new_tokens} here)")
 

@@ -20,25 +20,48 @@ from explorer.expiry import session_expiry
 from explorer.guard import RequestGuard, UploadBudget, bound_the_log
 from explorer.layout import build_layout
 from explorer.pool import ModelPool
+from explorer.prepare import EVERY_S, Preparation, prepare_order
 from explorer.wiring import wire
 
 CSS_PATH = ASSETS / "style.css"
 
 
 def build_demo(engine_factory: Callable[[str], Engine] | None = None, *, caps: Caps | None = None,
-               public: bool | None = None, model_names: tuple[str, ...] | None = None) -> gr.Blocks:
-    """The page. The model loads lazily on first use; `engine_factory(name)` replaces the real loader (tests)."""
+               public: bool | None = None, model_names: tuple[str, ...] | None = None,
+               preparation: Preparation | None = None) -> gr.Blocks:
+    """The page. The model loads lazily on first use; `engine_factory(name)` replaces the real loader (tests).
+    A public server prepares its known models once, from `launch` on (`preparation`: explorer/prepare.py), and
+    shows how far that is at the top of the page."""
     caps = caps or Caps.from_env()
     public = is_public() if public is None else public
     names = model_names or tuple(KNOWN_MODELS)
     pool = ModelPool(engine_factory, caps=caps, public=public, names=names)
+    if preparation is None and public and engine_factory is None:
+        preparation = Preparation(prepare_order(names))
+    if preparation is not None:
+        pool.preparing = preparation.message
     facts = pool.facts(names[0])
     with gr.Blocks(title="D3 Explorer", delete_cache=(3600, 3600)) as demo:
+        if preparation is not None:
+            _show_preparation(preparation)
         ui = build_layout(pool, facts)
         wire(pool, ui, demo)
+    demo.preparation = preparation  # type: ignore[attr-defined]  (started by `launch`)
     demo.pool = pool  # type: ignore[attr-defined]  (tests and scripts reach the shared engines through it)
     demo.ui = ui  # type: ignore[attr-defined]  (the components by key, for tests of the wiring)
     return demo
+
+
+def _show_preparation(preparation: Preparation) -> None:
+    """A line at the top of the page with each model's preparation, refreshed every EVERY_S until all are ready."""
+    line = gr.HTML(preparation.html(), elem_id="preparing", visible=False)  # shown by the first tick, if need be
+    timer = gr.Timer(EVERY_S)
+
+    def tick() -> tuple[Any, Any]:
+        shown = preparation.html()
+        return gr.update(value=shown, visible=bool(shown)), gr.Timer(active=not preparation.done())
+
+    timer.tick(tick, None, [line, timer], api_name=False, queue=False, show_progress="hidden")
 
 
 def tune_process() -> None:
@@ -90,6 +113,9 @@ def launch(demo: gr.Blocks, **kwargs: Any) -> Any:
     request bodies bounded, requests for events no client may call refused (`explorer.guard`); the server's log
     shows each warning once and cuts each record to a bounded length."""
     show_warnings_once()
+    preparation: Preparation | None = getattr(demo, "preparation", None)
+    if preparation is not None:
+        preparation.start()  # the known models, converted or downloaded once, in the background
     caps: Caps = demo.pool.caps  # type: ignore[attr-defined]
     demo.queue(max_size=caps.queue_size, default_concurrency_limit=caps.concurrency)
     kwargs.setdefault("css_paths", [CSS_PATH])

@@ -60,6 +60,8 @@ class ModelPool:
         self._progress: dict[str, str] = {}  # name -> the stage its load is at (while it loads)
         self._changed = threading.Condition()  # notified when a stage or a load ends
         self._lock = threading.Lock()  # guards the dicts above; never held while a model loads
+        # On a public server, why a model cannot run yet (being prepared at startup: explorer/prepare.py), or None.
+        self.preparing: Callable[[str], str | None] | None = None
 
     def check_name(self, name: Any) -> str:
         """A model name this deployment may load; ValueError otherwise (public: known models only)."""
@@ -77,6 +79,7 @@ class ModelPool:
     def engine(self, name: str) -> Engine:
         """The engine for `name`, loading the model the first time; only callers of the same name wait."""
         name = self.check_name(name)
+        self._refuse_unprepared(name)
         with self._lock:
             lock = self._loading.setdefault(name, threading.Lock())
         with lock:
@@ -110,6 +113,7 @@ class ModelPool:
         name = self.check_name(name)
         if self.is_loaded(name):
             return
+        self._refuse_unprepared(name)
         failure: list[BaseException] = []
         done = threading.Event()
 
@@ -133,6 +137,12 @@ class ModelPool:
                 yield f"{stage}: {time.monotonic() - started:.0f} s"
         if failure:
             raise failure[0]
+
+    def _refuse_unprepared(self, name: str) -> None:
+        """A model a public server is still preparing is refused at once with how far it is; never prepared here."""
+        message = self.preparing(name) if self.preparing is not None and not self.is_loaded(name) else None
+        if message is not None:
+            raise ValueError(message)
 
     def _raise_if_failed_recently(self, name: str) -> None:
         failed = self._failed.get(name)
@@ -196,7 +206,11 @@ class ModelPool:
 
     def missing(self, name: str) -> str | None:
         """Why one of the known models cannot load here (not installed), in one line with the command that installs
-        it; None otherwise (a stat per file: for the model picker, which answers at once)."""
+        it, or how far its preparation is (a public server); None otherwise (a stat per file: for the model picker,
+        which answers at once)."""
+        preparing = self.preparing(name) if self.preparing is not None and not self.is_loaded(name) else None
+        if preparing is not None:
+            return preparing
         if not self._real_loader or name not in KNOWN_MODELS or self.is_loaded(name):
             return None
         from d3.models import missing

@@ -19,6 +19,7 @@ from d3.config import default_core
 from explorer.controls import (
     CONTROL_NAMES,
     DEFAULTS,
+    PAGE_TOKENS,
     model_defaults,
     METRICS,
     STRATEGY_LABELS,
@@ -125,7 +126,9 @@ def sized_to_model(pool: ModelPool, values: dict[str, Any]) -> dict[str, Any]:
     layers = facts.num_layers
     if "model" in values:  # a link to another model starts from that model's own D3 setting, like the picker
         page = model_defaults(values["model"])
-        values = {"alpha": page.alpha, "drop_order": page.drop_order, "layer_order": page.layer_order, **values}
+        own = {"max_new_tokens": min(page.max_new_tokens, pool.caps.max_new_tokens)} \
+            if values["model"] in PAGE_TOKENS else {}
+        values = {"alpha": page.alpha, "drop_order": page.drop_order, "layer_order": page.layer_order, **own, **values}
     head, tail = default_core(layers)
     head, tail = values.get("core_head", head), values.get("core_tail", tail)
     ranged = {"attention_layer": (layers - 1, values.get("attention_layer", default_attention_layer(layers))),

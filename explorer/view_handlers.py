@@ -22,6 +22,7 @@ from explorer.controls import (
     derived,
     fitted,
     page_words,
+    PAGE_TOKENS,
     model_defaults,
     parse_controls,
     parse_schedule,
@@ -42,7 +43,7 @@ DRAWN_ON_OPEN = (*views.drawn_from_session(), planned.KEY)  # views `open_view` 
 VIEW_OUTPUTS = (*views.drawn_from_session(), "root", *(f"explain_{v.key}" for v in views.registry() if v.tab))
 SCENARIO_OUTPUTS = (*CONTROL_NAMES, "scenario_text", "scenario_finding", "example")
 SIZED_OUTPUTS = ("core_head", "core_tail", "attention_layer", "attention_head", "chat_template", "alpha", "drop_order",
-                 "layer_order")
+                 "layer_order", "max_new_tokens")
 # A model switch also empties the panes and the views: what they showed was a run of the other model.
 CLEARED_OUTPUTS = ("d3_title", "d3_tokens", "d3_counters", "full_tokens", "full_counters",
                    *views.drawn_from_session(), "layers_note")  # the note said what Use this order set: reset now
@@ -87,7 +88,7 @@ def use_example(title: str) -> str:
         return prompts[as_choice("example", title, tuple(prompts))]
 
 
-def _sized(facts: ModelFacts, model: str = "") -> dict[str, Any]:
+def _sized(facts: ModelFacts, model: str = "", max_tokens: int | None = None) -> dict[str, Any]:
     """The layer and head controls sized to a model, with its default core and attention layer: each core
     slider's maximum is computed from the other's new value, so the bounds are consistent at once."""
     layers = facts.num_layers
@@ -95,13 +96,18 @@ def _sized(facts: ModelFacts, model: str = "") -> dict[str, Any]:
     return dict(**core_sliders(layers, head, tail),
                 attention_layer=gr.update(**slider_range(layers - 1), value=default_attention_layer(layers, model)),
                 attention_head=gr.update(**slider_range(facts.num_heads - 1), value=0),
-                chat_template=gr.update(value=facts.chat_template), **_model_schedule(model))
+                chat_template=gr.update(value=facts.chat_template), **_model_schedule(model, max_tokens))
 
 
-def _model_schedule(model: str) -> dict[str, Any]:
-    """α, the drop order and the calibrated order the page starts a model with (its measured best, if any)."""
+def _model_schedule(model: str, max_tokens: int | None = None) -> dict[str, Any]:
+    """α, the drop order, the calibrated order and the new tokens the page starts a model with (its measured best, if
+    any; the tokens no more than the server's `max_tokens`: `Controls.new_tokens` refuses more)."""
     page = model_defaults(model)
-    return dict(alpha=page.alpha, drop_order=page.drop_order, layer_order=page.layer_order)
+    schedule = dict(alpha=page.alpha, drop_order=page.drop_order, layer_order=page.layer_order)
+    if model in PAGE_TOKENS:  # a model of no table leaves the tokens a person chose as they are
+        tokens = page.max_new_tokens if max_tokens is None else min(page.max_new_tokens, max_tokens)
+        schedule["max_new_tokens"] = tokens
+    return schedule
 
 
 def _cleared(session: Session | None, model: str, presentation: bool = False) -> dict[str, Any]:
@@ -139,7 +145,7 @@ def model_changed(pool: ModelPool, model: str, session: Session | None = None, p
                                                                                 note=f"Model: {name}")})
     absent = pool.missing(name)  # a known model that is not installed: the command that installs it, now
     extra = {} if absent is None else {"status": views.problem_html(absent)}
-    return ordered(MODEL_OUTPUTS, **{**cleared, **_sized(facts, name), **extra})
+    return ordered(MODEL_OUTPUTS, **{**cleared, **_sized(facts, name, pool.caps.max_new_tokens), **extra})
 
 
 def load_model(pool: ModelPool, model: str) -> tuple[Any, ...]:
@@ -152,7 +158,7 @@ def load_model(pool: ModelPool, model: str) -> tuple[Any, ...]:
         if name in pool.names and pool.known_facts(name) is not None:
             return ordered(MODEL_OUTPUTS)  # one of the page's models, known or loaded: `model_changed` sized them
         facts = pool.facts(name)
-    return ordered(MODEL_OUTPUTS, **_sized(facts, name),
+    return ordered(MODEL_OUTPUTS, **_sized(facts, name, pool.caps.max_new_tokens),
                    status=views.status_html(None, None, f"Model {name} is loaded: press Generate."))
 
 

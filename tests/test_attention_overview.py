@@ -7,7 +7,7 @@ import pytest
 
 from d3.config import D3Config, FullConfig, GenerationConfig, TraceConfig
 from d3.trace import PromptStats, TokenStep, Trace
-from viz.attention_overview import attention_overview, compared_weights, divergence_grid, divergence_overview
+from viz.attention_overview import attention_overview, compared_weights, divergence_grid, divergence_overview, js_divergence
 from tests.figures import by_role, message, title_text
 
 P, HEADS, L = 3, 2, 4
@@ -243,3 +243,11 @@ def test_the_overviews_colour_bar_lies_under_the_plot_so_the_cells_get_the_width
         bar = fig.layout.coloraxis.colorbar
         assert bar.orientation == "h" and bar.yref == "container" and bar.y == 0
         assert fig.layout.margin.r <= 30 and fig.layout.margin.b >= 4 * (22 if presentation else 16) - 10
+
+
+def test_js_divergence_normalises_each_row_and_counts_zero_weights_as_nothing() -> None:
+    """Half of each row's weight on a shared key: 0.5 bit, whatever scale (float16 rows sum to 1 only roughly);
+    the same row twice: 0; rows on disjoint keys: 1 bit, the most there is."""
+    assert js_divergence(np.array([1, 1, 0], dtype=np.float16), np.array([0, 2, 2])) == pytest.approx(0.5)
+    assert js_divergence(np.array([.2, .3, .5]), np.array([.2, .3, .5])) == pytest.approx(0.0, abs=1e-12)
+    assert js_divergence(np.array([1, 0]), np.array([0, 1])) == pytest.approx(1.0)

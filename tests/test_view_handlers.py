@@ -295,3 +295,22 @@ def test_a_release_back_to_the_last_runs_controls_runs_and_the_same_release_agai
     with pytest.raises(gr.Error, match="nothing changed"):
         check_release(pool, s, **controls)
     assert check_release(pool, s, **{**controls, "alpha": 0.95}) is None
+
+
+def test_choosing_a_model_sets_its_measured_default_new_tokens_within_the_servers_cap() -> None:
+    """Each known model starts with its own default new tokens (explorer.controls.PAGE_TOKENS, measured by
+    scripts/default_tokens.py), never more than the server allows; a model of no table keeps the page's default."""
+    from explorer.caps import Caps
+    from explorer.controls import DEFAULTS, PAGE_TOKENS, model_defaults
+    from explorer.pool import ModelPool
+    from explorer.view_handlers import MODEL_OUTPUTS, model_changed
+
+    assert set(PAGE_TOKENS) == {"smollm2-135m", "gemma3-270m", "qwen2.5-coder-1.5b"}
+    assert all(8 <= n <= 64 and n % 8 == 0 for n in PAGE_TOKENS.values())
+    assert model_defaults("somewhere/else").max_new_tokens == DEFAULTS.max_new_tokens
+    for cap in (256, 16):
+        pool = ModelPool(caps=Caps(max_new_tokens=cap))  # the real table of facts: answers without loading
+        for model, tokens in PAGE_TOKENS.items():
+            assert model_defaults(model).max_new_tokens == tokens
+            out = dict(zip(MODEL_OUTPUTS, model_changed(pool, model, Session())))
+            assert out["max_new_tokens"] == min(tokens, cap)

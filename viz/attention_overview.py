@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
-from scipy.spatial.distance import jensenshannon
 
 from d3.trace import Trace, token_agreement
 from viz.attention import SKIPPED_FILL, SKIPPED_TEXT, attention_matrix, prompt_length
@@ -234,9 +233,19 @@ DIVERGENCE_HEIGHT = {False: 400, True: 480}  # px: with the page's header and ta
 
 def js_divergence(p: np.ndarray, q: np.ndarray) -> float:
     """Jensen-Shannon divergence in bits (0: the same weights, 1: no key in common) of two attention rows over the same
-    keys; each is normalised to sum 1 (float16 rows sum to 1 only within rounding). scipy gives the distance, its
-    square root."""
-    return float(jensenshannon(np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64), base=2) ** 2)
+    keys [keys]; each is normalised to sum 1 (float16 rows sum to 1 only within rounding). A key with zero weight in
+    a row adds nothing to that row's term (0 log 0 = 0), as in scipy's `jensenshannon` (whose square is this)."""
+    p = np.asarray(p, dtype=np.float64)
+    q = np.asarray(q, dtype=np.float64)
+    p, q = p / p.sum(), q / q.sum()
+    m = (p + q) / 2
+    return float(max(0.0, (_kl_bits(p, m) + _kl_bits(q, m)) / 2))
+
+
+def _kl_bits(p: np.ndarray, m: np.ndarray) -> float:
+    """KL(p || m) in bits over the keys where p > 0 (m > 0 there, since m is the mean of p and another row)."""
+    where = p > 0
+    return float(np.sum(p[where] * np.log2(p[where] / m[where])))
 
 
 def same_context_steps(d3: Trace, full: Trace) -> list[int]:

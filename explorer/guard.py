@@ -26,6 +26,8 @@ from urllib.parse import parse_qs
 
 import gradio as gr
 
+from explorer import fair
+
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -89,10 +91,11 @@ class RequestGuard:
     against their budget, and the GETs of an event's stream against the queue's sessions and events."""
 
     def __init__(self, app: Any, demo: gr.Blocks, max_body: int, uploads: UploadBudget | None = None,
-                 open_per_client: int = OPEN_PER_CLIENT) -> None:
+                 open_per_client: int = OPEN_PER_CLIENT, events_per_address: int | None = None) -> None:
         self.app, self.demo, self.max_body = app, demo, max_body
         self.uploads = uploads or UploadBudget()
         self.open_per_client = open_per_client
+        self.events_per_address = events_per_address  # None: not bounded per address (a server that is not public)
         self.open: collections.Counter[str] = collections.Counter()  # requests open now, by client address
         self._named: dict[str, tuple[str, ...]] | None = None
 
@@ -123,13 +126,16 @@ class RequestGuard:
             return await self.upload(scope, receive, send)
         by_keyword = BY_KEYWORD.search(path) if method == "POST" else None
         if by_keyword is not None:
-            return await self.checked(scope, receive, send, lambda body: self.keyword_problem(
-                body, by_keyword.group("name")))
+            name = by_keyword.group("name")
+            return await self.checked(scope, receive, send, lambda body: self.keyword_problem(body, name)
+                                      or self.crowded(scope, self._by_name(name)))
         by_name = None if BY_INDEX.search(path) else BY_NAME.search(path)
         if by_name is None and not BY_INDEX.search(path):
             return await self.app(scope, receive, send)
         await self.checked(scope, receive, send, lambda body: self.problem(
-            body, by_name.group("name") if by_name else None, by_name.group("route") if by_name else "queue"))
+            body, by_name.group("name") if by_name else None, by_name.group("route") if by_name else "queue")
+            or self.crowded(scope, self._by_name(by_name.group("name")) if by_name else self._by_index(
+                json.loads(body or b"{}").get("fn_index"))))
 
     async def checked(self, scope: Scope, receive: Receive, send: Send,
                       problem: Callable[[bytes], tuple[int, str] | None]) -> None:
@@ -155,6 +161,15 @@ class RequestGuard:
         if refused is not None:
             return await _answer(send, 429, refused)
         await self.app(scope, _replay(body, receive), send)
+
+    def crowded(self, scope: Scope, fn: Any) -> tuple[int, str] | None:
+        """429 when the caller's address already has its share of runs and measurements running or waiting
+        (public servers only; explorer.fair)."""
+        if self.events_per_address is None or fn is None or fn.concurrency_id not in fair.GROUPS:
+            return None
+        host = (scope.get("client") or ("", 0))[0]
+        refused = fair.crowded(getattr(self.demo, "_queue", None), host, self.events_per_address)
+        return None if refused is None else (429, refused)
 
     def keyword_problem(self, body: bytes, name: str) -> tuple[int, str] | None:
         try:

@@ -99,6 +99,10 @@ def ordered(names: tuple[str, ...], **values: Any) -> tuple[Any, ...]:
 
 
 def model_queue(concurrency: int) -> dict[str, Any]:
-    """Event settings of a button that runs the model: in the shared "model" queue, once per click, raw inputs."""
-    return dict(concurrency_id="model", concurrency_limit=concurrency, preprocess=False, trigger_mode="once")
+    """Event settings of a button that measures with the model: in the heavy measurements' queue, apart from the
+    generations' slots (explorer.fair), once per click, raw inputs."""
+    from explorer.fair import HEAVY, heavy_slots
+
+    return dict(concurrency_id=HEAVY, concurrency_limit=heavy_slots(concurrency), preprocess=False,
+                trigger_mode="once")
 

@@ -229,6 +229,7 @@ def generate(pool: ModelPool, session: Session | None, controls: Controls) -> It
             yield from _stream(session, run_id, setup, controls.view, pool.caps)
         finally:
             session.end(run_id)
+            pool.sessions.kept(session)  # one budget for what all sessions keep (explorer.memory)
 
 
 @takes_controls

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator, Mapping
 from d3.engine import Engine
 from d3.models import KNOWN_MODELS, ModelFacts
 from explorer.caps import Caps
+from explorer.memory import SessionMemory
 from explorer.parse import shown
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,8 @@ class ModelPool:
         self._progress: dict[str, str] = {}  # name -> the stage its load is at (while it loads)
         self._changed = threading.Condition()  # notified when a stage or a load ends
         self._lock = threading.Lock()  # guards the dicts above; never held while a model loads
+        # What every session keeps of its runs, under one budget (explorer.memory): shared like the engines.
+        self.sessions = SessionMemory(self.caps.session_memory_mib * 2**20)
 
     def check_name(self, name: Any) -> str:
         """A model name this deployment may load; ValueError otherwise (public: known models only)."""

@@ -70,6 +70,7 @@ class Session:
     view: str | None = None
     stale: set[str] = field(default_factory=set, repr=False)
     exports: deque[float] = field(default_factory=deque, repr=False)  # when this session last downloaded
+    dropped: bool = False  # its run's attention was dropped to make room for others' runs (explorer.memory)
     _since: dict[int, float] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -178,6 +179,7 @@ class Session:
         self.d3 = self.full = self.comparison = None
         self.fills = {}
         self.ended = ""
+        self.dropped = False
 
     def show(self, update: LiveUpdate) -> None:
         """Keep the traces of the run in progress: the views redraw from them."""

@@ -181,7 +181,7 @@ class Student:
     def lesson(self, until: float) -> None:
         """Rounds of moves until `until` (time.monotonic()); the deep model once, in the student's second round."""
         round_ = 0
-        time.sleep(self.rng.uniform(0, 20))  # students arrive over the first 20 s
+        time.sleep(self.rng.uniform(0, min(20.0, (until - time.monotonic()) / 3)))  # they arrive over the first 20 s
         while time.monotonic() < until:
             if self.client is None:
                 self.open_page()

@@ -1,7 +1,8 @@
 """The class load test: `--students` simulated students against one server for `--minutes`, each as a person
 would use the page in a lesson: open the page, run a scenario, move a slider (a run with another α), switch to
 the deep model once, open two views (the attention views drawn from the session's run), think a few seconds,
-and again. Reports first-token p50/p95, runs finished / refused with a message / failed, peak RSS, log bytes and
+and again. One of them (with a deep model) measures "Which layers matter" on it all lesson long instead: the
+heavy measurement the others' first tokens must not wait behind (explorer.fair). Reports first-token p50/p95, runs finished / refused with a message / failed, peak RSS, log bytes and
 open file descriptors of the server."""
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class ClassReport:
     refusals: Counter = field(default_factory=Counter)  # the messages runs were refused with (first line)
     failures: Counter = field(default_factory=Counter)  # what went wrong otherwise
     views: Counter = field(default_factory=Counter)  # drawn / failed
+    measurements: Counter = field(default_factory=Counter)  # the heavy student's: finished / refused / failed
     pages: Counter = field(default_factory=Counter)  # opened / failed
     first_token_s: dict[str, dict[str, float]] = field(default_factory=dict)  # by model
     page_s: dict[str, float] = field(default_factory=dict)
@@ -52,6 +54,7 @@ class ClassReport:
     log_bytes: int = 0
     server_tracebacks: int = 0
     server_alive: bool = True
+    server_log_tail: str = ""  # kept when the server logged a traceback
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: dict(v) if isinstance(v := getattr(self, f.name), Counter) else v for f in fields(self)}
@@ -175,6 +178,17 @@ class Student:
             self.count("views", "failed")
             self.count("failures", "views: " + error_kind(err))
 
+    def measure(self, controls: dict[str, Any]) -> None:
+        """The heavy student: "Which layers matter" on the deep model (a measurement that takes its time limit)."""
+        try:
+            self.client.predict(**controls, api_name="/measure_layers")
+            self.count("measurements", "finished")
+        except Exception as err:
+            kind = error_kind(err)
+            self.count("measurements", "refused" if kind.startswith("app_error") else "failed")
+            if not kind.startswith("app_error"):
+                self.count("failures", "measure: " + kind)
+
     def think(self, until: float) -> None:
         time.sleep(max(0.0, min(self.rng.uniform(*THINK_S), until - time.monotonic())))
 
@@ -188,6 +202,9 @@ class Student:
                 if self.client is None:
                     self.think(until)
                     continue
+            if self.n == 0 and self.deep:  # one student measures on the deep model all lesson long
+                self.measure(self.controls(self.deep, 0, RUN_TOKENS))
+                continue
             scenario = self.controls(self.model, round_, RUN_TOKENS)
             self.generate(scenario, until + 240)
             self.think(until)
@@ -218,6 +235,8 @@ def run_class(students: int, minutes: float, model: str, deep: str, env: dict[st
         report.log_bytes = server.log_path.stat().st_size - log_start
         report.server_tracebacks = server.tracebacks()
         report.server_alive = server.proc.poll() is None
+        if report.server_tracebacks or not report.server_alive:
+            report.server_log_tail = server.log_tail(80)
     report.wall_s = time.monotonic() - started
     report.first_token_s = {m: percentiles(v) for m, v in first_tokens.items()}
     report.page_s = percentiles(page_times)
@@ -242,10 +261,13 @@ def render_class(r: ClassReport) -> str:
              *[f"  failed ({n}): {msg}" for msg, n in r.failures.most_common(5)],
              *[f"first token, {m}: {lat(d)}" for m, d in sorted(r.first_token_s.items())],
              f"views drawn: {dict(r.views)}",
+             *([f"heavy measurements on the deep model (one student, all along): {dict(r.measurements)}"]
+               if r.measurements else []),
              "server RSS (MiB): " + ", ".join(f"{k} {v:.0f}" for k, v in r.rss_mib.items()),
              "open fds: " + ", ".join(f"{k} {v}" for k, v in r.open_fds.items()),
              f"server log: {r.log_bytes:,} bytes, {r.server_tracebacks} tracebacks; server "
-             f"{'still serving' if r.server_alive else 'EXITED'}"]
+             f"{'still serving' if r.server_alive else 'EXITED'}",
+             *([r.server_log_tail] if r.server_log_tail else [])]
     return "\n".join(lines)
 
 

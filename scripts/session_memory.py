@@ -35,7 +35,7 @@ def visit(url: str, tokens: int, prompt: str = "The capital of France is") -> No
 
     client = Client(url, verbose=False, download_files=tempfile.gettempdir())
     final = client.predict(prompt=prompt, max_new_tokens=tokens, api_name="/generate")
-    assert "Done." in final[0], final[0]
+    assert "Done." in final[0] or "time limit" in final[0], final[0]  # a run stopped at the limit is kept too
     client.close()
 
 

@@ -116,6 +116,7 @@ class Student:
         self.report, self.lock, self.first_tokens, self.page_times = report, lock, first_tokens, page_times
         self.rng = random.Random(n)
         self.client: Any = None
+        self.round, self.arrived = 0, False
 
     def count(self, counter: str, key: str) -> None:
         with self.lock:
@@ -161,7 +162,10 @@ class Student:
             else:
                 self.count("runs", "failed")
                 self.count("failures", kind)
-            job.cancel()
+            try:
+                job.cancel()
+            except Exception as cancel_err:  # a server too busy to answer /cancel in time: counted, not fatal
+                self.count("failures", "cancel: " + error_kind(cancel_err))
 
     def controls(self, model: str, step: int, tokens: int, **changes: Any) -> dict[str, Any]:
         layers = KNOWN_MODELS[model].facts.num_layers if model in KNOWN_MODELS else 6
@@ -193,9 +197,20 @@ class Student:
         time.sleep(max(0.0, min(self.rng.uniform(*THINK_S), until - time.monotonic())))
 
     def lesson(self, until: float) -> None:
+        """The student's rounds; whatever goes wrong on the client's side is counted and the student goes on."""
+        while time.monotonic() < until:
+            try:
+                self.rounds(until)
+                return
+            except Exception as err:
+                self.count("failures", "student: " + error_kind(err))
+                self.think(until)
+
+    def rounds(self, until: float) -> None:
         """Rounds of moves until `until` (time.monotonic()); the deep model once, in the student's second round."""
-        round_ = 0
-        time.sleep(self.rng.uniform(0, min(20.0, (until - time.monotonic()) / 3)))  # they arrive over the first 20 s
+        if not self.arrived:  # they arrive over the first 20 s
+            time.sleep(self.rng.uniform(0, min(20.0, (until - time.monotonic()) / 3)))
+            self.arrived = True
         while time.monotonic() < until:
             if self.client is None:
                 self.open_page()
@@ -205,7 +220,7 @@ class Student:
             if self.n == 0 and self.deep:  # one student measures on the deep model all lesson long
                 self.measure(self.controls(self.deep, 0, RUN_TOKENS))
                 continue
-            scenario = self.controls(self.model, round_, RUN_TOKENS)
+            scenario = self.controls(self.model, self.round, RUN_TOKENS)
             self.generate(scenario, until + 240)
             self.think(until)
             if time.monotonic() >= until:
@@ -213,10 +228,10 @@ class Student:
             moved = {**scenario, "alpha": round(self.rng.uniform(0.9, 0.999), 3)}  # a slider let go: a run
             self.generate(moved, until + 240)
             self.open_views(moved)
-            if round_ == 1 and self.deep:
-                self.generate(self.controls(self.deep, round_, DEEP_TOKENS), until + 240)
+            self.round += 1
+            if self.round == 2 and self.deep:
+                self.generate(self.controls(self.deep, 1, DEEP_TOKENS), until + 240)
             self.think(until)
-            round_ += 1
 
 
 def run_class(students: int, minutes: float, model: str, deep: str, env: dict[str, str], command: str = "",

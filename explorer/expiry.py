@@ -24,11 +24,14 @@ PRUNE_EVERY_S = 10.0
 def forget_idle_sessions(state_holder: Any, ttl_s: float, now: datetime.datetime | None = None,
                          queue: Any = None) -> int:
     """Drop every session of gradio's `state_holder` last used more than `ttl_s` seconds ago, and its entries in
-    gradio's `queue` (where it has no event pending); how many went. Memory freed is handed back (`give_back`)."""
+    gradio's `queue`; how many went. A session with an event running or waiting in the queue is never dropped
+    (gradio marks a session used when its event starts, not while it streams: a run longer than the lifetime
+    would lose its session mid-run). Memory freed is handed back (`give_back`)."""
     now = now or datetime.datetime.now()
+    busy = busy_sessions(queue) if queue is not None else set()
     with state_holder.lock:
         idle = [sid for sid, used in list(state_holder.time_last_used.items())
-                if (now - used).total_seconds() > ttl_s]
+                if (now - used).total_seconds() > ttl_s and sid not in busy]
         for sid in idle:
             state_holder.time_last_used.pop(sid, None)
             session = state_holder.session_data.pop(sid, None)
@@ -42,6 +45,35 @@ def forget_idle_sessions(state_holder: Any, ttl_s: float, now: datetime.datetime
         log.info("forgot %d idle session(s)", len(idle))
         give_back()
     return len(idle)
+
+
+def busy_sessions(queue: Any) -> set[str]:
+    """The sessions with an event running or waiting in gradio's `queue`."""
+    busy = {sid for sid, ids in list(queue.pending_event_ids_session.items()) if ids}
+    for jobs in list(queue.active_jobs):
+        busy.update(event.session_hash for event in jobs or ())
+    for events in list(queue.event_queue_per_concurrency_id.values()):
+        busy.update(event.session_hash for event in list(events.queue))
+    return busy
+
+
+def evict_only_idle(state_holder: Any, queue: Any) -> None:
+    """Beyond its capacity gradio drops the least recently used session, even one whose event runs or waits: make
+    it drop the least recently used session that has none (the newest session is kept over capacity if every
+    other one is busy: bounded by the queue's size and the running events)."""
+    def update(session_id: str) -> None:
+        with state_holder.lock:
+            data = state_holder.session_data
+            if session_id in data:
+                data.move_to_end(session_id)
+            if len(data) > state_holder.capacity:
+                busy = busy_sessions(queue) | {session_id}
+                evicted = next((sid for sid in data if sid not in busy), None)
+                if evicted is not None:
+                    data.pop(evicted)
+                    state_holder.time_last_used.pop(evicted, None)
+
+    state_holder.update = update
 
 
 def forget_in_queue(queue: Any, session_hash: str) -> None:
@@ -84,6 +116,9 @@ def session_expiry(ttl_s: float, every_s: float | None = None) -> Callable[[Any]
                 except Exception:  # never let the task die: the next pass tries again
                     log.exception("forgetting idle sessions failed")
 
+        queue = getattr(app.get_blocks(), "_queue", None)
+        if queue is not None:
+            evict_only_idle(app.state_holder, queue)
         task = asyncio.create_task(prune())
         try:
             yield

@@ -2,7 +2,9 @@
 is private to the page's own browser code, or sends other than the number of values its route takes is answered
 with one plain line before gradio sees it (gradio answers those with a traceback in the log, copying the values
 received into it); a stream asked for an unknown session or event too (gradio answers those with a uvicorn
-traceback); request bodies are bounded, and uploads in all (per minute and over the time gradio keeps them). And
+traceback); request bodies are bounded, and uploads in all, counted per file (per minute and over the time gradio
+keeps them), one file per request; an upload's progress asked for an upload that is not under way is answered
+404 at once (gradio holds each unknown id 3 s), and the requests one client keeps open at once are bounded. And
 the server's log: every record of every logger cut to a bounded length, gradio's and uvicorn's tracebacks of a
 bad request one line each, at most one line per kind a minute."""
 
@@ -24,6 +26,8 @@ from urllib.parse import parse_qs
 
 import gradio as gr
 
+from explorer import fair
+
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -32,10 +36,12 @@ BY_NAME = re.compile(r"/gradio_api/(?P<route>call|run|api)/(?P<name>[^/]+)/?$") 
 BY_KEYWORD = re.compile(r"/gradio_api/call/v2/(?P<name>[^/]+)/?$")  # a client calling an event with keywords
 BY_INDEX = re.compile(r"/gradio_api/(?:queue/join|run/predict)/?$")  # the page's own calls, by fn_index
 UPLOAD = re.compile(r"/gradio_api/upload/?$")
+UPLOAD_PROGRESS = re.compile(r"/gradio_api/upload_progress/?$")  # gradio waits 3 s for an unknown id to appear
 STREAM = re.compile(r"/gradio_api/queue/data/?$")  # the page's stream of one session's events
 RESULT = re.compile(r"/gradio_api/call/(?:v2/)?[^/]+/(?P<event>[^/]+)/?$")  # a client's stream of one event
 LOG_RECORD_CHARS = 4000  # one log record (message and traceback) is cut to this many characters
 LINE_PER_KIND_S = 60.0  # a failed request's traceback becomes one line, at most one of a kind this often
+OPEN_PER_CLIENT = 100  # requests one client address keeps open at once (a page holds one stream and a few calls)
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,7 @@ class UploadBounds:
     `kept_s`. Beyond a request's bound: 413; beyond a total: 429."""
 
     request_bytes: int = 1_100_000  # one file of gradio's max_file_size (1 MB here) and its multipart framing
+    request_files: int = 1  # file parts in one request (the page uploads nothing; a client needs no more)
     window_s: float = 60.0
     window_requests: int = 16
     window_bytes: int = 8_000_000
@@ -61,20 +68,21 @@ class UploadBudget:
         self.taken: collections.deque[tuple[float, int]] = collections.deque()
         self._lock = threading.Lock()
 
-    def take(self, size: int) -> str | None:
-        """Count an upload of `size` bytes, or say (one line) which total it would pass and count nothing."""
-        b, now = self.bounds, self.clock()
+    def take(self, size: int, files: int = 1) -> str | None:
+        """Count an upload of `size` bytes in `files` files (each file counts, at least one per request), or say
+        (one line) which total it would pass and count nothing."""
+        b, now, files = self.bounds, self.clock(), max(files, 1)
         with self._lock:
             while self.taken and now - self.taken[0][0] > b.kept_s:
                 self.taken.popleft()
             recent = [n for t, n in self.taken if now - t <= b.window_s]
-            if len(recent) + 1 > b.window_requests or sum(recent) + size > b.window_bytes:
+            if len(recent) + files > b.window_requests or sum(recent) + size > b.window_bytes:
                 return (f"uploads are limited to {b.window_requests} files and {b.window_bytes:,} bytes per "
                         f"{b.window_s:g} s: try again later")
-            if len(self.taken) + 1 > b.kept_requests or sum(n for _, n in self.taken) + size > b.kept_bytes:
+            if len(self.taken) + files > b.kept_requests or sum(n for _, n in self.taken) + size > b.kept_bytes:
                 return (f"uploads are limited to {b.kept_requests} files and {b.kept_bytes:,} bytes per "
                         f"{b.kept_s / 3600:g} h: try again later")
-            self.taken.append((now, size))
+            self.taken.extend([(now, size)] + [(now, 0)] * (files - 1))
             return None
 
 
@@ -82,13 +90,32 @@ class RequestGuard:
     """ASGI middleware over gradio's app: checks POSTs to the event routes against `demo`'s events, uploads
     against their budget, and the GETs of an event's stream against the queue's sessions and events."""
 
-    def __init__(self, app: Any, demo: gr.Blocks, max_body: int, uploads: UploadBudget | None = None) -> None:
+    def __init__(self, app: Any, demo: gr.Blocks, max_body: int, uploads: UploadBudget | None = None,
+                 open_per_client: int = OPEN_PER_CLIENT, events_per_address: int | None = None) -> None:
         self.app, self.demo, self.max_body = app, demo, max_body
         self.uploads = uploads or UploadBudget()
+        self.open_per_client = open_per_client
+        self.events_per_address = events_per_address  # None: not bounded per address (a server that is not public)
+        self.open: collections.Counter[str] = collections.Counter()  # requests open now, by client address
         self._named: dict[str, tuple[str, ...]] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        method = scope.get("method") if scope["type"] == "http" else None
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        client = (scope.get("client") or ("", 0))[0]
+        if self.open[client] >= self.open_per_client:
+            return await _answer(send, 429, f"at most {self.open_per_client} requests open at once per client: "
+                                            "wait for one to end")
+        self.open[client] += 1
+        try:
+            await self.route(scope, receive, send)
+        finally:
+            self.open[client] -= 1
+            if not self.open[client]:
+                del self.open[client]
+
+    async def route(self, scope: Scope, receive: Receive, send: Send) -> None:
+        method = scope.get("method")
         path = scope.get("path", "") if method in ("GET", "POST") else ""
         if method == "GET":
             problem = self.unknown_stream(path, scope.get("query_string", b""))
@@ -99,39 +126,50 @@ class RequestGuard:
             return await self.upload(scope, receive, send)
         by_keyword = BY_KEYWORD.search(path) if method == "POST" else None
         if by_keyword is not None:
-            return await self.keywords(scope, receive, send, by_keyword.group("name"))
+            name = by_keyword.group("name")
+            return await self.checked(scope, receive, send, lambda body: self.keyword_problem(body, name)
+                                      or self.crowded(scope, self._by_name(name)))
         by_name = None if BY_INDEX.search(path) else BY_NAME.search(path)
         if by_name is None and not BY_INDEX.search(path):
             return await self.app(scope, receive, send)
+        await self.checked(scope, receive, send, lambda body: self.problem(
+            body, by_name.group("name") if by_name else None, by_name.group("route") if by_name else "queue")
+            or self.crowded(scope, self._by_name(by_name.group("name")) if by_name else self._by_index(
+                json.loads(body or b"{}").get("fn_index"))))
+
+    async def checked(self, scope: Scope, receive: Receive, send: Send,
+                      problem: Callable[[bytes], tuple[int, str] | None]) -> None:
+        """Read the body (at most `max_body` bytes), answer its `problem` if it has one, else hand it to gradio."""
         body = await _read(receive, self.max_body)
         if body is None:
             return await _answer(send, 413, f"the request is larger than {self.max_body:,} bytes")
-        problem = self.problem(body, by_name.group("name") if by_name else None,
-                               by_name.group("route") if by_name else "queue")
-        if problem is not None:
-            return await _answer(send, *problem)
+        found = problem(body)
+        if found is not None:
+            return await _answer(send, *found)
         await self.app(scope, _replay(body, receive), send)
 
     async def upload(self, scope: Scope, receive: Receive, send: Send) -> None:
-        limit = self.uploads.bounds.request_bytes
+        limit, most = self.uploads.bounds.request_bytes, self.uploads.bounds.request_files
         body = await _read(receive, limit)
         if body is None:
             return await _answer(send, 413, f"an upload is at most {limit:,} bytes")
-        refused = self.uploads.take(len(body))
+        files = file_parts(body, _header(scope, b"content-type"))
+        if files > most:
+            return await _answer(send, 413, f"an upload request carries at most {most} file{'s' * (most > 1)}, "
+                                            f"not {files}")
+        refused = self.uploads.take(len(body), files)
         if refused is not None:
             return await _answer(send, 429, refused)
         await self.app(scope, _replay(body, receive), send)
 
-    async def keywords(self, scope: Scope, receive: Receive, send: Send, name: str) -> None:
-        """gradio's /call/v2/<name>: a JSON object of the endpoint's parameters by name (gradio answers anything else
-        with a uvicorn traceback)."""
-        body = await _read(receive, self.max_body)
-        if body is None:
-            return await _answer(send, 413, f"the request is larger than {self.max_body:,} bytes")
-        problem = self.keyword_problem(body, name)
-        if problem is not None:
-            return await _answer(send, *problem)
-        await self.app(scope, _replay(body, receive), send)
+    def crowded(self, scope: Scope, fn: Any) -> tuple[int, str] | None:
+        """429 when the caller's address already has its share of runs and measurements running or waiting
+        (public servers only; explorer.fair)."""
+        if self.events_per_address is None or fn is None or fn.concurrency_id not in fair.GROUPS:
+            return None
+        host = (scope.get("client") or ("", 0))[0]
+        refused = fair.crowded(getattr(self.demo, "_queue", None), host, self.events_per_address)
+        return None if refused is None else (429, refused)
 
     def keyword_problem(self, body: bytes, name: str) -> tuple[int, str] | None:
         try:
@@ -160,6 +198,9 @@ class RequestGuard:
     def unknown_stream(self, path: str, query: bytes) -> str | None:
         """Why a GET of an event stream names nothing the queue holds (gradio would open the stream and fail inside
         it, a uvicorn traceback in the log), else None."""
+        if UPLOAD_PROGRESS.search(path):
+            upload = (parse_qs(query.decode("latin-1")).get("upload_id") or [""])[0]
+            return None if _upload_under_way(upload) else "no such upload"
         queue = getattr(self.demo, "_queue", None)
         if queue is None:
             return None
@@ -218,6 +259,26 @@ def _input_counts(fn: Any, route: str) -> set[int]:
     if route != "call":
         return {len(fn.inputs)}
     return {len(fn.inputs), sum(not c.skip_api for c in fn.inputs)}
+
+
+def _upload_under_way(upload_id: str) -> bool:
+    """Whether gradio tracks an upload of this id now (an upload request that named it has begun)."""
+    from gradio import routes
+
+    return bool(upload_id) and upload_id in getattr(routes.file_upload_statuses, "_statuses", {})
+
+
+def _header(scope: Scope, name: bytes) -> bytes:
+    return next((v for k, v in scope.get("headers", ()) if k.lower() == name), b"")
+
+
+def file_parts(body: bytes, content_type: bytes) -> int:
+    """How many parts of a multipart body are files (their headers name a filename); 0 for any other body."""
+    match = re.search(rb'boundary="?([^";]+)"?', content_type)
+    if match is None:
+        return 0
+    parts = body.split(b"--" + match.group(1))
+    return sum(b"filename" in part.split(b"\r\n\r\n", 1)[0].lower() for part in parts[1:])
 
 
 async def _read(receive: Receive, limit: int) -> bytes | None:

@@ -13,6 +13,7 @@ from d3.config import FILLS
 from explorer import views
 from explorer.caps import Caps
 from explorer.controls import Controls, ViewOptions, page_words, takes_controls
+from explorer.deadline import Deadline
 from explorer.pool import ModelPool
 from d3.trace import measured_speedup
 from explorer.runs import LiveUpdate, RunSetup, check_run, fill_comparison, prepare_run, side_by_side
@@ -173,7 +174,7 @@ def _written(update: LiveUpdate) -> int:
 
 def _stream(session: Session, run_id: int, setup: RunSetup, view: ViewOptions, caps: Caps) -> Iterator[tuple[Any, ...]]:
     label = views.pane_title(setup.strategy, "D3")
-    deadline = time.monotonic() + caps.max_run_s
+    deadline = Deadline(caps.max_run_s)  # a step that would end past the limit is not started
     run = side_by_side(setup.engine, setup.prompt, setup.strategy, setup.gen, setup.trace,
                        chat_template=setup.chat_template, should_stop=session.stopper(run_id, deadline))
     pace = _Pacer(caps.figure_every)
@@ -189,7 +190,7 @@ def _stream(session: Session, run_id: int, setup: RunSetup, view: ViewOptions, c
                 yield ordered(GENERATE_OUTPUTS, status=views.status_html(update.d3, update.full, "comparing",
                                                                            note=measuring_note(*update.measuring)))
                 continue
-            late = update.phase == "stopped" and time.monotonic() > deadline
+            late = update.phase == "stopped" and deadline.reached
             figures = pace.figures(update)
             if pace.panes(update) or figures:
                 limit = _time_limit_note(caps.max_run_s, _written(update), setup.gen.max_new_tokens) if late else ""
@@ -228,6 +229,7 @@ def generate(pool: ModelPool, session: Session | None, controls: Controls) -> It
             yield from _stream(session, run_id, setup, controls.view, pool.caps)
         finally:
             session.end(run_id)
+            pool.sessions.kept(session)  # one budget for what all sessions keep (explorer.memory)
 
 
 @takes_controls
@@ -255,7 +257,7 @@ def compare_fills(pool: ModelPool, session: Session | None, controls: Controls) 
 def _fills(session: Session, run_id: int, setup: RunSetup, p: bool, limit_s: int) -> Iterator[tuple[Any, Any, Any]]:
     session.fills = {}
     yield session, views.status_html(None, None, "Comparing fills: running full depth…"), gr.skip()
-    deadline = time.monotonic() + limit_s
+    deadline = Deadline(limit_s)
     stopped, gone = session.stopper(run_id, deadline), caller_check()  # a caller who left stops it within one step
     runs = fill_comparison(setup.engine, setup.prompt, setup.strategy, setup.gen, chat_template=setup.chat_template,
                            should_stop=lambda: stopped() or gone())
@@ -267,6 +269,6 @@ def _fills(session: Session, run_id: int, setup: RunSetup, p: bool, limit_s: int
             yield (session, views.status_html(None, None, f"Comparing fills: {', '.join(session.fills)} done…"),
                    views.fills_view(session.fills, presentation=p) if session.due((fills.KEY,)) else gr.skip())
     done = "Fill comparison done: see the Fill strategies tab." if len(session.fills) == len(FILLS) else "Stopped."
-    note = _time_limit_note(limit_s) if done == "Stopped." and time.monotonic() > deadline else ""
+    note = _time_limit_note(limit_s) if done == "Stopped." and deadline.reached else ""
     yield (session, views.status_html(None, None, done, note=note),
            views.fills_view(session.fills, presentation=p) if session.due((fills.KEY,)) else gr.skip())

@@ -2,7 +2,9 @@
 
 One slow or failing load never stalls anyone else: each model has its own lock (only callers that need that
 model wait for it), a failed load is remembered for a while so retries answer at once, and beyond
-`caps.max_models` the least recently used engine is dropped."""
+`caps.max_models` the least recently used engine is dropped. A dropped engine that a run still streams from is
+pinned: it counts against `caps.max_models` until the run lets it go, and a request for its model gets it back
+instead of loading a second copy."""
 
 from __future__ import annotations
 
@@ -10,12 +12,14 @@ import gc
 import logging
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from typing import Any, Callable, Iterator, Mapping
 
 from d3.engine import Engine
 from d3.models import KNOWN_MODELS, ModelFacts
 from explorer.caps import Caps
+from explorer.memory import SessionMemory
 from explorer.parse import shown
 
 log = logging.getLogger(__name__)
@@ -41,7 +45,8 @@ class ModelPool:
     """Engines by model name: each built once, on first use, and shared read-only by every session.
 
     The engine's own lock serialises forward steps, so concurrent streams interleave safely. A stream holds
-    its engine, so evicting it from the pool only lets it go once nobody streams from it any more.
+    its engine, so evicting it from the pool only lets it go once nobody streams from it any more: until then it
+    is pinned (`pinned`), counts against the cap and is what a request for its model gets.
     """
 
     def __init__(self, factory: Callable[[str], Engine] | None = None, *, caps: Caps | None = None,
@@ -55,6 +60,8 @@ class ModelPool:
         # Injected factories (tests) get no table: their facts come from the engine itself.
         self._facts = dict(KNOWN_FACTS if factory is None and facts is None else facts or {})
         self._engines: OrderedDict[str, Engine] = OrderedDict()  # least recently used first
+        # Engines evicted while something still held them (a run streaming): alive only as long as it does.
+        self._pinned: weakref.WeakValueDictionary[str, Engine] = weakref.WeakValueDictionary()
         self._failed: dict[str, tuple[float, str]] = {}  # name -> (when, the message shown)
         self._loading: dict[str, threading.Lock] = {}
         self._progress: dict[str, str] = {}  # name -> the stage its load is at (while it loads)
@@ -62,6 +69,8 @@ class ModelPool:
         self._lock = threading.Lock()  # guards the dicts above; never held while a model loads
         # On a public server, why a model cannot run yet (being prepared at startup: explorer/prepare.py), or None.
         self.preparing: Callable[[str], str | None] | None = None
+        # What every session keeps of its runs, under one budget (explorer.memory): shared like the engines.
+        self.sessions = SessionMemory(self.caps.session_memory_mib * 2**20)
 
     def check_name(self, name: Any) -> str:
         """A model name this deployment may load; ValueError otherwise (public: known models only)."""
@@ -77,17 +86,26 @@ class ModelPool:
         return name
 
     def engine(self, name: str) -> Engine:
-        """The engine for `name`, loading the model the first time; only callers of the same name wait."""
+        """The engine for `name`, loading the model the first time; only callers of the same name wait. A model
+        still pinned by a run is handed back, never loaded twice; a load that would pass `caps.max_models` with
+        every other model pinned is refused (ValueError) until a run ends."""
         name = self.check_name(name)
         self._refuse_unprepared(name)
         with self._lock:
             lock = self._loading.setdefault(name, threading.Lock())
         with lock:
             with self._lock:
-                if name in self._engines:
+                engine = self._engines.get(name)
+                engine = self._pinned.pop(name, None) if engine is None else engine
+                if engine is not None:
+                    self._engines[name] = engine
                     self._engines.move_to_end(name)
-                    return self._engines[name]
-                self._raise_if_failed_recently(name)
+                else:
+                    self._raise_if_failed_recently(name)
+            if engine is not None:
+                self._shrink()
+                return engine
+            self._make_room()
             try:
                 engine = self._load(name)
             finally:
@@ -95,10 +113,27 @@ class ModelPool:
                     self._progress.pop(name, None)
             with self._lock:
                 self._engines[name] = engine
-                evicted = self._evict()
-        if evicted:
-            self._release(evicted)
+        self._shrink()
         return engine
+
+    def _make_room(self) -> None:
+        """Before a load: evict down to one below the cap, and refuse when the models pinned by runs fill it."""
+        self._shrink(room=1)
+        with self._lock:
+            held = len(self._engines) + len(self._pinned)
+            if held >= self.caps.max_models and not self._engines:
+                raise ValueError(f"{held} model{'s are' if held > 1 else ' is'} in use by runs that have not ended "
+                                 f"(this server keeps at most {self.caps.max_models}): try again when one ends")
+
+    def _shrink(self, room: int = 0) -> None:
+        """Evict one engine at a time, each let go before the next is chosen (one that no run holds is gone then
+        and no longer counts), until the loaded and pinned ones leave `room` under the cap."""
+        while True:
+            with self._lock:
+                evicted = self._evict(room, at_most=1)
+            if not evicted:
+                return
+            self._release(evicted)
 
     def report(self, name: str, line: str) -> None:
         """The stage `name`'s load is at (called by the loader, from its thread)."""
@@ -179,25 +214,41 @@ class ModelPool:
             return str(err)
         return f"model {name!r} could not be loaded on this server (the details are in its log): try again later"
 
-    def _evict(self) -> list[Engine]:
-        """Drop least recently used engines beyond the cap (called with the lock held)."""
+    def _evict(self, room: int = 0, at_most: int = 1 << 30) -> list[Engine]:
+        """Drop least recently used engines until the loaded and the pinned ones leave `room` under the cap
+        (called with the lock held). Each dropped one is kept weakly: pinned while a run still holds it."""
         out = []
-        while len(self._engines) > self.caps.max_models:
+        while (self._engines and len(out) < at_most
+               and len(self._engines) + len(self._pinned) + room > self.caps.max_models):
             name, engine = self._engines.popitem(last=False)
             self._loading.pop(name, None)
             log.info("evicted model %r (more than %d loaded)", name, self.caps.max_models)
+            try:
+                self._pinned[name] = engine
+            except TypeError:  # an engine that cannot be weakly referenced (a test's stand-in) is not tracked
+                pass
             out.append(engine)
         return out
 
     def _release(self, engines: list[Engine]) -> None:
+        """Let the evicted engines go; those that no run holds are collected now (they leave `pinned`)."""
+        if not engines:
+            return
         del engines[:]
         if self._real_loader:  # frozen objects are never collected: let the evicted model's cycles go
             gc.unfreeze()
             gc.collect()
             gc.freeze()
+        else:
+            gc.collect()
+
+    def pinned(self) -> tuple[str, ...]:
+        """Names of the models evicted from the pool that a run still holds (they count against the cap)."""
+        return tuple(n for n in list(self._pinned) if n not in self._engines)
 
     def is_loaded(self, name: str) -> bool:
-        return name in self._engines
+        """Loaded now: in the pool, or pinned by a run (a request gets it back at once)."""
+        return name in self._engines or name in self._pinned
 
     def loaded(self) -> tuple[str, ...]:
         """Names of the loaded models, least recently used first."""

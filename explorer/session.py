@@ -14,6 +14,7 @@ import pandas as pd
 from d3.research.stats import bootstrap_difference
 from d3.trace import Comparison, Trace, token_agreement
 from d3.trace import measured_speedup
+from explorer.deadline import Deadline
 from explorer.runs import LiveUpdate
 
 HISTORY_COLUMNS = ["run", "strategy", "tokens", "mean layers", "theoretical ×", "measured ×", "agreement",
@@ -69,6 +70,7 @@ class Session:
     view: str | None = None
     stale: set[str] = field(default_factory=set, repr=False)
     exports: deque[float] = field(default_factory=deque, repr=False)  # when this session last downloaded
+    dropped: bool = False  # its run's attention was dropped to make room for others' runs (explorer.memory)
     _since: dict[int, float] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -142,11 +144,13 @@ class Session:
     def is_current(self, run_id: int) -> bool:
         return run_id == self.run_id
 
-    def stopper(self, run_id: int, deadline: float = math.inf) -> Callable[[], bool]:
+    def stopper(self, run_id: int, deadline: float | Deadline = math.inf) -> Callable[[], bool]:
         """should_stop for run `run_id`: Stop was pressed after it was asked for, a newer run has begun, or the
-        run is past its `deadline` (time.monotonic()): a job nobody reads must not hold its slot for ever."""
+        run is at its `deadline` (a `Deadline`: its next step would end past it; a time.monotonic() value: past
+        it): a job nobody reads must not hold its slot for ever."""
         since = self._since.get(run_id, math.inf)
-        return lambda: run_id != self.run_id or self.stop_at > since or time.monotonic() > deadline
+        late = deadline.passed if isinstance(deadline, Deadline) else lambda: time.monotonic() > deadline
+        return lambda: run_id != self.run_id or self.stop_at > since or late()
 
     def due(self, keys: Iterable[str]) -> tuple[str, ...]:
         """Of these views (whose figures just changed), the ones to send to the page now: every one for an API
@@ -175,6 +179,7 @@ class Session:
         self.d3 = self.full = self.comparison = None
         self.fills = {}
         self.ended = ""
+        self.dropped = False
 
     def show(self, update: LiveUpdate) -> None:
         """Keep the traces of the run in progress: the views redraw from them."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
@@ -21,6 +20,7 @@ from d3.research.sweep.run import iter_sweep
 from d3.research.sweep.table import read_results
 from explorer import views
 from explorer.caps import Caps
+from explorer.deadline import Deadline
 from explorer.controls import CONTROL_NAMES, FIELDS, LABELS, PAGE_RANGES, STRATEGY_LABELS, layer_order_text, page_param
 from explorer.parse import as_choice, as_flag, as_number, clean_prompt
 from explorer.pool import ModelPool
@@ -276,12 +276,12 @@ def stream_sweep(pool: ModelPool, model: str, chat_template: bool, sweep_prompts
         progress(0.0, desc="Loading the model…" if not pool.is_loaded(name) else "Starting the sweep…")
         engine = pool.engine(name)
         limit = sweep_time_limit(pool.caps)
-        deadline = time.monotonic() + limit
+        deadline = Deadline(limit)
 
         def out_of_time() -> bool:
-            """Before every token: past the deadline the sweep ends there, within one token (a sweep nobody waits
-            for must end too; checked only between settings, the largest overran its limit by 13%)."""
-            if time.monotonic() > deadline:
+            """Before every token: where the next token would end past the deadline the sweep ends there (a sweep
+            nobody waits for must end too; checked only between settings, the largest overran its limit by 13%)."""
+            if deadline.passed():
                 raise OutOfTime(f"the sweep reached its time limit of {limit} s")
             return False
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from typing import Any, Callable, Iterator
 
 import gradio as gr
@@ -12,6 +11,7 @@ from gradio.context import LocalContext
 
 from d3.research import ShouldStop, Stopped
 from explorer.controls import both_words
+from explorer.deadline import Deadline
 
 log = logging.getLogger("d3.app")
 
@@ -65,9 +65,9 @@ def _never() -> bool:
 def within_limit(limit_s: float, what: str) -> Iterator[ShouldStop]:
     """A `should_stop()` for a measurement: true past `limit_s` seconds from now or once the caller has gone. A
     measurement stopped by it (`d3.research.Stopped`) becomes a person's message naming the limit."""
-    deadline = time.monotonic() + limit_s
+    deadline = Deadline(limit_s)  # a step that would end past the limit is not started
     try:
-        yield lambda: time.monotonic() > deadline or caller_gone()
+        yield lambda: deadline.passed() or caller_gone()
     except Stopped:
         why = "its caller left" if caller_gone() else f"it reached the server's time limit of {limit_s:g} s"
         raise ValueError(f"{what} stopped: {why}; try a shorter prompt or fewer tokens") from None
@@ -99,6 +99,10 @@ def ordered(names: tuple[str, ...], **values: Any) -> tuple[Any, ...]:
 
 
 def model_queue(concurrency: int) -> dict[str, Any]:
-    """Event settings of a button that runs the model: in the shared "model" queue, once per click, raw inputs."""
-    return dict(concurrency_id="model", concurrency_limit=concurrency, preprocess=False, trigger_mode="once")
+    """Event settings of a button that measures with the model: in the heavy measurements' queue, apart from the
+    generations' slots (explorer.fair), once per click, raw inputs."""
+    from explorer.fair import HEAVY, heavy_slots
+
+    return dict(concurrency_id=HEAVY, concurrency_limit=heavy_slots(concurrency), preprocess=False,
+                trigger_mode="once")
 

@@ -29,6 +29,7 @@ from explorer.controls import (
     slider_ranges,
     takes_controls,
 )
+from explorer.memory import DROPPED, dropped_view
 from explorer.parse import as_choice
 from explorer.parse import shown as shown_value
 from explorer.pool import ModelPool
@@ -67,10 +68,18 @@ def open_view(pool: ModelPool, key: str, session: Session | None, controls: Cont
     else send nothing."""
     if session is None or not session.opened(key):
         return gr.skip()
+    pool.sessions.touch(session)
     if key == planned.KEY:
         return redraw_schedule.__wrapped__(pool, None, controls)[1]  # the controls already parsed into `Controls`
     with user_errors():
-        return views.draw(key, views.Shown.of(session), controls.view)
+        return _draw(key, session, controls)
+
+
+def _draw(key: str, session: Session, controls: Controls) -> Any:
+    """View `key` of the session's run; a view of attention that was dropped to make room says so."""
+    if dropped_view(session, key):
+        return views.waiting(DROPPED, presentation=controls.view.presentation)
+    return views.draw(key, views.Shown.of(session), controls.view)
 
 
 SCENARIO_QUESTION = "Worked arithmetic (the scenarios' question)"
@@ -328,10 +337,8 @@ ATTENTION_OUTPUTS = ("attention", "heads")  # the views drawn for the attention 
 def render_attention(session: Session | None, controls: Controls) -> tuple[Any, Any]:
     """The one-head and all-heads attention views for the chosen layer and head (each only if its tab is open)."""
     s = session or Session()
-    shown = views.Shown.of(s)
     with user_errors():
-        return ordered(ATTENTION_OUTPUTS, **{key: views.draw(key, shown, controls.view)
-                                             for key in s.due(ATTENTION_OUTPUTS)})
+        return ordered(ATTENTION_OUTPUTS, **{key: _draw(key, s, controls) for key in s.due(ATTENTION_OUTPUTS)})
 
 
 @takes_controls

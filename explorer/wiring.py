@@ -9,6 +9,7 @@ import gradio as gr
 
 from d3.research.data import ASSETS
 from explorer.controls import CONTROL_NAMES, REDRAW_NAMES
+from explorer.fair import HEAVY, heavy_slots, replaced_by_newer
 from explorer.export import export_figure, export_inputs, export_sweep, export_trace
 from explorer.moves import Moves
 from explorer.live import FILLS_OUTPUTS, GENERATE_OUTPUTS, compare_fills, generate, interrupt, stop
@@ -117,9 +118,14 @@ def _wire_release(pool: ModelPool, ui: dict[str, Any], moves: Moves, runs: dict[
              show_progress="hidden", preprocess=False)
 
 
+def _heavy(pool: ModelPool, ui: dict[str, Any]) -> dict[str, Any]:
+    """As `_queued`, in the heavy measurements' slots (explorer.fair): no generation waits behind them."""
+    return {**_queued(pool, ui), "concurrency_id": HEAVY, "concurrency_limit": heavy_slots(pool.caps.concurrency)}
+
+
 def _wire_fills(pool: ModelPool, ui: dict[str, Any], event: Any, suffix: str) -> Any:
     return event.then(functools.partial(compare_fills, pool), _with_controls(ui, "session"), _pick(ui, FILLS_OUTPUTS),
-                      api_name=f"compare_fills{suffix}", trigger_mode="always_last", **_queued(pool, ui))
+                      api_name=f"compare_fills{suffix}", trigger_mode="always_last", **_heavy(pool, ui))
 
 
 def _redraw_after(pool: ModelPool, ui: dict[str, Any], event: Any) -> None:
@@ -159,7 +165,7 @@ def _wire_scenarios(pool: ModelPool, ui: dict[str, Any]) -> dict[str, Any]:
             going_on.failure(interrupted, ui["session"], ui["scenario_finding"], api_name=False, **hidden)
             event = going_on.success(functools.partial(compare_fills, pool), _with_controls(ui, "session"),
                                      _pick(ui, FILLS_OUTPUTS), api_name=f"compare_fills_scenario_{key}",
-                                     trigger_mode="always_last", **_queued(pool, ui))
+                                     trigger_mode="always_last", **_heavy(pool, ui))
         event.then(functools.partial(show_finding, pool, key), [ui["session"], ui["model"]], ui["scenario_finding"],
                    api_name=f"scenario_{key}_finding", **hidden)
     return done
@@ -215,8 +221,8 @@ def _wire_tabs(pool: ModelPool, ui: dict[str, Any]) -> dict[str, Any]:
 
 def _wire_sweep(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     ui["sweep_run"].click(functools.partial(stream_sweep, pool), _pick(ui, SWEEP_INPUTS), _pick(ui, SWEEP_OUTPUTS),
-                          api_name="run_sweep", preprocess=False, concurrency_id="model",
-                          concurrency_limit=pool.caps.concurrency, trigger_mode="once")
+                          api_name="run_sweep", preprocess=False, concurrency_id=HEAVY,
+                          concurrency_limit=heavy_slots(pool.caps.concurrency), trigger_mode="once")
     _redraw_after(pool, ui, ui["sweep_table"].select(load_sweep_setting, ui["sweep_results"],
                                                      _pick(ui, SWEEP_LOAD_OUTPUTS), api_name="load_sweep_setting",
                                                      queue=False))
@@ -244,6 +250,15 @@ def set_api_visibility(demo: gr.Blocks) -> None:
             continue
         fn.api_visibility = ("public" if fn.api_name in PUBLIC_API
                              else "private" if fn.api_name in BROWSER_ONLY else "undocumented")
+
+
+def replace_older_measurements(demo: gr.Blocks) -> None:
+    """A visitor's measurement that a newer one of theirs waits behind does nothing (`fair.replaced_by_newer`); the
+    fill comparison already takes its turn from the session, as the generations do."""
+    for fn in demo.fns.values():
+        target = getattr(fn.fn, "func", fn.fn)
+        if fn.concurrency_id == HEAVY and target is not compare_fills:
+            fn.fn = replaced_by_newer(fn.fn)
 
 
 def wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
@@ -298,6 +313,7 @@ def wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
         _redraw_after(pool, ui, event)
     restored = wire_share(pool, ui, demo)
     _redraw_after(pool, ui, restored)  # on every page load, link or not: the first preview
+    replace_older_measurements(demo)
     # A link may turn presentation mode on: nothing listens to the checkbox's .change, so apply it here.
     restored.then(set_presentation, _with_controls(ui, "session"), _pick(ui, VIEW_OUTPUTS), api_name=False,
                   queue=False, preprocess=False, show_progress="hidden")

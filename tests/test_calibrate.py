@@ -342,3 +342,20 @@ def test_a_budget_fits_the_greedy_steps(identity_engine, budget, steps):
                                         core=(1, 1), steps=4, tokens=4, budget_s=budget)
     assert cal.steps == steps and len(cal.curve) == steps and len(curves["x"]) == min(steps, 3)
     assert sorted(cal.order) == [1, 2, 3, 4, 5, 6] and cal.order[0] == 4  # the identity layer first either way
+
+
+def test_the_teacher_forced_prompt_pass_holds_the_engine_lock(tiny_engine, monkeypatch) -> None:
+    """A measurement's teacher-forced prompt pass ran without the engine's lock: on a server, beside another
+    session's traced step (its recording hooks on the same layers), that step failed (class load test)."""
+    from d3.research import calibrate as calibrate_module
+    from d3.research.calibrate import prompt_set
+
+    held, real = [], calibrate_module.TeacherForced
+
+    def spy(*args, **kwargs):
+        held.append(tiny_engine.lock.locked())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(calibrate_module, "TeacherForced", spy)
+    calibrate_module.scorer(tiny_engine, "agreement", prompt_set("hello there", True), tokens=4)
+    assert held == [True]

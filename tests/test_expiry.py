@@ -52,3 +52,41 @@ def test_sessions_are_bounded_in_number(engine) -> None:
         for _ in range(7):
             new_client(url).predict(**RUN, api_name="/generate")
         assert len(demo.server_app.state_holder.session_data) <= 4
+
+
+def test_a_session_with_an_event_running_or_waiting_is_never_forgotten() -> None:
+    """With D3_SESSION_TTL below a run's time, a session was forgotten while its own run streamed (gradio marks it
+    used when the event starts): a session with an event running or queued stays, however long ago that was."""
+    import threading
+    from types import SimpleNamespace
+
+    long_ago = datetime.datetime.now() - datetime.timedelta(hours=2)
+    holder = SimpleNamespace(lock=threading.Lock(), time_last_used={s: long_ago for s in ("running", "queued", "idle")},
+                             session_data={s: None for s in ("running", "queued", "idle")})
+    queue = SimpleNamespace(pending_event_ids_session={"running": {"e1"}},
+                            pending_messages_per_session={"running": [], "queued": []},
+                            active_jobs=[[SimpleNamespace(session_hash="running")], None],
+                            event_queue_per_concurrency_id={"model": SimpleNamespace(
+                                queue=[SimpleNamespace(session_hash="queued")])})
+    assert expiry.forget_idle_sessions(holder, 60, queue=queue) == 1
+    assert sorted(holder.session_data) == ["queued", "running"]
+    assert "running" in queue.pending_messages_per_session
+
+
+def test_past_the_session_cap_a_busy_session_is_kept_and_an_idle_one_goes() -> None:
+    import collections
+    import threading
+    from types import SimpleNamespace
+
+    from gradio.state_holder import StateHolder
+
+    holder = StateHolder()
+    holder.capacity = 2
+    holder.session_data = collections.OrderedDict((s, None) for s in ("running", "idle"))
+    queue = SimpleNamespace(pending_event_ids_session={"running": {"e1"}}, active_jobs=[],
+                            event_queue_per_concurrency_id={})
+    expiry.evict_only_idle(holder, queue)
+    holder.lock = threading.Lock()
+    holder.session_data["new"] = None
+    holder.update("new")  # gradio's own update would drop "running", the least recently used
+    assert list(holder.session_data) == ["running", "new"]

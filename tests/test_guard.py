@@ -213,3 +213,71 @@ def test_a_call_with_keywords_takes_the_endpoints_parameters_only(served, capfd)
     assert "not_a_field" in bad.json()["error"] and "event_id" in good.json()
     log = "".join(capfd.readouterr())
     assert "Traceback" not in log and "xxxxxxxxxx" not in log, log[:2000]
+
+
+def test_an_unknown_upload_progress_is_answered_404_at_once_by_the_guard(served) -> None:
+    """gradio holds each unknown upload id 3 s before its own 404 (thousands at once left /config unanswered):
+    the guard answers it first, in one JSON line."""
+    _, url = served
+    answer = httpx.get(f"{url}gradio_api/upload_progress", params={"upload_id": "no-such-upload"}, timeout=30)
+    assert answer.status_code == 404 and answer.json() == {"error": "no such upload"}
+
+
+def test_the_requests_one_client_keeps_open_are_bounded() -> None:
+    """Past `open_per_client` requests open at once from one address, the next is answered 429 at once (it never
+    reaches gradio); another address is served, and once the open ones end the first one is served again."""
+    import asyncio
+
+    async def scenario() -> tuple[list[int], int, int]:
+        release, reached = asyncio.Event(), []
+
+        async def held(scope, receive, send) -> None:  # an app that holds every request until released
+            reached.append(scope["client"][0])
+            await release.wait()
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ok"})
+
+        guard = RequestGuard(held, demo=object(), max_body=1000, open_per_client=3)
+
+        async def request(host: str) -> int:
+            sent: list[dict] = []
+
+            async def receive() -> dict:
+                return {"type": "http.request", "body": b"", "more_body": False}
+
+            async def send(message: dict) -> None:
+                sent.append(message)
+
+            scope = {"type": "http", "method": "GET", "path": "/config", "query_string": b"",
+                     "client": (host, 1), "headers": []}
+            await guard(scope, receive, send)
+            return sent[0]["status"]
+
+        first = [asyncio.create_task(request("10.0.0.1")) for _ in range(3)]
+        while len(reached) < 3:
+            await asyncio.sleep(0)
+        refused = await request("10.0.0.1")  # answered while the three are still open
+        other = asyncio.create_task(request("10.0.0.2"))
+        while len(reached) < 4:
+            await asyncio.sleep(0)
+        release.set()
+        statuses = [await t for t in first] + [await other]
+        return statuses, refused, await request("10.0.0.1")
+
+    statuses, refused, later = asyncio.run(scenario())
+    assert refused == 429 and statuses == [200] * 4 and later == 200
+
+
+def test_an_upload_counts_each_file_and_carries_one(served) -> None:
+    """One multipart request with many small files was counted as one upload and left every file on disk."""
+    import os
+
+    _, url = served
+    temp = Path(os.environ["GRADIO_TEMP_DIR"])
+    before = {p for p in temp.rglob("*") if p.is_file()}
+    files = [("files", (f"{i}.txt", b"0123456789")) for i in range(50)]
+    answer = httpx.post(f"{url}gradio_api/upload", files=files, timeout=60)
+    assert answer.status_code == 413 and "at most 1 file" in answer.json()["error"]
+    assert {p for p in temp.rglob("*") if p.is_file()} == before
+    budget = UploadBudget(UploadBounds(window_requests=16))
+    assert budget.take(100, files=16) is None and budget.take(10, files=1) is not None  # each file counted

@@ -67,3 +67,16 @@ def test_bounded_load_run_on_a_tiny_model(tmp_path) -> None:
     assert report["errors"] == {} and report["server_tracebacks"] == 0
     assert report["rss_growth_pct"] < 20  # generous: the script's own target is 5 % over the full 200 runs
     assert status == 0, report["failures"]
+
+
+def test_a_short_class_on_a_tiny_model(tmp_path) -> None:
+    """The class load test's parts, briefly: students open the page, run, move a slider and draw the views; the
+    report counts every run and reads the server's memory, descriptors and log."""
+    out = tmp_path / "class.json"
+    status = main(["--tiny", "--students", "3", "--minutes", "0.4", "--env", "D3_PUBLIC=1", "--json", str(out)])
+    report = json.loads(out.read_text())
+    assert report["pages"] == {"opened": 3} and report["runs"].get("finished", 0) >= 1, report
+    assert not report["runs"].get("failed") and not report["failures"], report["failures"]
+    assert report["first_token_s"]["tiny"]["n"] >= 1
+    assert report["rss_mib"]["peak"] >= report["rss_mib"]["start"] > 0 and report["open_fds"]["peak"] > 0
+    assert report["server_alive"] and report["server_tracebacks"] == 0 and status == 0

@@ -117,6 +117,42 @@ def test_the_least_recently_used_model_goes_beyond_the_cap() -> None:
     assert built == ["a", "b", "c", "b"] and pool.loaded() == ("c", "b")
 
 
+class Held:
+    """A stand-in engine: weakly referable, like the real one (what a streaming run holds)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def test_a_model_a_run_still_holds_counts_against_the_cap_and_is_never_loaded_twice() -> None:
+    built: list[str] = []
+
+    def factory(name: str) -> Held:
+        built.append(name)
+        return Held(name)
+
+    pool = ModelPool(factory, names=("a", "b", "c"), caps=Caps(max_models=2))
+    streaming = pool.engine("a")  # a run streams from a
+    pool.engine("b")
+    pool.engine("c")  # a is evicted from the pool, but the run still holds it: pinned
+    assert pool.pinned() == ("a",) and pool.loaded() == ("c",)  # b went, so a and c fill the cap of 2
+    assert pool.engine("a") is streaming  # the model still pinned is handed back, not loaded again
+    assert built == ["a", "b", "c"]
+    assert len(pool.loaded()) + len(pool.pinned()) <= 2
+
+
+def test_a_load_is_refused_while_runs_pin_every_model_the_cap_allows() -> None:
+    pool = ModelPool(Held, names=("a", "b", "c"), caps=Caps(max_models=2))
+    runs = {"a": pool.engine("a"), "b": pool.engine("b")}  # two runs stream, one from each model
+    with pytest.raises(ValueError, match="in use by runs"):
+        pool.engine("c")  # a third copy would pass the cap: refused until a run ends
+    assert sorted(pool.pinned()) == ["a", "b"]
+    del runs["a"]  # the run on a ends
+    assert pool.engine("c").name == "c"
+    assert pool.engine("b") is runs["b"]  # b is still held: the same engine, not a second copy
+    assert len(pool.loaded()) + len(pool.pinned()) <= 2
+
+
 def test_the_message_does_not_tell_whether_a_server_directory_exists(tmp_path: Path, caplog) -> None:
     """The real loader, locally: a missing directory, one without config.json, and one with a config.json but no
     weights get the same plain message, and the log holds no traceback."""

@@ -119,14 +119,18 @@ def _own_answers(engine: Any, cal_set: CalibrationSet, tokens: int,
                  should_stop: ShouldStop | None = None) -> TeacherForced | Batches:
     """Full depth's own greedy answers to the set's prompts (a task's up to the end of its reply), teacher-forced:
     a task set's questions one batch per task (`Batches`: each task's shots run once)."""
+    # A TeacherForced runs its prompts' pass as it is made: under the engine's lock, like every pass on a shared
+    # model (another session's recording hooks are on the same layers while its step runs).
     if cal_set.tasks:
-        return Batches(tuple(_forced(engine.adapter, prompts, answers)
-                             for prompts, answers in _task_answers(engine, cal_set, tokens, should_stop)))
+        answered = _task_answers(engine, cal_set, tokens, should_stop)
+        with engine.lock:
+            return Batches(tuple(_forced(engine.adapter, prompts, answers) for prompts, answers in answered))
     ids = [engine.encode([p], cal_set.chat_template)[0][0].tolist() for p in cal_set.prompts]  # the engine's own tokens
     traces = engine.generate_batch(ids, FullConfig(), GenerationConfig(max_new_tokens=tokens), TRACE_OFF,
                                    should_stop=should_stop)
     stop_if(should_stop)  # stopped within the answers: nothing to score
-    return _forced(engine.adapter, ids, [[s.token_id for s in trace.steps] for trace in traces])
+    with engine.lock:
+        return _forced(engine.adapter, ids, [[s.token_id for s in trace.steps] for trace in traces])
 
 
 def _forced(adapter: Any, prompts: list[list[int]], answers: list[list[int]]) -> TeacherForced:

@@ -18,6 +18,8 @@ unfinished phase, RSS growth of --max-growth % or more), 2 when the server does 
 
 Usage: python -m explorer.loadtest [--model smollm2-135m | --tiny] [--clients 8] [--tokens 16] [--runs 200]
                                    [--run-tokens 8] [--sessions 4] [--time-limit 1200] [--json PATH]
+       python -m explorer.loadtest --students 30 --minutes 10 [--deep NAME] [--env NAME=VALUE ...] [--json PATH]
+                                   (the class load test, explorer/loadtest/classroom.py)
 """
 
 from explorer.loadtest.client import Outcome, Spec, Tokens, token_ids, tokens_of

@@ -28,9 +28,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-growth", type=float, default=5.0, help="RSS growth target after warm-up, %% (default 5)")
     p.add_argument("--time-limit", type=float, default=1200, help="stop after this many seconds (default 1200)")
     p.add_argument("--json", type=Path, help="also write the report here as JSON")
+    p.add_argument("--students", type=int, default=0,
+                   help="the class load test instead: this many simulated students (explorer/loadtest/classroom.py)")
+    p.add_argument("--minutes", type=float, default=10.0, help="the class load test's length (default 10)")
+    p.add_argument("--deep", default=None, help="the model each student switches to once (default: the 28-layer one; "
+                                                "'' for none)")
+    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                   help="the class server's environment (D3_QUEUE_SIZE=64, ...), repeatable")
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the server subprocess
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.students < 0 or args.minutes <= 0 or any("=" not in e for e in args.env):
+        p.error("--students must be at least 0, --minutes above 0, each --env NAME=VALUE")
     if args.clients < 1 or args.runs < 0 or args.sessions < 1 or args.tokens < 1 or args.run_tokens < 1:
         p.error("--clients, --sessions, --tokens and --run-tokens must be at least 1, --runs at least 0")
     return args
@@ -41,6 +50,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.serve:
         serve(TINY if args.tiny or args.model == TINY else args.model, args.port)
         return 0
+    if args.students:
+        return run_the_class(args, argv)
     try:
         report = run(args)
     except (RuntimeError, TimeoutError) as err:  # the server did not start
@@ -50,6 +61,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(report.to_dict(), indent=2))
     return 0 if not report.failures else 1
+
+
+def run_the_class(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    from explorer.loadtest.classroom import default_deep, render_class, run_class, write
+
+    model = TINY if args.tiny else args.model
+    deep = default_deep(model) if args.deep is None else args.deep
+    env = dict(e.split("=", 1) for e in args.env)
+    command = "python -m explorer.loadtest " + " ".join(sys.argv[1:] if argv is None else argv)
+    try:
+        report = run_class(args.students, args.minutes, model, deep, env, command)
+    except (RuntimeError, TimeoutError) as err:
+        print(f"load test aborted: {err}", file=sys.stderr)
+        return 2
+    print(render_class(report))
+    if args.json:
+        write(report, args.json)
+    ok = report.server_alive and not report.server_tracebacks and not report.runs.get("failed")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

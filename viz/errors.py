@@ -12,6 +12,7 @@ from viz.layout import (
     FILL_COLORS,
     apply_layout,
     core_shapes,
+    drawn_core,
     fit_title,
     fmt,
     guide_line,
@@ -83,7 +84,7 @@ def _kv_heatmap(comparison: Comparison) -> tuple[go.Heatmap, go.Scatter, go.Scat
     read, unread = filled_read(comparison)
     filled = read | unread
     positions, num_layers = err.shape
-    core = comparison.skip.core
+    core = drawn_core(comparison.skip)
     kinds = layer_kinds(num_layers, core)
     grid = comparison.teacher_grid if comparison.teacher_grid.shape == err.shape else None
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -157,7 +158,7 @@ def error_propagation(comparison: Comparison, *, log_kl: bool = False, title: st
         heat, marks, unread = _kv_heatmap(comparison)
         for trace in (heat, marks, unread):
             fig.add_trace(trace, row=2, col=1)
-        shapes += core_shapes(comparison.kv_error.shape[1], comparison.skip.core, axis="y", xref="x2", yref="y2")
+        shapes += core_shapes(comparison.kv_error.shape[1], drawn_core(comparison.skip), axis="y", xref="x2", yref="y2")
         fig.update_yaxes(title_text="layer", row=2, col=1)
         fig.update_xaxes(title_text="position (generated token)", row=2, col=1)
     else:

@@ -16,6 +16,7 @@ from viz.layout import (
     FILL_COLORS,
     PANEL_TITLES,
     core_shapes,
+    drawn_core,
     empty_figure,
     fit_title,
     font_size,
@@ -165,7 +166,7 @@ def _frame(trace: Trace, index: int, slot_width: float, presentation: bool) -> t
     num_layers = trace.num_layers
     cells = step.cells(num_layers)
     by_layer = {f.layer: f for f in fills(step)}
-    kinds = layer_kinds(num_layers, trace.core)
+    kinds = layer_kinds(num_layers, drawn_core(trace))
     labels = [_box_label(int(cells[k]), by_layer.get(k)) for k in range(num_layers)]
     colors = [CELL_COLORS[RAN] if c == RAN else CELL_COLORS[SKIPPED] for c in cells]
     edges = [CELL_COLORS[RAN] if c == RAN else FILL_COLORS.get(by_layer[k].how, "#9CA3AF") if k in by_layer
@@ -244,14 +245,14 @@ def layer_stack(trace: Trace, index: int | None = None, *, animate: bool = True,
     shown = range(len(trace.steps)) if animate else [index]
     built = {i: _frame(trace, i, slot_width, presentation) for i in shown}  # token -> (traces, annotations)
     num_layers = trace.num_layers
-    kinds = layer_kinds(num_layers, trace.core)
+    kinds = layer_kinds(num_layers, drawn_core(trace))
     title = title if title is not None else fit_title("Layer stack", "each token's path up through the layers")
     layout = dict(
         xaxis=dict(visible=False, range=[DETOUR_X - 0.08, LANE_X + slot_width * slots + 0.06], fixedrange=True),
         yaxis=dict(tickmode="array", tickvals=list(range(num_layers)), range=[-0.6, num_layers - 0.4], fixedrange=True,
                    ticktext=[f"{k} {kinds[k]}" for k in range(num_layers)], showgrid=False, zeroline=False,
                    tickfont=dict(size=font_size(presentation, delta=-4)), title=dict(text="layer")),
-        shapes=core_shapes(num_layers, trace.core, axis="y"), bargap=0.1, annotations=built[index][1],
+        shapes=core_shapes(num_layers, drawn_core(trace), axis="y"), bargap=0.1, annotations=built[index][1],
         # Box labels at their font size even where a box is a little lower than the text (30 layers on a projector):
         # plotly would otherwise shrink each label to its box.
         uniformtext=dict(minsize=font_size(presentation, delta=-4), mode="show"),

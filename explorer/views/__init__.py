@@ -16,7 +16,7 @@ import gradio as gr
 import plotly.graph_objects as go
 
 from d3.config import StrategyConfig
-from d3.trace import Comparison, Trace, token_agreement
+from d3.trace import Comparison, Trace, measured_speedup, run_counts
 from explorer.controls import CONTROL_NAMES
 from explorer.ui import model_queue
 from explorer.wording import PHASES
@@ -25,7 +25,8 @@ from viz.depth import decay_curve
 from viz.errors import error_propagation, fill_strategies
 from viz.flow import sublayer_flow
 from viz.grid import layer_grid, planned_grid_figure
-from viz.layout import empty_figure, readable_token, shown_text, strategy_label
+from viz.layout import empty_figure, readable_token, short_label, shown_text, strategy_label
+from viz.stream import count_words, speed_words
 
 
 SCHEDULE = ("decay", "planned")  # the schedule preview: the two views drawn from the controls alone (no run)
@@ -120,16 +121,23 @@ def status_html(d3: Trace | None, full: Trace | None, phase: str, *, comparison:
     """One status line: the phase, tokens so far, and the first divergence called out in words."""
     parts = [f'<span class="d3-phase">{html.escape(PHASES.get(phase, phase))}</span>']
     if d3 is not None and full is not None:
-        agreement = token_agreement(d3.token_ids, full.token_ids)
-        n, first = agreement.compared, agreement.first_divergence
-        parts.append(f"{len(d3.steps)} D3 tokens, {len(full.steps)} full-depth tokens, {agreement.agreeing}/{n} agree.")
+        name, final = short_label(d3.strategy), phase in ("done", "stopped", "comparing")
+        counts = run_counts(d3, full)
+        n, first = counts["compared"], counts["first_divergence"]
+        parts.append(html.escape(f"{len(d3.steps)} {name} tokens, {len(full.steps)} full-depth tokens: "
+                                 f"{count_words(counts, name, final=final)}."))
         if first is not None:
             a, b = readable_token(shown_text(d3.steps[first])), readable_token(shown_text(full.steps[first]))
-            parts.append(f'<span class="d3-callout">First divergence at token {first}: D3 wrote '
+            parts.append(f'<span class="d3-callout">First divergence at token {first}: {html.escape(name)} wrote '
                          f'<code>{html.escape(a)}</code> where full depth wrote <code>{html.escape(b)}</code>.</span>')
         elif n:
-            so_far = "" if phase in ("done", "stopped", "comparing") else " so far"
-            parts.append(f'<span class="d3-agree">No divergence{so_far}: D3 wrote exactly what full depth wrote.</span>')
+            so_far = "" if final else " so far"
+            parts.append(f'<span class="d3-agree">No divergence{so_far}: {html.escape(name)} wrote exactly what full '
+                         'depth wrote.</span>')
+        if final and (speedup := measured_speedup(d3, full)) is not None:
+            reading = speed_words(speedup.ratio, speedup.low, speedup.high, speedup.theoretical)
+            if reading and reading != "within timing noise":  # noise: the counters say "too small to measure"
+                parts.append(html.escape(f"Measured speed {speedup.ratio:.2f}×: {reading}."))
     if comparison is not None:
         s = comparison.summary()
         parts.append(f"Mean KL against full depth: {_fmt(s['kl_teacher_mean'])} nats teacher-forced, "

@@ -182,7 +182,8 @@ def _first_outputs(session: Session, setup: RunSetup, view: ViewOptions, *, clea
     a view whose tab was never opened is drawn by gradio as an empty box with an icon."""
     p = view.presentation
     blank = "<div class='d3-tokens'>(waiting for the first token…)</div>"
-    emptied = {key: views.empty(key, p) for key in session.due(k for k in RUN_VIEWS if not views.by_key()[k].live)}
+    emptied = {key: views.empty(key, p, running=True)
+               for key in session.due(k for k in RUN_VIEWS if not views.by_key()[k].live)}
     emptied_fills = {fills.KEY: views.empty(fills.KEY, p) for _ in session.due((fills.KEY,) if clear_fills else ())}
     note = first_token_note(setup.prompt_tokens, STREAMING.count)
     return ordered(GENERATE_OUTPUTS, session=session, status=views.status_html(None, None, "streaming", note=note),

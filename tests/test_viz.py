@@ -824,3 +824,14 @@ def test_a_strategy_without_a_core_gets_no_core_band_and_is_named_as_itself(d3_t
     full = make_trace(FullConfig(), steps=16, token_ids=[(i + 1) % 12 for i in early.token_ids])
     status = views.status_html(early, full, "done")
     assert "16 early exit tokens" in status and "early exit wrote" in status and "D3" not in status
+
+
+def test_the_end_of_text_token_is_a_mark_in_the_pane_not_literal_text() -> None:
+    """Issue 44, U4: the 28-layer model's full-depth pane ended in a literal `<|endoftext|>`."""
+    trace = replace(make_trace(FullConfig(), steps=3, texts=["The", " sky", "<|endoftext|>"]), finish_reason="eos")
+    out = viz.token_html(trace)
+    stream = out.split('class="d3-stream"', 1)[1]
+    assert "&lt;|endoftext|&gt;</span>" not in stream and "∎ end</span>" in stream
+    assert "end-of-text token" in stream  # the tooltip still names it
+    cut = viz.token_html(make_trace(FullConfig(), steps=3, texts=["The", " sky", " is"]))  # stopped at the length
+    assert "∎ end" not in cut

@@ -142,10 +142,17 @@ def token_html(trace: Trace, *, reference: Trace | None = None, full_prob: Seque
         # lines. Such a token stays, a sliver in its colour, its tooltip saying what it was (issue 35).
         leading = not started and not step.text.strip() and step.text != ""
         text = "" if leading else html.escape(step.text).replace("\n", "⏎\n")
+        # The end-of-text token a run stopped at is a special token, not text: a mark, never "<|endoftext|>"
+        ended = trace.finish_reason == "eos" and i == len(trace.steps) - 1
+        if ended:
+            text, cls = "∎ end", cls + " d3-end"
+            style += ";font-size:0.7em;opacity:0.8;white-space:nowrap"
         if leading or (step.piece and not step.text):  # or part of a character the next token completes
             style += ";display:inline-block;min-width:0.4em;height:1.1em;vertical-align:text-bottom"
         started = started or bool(step.text.strip())
         tip = _token_title(step, trace.num_layers, other)
+        if ended:
+            tip = f"the end-of-text token {step.text!r}: the run stopped here\n" + tip
         if leading:
             tip = "white space before the answer's first word (not drawn)\n" + tip
         if full_prob is not None and i < len(full_prob):

@@ -180,7 +180,12 @@ class Shown:
 
     @classmethod
     def of(cls, session: Any) -> "Shown":
-        return cls(session.d3, session.full, session.comparison, session.fills) if session is not None else cls()
+        """The session's run; phase "streaming" while a run of the session is going (a view then says it is drawn
+        when the run has finished, not "Press Generate")."""
+        if session is None:
+            return cls()
+        phase = "streaming" if getattr(session, "running", None) is not None else ""
+        return cls(session.d3, session.full, session.comparison, session.fills, phase)
 
 
 @dataclass(frozen=True)
@@ -283,13 +288,24 @@ def drawn_from_session() -> tuple[str, ...]:
     return tuple(v.key for v in registry() if v.draw is not None)
 
 
+RUNNING = "Generating… this view is drawn when both runs have finished."
+
+
 def draw(key: str, shown: Shown, options: Any) -> go.Figure:
-    return by_key()[key].draw(shown, options)  # type: ignore[misc]
-
-
-def empty(key: str, presentation: bool = False) -> Any:
+    """View `key`'s figure of `shown`; a view drawn after a run, while that run has no token yet, says so (it said
+    "Press Generate" while Generate was running)."""
     view = by_key()[key]
-    return view.empty(presentation) if view.empty is not None else view.draw(Shown(), _Options(presentation))  # type: ignore[misc]
+    if shown.d3 is None and shown.phase == "streaming" and view.after_run:
+        return waiting(RUNNING, presentation=options.presentation)
+    return view.draw(shown, options)  # type: ignore[misc]
+
+
+def empty(key: str, presentation: bool = False, *, running: bool = False) -> Any:
+    """What view `key` shows with no run: before any, or (`running`) while a run's first tokens are on their way."""
+    view = by_key()[key]
+    if view.empty is not None:
+        return view.empty(presentation)
+    return draw(key, Shown(phase="streaming" if running else ""), _Options(presentation))
 
 
 @dataclass(frozen=True)

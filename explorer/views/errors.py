@@ -19,7 +19,8 @@ squares were filled instead of computed and are read by later tokens; grey dots 
 ever reads them.
 
 **What to look for:** a spike at the first divergence. With a nested drop order (the default) every filled entry
-is a grey dot: errors there cannot propagate, the skipped layers' own absence is the error. With *strided* or
+is a grey dot: no later token runs a skipped layer again, so no filled entry is ever read and the fill changes
+nothing; errors there cannot propagate, the skipped layers' own absence is the error. With *strided* or
 early exit, filled entries with a large error are read and the error propagates."""
 
 

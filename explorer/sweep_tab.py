@@ -369,7 +369,7 @@ def load_sweep_setting(sweep_results: pd.DataFrame | None,
 
 
 def load_sweep_point(sweep_results: pd.DataFrame | None, sweep_point: str) -> tuple[Any, ...]:
-    """A clicked point of the Pareto view ("ROW@stamp", written by assets/sweep_click.js) loads that row."""
+    """A clicked point of the Pareto view ("ROW@stamp", written by assets/plot_click.js) loads that row."""
     return _load_sweep_row(sweep_results, str(sweep_point or "").partition("@")[0].strip())
 
 

@@ -434,3 +434,11 @@ def test_the_first_token_s_wait_says_what_is_happening() -> None:
     with live.STREAMING.one():  # another visitor's run streams: a click says this one may wait for it
         assert "1 other run is generating" in live.interrupt(Session())
     assert "other run" not in live.interrupt(Session())
+
+
+def test_loading_a_model_again_does_not_say_first_use() -> None:
+    """Issue 44, U7: "(first use only)" on every reload of a model another visitor's switch evicted."""
+    from explorer import views
+
+    said = views.status_html(None, None, "loading")
+    assert "Loading the model" in said and "first use" not in said

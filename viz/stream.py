@@ -231,10 +231,10 @@ def speed_words(ratio: float | None, low: float | None, high: float | None, theo
     finite = lambda v: v is not None and math.isfinite(v)  # noqa: E731
     if not finite(ratio):
         return "not measured"
+    if finite(low) and finite(high) and low <= 1.0 <= high:  # type: ignore[operator]
+        return "within timing noise"  # first: the counters then say "too small to measure here", never a ratio
     if finite(theoretical) and ratio > theoretical * SPEED_ABOVE_THEORY:  # type: ignore[operator]
         return f"above its theoretical {theoretical:.2f}×: a timing artefact, not a speedup"
-    if finite(low) and finite(high) and low <= 1.0 <= high:  # type: ignore[operator]
-        return "within timing noise"
     if ratio < 1.0:  # type: ignore[operator]
         return "slower than full depth"
     return ""

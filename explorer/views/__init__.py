@@ -17,8 +17,8 @@ import plotly.graph_objects as go
 
 from d3.config import StrategyConfig
 from d3.trace import Comparison, Trace, measured_speedup, run_counts
-from explorer.controls import CONTROL_NAMES
-from explorer.ui import model_queue
+from explorer.controls import CONTROL_NAMES, page_words, takes_controls
+from explorer.ui import model_queue, user_errors
 from explorer.wording import PHASES
 from viz.attention import attention_map
 from viz.depth import decay_curve
@@ -319,7 +319,42 @@ class _Options:
     log_kl: bool = False
 
 
+def redrawn_by(key: str, control: str, draw_fn: Callable[[Shown, Any], go.Figure], api_name: str
+               ) -> tuple[Callable[..., Any], Callable[[Any, dict[str, Any], Page], None]]:
+    """(handler, wire) of a view that one of its own controls redraws from the session's run, out of the queue (no
+    model runs): the information flow's measure of change, the error view's log scale."""
+
+    @takes_controls
+    def render(session: Any, controls: Any) -> Any:
+        with user_errors():
+            return draw_fn(Shown.of(session), controls.view)
+
+    def wire(pool: Any, ui: dict[str, Any], page: Page) -> None:
+        inputs = [ui["session"], *(ui[n] for n in CONTROL_NAMES)]
+        ui[control].input(render, inputs, ui[key], api_name=api_name, queue=False, preprocess=False,
+                          show_progress="hidden")
+
+    return render, wire
+
+
 # ---------------------------------------------------------------- a view that draws its own measurement
+
+
+def redraw_measured(state: Any, presentation: bool, placeholder: Callable[[bool], go.Figure],
+                    setup: Callable[[], tuple[Any, ...]], figure: Callable[[Any, tuple[Any, ...]], go.Figure], *,
+                    what: str, changed: str) -> go.Figure:
+    """A measured view redrawn for the controls (no model runs): `figure(state, setup())` when the measurement was
+    made under them (`setup()` returns a tuple whose second item is the key the measurement is kept under); else
+    the placeholder (nothing measured), why the controls cannot draw `what`, or `changed` (measured under others)."""
+    if state is None:
+        return placeholder(presentation)
+    try:
+        got = setup()
+    except ValueError as err:
+        return waiting(f"Cannot draw {what}:<br>{html.escape(page_words(str(err)))}", presentation=presentation)
+    if got[1] != state.key:
+        return waiting(changed, presentation=presentation)
+    return figure(state, got)
 
 
 @dataclass(frozen=True)

@@ -141,7 +141,8 @@ def status_html(d3: Trace | None, full: Trace | None, phase: str, *, comparison:
     if comparison is not None:
         s = comparison.summary()
         parts.append(f"Mean KL against full depth: {_fmt(s['kl_teacher_mean'])} nats teacher-forced, "
-                     f"{_fmt(s['kl_free_mean'])} nats free-running. Full-depth perplexity of D3's text: "
+                     f"{_fmt(s['kl_free_mean'])} nats free-running. Full-depth perplexity of "
+                     f"{html.escape(short_label(comparison.skip.strategy))}'s text: "
                      f"{_fmt(s['full_ppl_of_skip'])} (of its own: {_fmt(s['full_ppl_of_full'])}).")
     if note:
         parts.append(html.escape(note))

@@ -142,12 +142,15 @@ def token_html(trace: Trace, *, reference: Trace | None = None, full_prob: Seque
         # lines. Such a token stays, a sliver in its colour, its tooltip saying what it was (issue 35).
         leading = not started and not step.text.strip() and step.text != ""
         text = "" if leading else html.escape(step.text).replace("\n", "⏎\n")
+        if _orphan(trace.steps, i):  # bytes no later token made a character of: shown as bytes, never "�"
+            text, cls = html.escape(step.piece), cls + " d3-bytes"
+            style += ";font-family:monospace;font-size:0.8em"
         # The end-of-text token a run stopped at is a special token, not text: a mark, never "<|endoftext|>"
         ended = trace.finish_reason == "eos" and i == len(trace.steps) - 1
         if ended:
             text, cls = "∎ end", cls + " d3-end"
             style += ";font-size:0.7em;opacity:0.8;white-space:nowrap"
-        if leading or (step.piece and not step.text):  # or part of a character the next token completes
+        if leading or (step.piece and not step.text and not text):  # or part of a character the next token completes
             style += ";display:inline-block;min-width:0.4em;height:1.1em;vertical-align:text-bottom"
         started = started or bool(step.text.strip())
         tip = _token_title(step, trace.num_layers, other)
@@ -167,6 +170,16 @@ def token_html(trace: Trace, *, reference: Trace | None = None, full_prob: Seque
     return (f'<div class="d3-tokens" style="font-family:{html.escape(FONT_FAMILY, quote=True)};font-size:1.05em;'
             f'line-height:1.75">{_legend_strip(few, many, _plausibility_legend(full_ppl) if full_prob is not None else "")}'
             f'<div class="d3-stream" style="white-space:pre-wrap">{body}</div></div>')
+
+
+def _orphan(steps: Sequence[TokenStep], i: int) -> bool:
+    """Whether token i holds bytes of a character that the next token does not go on with or complete (it neither
+    holds bytes itself nor starts with a character beyond ASCII): those bytes are shown as bytes ("<0xE2>")."""
+    step = steps[i]
+    if not step.piece or step.text or i + 1 >= len(steps):
+        return False
+    after = steps[i + 1]
+    return not after.piece and not (after.text[:1] > "\x7f")
 
 
 def _counter(value: str, label: str, tip: str = "") -> str:

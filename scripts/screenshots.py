@@ -30,7 +30,7 @@ SIZES = {"laptop": ({"width": 1280, "height": 800}, False), "projector": ({"widt
 # The view tabs a person can click (gradio keeps a hidden copy of each for measuring).
 SHOWN_TABS = "#views .tab-wrapper > .tab-container:not(.visually-hidden) button, #views .overflow-dropdown button"
 ALL_VIEWS = "() => Array.from(document.querySelectorAll('#views .visually-hidden button')).map(b => b.innerText.trim())"
-TIMEOUT_MS = 300_000
+TIMEOUT_MS = 600_000  # a busy 2-core machine writes SmolLM2 at ~0.5 token/s
 
 
 def slug(text: str) -> str:

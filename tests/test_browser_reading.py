@@ -90,7 +90,6 @@ def test_a_view_drawn_after_the_run_says_so_while_generate_runs(browser, url, en
     page = open_page(browser, url, DESKTOP)
     engine.delay = 0.3
     try:
-        show_tab(page, "usage")
         click_tab(page, "heads")
         page.fill("#max-new-tokens input", "30")
         page.click("#generate")

@@ -370,7 +370,7 @@ def load_a_sweep_point(page) -> str:
     page.wait_for_function("() => document.querySelector('#sweep-note').innerText.includes('Click a point')")
     page.locator("#plot-sweep").scroll_into_view_if_needed()
     # plot_click.js attaches its listener to a newly drawn plot within 400 ms: a click before that would be lost
-    page.wait_for_function("() => document.querySelector('#plot-sweep .js-plotly-plot').__d3PointClick === true")
+    page.wait_for_function("() => document.querySelector('#plot-sweep .js-plotly-plot').__d3Click === true")
     point = page.evaluate(D3_POINT)
     page.mouse.move(point["x"], point["y"])
     page.mouse.click(point["x"], point["y"])

@@ -35,7 +35,10 @@
       if (m.role === 'raw' && s.main) {
         idx.push(i); y.push(lines.raw); name.push(t.name); visible.push(true);
       } else if (m.role === 'planned' && m.strategy === 'd3') {
-        idx.push(i); y.push(lines.planned); name.push(s.main && !s.short_names ? `${label(s, p)}: planned` : t.name); visible.push(true);
+        // D3's line beside another strategy's run (early exit, SkipDecode) is a legend entry to click: a slider
+        // move redraws it where it is, never draws it as if it were the run's plan.
+        idx.push(i); y.push(lines.planned); name.push(s.main && !s.short_names ? `${label(s, p)}: planned` : t.name);
+        visible.push(s.main || t.visible === undefined ? true : t.visible);
       } else if (m.role === 'actual' && m.strategy === 'd3' && s.main) {
         // The layers a run used belong to the schedule it ran: shown only while the sliders are back on it.
         idx.push(i); y.push(t.y); name.push(t.name); visible.push(matches);

@@ -318,7 +318,20 @@ class Trace:
         return pd.DataFrame(rows)
 
 
-def _speedup_fields(speedup: "Speedup | None") -> dict[str, Any]:
+def run_counts(skip: Trace, full: Trace) -> dict[str, Any]:
+    """The one count of a skipping run against full depth, for every sentence, table and export that gives one: the
+    tokens each run wrote, the positions both wrote (`compared`), how many of those agree, the first divergence, and
+    which run ended earlier at its end-of-text token (`ended_first`: "full", "skip" or "")."""
+    a = token_agreement(skip.token_ids, full.token_ids)
+    ended = ""
+    if len(skip.steps) != len(full.steps):
+        shorter, name = (skip, "skip") if len(skip.steps) < len(full.steps) else (full, "full")
+        ended = name if shorter.finish_reason == "eos" else ""
+    return {"tokens": len(skip.steps), "full_tokens": len(full.steps), "compared": a.compared, "agreeing": a.agreeing,
+            "agreement": a.agreement, "first_divergence": a.first_divergence, "ended_first": ended}
+
+
+def speedup_fields(speedup: "Speedup | None") -> dict[str, Any]:
     nan = float("nan")
     return {"measured_speedup": speedup.ratio if speedup else nan, "measured_speedup_low": speedup.low if speedup else nan,
             "measured_speedup_high": speedup.high if speedup else nan,
@@ -459,12 +472,10 @@ class Comparison:
     def summary(self) -> dict[str, Any]:
         return {
             "strategy": self.skip.strategy_name,
-            "tokens": len(self.skip.steps),
+            **run_counts(self.skip, self.full),
             "mean_layers": self.skip.mean_layers,
             "theoretical_speedup": self.skip.theoretical_speedup(),
-            **_speedup_fields(self.speedup),
-            "agreement": self.agreement,
-            "first_divergence": self.first_divergence,
+            **speedup_fields(self.speedup),
             "kl_teacher_mean": float(np.nanmean(self.kl_teacher)) if self.kl_teacher.size else float("nan"),
             "kl_free_mean": float(np.nanmean(self.kl_free)) if self.kl_free.size else float("nan"),
             "filled_kv_error": self.filled_kv_error(),

@@ -30,10 +30,16 @@ def token_texts(tokenizer: Any, ids: list[int], i: int) -> tuple[str, str]:
     character, whose text shows at the token that completes it; then it is the token on its own (`piece_text`),
     e.g. " <0xF0><0x9F>" for the first two of an emoji's four bytes and a space."""
     lo = max(0, i - 8)
-    before = tokenizer.decode(ids[lo:i], skip_special_tokens=False).rstrip("\ufffd")
+    written = tokenizer.decode(ids[lo:i], skip_special_tokens=False)
+    before = written.rstrip("\ufffd")
     decoded = tokenizer.decode(ids[lo:i + 1], skip_special_tokens=False)
     after = decoded.rstrip("\ufffd")
     text = after[len(before):] if after.startswith(before) else piece_text(tokenizer, ids[i])
+    # Earlier tokens' bytes that this token does not complete (the model wrote a character's first byte, then "/")
+    # decode to U+FFFD in front of it: they are those tokens' own (their `piece`), not this token's ("�/", issue 44).
+    dangling = len(written) - len(before)
+    leading = len(text) - len(text.lstrip("\ufffd"))
+    text = text[min(dangling, leading):]
     return text, piece_text(tokenizer, ids[i]) if decoded.endswith("\ufffd") else ""
 
 

@@ -173,7 +173,7 @@ def _sweep_tab(pool: ModelPool, ui: dict[str, Any]) -> None:
                 ui["sweep_export"] = gr.Button("Download results (CSV)")
         ui["sweep_note"] = gr.Markdown(elem_id="sweep-note")
         ui["sweep_pareto"] = gr.Plot(show_label=False, elem_id="plot-sweep")
-        # written by assets/sweep_click.js when a point of the Pareto view is clicked
+        # written by assets/plot_click.js when a point of the Pareto view is clicked
         ui["sweep_point"] = gr.Textbox(visible="hidden", elem_id="sweep-point", show_label=False)
         ui["sweep_table"] = gr.Dataframe(pd.DataFrame(columns=SWEEP_TABLE_COLUMNS), interactive=False,
                                          label="Results (click a row, or a point above, to load it into the controls)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 import time
 from typing import Any, Callable, Iterator
 
@@ -33,12 +34,53 @@ FILLS_OUTPUTS = ("session", "status", fills.KEY)
 ASKED = "A new run is asked for: the one before stops within one token…"
 
 
+class _Streaming:
+    """How many runs stream on this server now, every visitor's together: a run's wait for its first token says
+    when another run shares the CPU (or holds the slot it waits for). A count, not anyone's data."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def one(self) -> Iterator[None]:
+        with self._lock:
+            self.count += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.count -= 1
+
+
+STREAMING = _Streaming()
+
+
+def others_note(others: int) -> str:
+    """What another visitor's run does to this one: it shares the CPU (or holds a run slot this one waits for)."""
+    if others <= 0:
+        return ""
+    runs = "1 other run is" if others == 1 else f"{others} other runs are"
+    return f"{runs} generating on this server: this one shares the CPU with it or waits for it to finish."
+
+
+def first_token_note(prompt_tokens: int, others: int) -> str:
+    """What happens before the first token: each run reads the prompt at full depth (the prefill), then D3's first
+    token, then full depth's; on a busy server another run shares the CPU (a bare "Generating…" for 40 s says
+    nothing)."""
+    prefill = (f"Prefill: each run reads the {prompt_tokens} prompt tokens at full depth before its first token…"
+               if prompt_tokens else "Prefill: each run reads the prompt at full depth before its first token…")
+    return " ".join(n for n in (prefill, others_note(others)) if n)
+
+
 def interrupt(session: Session | None) -> str:
     """A new run was asked for: stop this session's running one now, before the new one waits in the queue, and say
     so at once (the click is answered before the queue reaches the run)."""
+    own = 0
     if session is not None:
+        own = 1 if session.running is not None else 0
         session.trigger()
-    return views.status_html(None, None, ASKED)
+    return views.status_html(None, None, ASKED, note=others_note(STREAMING.count - own))
 
 
 def stop(session: Session | None) -> str:
@@ -141,9 +183,11 @@ def _first_outputs(session: Session, setup: RunSetup, view: ViewOptions, *, clea
     a view whose tab was never opened is drawn by gradio as an empty box with an icon."""
     p = view.presentation
     blank = "<div class='d3-tokens'>(waiting for the first token…)</div>"
-    emptied = {key: views.empty(key, p) for key in session.due(k for k in RUN_VIEWS if not views.by_key()[k].live)}
+    emptied = {key: views.empty(key, p, running=True)
+               for key in session.due(k for k in RUN_VIEWS if not views.by_key()[k].live)}
     emptied_fills = {fills.KEY: views.empty(fills.KEY, p) for _ in session.due((fills.KEY,) if clear_fills else ())}
-    return ordered(GENERATE_OUTPUTS, session=session, status=views.status_html(None, None, "streaming"),
+    note = first_token_note(setup.prompt_tokens, STREAMING.count)
+    return ordered(GENERATE_OUTPUTS, session=session, status=views.status_html(None, None, "streaming", note=note),
                    d3_title=f"### {views.pane_title(setup.strategy, 'D3')}", d3_tokens=blank, full_tokens=blank,
                    d3_counters="", full_counters="", **emptied, **emptied_fills)
 
@@ -156,15 +200,20 @@ def measuring_note(done: int, tokens: int) -> str:
     return "Full depth's probabilities of D3's text (for the free-running KL and perplexity): one pass…"
 
 
-def _time_limit_note(limit_s: int, written: int | None = None, asked: int | None = None) -> str:
+def _time_limit_note(limit_s: int, written: int | None = None, asked: int | None = None,
+                     first_s: float | None = None) -> str:
     """Why a run stopped early; with the tokens each pane wrote (`written`, the fewer of the two) of the `asked`,
-    what would fit: on a slow model (Qwen2.5-Coder at ~0.3 token/s under load) a page run ends here mid-answer."""
+    what would fit: on a slow model (Qwen2.5-Coder at ~0.3 token/s under load) a page run ends here mid-answer.
+    `first_s`: how long the first token took (the prefill and any wait for another run). No pace of its own: the
+    counters give the one pace, named "tokens/s while decoding" (issue 40: "0.12 tokens/s per pane" here against
+    0.4 in the counters)."""
     if written is None or asked is None:
         return f"This run reached the server's time limit of {limit_s} s: try fewer tokens."
-    pace = f" ({written / limit_s:.2g} tokens/s per pane)" if written else ""
+    wait = f" (the first token came after {first_s:.0f} s: the prefill and any wait for another run)" \
+        if first_s is not None and written else ""
     fit = f"ask for {written} tokens or fewer" if written else "try a shorter prompt or a smaller model"
     return (f"This run reached the server's time limit of {limit_s} s after {written} of the {asked} tokens asked"
-            f"{pace}: {fit} to see it finish.")
+            f"{wait}: {fit} to see it finish.")
 
 
 def _written(update: LiveUpdate) -> int:
@@ -178,8 +227,11 @@ def _stream(session: Session, run_id: int, setup: RunSetup, view: ViewOptions, c
     run = side_by_side(setup.engine, setup.prompt, setup.strategy, setup.gen, setup.trace,
                        chat_template=setup.chat_template, should_stop=session.stopper(run_id, deadline))
     pace = _Pacer(caps.figure_every)
-    with contextlib.closing(run):
+    started, first_s = time.monotonic(), None
+    with contextlib.closing(run), STREAMING.one():
         for update in run:
+            if first_s is None and update.d3 is not None and update.d3.steps:
+                first_s = time.monotonic() - started
             if not session.is_current(run_id):
                 return  # a newer run of this session owns the panes now
             if update.finished:
@@ -193,7 +245,8 @@ def _stream(session: Session, run_id: int, setup: RunSetup, view: ViewOptions, c
             late = update.phase == "stopped" and deadline.reached
             figures = pace.figures(update)
             if pace.panes(update) or figures:
-                limit = _time_limit_note(caps.max_run_s, _written(update), setup.gen.max_new_tokens) if late else ""
+                limit = _time_limit_note(caps.max_run_s, _written(update), setup.gen.max_new_tokens,
+                                         first_s) if late else ""
                 note = " ".join(n for n in (setup.note, limit) if n)
                 yield _render(session, setup, update, view, figures, note)
 

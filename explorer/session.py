@@ -12,13 +12,14 @@ from typing import Any, Callable, Iterable
 import pandas as pd
 
 from d3.research.stats import bootstrap_difference
-from d3.trace import Comparison, Trace, token_agreement
-from d3.trace import measured_speedup
+from d3.trace import Comparison, Trace, measured_speedup, run_counts, speedup_fields, token_agreement
 from explorer.deadline import Deadline
 from explorer.runs import LiveUpdate
+from viz.layout import short_label
+from viz.stream import count_words, speed_words
 
-HISTORY_COLUMNS = ["run", "strategy", "tokens", "mean layers", "theoretical ×", "measured ×", "agreement",
-                   "agree 95%", "first divergence", "KL teacher", "KL free"]
+HISTORY_COLUMNS = ["run", "strategy", "tokens", "mean layers", "theoretical ×", "measured ×", "speed, read how",
+                   "agreement", "tokens agreeing", "agree 95%", "first divergence", "KL teacher", "KL free"]
 HISTORY_LIMIT = 50  # runs kept per session, like everything a session keeps: bounded
 
 
@@ -195,6 +196,8 @@ class Session:
             agree = tuple(a == b for a, b in zip(d3.token_ids, full.token_ids))
             speedup = measured_speedup(d3, full)
             measured = speedup.ratio if speedup is not None and speedup.resolvable else None
+            # the one count and speed reading of the run (d3.trace.run_counts), whichever way it ended
+            summary = {"strategy": d3.strategy_name, **summary, **run_counts(d3, full), **speedup_fields(speedup)}
             self.history.append(RunRecord(label, summary, measured, text=d3.text,
                                           layers=tuple(int(n) for n in d3.layers_used), agree=agree, prompt=d3.prompt))
             del self.history[:-HISTORY_LIMIT]
@@ -204,7 +207,9 @@ class Session:
                  "mean layers": round(r.summary["mean_layers"], 2),
                  "theoretical ×": round(r.summary["theoretical_speedup"], 2),
                  "measured ×": None if r.measured is None else round(r.measured, 2),
-                 "agreement": round(r.summary["agreement"], 3), "agree 95%": agreement_interval(self.history[:i + 1]),
+                 "speed, read how": _speed(r.summary),
+                 "agreement": round(r.summary["agreement"], 3),
+                 "tokens agreeing": count_words(r.summary, short_label({"strategy": r.summary.get("strategy", "d3")})), "agree 95%": agreement_interval(self.history[:i + 1]),
                  "first divergence": r.summary["first_divergence"],
                  "KL teacher": _round(r.summary.get("kl_teacher_mean")), "KL free": _round(r.summary.get("kl_free_mean"))}
                 for i, r in enumerate(self.history)]
@@ -221,6 +226,12 @@ def agreement_interval(runs: list[RunRecord]) -> str | None:
         return None
     d = bootstrap_difference([1.0] * len(by_prompt), list(by_prompt.values()))
     return f"{1 + d.low:.2f}-{1 + d.high:.2f} ({len(by_prompt)})"
+
+
+def _speed(summary: dict[str, Any]) -> str:
+    """The run's measured speedup read against theory (`viz.stream.speed_words`), as the Sweep's table reads its rows."""
+    return speed_words(summary.get("measured_speedup"), summary.get("measured_speedup_low"),
+                       summary.get("measured_speedup_high"), summary.get("theoretical_speedup"))
 
 
 def _round(value: float | None) -> float | None:

@@ -50,8 +50,8 @@ from explorer.view_handlers import (
     view_opened,
 )
 
-SWEEP_CLICK_JS = ASSETS / "sweep_click.js"
-HEADS_CLICK_JS = ASSETS / "heads_click.js"  # a click on a cell of the attention overview opens that head
+# a click on a point of the Sweep's Pareto view loads its setting; on a cell of the attention overview, opens that head
+PLOT_CLICK_JS = ASSETS / "plot_click.js"
 PAGE_JS = ASSETS / "page.js"  # fits plots to their boxes after tab switches
 PREVIEW_JS = ASSETS / "decay_preview.js"  # the decay curve drawn in the browser while a slider moves
 # Letting go of one of these sliders regenerates; while one moves, the browser redraws the decay curve from
@@ -229,8 +229,7 @@ def _wire_sweep(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     _redraw_after(pool, ui, ui["sweep_point"].change(load_sweep_point, _pick(ui, ("sweep_results", "sweep_point")),
                                                      _pick(ui, SWEEP_LOAD_OUTPUTS), api_name="load_sweep_point",
                                                      queue=False))
-    demo.load(None, js=SWEEP_CLICK_JS.read_text(encoding="utf-8"), api_name=False)
-    demo.load(None, js=HEADS_CLICK_JS.read_text(encoding="utf-8"), api_name=False)
+    demo.load(None, js=PLOT_CLICK_JS.read_text(encoding="utf-8"), api_name=False)
     ui["sweep_export"].click(export_sweep, ui["sweep_results"], ui["sweep_file"], api_name="export_sweep")
 
 

@@ -11,7 +11,9 @@ of a layer that an earlier token skipped, that state is *filled*.
 Below, D3 and the full model write side by side so that you can see what changes."""
 
 PHASES = {
-    "loading": "Loading the model (first use only)…",
+    # not "(first use only)": a model another visitor's switch set aside loads again (7-9 s); a first use that
+    # converts says so in the loader's own stage line (ModelPool.loading)
+    "loading": "Loading the model into memory…",
     "streaming": "Generating…",
     "comparing": "Both streams are done. Now measuring the error against full depth…",
     "done": "Done.",

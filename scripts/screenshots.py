@@ -6,7 +6,12 @@ mode on a projector (1920x1080) and on a laptop (1280x800), and a phone (390x844
 1280x800 and saves the screen after it. Nothing is asserted: the tests check boxes and pixels; this is for eyes.
 
 Usage: python scripts/screenshots.py OUT_DIR [--tokens 24] [--chromium /usr/bin/chromium] [--no-scenarios]
-       [--views TITLE ...] (only these view tabs, by their titles)
+       [--views TITLE ...] (only these view tabs, by their titles) [--models NAME ...] (each in OUT_DIR/NAME, opened
+       by a link that sets the model: the page's default model when none is named) [--sizes laptop projector phone]
+
+The screenshots in docs/screenshots/ (issue 44, item 7) were made by
+    python scripts/screenshots.py docs/screenshots --no-scenarios --sizes laptop projector phone \
+        --views "Layer stack (animated)" --models smollm2-135m gemma3-270m qwen2.5-coder-1.5b
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ SIZES = {"laptop": ({"width": 1280, "height": 800}, False), "projector": ({"widt
 # The view tabs a person can click (gradio keeps a hidden copy of each for measuring).
 SHOWN_TABS = "#views .tab-wrapper > .tab-container:not(.visually-hidden) button, #views .overflow-dropdown button"
 ALL_VIEWS = "() => Array.from(document.querySelectorAll('#views .visually-hidden button')).map(b => b.innerText.trim())"
-TIMEOUT_MS = 300_000
+TIMEOUT_MS = 600_000  # a busy 2-core machine writes SmolLM2 at ~0.5 token/s
 
 
 def slug(text: str) -> str:
@@ -46,11 +51,12 @@ def generate(page, tokens: int) -> None:
     page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('Done')", timeout=TIMEOUT_MS)
 
 
-def shoot_size(browser, url: str, out: Path, name: str, tokens: int, only: list[str] | None = None) -> None:
+def shoot_size(browser, url: str, out: Path, name: str, tokens: int, only: list[str] | None = None,
+               model: str | None = None) -> None:
     viewport, presentation = SIZES[name]
     page = browser.new_page(viewport=viewport)
     page.set_default_timeout(TIMEOUT_MS)
-    page.goto(url)
+    page.goto(url + (f"?model={model}" if model else ""))  # a link that sets the model (explorer/share.py)
     page.wait_for_selector("#generate")
     if presentation:
         page.click("#presentation input")
@@ -87,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chromium", default="/usr/bin/chromium")
     parser.add_argument("--no-scenarios", action="store_true")
     parser.add_argument("--views", nargs="+", metavar="TITLE", help="only these view tabs (default: every one)")
+    parser.add_argument("--models", nargs="+", metavar="NAME", help="each of these models in its own folder")
+    parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=list(SIZES))
     args = parser.parse_args(argv)
     from playwright.sync_api import sync_playwright
 
@@ -99,9 +107,12 @@ def main(argv: list[str] | None = None) -> int:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=args.chromium,
                                         args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-            for name in SIZES:
-                shoot_size(browser, url, args.out, name, args.tokens, args.views)
-                print(f"{name}: saved", flush=True)
+            for model in args.models or [None]:
+                out = args.out / model if model else args.out
+                out.mkdir(parents=True, exist_ok=True)
+                for name in args.sizes:
+                    shoot_size(browser, url, out, name, args.tokens, args.views, model)
+                    print(f"{model or 'default model'}, {name}: saved", flush=True)
             if not args.no_scenarios:
                 shoot_scenarios(browser, url, args.out)
                 print("scenarios: saved", flush=True)

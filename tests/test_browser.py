@@ -147,9 +147,9 @@ def test_clicking_a_sweep_point_loads_its_setting_into_the_live_controls(browser
         page.wait_for_function("() => document.querySelector('#sweep-note').innerText.includes('Click a point')")
         page.locator("#plot-sweep").scroll_into_view_if_needed()
         page.screenshot(path=str(ARTIFACTS / "browser_sweep_tab.png"), full_page=True)
-        # The page attaches its click listener to each newly rendered plot within 400 ms (assets/sweep_click.js):
+        # The page attaches its click listener to each newly rendered plot within 400 ms (assets/plot_click.js):
         # a click in that window would be lost, so the test clicks once the plot it sees has it.
-        page.wait_for_function("() => document.querySelector('#plot-sweep .js-plotly-plot').__d3PointClick === true")
+        page.wait_for_function("() => document.querySelector('#plot-sweep .js-plotly-plot').__d3Click === true")
         point = page.evaluate(D3_POINT)
         page.mouse.move(point["x"], point["y"])
         page.mouse.click(point["x"], point["y"])

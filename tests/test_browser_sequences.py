@@ -341,7 +341,7 @@ def test_a_click_on_an_attention_overview_cell_opens_that_head(watched) -> None:
     open_view(page, "Attention overview")
     page.wait_for_function("() => (document.querySelector('#plot-heads .js-plotly-plot')?.data || [])"
                            ".some(t => t.type === 'heatmap')", timeout=GUARD_S * 1000)  # drawn as the tab opened
-    page.wait_for_timeout(600)  # assets/heads_click.js attaches its listener every 400 ms
+    page.wait_for_timeout(600)  # assets/plot_click.js attaches its listener every 400 ms
     page.locator("#plot-heads").scroll_into_view_if_needed()  # a mouse click lands only inside the viewport
     x, y = page.evaluate("""() => {
         const gd = document.querySelector('#plot-heads .js-plotly-plot'), fl = gd._fullLayout;
@@ -369,8 +369,8 @@ def load_a_sweep_point(page) -> str:
     page.wait_for_function(PLOT_HAS_DATA, arg="plot-sweep", timeout=GUARD_S * 1000)
     page.wait_for_function("() => document.querySelector('#sweep-note').innerText.includes('Click a point')")
     page.locator("#plot-sweep").scroll_into_view_if_needed()
-    # sweep_click.js attaches its listener to a newly drawn plot within 400 ms: a click before that would be lost
-    page.wait_for_function("() => document.querySelector('#plot-sweep .js-plotly-plot').__d3PointClick === true")
+    # plot_click.js attaches its listener to a newly drawn plot within 400 ms: a click before that would be lost
+    page.wait_for_function("() => document.querySelector('#plot-sweep .js-plotly-plot').__d3Click === true")
     point = page.evaluate(D3_POINT)
     page.mouse.move(point["x"], point["y"])
     page.mouse.click(point["x"], point["y"])

@@ -124,3 +124,11 @@ def test_each_embedded_model_starts_on_its_measured_order(model):
     sized = view_handlers._sized(facts, model)
     assert (sized["drop_order"], sized["layer_order"], sized["alpha"]) == (page.drop_order, page.layer_order, page.alpha)
     assert model_defaults("some/local-dir").drop_order == DEFAULTS.drop_order == "middle_out"  # others: the engine's
+
+
+def test_a_measurement_on_fewer_tokens_than_asked_says_why(pool, monkeypatch):
+    """Issue 44: on the 28-layer model the view measured 32 tokens where the box said 64, without saying why."""
+    monkeypatch.setattr(view, "LAYERS_TOKENS", 2)
+    out = view.measure_layers(pool, None, **{**CONTROLS, "max_new_tokens": 4})
+    note = out[OUT["layers_note"]]
+    assert "the first 2 of the 4 tokens asked" in note and "at most 2 to stay within the server" in note

@@ -17,6 +17,7 @@ from explorer.pool import KNOWN_FACTS, ModelPool
 from explorer.runs import LiveUpdate, fill_comparison, prepare_run, side_by_side
 from explorer.scenarios import SCENARIOS, scenario_controls
 from explorer.session import Session
+from explorer import live
 from explorer.live import stop
 
 CAPS = Caps()
@@ -422,3 +423,22 @@ def test_a_partial_calibrated_order_is_re_fitted_and_the_run_says_so(pool) -> No
     outs = run(pool, session, drop_order="calibrated", layer_order="2, 1, 3, 4", core_head=1, core_tail=1,
                max_new_tokens=3)
     assert all("re-fitted" not in o[OUT["status"]] for o in outs if isinstance(o[OUT["status"]], str))
+
+
+def test_the_first_token_s_wait_says_what_is_happening() -> None:
+    """Issue 40, item 6: 38-61 s of bare "Generating…" before the first token; now the status names the prefill of
+    the prompt's tokens and another run on the server."""
+    assert live.first_token_note(42, 0) == "Prefill: each run reads the 42 prompt tokens at full depth before its first token…"
+    busy = live.first_token_note(42, 1)
+    assert "42 prompt tokens" in busy and "1 other run is generating on this server" in busy
+    with live.STREAMING.one():  # another visitor's run streams: a click says this one may wait for it
+        assert "1 other run is generating" in live.interrupt(Session())
+    assert "other run" not in live.interrupt(Session())
+
+
+def test_loading_a_model_again_does_not_say_first_use() -> None:
+    """Issue 44, U7: "(first use only)" on every reload of a model another visitor's switch evicted."""
+    from explorer import views
+
+    said = views.status_html(None, None, "loading")
+    assert "Loading the model" in said and "first use" not in said

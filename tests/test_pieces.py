@@ -77,3 +77,25 @@ def test_every_view_of_a_token_shows_its_bytes_not_a_replacement_character(smol)
     for out in shown:
         assert "\\ufffd" not in out and "\ufffd" not in out and "∅" not in out
     assert all("0x8D" in out for out in shown), [out[:200] for out in shown if "0x8D" not in out]
+
+
+@pytest.mark.parametrize("model, byte_token", [("smollm2-135m", "â"), ("gemma3-270m", "<0xE2>")])
+def test_a_byte_no_token_completes_is_shown_as_bytes_and_the_next_token_as_itself(model, byte_token) -> None:
+    """Issue 44, D8: a live run on SmolLM2 wrote "frontirsails �/undabase": the first byte of a character (0xE2),
+    then "/". Its pane showed "�" and the tooltip of "/" said "token '�/' (id 31)". With SmolLM2's byte-level BPE
+    (the byte 0xE2 is its character "â") and Gemma 3's byte fallback ("<0xE2>")."""
+    from d3.trace import TokenStep
+    from viz import token_html
+
+    smol = _tokenizer(model)
+    byte = smol.convert_tokens_to_ids(byte_token)
+    ids = smol.encode("frontirsails", add_special_tokens=False) + [byte] + smol.encode("/undabase", add_special_tokens=False)
+    at = ids.index(byte)
+    texts = [token_texts(smol, ids, i) for i in range(len(ids))]
+    assert texts[at] == ("", "<0xE2>") and texts[at + 1][0] == "/"
+    assert all("\ufffd" not in text for text, _ in texts)
+    steps = tuple(TokenStep(step=i, token_id=t, text=text, piece=piece, layers_run=(0, 1), filled=(), planned=2,
+                            entropy=0.0, wall_ms=1.0) for i, (t, (text, piece)) in enumerate(zip(ids, texts)))
+    trace = make_trace(D3Config(), num_layers=2, steps=1).with_steps(steps)
+    pane = token_html(trace)
+    assert "\ufffd" not in pane and "&lt;0xE2&gt;</span>" in pane and "token &#x27;/&#x27; (id" in pane

@@ -41,3 +41,54 @@ def test_the_deeper_model_scenario_runs_each_model_at_the_same_setting_and_names
     assert "qwen2.5-coder-1.5b kept full depth's text for **all 24 tokens**" in finding
     assert "smollm2-135m left it at token 7" in finding
     assert "At 88% of its depth per token" in finding
+
+
+def _ended_pair(d3_tokens: int = 24, full_tokens: int = 19, diverge_at: int = 7):
+    """A D3 run of `d3_tokens` and a full-depth run that ended at its end-of-text token after `full_tokens`,
+    differing at one position: the deeper-model scenario's run on Qwen (issue 44, D6)."""
+    from dataclasses import replace
+
+    from d3.config import D3Config, FullConfig
+    from tests.traces import make_trace
+
+    full = replace(make_trace(FullConfig(), steps=full_tokens, seed=3), finish_reason="eos")
+    ids = full.token_ids + [1] * (d3_tokens - full_tokens)
+    ids[diverge_at] = (ids[diverge_at] + 1) % 12
+    return make_trace(D3Config(alpha=0.99), steps=d3_tokens, token_ids=ids, seed=4), full
+
+
+def test_a_finding_counts_the_tokens_both_runs_wrote_and_says_which_ended_first() -> None:
+    """Issue 44, D6: "agreement 0.95 (23 of 24 tokens agree)" beside "24 D3 tokens, 19 full-depth tokens, 18/19
+    agree": 0.947 x 24 rounded, a count of nothing. The finding, the status and the counters now read one count."""
+    from d3.trace import run_counts
+    from explorer import views
+    from explorer.scenarios import scenario_finding
+    from viz import counters_html
+
+    d3, full = _ended_pair()
+    summary = {**run_counts(d3, full), "mean_layers": d3.mean_layers, "theoretical_speedup": d3.theoretical_speedup(),
+               "strategy": "d3", "agree": tuple(a == b for a, b in zip(d3.token_ids, full.token_ids))}
+    finding = scenario_finding("aggressive", [summary], 12, "smollm2-135m")
+    said = "18 of the 19 tokens both wrote agree (full depth ended at its end-of-text token after 19; D3 wrote 24)"
+    assert said in finding and "23 of 24" not in finding and "agreement with full depth 0.95" in finding
+    status = views.status_html(d3, full, "done")
+    assert said in status and "24 D3 tokens, 19 full-depth tokens" in status
+    counters = counters_html(d3, reference=full)
+    assert "18 / 19" in counters and "full depth ended after 19" in counters
+
+
+def test_a_finding_reads_the_measured_speed_against_theory() -> None:
+    """Issue 44, D7: a measured speedup above the theoretical one is said to be a timing artefact; a run slower than
+    full depth is said to be slower; a speedup inside the noise is not given as a number."""
+    from explorer.scenarios import scenario_finding
+
+    base = {"tokens": 24, "full_tokens": 24, "compared": 24, "agreeing": 24, "agreement": 1.0,
+            "first_divergence": None, "ended_first": "", "mean_layers": 11.8, "theoretical_speedup": 2.54}
+    above = {**base, "measured_speedup": 3.34, "measured_speedup_low": 2.17, "measured_speedup_high": 5.13}
+    assert "measured 3.34×: above its theoretical 2.54×: a timing artefact" in scenario_finding("aggressive", [above], 30)
+    slower = {**base, "strategy": "early_exit", "measured_speedup": 0.30, "measured_speedup_low": 0.28,
+              "measured_speedup_high": 0.33}
+    assert "measured 0.30×: slower than full depth" in scenario_finding("aggressive", [slower], 30)
+    noise = {**base, "measured_speedup": 1.05, "measured_speedup_low": 0.9, "measured_speedup_high": 1.2}
+    text = scenario_finding("aggressive", [noise], 30)
+    assert "too small to tell from timing noise" in text and "1.05" not in text

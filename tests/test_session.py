@@ -76,3 +76,24 @@ def test_the_history_frame_shows_it_per_row() -> None:
     assert list(frame.columns) == HISTORY_COLUMNS
     shown = frame["agree 95%"].tolist()
     assert shown[1] == "0.25-0.75 (2)" and frame["agree 95%"].isna().tolist() == [True, False, True]
+
+
+def test_a_finished_run_s_history_row_gives_its_one_count_and_reads_its_speed() -> None:
+    """Issue 44, items 1 and 2: the history says how many of the tokens both runs wrote agree, which run ended first,
+    and reads the measured speedup against theory as the Sweep does."""
+    from dataclasses import replace
+
+    from d3.config import D3Config, FullConfig
+    from explorer.runs import LiveUpdate
+    from tests.traces import make_trace
+
+    full = replace(make_trace(FullConfig(), steps=19, seed=3), finish_reason="eos")
+    full = full.with_steps(replace(s, wall_ms=40.0 + s.step % 3) for s in full.steps)
+    d3 = make_trace(D3Config(alpha=0.9), steps=24, token_ids=full.token_ids + [1] * 5, seed=4)
+    d3 = d3.with_steps(replace(s, wall_ms=10.0 + s.step % 3) for s in d3.steps)  # 4x faster: above its theory
+    session = Session()
+    session.finish(LiveUpdate(d3, full, phase="stopped"), "D3")
+    row = session.history_frame().iloc[0]
+    assert row["tokens agreeing"] == ("19 of the 19 tokens both wrote agree (full depth ended at its end-of-text token "
+                                      "after 19; D3 wrote 24)")
+    assert "a timing artefact" in row["speed, read how"]

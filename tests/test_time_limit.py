@@ -42,9 +42,11 @@ def test_a_run_stops_at_the_time_limit_and_says_so(slow_engine) -> None:
 
 
 def test_the_time_limit_note_says_what_was_written_and_what_fits() -> None:
-    note = live._time_limit_note(180, 54, 256)
+    note = live._time_limit_note(180, 54, 256, 38.4)
     assert note == ("This run reached the server's time limit of 180 s after 54 of the 256 tokens asked "
-                    "(0.3 tokens/s per pane): ask for 54 tokens or fewer to see it finish.")
+                    "(the first token came after 38 s: the prefill and any wait for another run): ask for 54 tokens "
+                    "or fewer to see it finish.")
+    assert "tokens/s" not in note  # one pace on screen: the counters' "tokens/s while decoding" (issue 40)
     assert "try a shorter prompt or a smaller model" in live._time_limit_note(180, 0, 64)  # not one token in time
     assert live._time_limit_note(180) == "This run reached the server's time limit of 180 s: try fewer tokens."
 

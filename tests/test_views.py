@@ -98,6 +98,8 @@ def test_under_a_nested_order_the_error_view_says_no_filled_entry_is_ever_read(t
     assert not by_role(fig, "filled")[0].x.size and by_role(fig, "filled-unread")[0].x.size
     # Said under the title (issue 17 item 8: over the heatmap it covered the cells, and a phone cut it)
     assert "no filled entry is ever read" in title_text(fig)
+    # Issue 44, U5: one line each, not four lines of a note in the left half of the figure; the run's one count
+    assert fig.layout.title.text.count("<br>") <= 2 and " tokens agree" in title_text(fig)
     strided = error_propagation(comparison(tiny_engine, "strided"))
     assert by_role(strided, "filled")[0].x.size  # here later tokens read filled entries: outlined
     assert "no filled entry is ever read" not in title_text(strided)

@@ -790,3 +790,48 @@ def test_the_planned_grids_labels_leave_room_for_each_other(d3_cfg: D3Config, st
     plot_px = fig.layout.height - 300
     assert len(fig.layout.yaxis.tickvals) * 22 <= max(plot_px, 44)
     assert len(fig.layout.xaxis.tickvals) <= 10 and 0 in fig.layout.xaxis.tickvals
+
+
+def test_the_counters_read_a_speedup_above_theory_as_a_timing_artefact_and_name_the_pace(d3_cfg: D3Config) -> None:
+    """Issue 44, D7: "2.54× theoretical, 3.34× measured (2.17-5.13)" with no word; issue 40: one pace, named."""
+    from d3.trace import measured_speedup
+
+    full, skip = _diverging_pair(d3_cfg, at=15)
+    rng = np.random.default_rng(0)
+    full = _timed(full, list(40 + rng.random(20)))  # full depth's steps 4x as long: above any theoretical speedup
+    skip = _timed(skip, list(10 + rng.random(20)))
+    speedup = measured_speedup(skip, full)
+    assert speedup.ratio > speedup.theoretical * 1.02
+    out = viz.counters_html(skip, reference=full, speedup=speedup)
+    assert "timing artefact" in out and f"above the theoretical {speedup.theoretical:.2f}×" in out
+    assert "tokens/s while decoding" in out and "tokens / s" not in out
+    slow = measured_speedup(_timed(skip, list(40 + rng.random(20))), _timed(full, list(10 + rng.random(20))))
+    assert "slower than full depth" in viz.counters_html(skip, reference=full, speedup=slow)
+
+
+def test_a_strategy_without_a_core_gets_no_core_band_and_is_named_as_itself(d3_trace: Trace) -> None:
+    """Issue 44, D9: early exit's usage grid drew the purple "core layers (always run)" band over cells it drew as
+    skipped, and its status said "16 D3 tokens… D3 wrote"."""
+    from d3.config import EarlyExitConfig
+    from explorer import views
+
+    early = make_trace(EarlyExitConfig(min_layers=2), steps=16)
+    for fig, cored in ((viz.layer_grid(early), False), (viz.layer_grid(d3_trace), True)):
+        bands = [s for s in fig.layout.shapes if s.fillcolor == "rgba(124, 58, 237, 0.12)" or s.layer == "below"]
+        assert bool(bands) == cored
+        assert any(t.meta and t.meta.get("role") == "core-legend" for t in fig.data) == cored
+    assert "(flex)" not in str(viz.layer_grid(early).data[0].text[0][0])
+    full = make_trace(FullConfig(), steps=16, token_ids=[(i + 1) % 12 for i in early.token_ids])
+    status = views.status_html(early, full, "done")
+    assert "16 early exit tokens" in status and "early exit wrote" in status and "D3" not in status
+
+
+def test_the_end_of_text_token_is_a_mark_in_the_pane_not_literal_text() -> None:
+    """Issue 44, U4: the 28-layer model's full-depth pane ended in a literal `<|endoftext|>`."""
+    trace = replace(make_trace(FullConfig(), steps=3, texts=["The", " sky", "<|endoftext|>"]), finish_reason="eos")
+    out = viz.token_html(trace)
+    stream = out.split('class="d3-stream"', 1)[1]
+    assert "&lt;|endoftext|&gt;</span>" not in stream and "∎ end</span>" in stream
+    assert "end-of-text token" in stream  # the tooltip still names it
+    cut = viz.token_html(make_trace(FullConfig(), steps=3, texts=["The", " sky", " is"]))  # stopped at the length
+    assert "∎ end" not in cut

@@ -6,19 +6,20 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from d3.trace import CELL_NAMES, HOLE, RAN, Comparison
+from d3.trace import CELL_NAMES, HOLE, RAN, Comparison, run_counts
 from viz.layout import (
     EXTRA_COLORS,
     FILL_COLORS,
     apply_layout,
     core_shapes,
+    drawn_core,
     fit_title,
     fmt,
     guide_line,
     layer_kinds,
     quoted,
+    short_label,
     shown_text,
-    strategy_label,
 )
 
 KL_COLORS = {"teacher": "#0072B2", "free": "#D55E00"}
@@ -44,9 +45,10 @@ def _kl_line(comparison: Comparison, which: str, *, name: str, color: str, dash:
                       legendgroup=legendgroup, showlegend=showlegend, meta={"role": f"kl_{which}", "name": name})
 
 
-NEVER_READ = ("Nested drop order: no filled entry is ever read (no later token runs a skipped layer again), "
-              "so the fill changes nothing here; strided orders read them.")
-NONE_READ_HERE = "No filled entry is read in this run: no later token ran a layer that an earlier one skipped."
+# One subtitle line each (SUBTITLE_CHARS): the title of four wrapped lines took the left half of the figure (issue 44,
+# U5); why the fill then changes nothing is in the view's explanation.
+NEVER_READ = "nested: no filled entry is ever read"
+NONE_READ_HERE = "no filled entry is read in this run"
 HOLE_NAME = "hole (masked)"  # fill none writes no entry: as the layer stack names it (viz/stack.py)
 
 
@@ -83,7 +85,7 @@ def _kv_heatmap(comparison: Comparison) -> tuple[go.Heatmap, go.Scatter, go.Scat
     read, unread = filled_read(comparison)
     filled = read | unread
     positions, num_layers = err.shape
-    core = comparison.skip.core
+    core = drawn_core(comparison.skip)
     kinds = layer_kinds(num_layers, core)
     grid = comparison.teacher_grid if comparison.teacher_grid.shape == err.shape else None
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -157,7 +159,7 @@ def error_propagation(comparison: Comparison, *, log_kl: bool = False, title: st
         heat, marks, unread = _kv_heatmap(comparison)
         for trace in (heat, marks, unread):
             fig.add_trace(trace, row=2, col=1)
-        shapes += core_shapes(comparison.kv_error.shape[1], comparison.skip.core, axis="y", xref="x2", yref="y2")
+        shapes += core_shapes(comparison.kv_error.shape[1], drawn_core(comparison.skip), axis="y", xref="x2", yref="y2")
         fig.update_yaxes(title_text="layer", row=2, col=1)
         fig.update_xaxes(title_text="position (generated token)", row=2, col=1)
     else:
@@ -166,7 +168,8 @@ def error_propagation(comparison: Comparison, *, log_kl: bool = False, title: st
     fig.update_yaxes(title_text="KL (nats)", type="log" if log_kl else "linear", row=1, col=1)
     if title is None:  # the note under the title, not over the heatmap: on a phone the heatmap is 150 px wide
         read, never = filled_read(comparison) if has_kv else (None, None)
-        notes = [f"{strategy_label(comparison.skip.strategy)} · agreement {comparison.agreement:.0%}"]
+        counts = run_counts(comparison.skip, comparison.full)  # the one count of the run (d3.trace.run_counts)
+        notes = [f"{short_label(comparison.skip.strategy)} · {counts['agreeing']} of {counts['compared']} tokens agree"]
         if has_kv and never.any() and not read.any():
             # said of the order only where the order is nested: a strided run whose budget did not move yet is not
             nested = comparison.skip.strategy.get("drop_order") != "strided" and \

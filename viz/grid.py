@@ -23,10 +23,12 @@ from viz.layout import (
     CELL_COLORS,
     axis_ref,
     cell_names,
+    CORE_FILL,
     core_legend_entry,
     core_shapes,
     decode_plan,
     display_core,
+    drawn_core,
     fit_title,
     layer_kinds,
     make_figure,
@@ -92,7 +94,9 @@ def cell_hover(codes: np.ndarray, row_labels: Sequence[str], kinds: Sequence[str
     prefix = " · planned: " if planned else " · "
     # Short lines (the row, then the cell): a label as wide as a phone's grid would be cut at its edge.
     rows = np.array([f"{label}<br>" for label in row_labels], dtype=object)[:, None]  # [T, 1]
-    layers = np.array([f"layer {layer} ({kinds[layer]}){prefix}" for layer in range(num_layers)], dtype=object)
+    cored = "core" in kinds  # a strategy without a core has no flex layers either: the hover names the layer alone
+    layers = np.array([f"layer {layer}" + (f" ({kinds[layer]})" if cored else "") + prefix
+                       for layer in range(num_layers)], dtype=object)
     return rows + layers[None, :] + state  # [T, L]
 
 
@@ -146,7 +150,9 @@ def _grid_figure(panels_: list[tuple[go.Heatmap, list[dict], dict, dict]], *, ti
     for note in layout["annotations"]:
         note["yshift"] = 14  # subplot titles clear the core/flex ribbon
     layout.update(shapes=shapes, coloraxis=_cell_coloraxis())
-    data = [heat for heat, *_ in panels_] + cell_legend() + [core_legend_entry()]
+    # the core's legend entry only where a panel draws a core band (a strategy without one draws none)
+    cored = any(shape.get("fillcolor") == CORE_FILL for _, panel_shapes, *_ in panels_ for shape in panel_shapes)
+    data = [heat for heat, *_ in panels_] + cell_legend() + ([core_legend_entry()] if cored else [])
     return make_figure(data, layout, title=title, presentation=presentation, height=height)
 
 
@@ -171,7 +177,7 @@ def layer_grid(trace: Trace, *, title: str | None = None, max_tokens: int | None
     codes, ys, hover_rows, ticks, sources = _trace_rows(trace, max_tokens)
     if presentation:  # rows are 16 px high and the labels 22 px: every other row is labelled, so none overlap
         max_labels = min(max_labels, (len(ys) + 1) // 2)
-    panel = _grid_panel(codes, ys, hover_rows, trace.core, index=1, tick_text=ticks if token_labels else None,
+    panel = _grid_panel(codes, ys, hover_rows, drawn_core(trace), index=1, tick_text=ticks if token_labels else None,
                         planned=False, max_labels=max_labels, name=strategy_label(trace.strategy), sources=sources)
     title = title if title is not None else fit_title(
         "Layers per token", f"{strategy_label(trace.strategy)} · {trace.mean_layers:.1f}/{trace.num_layers} on average")
@@ -237,7 +243,7 @@ def fig1_panels(traces: dict[str, Trace], *, max_tokens: int | None = 64, title:
     built = []
     for index, name in enumerate(names, start=1):
         codes, ys, hover_rows, _, sources = _trace_rows(traces[name], max_tokens)
-        built.append(_grid_panel(codes, ys, hover_rows, traces[name].core, index=index, tick_text=None, planned=False,
+        built.append(_grid_panel(codes, ys, hover_rows, drawn_core(traces[name]), index=index, tick_text=None, planned=False,
                                  max_labels=16, name=name, max_layer_ticks=max(2, 24 // len(names)), sources=sources))
     longest = max(min(len(t.steps), max_tokens or len(t.steps)) for t in traces.values())
     title = title if title is not None else "Which layers each token ran (paper Fig. 1)"

@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from d3.config import STRATEGIES, StrategyConfig, default_core, strategy_from_dict
+from d3.config import STRATEGIES, StrategyConfig, strategy_from_dict
 from d3.schedule import LayerPlan, plan
 from d3.trace import CELL_NAMES, FILLED_COPY, FILLED_PROPAGATE, HOLE, RAN, SKIPPED
 
@@ -282,9 +282,16 @@ def strategy_kind(strategy: Mapping[str, Any] | StrategyConfig) -> str:
 
 # -- layers: core vs flex --------------------------------------------------------------------
 def display_core(strategy: StrategyConfig, num_layers: int) -> tuple[int, int]:
-    """The (head, tail) core split to draw: D3's own, else the default split (as `Trace.core`)."""
+    """The (head, tail) core split to draw over a strategy's layers: D3's own; (0, 0) for a strategy that has no core
+    (early exit, SkipDecode, Unified, full depth), over whose skipped cells a band saying "always run" would be false."""
     core = getattr(strategy, "core", None)
-    return core(num_layers) if callable(core) else default_core(num_layers)
+    return core(num_layers) if callable(core) else (0, 0)
+
+
+def drawn_core(trace: Any) -> tuple[int, int]:
+    """The core split to draw over a run's layers (`display_core` of the trace's strategy): its recorded `core`
+    where the strategy has one (D3), else (0, 0)."""
+    return tuple(trace.core) if strategy_kind(trace.strategy) == "d3" else (0, 0)
 
 
 def decode_plan(strategy: StrategyConfig, num_layers: int) -> LayerPlan:

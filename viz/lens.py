@@ -11,6 +11,7 @@ from viz.grid import cell_hover
 from viz.layout import (
     CELL_COLORS,
     core_shapes,
+    drawn_core,
     fit_title,
     fmt,
     guide_line,
@@ -48,7 +49,7 @@ def lens_arrays(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
 def _hover(trace: Trace, prob: np.ndarray, rank: np.ndarray) -> np.ndarray:
     """Hover text [L, T] (transposed like z): the lens reading where a layer ran, the cell's fate where not."""
     num_layers = trace.num_layers
-    kinds = layer_kinds(num_layers, trace.core)
+    kinds = layer_kinds(num_layers, drawn_core(trace))
     rows = [f"token {quoted(shown_text(s))} (step {s.step})" for s in trace.steps]
     text = cell_hover(trace.grid(), rows, kinds, sources=trace.fill_sources())  # [T, L], names each copy's recorded source
     for t, s in enumerate(trace.steps):
@@ -130,7 +131,7 @@ def logit_lens_heatmap(trace: Trace, *, reference: Trace | None = None, selected
                    range=[steps[0] - 0.5, steps[-1] + 0.5] if steps.size else None),
         yaxis=dict(title=dict(text="layer"), range=[-0.5, num_layers - 0.5], showgrid=False,
                    tickvals=tick_subset(num_layers, 16).tolist()),
-        shapes=core_shapes(num_layers, trace.core, axis="y") + shapes, annotations=notes,
+        shapes=core_shapes(num_layers, drawn_core(trace), axis="y") + shapes, annotations=notes,
         hovermode="closest",
     )
     settled = depth[np.isfinite(depth)]

@@ -26,6 +26,7 @@ from viz.layout import (
     CELL_COLORS,
     STRATEGY_COLORS,
     core_shapes,
+    drawn_core,
     fit_title,
     font_size,
     layer_kinds,
@@ -73,7 +74,7 @@ def token_layers(trace: Trace, index: int, *, title: str | None = None, presenta
     step = trace.steps[index]
     num_layers = trace.num_layers
     cells = step.cells(num_layers)
-    kinds = layer_kinds(num_layers, trace.core)
+    kinds = layer_kinds(num_layers, drawn_core(trace))
     hover = cell_hover(cells[None, :], [f"token {quoted(shown_text(step))} (step {step.step})"], kinds,
                        sources=step.fill_sources(num_layers)[None, :])[0]
     bars = go.Bar(y=np.arange(num_layers), x=np.ones(num_layers), orientation="h", width=0.9,
@@ -89,7 +90,7 @@ def token_layers(trace: Trace, index: int, *, title: str | None = None, presenta
         yaxis=dict(title=dict(text="layer"), tickmode="array", tickvals=list(range(num_layers)),
                    ticktext=[f"{layer} {kinds[layer]}" for layer in range(num_layers)], range=[-0.5, num_layers - 0.5],
                    showgrid=False, tickfont=dict(size=font_size(presentation, delta=-4))),
-        shapes=core_shapes(num_layers, trace.core, axis="y"), bargap=0.05,
+        shapes=core_shapes(num_layers, drawn_core(trace), axis="y"), bargap=0.05,
     )
     if title is None:
         title = fit_title(f"Token {index}: {quoted(shown_text(step))}",

@@ -16,6 +16,7 @@ from viz.layout import (
     FILL_COLORS,
     PANEL_TITLES,
     core_shapes,
+    drawn_core,
     empty_figure,
     fit_title,
     font_size,
@@ -165,7 +166,7 @@ def _frame(trace: Trace, index: int, slot_width: float, presentation: bool) -> t
     num_layers = trace.num_layers
     cells = step.cells(num_layers)
     by_layer = {f.layer: f for f in fills(step)}
-    kinds = layer_kinds(num_layers, trace.core)
+    kinds = layer_kinds(num_layers, drawn_core(trace))
     labels = [_box_label(int(cells[k]), by_layer.get(k)) for k in range(num_layers)]
     colors = [CELL_COLORS[RAN] if c == RAN else CELL_COLORS[SKIPPED] for c in cells]
     edges = [CELL_COLORS[RAN] if c == RAN else FILL_COLORS.get(by_layer[k].how, "#9CA3AF") if k in by_layer
@@ -222,6 +223,15 @@ def _buttons(frames: list[dict[str, Any]], index: int, presentation: bool) -> di
                 pad=dict(t=8, r=8), showactive=False, font=dict(size=font_size(presentation, delta=-2)))
 
 
+STACK_CHROME_PX = 230  # px of the stack's figure that is not rows: title, caption, margins
+STACK_MAX_PX = 700  # the whole stack on a 1280x800 screen (its 30 layers were 1,021 px tall: half of it seen)
+
+
+def stack_height(num_layers: int, controls: int = 0) -> int:
+    """The stack's figure height: 22 px a layer up to STACK_MAX_PX, rows lower beyond it (30 layers at ~12 px)."""
+    return int(np.clip(22 * num_layers + STACK_CHROME_PX + controls, 380, STACK_MAX_PX))
+
+
 def layer_stack(trace: Trace, index: int | None = None, *, animate: bool = True, title: str | None = None,
                 presentation: bool = False, height: int | None = None) -> go.Figure:
     """The layer stack of `trace` showing token `index` (default: the last, e.g. while streaming): with `animate`,
@@ -244,14 +254,21 @@ def layer_stack(trace: Trace, index: int | None = None, *, animate: bool = True,
     shown = range(len(trace.steps)) if animate else [index]
     built = {i: _frame(trace, i, slot_width, presentation) for i in shown}  # token -> (traces, annotations)
     num_layers = trace.num_layers
-    kinds = layer_kinds(num_layers, trace.core)
+    core = drawn_core(trace)
+    kinds = layer_kinds(num_layers, core) if sum(core) else [""] * num_layers  # no core: no "flex" either
+    controls = (120 if presentation else 100) if animate else 0
+    fig_height = height or stack_height(num_layers, controls)
+    # Layer labels a little apart: every layer where a row is taller than its label, else every other one.
+    tick_px = font_size(presentation, delta=-4)
+    every = 1 if (fig_height - STACK_CHROME_PX - controls) / num_layers >= tick_px + 2 else 2
+    ticks = list(range(0, num_layers, every))
     title = title if title is not None else fit_title("Layer stack", "each token's path up through the layers")
     layout = dict(
         xaxis=dict(visible=False, range=[DETOUR_X - 0.08, LANE_X + slot_width * slots + 0.06], fixedrange=True),
-        yaxis=dict(tickmode="array", tickvals=list(range(num_layers)), range=[-0.6, num_layers - 0.4], fixedrange=True,
-                   ticktext=[f"{k} {kinds[k]}" for k in range(num_layers)], showgrid=False, zeroline=False,
-                   tickfont=dict(size=font_size(presentation, delta=-4)), title=dict(text="layer")),
-        shapes=core_shapes(num_layers, trace.core, axis="y"), bargap=0.1, annotations=built[index][1],
+        yaxis=dict(tickmode="array", tickvals=ticks, range=[-0.6, num_layers - 0.4], fixedrange=True,
+                   ticktext=[f"{k} {kinds[k]}".strip() for k in ticks], showgrid=False, zeroline=False,
+                   tickfont=dict(size=tick_px), title=dict(text="layer")),
+        shapes=core_shapes(num_layers, drawn_core(trace), axis="y"), bargap=0.1, annotations=built[index][1],
         # Box labels at their font size even where a box is a little lower than the text (30 layers on a projector):
         # plotly would otherwise shrink each label to its box.
         uniformtext=dict(minsize=font_size(presentation, delta=-4), mode="show"),
@@ -261,9 +278,7 @@ def layer_stack(trace: Trace, index: int | None = None, *, animate: bool = True,
         frames = _token_frames(built)
         layout.update(sliders=[_slider(trace, frames, index, presentation)],
                       updatemenus=[_buttons(frames, index, presentation)])
-    controls = (120 if presentation else 100) if animate else 0
-    fig = make_figure(built[index][0], layout, title=title, presentation=presentation, legend=False,
-                      height=height or int(np.clip(22 * num_layers + 230 + controls, 380, 1100)))
+    fig = make_figure(built[index][0], layout, title=title, presentation=presentation, legend=False, height=fig_height)
     caption_px = CAPTION_LINES * round(1.3 * font_size(presentation, delta=-1)) + 8
     fig.update_layout(margin_t=fig.layout.margin.t + caption_px - PANEL_TITLES)
     return fig

@@ -5,13 +5,13 @@ from __future__ import annotations
 import html
 import math
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 from plotly.colors import sample_colorscale, unlabel_rgb
 
-from d3.trace import TokenStep, Trace, token_agreement
-from viz.layout import FONT_FAMILY, SEQUENTIAL, readable_token, shown_text
+from d3.trace import TokenStep, Trace, run_counts, token_agreement
+from viz.layout import FONT_FAMILY, SEQUENTIAL, readable_token, short_label, shown_text
 
 DIFF_COLOR = "#D55E00"
 
@@ -142,10 +142,20 @@ def token_html(trace: Trace, *, reference: Trace | None = None, full_prob: Seque
         # lines. Such a token stays, a sliver in its colour, its tooltip saying what it was (issue 35).
         leading = not started and not step.text.strip() and step.text != ""
         text = "" if leading else html.escape(step.text).replace("\n", "⏎\n")
-        if leading or (step.piece and not step.text):  # or part of a character the next token completes
+        if _orphan(trace.steps, i):  # bytes no later token made a character of: shown as bytes, never "�"
+            text, cls = html.escape(step.piece), cls + " d3-bytes"
+            style += ";font-family:monospace;font-size:0.8em"
+        # The end-of-text token a run stopped at is a special token, not text: a mark, never "<|endoftext|>"
+        ended = trace.finish_reason == "eos" and i == len(trace.steps) - 1
+        if ended:
+            text, cls = "∎ end", cls + " d3-end"
+            style += ";font-size:0.7em;opacity:0.8;white-space:nowrap"
+        if leading or (step.piece and not step.text and not text):  # or part of a character the next token completes
             style += ";display:inline-block;min-width:0.4em;height:1.1em;vertical-align:text-bottom"
         started = started or bool(step.text.strip())
         tip = _token_title(step, trace.num_layers, other)
+        if ended:
+            tip = f"the end-of-text token {step.text!r}: the run stopped here\n" + tip
         if leading:
             tip = "white space before the answer's first word (not drawn)\n" + tip
         if full_prob is not None and i < len(full_prob):
@@ -160,6 +170,16 @@ def token_html(trace: Trace, *, reference: Trace | None = None, full_prob: Seque
     return (f'<div class="d3-tokens" style="font-family:{html.escape(FONT_FAMILY, quote=True)};font-size:1.05em;'
             f'line-height:1.75">{_legend_strip(few, many, _plausibility_legend(full_ppl) if full_prob is not None else "")}'
             f'<div class="d3-stream" style="white-space:pre-wrap">{body}</div></div>')
+
+
+def _orphan(steps: Sequence[TokenStep], i: int) -> bool:
+    """Whether token i holds bytes of a character that the next token does not go on with or complete (it neither
+    holds bytes itself nor starts with a character beyond ASCII): those bytes are shown as bytes ("<0xE2>")."""
+    step = steps[i]
+    if not step.piece or step.text or i + 1 >= len(steps):
+        return False
+    after = steps[i + 1]
+    return not after.piece and not (after.text[:1] > "\x7f")
 
 
 def _counter(value: str, label: str, tip: str = "") -> str:
@@ -180,6 +200,59 @@ def step_rate(trace: Trace, other: Trace | None = None) -> float | None:
     return 1000.0 / median if median > 0 else None
 
 
+def count_words(counts: Mapping[str, Any], name: str = "D3", *, final: bool = True) -> str:
+    """The one sentence of a run's count against full depth (`d3.trace.run_counts`, or a summary holding its keys),
+    said the same way by the status line, the counters, the scenario findings and the history: how many of the tokens
+    both runs wrote agree, and, when one run ended earlier at its end-of-text token (or, `final`, the runs stopped at
+    different lengths), how many each wrote: "18 of the 19 tokens both wrote agree (full depth ended at its
+    end-of-text token after 19; D3 wrote 24)". `name`: the skipping strategy's name."""
+    c = full_counts(counts)
+    if not c["compared"]:
+        return "no tokens to compare yet"
+    text = f"{c['agreeing']} of the {c['compared']} tokens both wrote agree"
+    ended, tokens, full = c["ended_first"], c["tokens"], c["full_tokens"]
+    if ended == "full":
+        text += f" (full depth ended at its end-of-text token after {full}; {name} wrote {tokens})"
+    elif ended == "skip":
+        text += f" ({name} ended at its end-of-text token after {tokens}; full depth wrote {full})"
+    elif final and tokens != full:
+        text += f" ({name} wrote {tokens}, full depth {full})"
+    return text
+
+
+def full_counts(counts: Mapping[str, Any]) -> dict[str, Any]:
+    """`counts` with every key of `d3.trace.run_counts`: a summary saved before they were all kept is read from its
+    per-position `agree` (the positions both runs wrote) where it has one."""
+    c = dict(counts)
+    agree = c.get("agree")
+    if "compared" not in c:
+        c["compared"] = len(agree) if agree is not None else c.get("tokens", 0)
+        c["agreeing"] = sum(map(bool, agree)) if agree is not None else round(c.get("agreement", 1.0) * c["compared"])
+    c.setdefault("full_tokens", c["compared"] if c["compared"] < c.get("tokens", 0) else c.get("tokens", 0))
+    c.setdefault("tokens", c["compared"])
+    c.setdefault("ended_first", "")
+    return c
+
+
+SPEED_ABOVE_THEORY = 1.02  # a measured speedup above its theoretical one by more than this is a timing artefact
+
+
+def speed_words(ratio: float | None, low: float | None, high: float | None, theoretical: float | None) -> str:
+    """How to read a measured speedup against theory, the one reading of the Live counters, the scenario findings,
+    the history and the Sweep: above its theoretical bound (which skipping layers cannot beat: a timing artefact),
+    within the noise (its 95% interval includes 1), slower than full depth, or "" where it stands as measured."""
+    finite = lambda v: v is not None and math.isfinite(v)  # noqa: E731
+    if not finite(ratio):
+        return "not measured"
+    if finite(low) and finite(high) and low <= 1.0 <= high:  # type: ignore[operator]
+        return "within timing noise"  # first: the counters then say "too small to measure here", never a ratio
+    if finite(theoretical) and ratio > theoretical * SPEED_ABOVE_THEORY:  # type: ignore[operator]
+        return f"above its theoretical {theoretical:.2f}×: a timing artefact, not a speedup"
+    if ratio < 1.0:  # type: ignore[operator]
+        return "slower than full depth"
+    return ""
+
+
 def speedup_text(speedup: Any) -> tuple[str, str, str]:
     """(value, label, tip) of the measured-speedup counter: a ratio with its 95% interval only where the run measured
     one (the interval excludes 1); otherwise said plainly, with the theoretical speedup."""
@@ -188,8 +261,15 @@ def speedup_text(speedup: Any) -> tuple[str, str, str]:
     if not speedup.resolvable:
         return ("too small", f"to measure here: theoretical {speedup.theoretical:.2f}×",
                 f"{speedup.steps} paired steps: the 95% interval {speedup.low:.2f}–{speedup.high:.2f}× includes 1")
-    return (f"{speedup.ratio:.2f}×", f"measured ({speedup.low:.2f}–{speedup.high:.2f})",
-            f"median full-depth step over D3's, {speedup.steps} interleaved steps, 95% bootstrap interval")
+    measured = f"{speedup.ratio:.2f}× measured ({speedup.low:.2f}–{speedup.high:.2f})"
+    tip = f"median full-depth step over this run's, {speedup.steps} interleaved steps, 95% bootstrap interval"
+    reading = speed_words(speedup.ratio, speedup.low, speedup.high, speedup.theoretical)
+    if reading.startswith("above"):  # the class must not read it as what skipping gives
+        return ("timing artefact", f"{measured}: above the theoretical {speedup.theoretical:.2f}×, which skipping "
+                "layers cannot beat", tip + "; the machine's load changed between the paired steps")
+    if reading:
+        return (f"{speedup.ratio:.2f}×", f"{reading}: {measured}", tip)
+    return (f"{speedup.ratio:.2f}×", f"measured ({speedup.low:.2f}–{speedup.high:.2f})", tip)
 
 
 def counters_html(trace: Trace, *, reference: Trace | None = None, speedup: Any = None,
@@ -206,18 +286,25 @@ def counters_html(trace: Trace, *, reference: Trace | None = None, speedup: Any 
     rate = step_rate(trace, paired or reference)
     boxes = [
         _counter(str(n), "tokens"),
-        _counter("—" if rate is None else f"{rate:.1f}", "tokens / s", "median decode step, positions both runs reached"),
+        _counter("—" if rate is None else f"{rate:.1f}", "tokens/s while decoding",
+                 "from the median decode step over the positions both runs reached: the prompt's prefill and any "
+                 "wait before the first token are left out"),
         _counter(f"{trace.mean_layers:.1f} / {trace.num_layers}", "mean layers / token"),
         _counter(f"{theory:.2f}×", "theoretical speedup", theory_tip),
     ]
     if reference is not None:
         boxes.append(_counter(*speedup_text(speedup)))
     if reference is not None:
-        agreement = token_agreement(trace.token_ids, reference.token_ids)
-        value = f"{agreement.agreeing} / {agreement.compared}" if agreement.compared else "—"
-        first = agreement.first_divergence
-        tip = "no divergence so far" if first is None else f"first divergence at position {first}"
-        boxes.append(_counter(value, "tokens agreeing with full depth", tip))
+        counts = run_counts(trace, reference)
+        value = f"{counts['agreeing']} / {counts['compared']}" if counts["compared"] else "—"
+        first = counts["first_divergence"]
+        tip = count_words(counts, short_label(trace.strategy), final=False) + ("; no divergence so far" if first is None
+                                                                                else f"; first divergence at position {first}")
+        label = "tokens agreeing with full depth"
+        if counts["ended_first"]:  # the count is over the tokens both wrote: say which run stopped writing
+            who = "full depth" if counts["ended_first"] == "full" else "this run"
+            label += f" ({who} ended after {counts['compared']})"
+        boxes.append(_counter(value, label, tip))
 
     return (f'<div class="d3-counters" style="display:flex;flex-wrap:wrap;gap:8px;font-family:'
             f'{html.escape(FONT_FAMILY, quote=True)}">' + "".join(boxes) + "</div>")

@@ -16,16 +16,17 @@ import gradio as gr
 import plotly.graph_objects as go
 
 from d3.config import StrategyConfig
-from d3.trace import Comparison, Trace, token_agreement
-from explorer.controls import CONTROL_NAMES
-from explorer.ui import model_queue
+from d3.trace import Comparison, Trace, measured_speedup, run_counts
+from explorer.controls import CONTROL_NAMES, page_words, takes_controls
+from explorer.ui import model_queue, user_errors
 from explorer.wording import PHASES
 from viz.attention import attention_map
 from viz.depth import decay_curve
 from viz.errors import error_propagation, fill_strategies
 from viz.flow import sublayer_flow
 from viz.grid import layer_grid, planned_grid_figure
-from viz.layout import empty_figure, readable_token, shown_text, strategy_label
+from viz.layout import empty_figure, readable_token, short_label, shown_text, strategy_label
+from viz.stream import count_words, speed_words
 
 
 SCHEDULE = ("decay", "planned")  # the schedule preview: the two views drawn from the controls alone (no run)
@@ -120,20 +121,28 @@ def status_html(d3: Trace | None, full: Trace | None, phase: str, *, comparison:
     """One status line: the phase, tokens so far, and the first divergence called out in words."""
     parts = [f'<span class="d3-phase">{html.escape(PHASES.get(phase, phase))}</span>']
     if d3 is not None and full is not None:
-        agreement = token_agreement(d3.token_ids, full.token_ids)
-        n, first = agreement.compared, agreement.first_divergence
-        parts.append(f"{len(d3.steps)} D3 tokens, {len(full.steps)} full-depth tokens, {agreement.agreeing}/{n} agree.")
+        name, final = short_label(d3.strategy), phase in ("done", "stopped", "comparing")
+        counts = run_counts(d3, full)
+        n, first = counts["compared"], counts["first_divergence"]
+        parts.append(html.escape(f"{len(d3.steps)} {name} tokens, {len(full.steps)} full-depth tokens: "
+                                 f"{count_words(counts, name, final=final)}."))
         if first is not None:
             a, b = readable_token(shown_text(d3.steps[first])), readable_token(shown_text(full.steps[first]))
-            parts.append(f'<span class="d3-callout">First divergence at token {first}: D3 wrote '
+            parts.append(f'<span class="d3-callout">First divergence at token {first}: {html.escape(name)} wrote '
                          f'<code>{html.escape(a)}</code> where full depth wrote <code>{html.escape(b)}</code>.</span>')
         elif n:
-            so_far = "" if phase in ("done", "stopped", "comparing") else " so far"
-            parts.append(f'<span class="d3-agree">No divergence{so_far}: D3 wrote exactly what full depth wrote.</span>')
+            so_far = "" if final else " so far"
+            parts.append(f'<span class="d3-agree">No divergence{so_far}: {html.escape(name)} wrote exactly what full '
+                         'depth wrote.</span>')
+        if final and (speedup := measured_speedup(d3, full)) is not None:
+            reading = speed_words(speedup.ratio, speedup.low, speedup.high, speedup.theoretical)
+            if reading and reading != "within timing noise":  # noise: the counters say "too small to measure"
+                parts.append(html.escape(f"Measured speed {speedup.ratio:.2f}×: {reading}."))
     if comparison is not None:
         s = comparison.summary()
         parts.append(f"Mean KL against full depth: {_fmt(s['kl_teacher_mean'])} nats teacher-forced, "
-                     f"{_fmt(s['kl_free_mean'])} nats free-running. Full-depth perplexity of D3's text: "
+                     f"{_fmt(s['kl_free_mean'])} nats free-running. Full-depth perplexity of "
+                     f"{html.escape(short_label(comparison.skip.strategy))}'s text: "
                      f"{_fmt(s['full_ppl_of_skip'])} (of its own: {_fmt(s['full_ppl_of_full'])}).")
     if note:
         parts.append(html.escape(note))
@@ -172,7 +181,12 @@ class Shown:
 
     @classmethod
     def of(cls, session: Any) -> "Shown":
-        return cls(session.d3, session.full, session.comparison, session.fills) if session is not None else cls()
+        """The session's run; phase "streaming" while a run of the session is going (a view then says it is drawn
+        when the run has finished, not "Press Generate")."""
+        if session is None:
+            return cls()
+        phase = "streaming" if getattr(session, "running", None) is not None else ""
+        return cls(session.d3, session.full, session.comparison, session.fills, phase)
 
 
 @dataclass(frozen=True)
@@ -275,13 +289,24 @@ def drawn_from_session() -> tuple[str, ...]:
     return tuple(v.key for v in registry() if v.draw is not None)
 
 
+RUNNING = "Generating… this view is drawn when both runs have finished."
+
+
 def draw(key: str, shown: Shown, options: Any) -> go.Figure:
-    return by_key()[key].draw(shown, options)  # type: ignore[misc]
-
-
-def empty(key: str, presentation: bool = False) -> Any:
+    """View `key`'s figure of `shown`; a view drawn after a run, while that run has no token yet, says so (it said
+    "Press Generate" while Generate was running)."""
     view = by_key()[key]
-    return view.empty(presentation) if view.empty is not None else view.draw(Shown(), _Options(presentation))  # type: ignore[misc]
+    if shown.d3 is None and shown.phase == "streaming" and view.after_run:
+        return waiting(RUNNING, presentation=options.presentation)
+    return view.draw(shown, options)  # type: ignore[misc]
+
+
+def empty(key: str, presentation: bool = False, *, running: bool = False) -> Any:
+    """What view `key` shows with no run: before any, or (`running`) while a run's first tokens are on their way."""
+    view = by_key()[key]
+    if view.empty is not None:
+        return view.empty(presentation)
+    return draw(key, Shown(phase="streaming" if running else ""), _Options(presentation))
 
 
 @dataclass(frozen=True)
@@ -295,7 +320,42 @@ class _Options:
     log_kl: bool = False
 
 
+def redrawn_by(key: str, control: str, draw_fn: Callable[[Shown, Any], go.Figure], api_name: str
+               ) -> tuple[Callable[..., Any], Callable[[Any, dict[str, Any], Page], None]]:
+    """(handler, wire) of a view that one of its own controls redraws from the session's run, out of the queue (no
+    model runs): the information flow's measure of change, the error view's log scale."""
+
+    @takes_controls
+    def render(session: Any, controls: Any) -> Any:
+        with user_errors():
+            return draw_fn(Shown.of(session), controls.view)
+
+    def wire(pool: Any, ui: dict[str, Any], page: Page) -> None:
+        inputs = [ui["session"], *(ui[n] for n in CONTROL_NAMES)]
+        ui[control].input(render, inputs, ui[key], api_name=api_name, queue=False, preprocess=False,
+                          show_progress="hidden")
+
+    return render, wire
+
+
 # ---------------------------------------------------------------- a view that draws its own measurement
+
+
+def redraw_measured(state: Any, presentation: bool, placeholder: Callable[[bool], go.Figure],
+                    setup: Callable[[], tuple[Any, ...]], figure: Callable[[Any, tuple[Any, ...]], go.Figure], *,
+                    what: str, changed: str) -> go.Figure:
+    """A measured view redrawn for the controls (no model runs): `figure(state, setup())` when the measurement was
+    made under them (`setup()` returns a tuple whose second item is the key the measurement is kept under); else
+    the placeholder (nothing measured), why the controls cannot draw `what`, or `changed` (measured under others)."""
+    if state is None:
+        return placeholder(presentation)
+    try:
+        got = setup()
+    except ValueError as err:
+        return waiting(f"Cannot draw {what}:<br>{html.escape(page_words(str(err)))}", presentation=presentation)
+    if got[1] != state.key:
+        return waiting(changed, presentation=presentation)
+    return figure(state, got)
 
 
 @dataclass(frozen=True)

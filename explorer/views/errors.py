@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import gradio as gr
 
-from explorer.controls import CONTROL_NAMES, DEFAULTS, Controls, takes_controls
-from explorer.ui import user_errors
-from explorer.views import Page, Shown, View, error_view
+from explorer.controls import DEFAULTS
+from explorer.views import Shown, View, error_view, redrawn_by
 
 KEY = "errors"
 EXPLAIN = """**How far D3 drifts from full depth,** per position.
@@ -19,7 +16,8 @@ squares were filled instead of computed and are read by later tokens; grey dots 
 ever reads them.
 
 **What to look for:** a spike at the first divergence. With a nested drop order (the default) every filled entry
-is a grey dot: errors there cannot propagate, the skipped layers' own absence is the error. With *strided* or
+is a grey dot: no later token runs a skipped layer again, so no filled entry is ever read and the fill changes
+nothing; errors there cannot propagate, the skipped layers' own absence is the error. With *strided* or
 early exit, filled entries with a large error are read and the error propagates."""
 
 
@@ -31,18 +29,8 @@ def controls(ui: dict, facts) -> None:
     ui["log_kl"] = gr.Checkbox(DEFAULTS.log_kl, label="Log scale for KL")
 
 
-@takes_controls
-def render_errors(session: Any, controls: Controls) -> Any:
-    """The view redrawn from the session's run after its own control (log scale) moved."""
-    with user_errors():
-        return draw(Shown.of(session), controls.view)
-
-
-def wire(pool: Any, ui: dict[str, Any], page: Page) -> None:
-    """Its own control redraws it, out of the queue (no model runs)."""
-    inputs = [ui["session"], *(ui[n] for n in CONTROL_NAMES)]
-    ui["log_kl"].input(render_errors, inputs, ui[KEY], api_name="render_errors", queue=False, preprocess=False,
-                   show_progress="hidden")
+# its own control redraws it, out of the queue (no model runs)
+render_errors, wire = redrawn_by(KEY, "log_kl", draw, "render_errors")
 
 
 VIEW = View(KEY, "Error propagation", EXPLAIN, needs="a run's comparison with full depth", position=50, draw=draw,

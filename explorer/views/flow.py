@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import gradio as gr
 
-from explorer.controls import CONTROL_NAMES, DEFAULTS, Controls, takes_controls
-from explorer.ui import user_errors
-from explorer.views import Page, Shown, View, flow_view
+from explorer.controls import DEFAULTS
+from explorer.views import Shown, View, flow_view, redrawn_by
 
 KEY = "flow"
 EXPLAIN = """**How much each sublayer changes the hidden state,** per layer, measured live on this prompt.
@@ -29,18 +26,8 @@ def controls(ui: dict, facts) -> None:
                             value=DEFAULTS.metric, label="Measure of change")
 
 
-@takes_controls
-def render_flow(session: Any, controls: Controls) -> Any:
-    """The view redrawn from the session's run after its own control (the measure of change) moved."""
-    with user_errors():
-        return draw(Shown.of(session), controls.view)
-
-
-def wire(pool: Any, ui: dict[str, Any], page: Page) -> None:
-    """Its own control redraws it, out of the queue (no model runs)."""
-    inputs = [ui["session"], *(ui[n] for n in CONTROL_NAMES)]
-    ui["metric"].input(render_flow, inputs, ui[KEY], api_name="render_flow", queue=False, preprocess=False,
-                       show_progress="hidden")
+# its own control redraws it, out of the queue (no model runs)
+render_flow, wire = redrawn_by(KEY, "metric", draw, "render_flow")
 
 
 VIEW = View(KEY, "Information flow: core vs flex", EXPLAIN,

@@ -35,7 +35,7 @@ def draw(shown: Shown, options) -> object:
 
 
 def controls(ui: dict, facts) -> None:
-    # Written by assets/heads_click.js when a cell is clicked ("layer,head@stamp"): gr.Plot has no click event.
+    # Written by assets/plot_click.js when a cell is clicked ("layer,head@stamp"): gr.Plot has no click event.
     ui["heads_cell"] = gr.Textbox(visible="hidden", elem_id="heads-cell", show_label=False)
 
 

@@ -16,11 +16,11 @@ import plotly.graph_objects as go
 from d3.research.calibrate import Calibration, calibrate_and_compare, prompt_set
 from d3.config import D3Config
 from d3.schedule import flex_drop_order, order_key
-from explorer.controls import Controls, layer_order_text, page_words, takes_controls
+from explorer.controls import Controls, layer_order_text, takes_controls
 from explorer.pool import ModelPool
 from explorer.runs import check_run, prepare_run
 from explorer.ui import ordered, user_errors, within_limit
-from explorer.views import Measured, waiting
+from explorer.views import Measured, redraw_measured, waiting
 from viz.layers import layer_importance
 
 KEY = "layers"
@@ -49,7 +49,7 @@ def _setup(pool: ModelPool, controls: Controls) -> tuple[D3Config, tuple[Any, ..
     assert isinstance(cfg, D3Config)
     layers = pool.facts(setup.model).num_layers
     tokens = min(setup.gen.max_new_tokens, LAYERS_TOKENS)
-    return cfg, (setup.model, setup.prompt, setup.chat_template, tokens, cfg.core(layers)), layers
+    return cfg, (setup.model, setup.prompt, setup.chat_template, tokens, setup.gen.max_new_tokens, cfg.core(layers)), layers
 
 
 def _in_use(cfg: D3Config, num_layers: int) -> tuple[tuple[int, ...], str]:
@@ -60,12 +60,21 @@ def _in_use(cfg: D3Config, num_layers: int) -> tuple[tuple[int, ...], str]:
     return flex_drop_order(num_layers, head, tail, order_key(cfg)), cfg.drop_order.replace("_", "-")
 
 
+def _read_on(tokens: int, asked: int) -> str:
+    """The tokens of full depth's answer the measurement read, and why fewer than asked: every drop re-reads them."""
+    if tokens < asked:
+        return (f"the first {tokens} of the {asked} tokens asked of full depth's answer: every layer dropped re-reads "
+                f"them, so the measurement reads at most {LAYERS_TOKENS} to stay within the server's time limit")
+    return f"{tokens} tokens of full depth's answer"
+
+
 def _note(state: Layers) -> str:
     c = state.calibration
     spare = [x for x in c.order[:c.steps]]
     kept = c.curve[min(3, len(c.curve)) - 1]
     worst = min(c.single, key=lambda layer: c.single[layer])
-    text = (f"On this prompt ({c.tokens} tokens of full depth's answer), the layers this model spares best are "
+    text = (f"On this prompt ({_read_on(c.tokens, state.key[4])}), the layers "
+            f"this model spares best are "
             f"{', '.join(map(str, spare[:5]))} (greedy): dropping the first {min(3, len(c.curve))} keeps {kept:.0%} of "
             f"full depth's next tokens. Dropped alone, layer {worst} hurts most ({c.single[worst]:.0%} kept). "
             f"Measured in {c.seconds:.0f} s.")
@@ -122,29 +131,27 @@ def use_this_order(pool: ModelPool, state: Layers | None, controls: Controls) ->
 
 def layers_placeholder(presentation: bool = False) -> go.Figure:
     """What the view shows before a measurement: what to press and what it costs."""
-    return waiting("Press “Measure which layers matter”: each flex layer is dropped in turn on this prompt's "
-                   "full-depth answer (about 20-60 s on a CPU).", presentation=presentation)
+    return waiting("Press “Measure which layers matter”: each flex layer is dropped in turn on the first "
+                   f"{LAYERS_TOKENS} tokens of this prompt's full-depth answer (about 20-60 s on SmolLM2-135M, "
+                   "minutes on a larger model; it stops at the server's time limit).", presentation=presentation)
 
 
 @takes_controls
 def redraw_layers(pool: ModelPool, state: Layers | None, controls: Controls) -> Any:
     """Redraw the measurement with the order in use marked (no model runs)."""
     p = controls.view.presentation
-    if state is None:
-        return layers_placeholder(p)
-    try:
-        cfg, key, layers = _setup(pool, controls)
-    except ValueError as err:
-        return waiting(f"Cannot draw this order:<br>{html.escape(page_words(str(err)))}", presentation=p)
-    if key != state.key:
-        return waiting("The prompt, model, length or core changed: measure again.", presentation=p)
-    in_use, name = _in_use(cfg, layers)
-    if in_use == state.in_use:
-        shown = state
-    else:  # the calibrated order itself in use: its curve is the green one; another order: measure to draw its curve
-        same = in_use == state.calibration.order
-        shown = Layers(state.key, state.calibration, in_use, name, state.calibration.curve if same else ())
-    return _figure(shown, presentation=p)
+
+    def figure(state: Layers, got: tuple[Any, ...]) -> go.Figure:
+        in_use, name = _in_use(got[0], got[2])
+        if in_use == state.in_use:
+            shown = state
+        else:  # the calibrated order itself in use: its curve is the green one; another: measure to draw its curve
+            same = in_use == state.calibration.order
+            shown = Layers(state.key, state.calibration, in_use, name, state.calibration.curve if same else ())
+        return _figure(shown, presentation=p)
+
+    return redraw_measured(state, p, layers_placeholder, lambda: _setup(pool, controls), figure, what="this order",
+                           changed="The prompt, model, length or core changed: measure again.")
 
 
 EXPLAIN = """**Which flex layers can this model spare, on this prompt?** Each flex layer is dropped alone while

@@ -14,11 +14,11 @@ import plotly.graph_objects as go
 from d3.config import D3Config
 from d3.research.oracle import measure
 from d3.research.oracle_fit import fit_alpha, underserved_fraction
-from explorer.controls import ALPHA_STEP, PAGE_RANGES, Controls, page_words, takes_controls
+from explorer.controls import ALPHA_STEP, PAGE_RANGES, Controls, takes_controls
 from explorer.pool import ModelPool
 from explorer.runs import check_run, prepare_run
 from explorer.ui import ordered, user_errors, within_limit
-from explorer.views import Measured, waiting
+from explorer.views import Measured, redraw_measured, waiting
 from viz.oracle import token_needs
 
 KEY = "needs"
@@ -118,15 +118,9 @@ def cold_view(presentation: bool = False) -> go.Figure:
 def redraw_needs(pool: ModelPool, state: Needs | None, controls: Controls) -> Any:
     """Redraw the measured needs over the budgets of the current controls (no model runs)."""
     p = controls.view.presentation
-    if state is None:
-        return cold_view(presentation=p)
-    try:
-        cfg, key, _ = _config(pool, controls)
-    except ValueError as err:
-        return waiting(f"Cannot draw this schedule:<br>{html.escape(page_words(str(err)))}", presentation=p)
-    if key != state.key:
-        return waiting("The prompt or the layer settings changed: measure again.", presentation=p)
-    return _figure(state, cfg, presentation=p)
+    return redraw_measured(state, p, cold_view, lambda: _config(pool, controls),
+                           lambda needs, got: _figure(needs, got[0], presentation=p), what="this schedule",
+                           changed="The prompt or the layer settings changed: measure again.")
 
 
 EXPLAIN = """**The depth each token of the full-depth answer really needs** (the *oracle*): the smallest D3
@@ -136,7 +130,9 @@ full depth. Dots are tokens; red crosses need more layers than D3 gives them at 
 **Fit α to this prompt** sets α to the fastest decay that under-serves at most 10% of these tokens.
 
 **What to look for:** D3 assumes that later tokens need fewer layers. If the dots do not fall to the right, the
-decay cuts layers that these tokens need. Measuring runs every budget for every token: about a minute."""
+decay cuts layers that these tokens need. Measuring runs every budget for every token of up to 64: about a
+minute on SmolLM2-135M on a quiet CPU, two or more on a busy one or on Gemma 3, several on the 28-layer model (it
+stops at the server's time limit and says so)."""
 
 
 

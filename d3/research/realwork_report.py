@@ -57,16 +57,25 @@ def curve(label: str) -> str:
     return words[0]
 
 
+def seconds(recs: Sequence[dict[str, Any]]) -> float:
+    """Wall time the records' batches took: per batch, the time its last recorded reply ended."""
+    ends: dict[str, float] = {}
+    for r in recs:
+        ends[r["batch_id"]] = max(ends.get(r["batch_id"], 0.0), r["elapsed"])
+    return sum(ends.values())
+
+
 def full_row(full: dict[str, dict[str, Any]]) -> dict[str, Any]:
     recs = list(full.values())
     rate = exact_rate([r["passed"] for r in recs]).to_dict()
     tokens = sum(r["tokens"] for r in recs)
-    seconds = sum(r["batch_seconds"] * r["tokens"] / max(r["batch_tokens"], 1) for r in recs)
+    secs = seconds(recs)
     return {"label": "full", "curve": "full", "n": len(recs), "passed": sum(r["passed"] for r in recs),
             "pass_at_1": rate, "mean_layers": NUM_LAYERS, "tokens": tokens,
             "mean_tokens": round(tokens / max(len(recs), 1), 1),
             "median_tokens": statistics.median(r["tokens"] for r in recs) if recs else 0,
-            "tokens_per_s": round(tokens / max(seconds, 1e-9), 2)}
+            "tokens_per_s": round(tokens / max(secs, 1e-9), 2), "max_new_tokens": recs[0].get("max_new_tokens"),
+            "dtype": recs[0].get("dtype"), "at_cap": sum(r["tokens"] >= (r.get("max_new_tokens") or 10**9) for r in recs)}
 
 
 def setting_row(label: str, rows: dict[str, dict[str, Any]], full: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -76,9 +85,7 @@ def setting_row(label: str, rows: dict[str, dict[str, Any]], full: dict[str, dic
     tokens = sum(r["tokens"] for r in mine)
     layers = sum(r["layers"] for r in mine) / max(tokens, 1)
     changes = [first_change(a["ids"], b["ids"]) for a, b in zip(ref, mine)]
-    seconds = sum(r["batch_seconds"] * r["tokens"] / max(r["batch_tokens"], 1) for r in mine)
-    ref_seconds = sum(r["batch_seconds"] * r["tokens"] / max(r["batch_tokens"], 1) for r in ref)
-    ref_tokens = sum(r["tokens"] for r in ref)
+    secs, ref_secs, ref_tokens = seconds(mine), seconds(ref), sum(r["tokens"] for r in ref)
     return {"label": label, "curve": curve(label), "config": mine[0]["config"] if mine else {}, "n": len(pids),
             "passed": sum(r["passed"] for r in mine), "full_passed": sum(r["passed"] for r in ref),
             "pass_at_1": exact_rate([r["passed"] for r in mine]).to_dict() if mine else None,
@@ -88,7 +95,7 @@ def setting_row(label: str, rows: dict[str, dict[str, Any]], full: dict[str, dic
             "theory_fixed": round(theoretical_speedup([layers], NUM_LAYERS, FIXED_COST_LAYERS), 4),
             "theory_plain": round(theoretical_speedup([layers], NUM_LAYERS), 4),
             # not a controlled timing (other jobs share the machine; batches differ): the ABBA timing is `speed`
-            "batch_speedup": round((ref_seconds / max(ref_tokens, 1)) / max(seconds / max(tokens, 1), 1e-12), 3),
+            "batch_speedup": round((ref_secs / max(ref_tokens, 1)) / max(secs / max(tokens, 1), 1e-12), 3),
             "first_changes": [c for c in changes],
             "lost": [p for p, a, b in zip(pids, ref, mine) if a["passed"] and not b["passed"]],
             "won": [p for p, a, b in zip(pids, ref, mine) if b["passed"] and not a["passed"]]}

@@ -7,7 +7,8 @@ full depth equals `Engine.generate` in that dtype (the same tokens).
 Usage: nice -n 10 python scripts/realwork_dtype.py [--problems 16] [--dtypes float32,bfloat16,float16] [--threads 2]
        [--reference results/realwork_humaneval.jsonl]
 With --reference, float32's replies are read from the real-work study's full-depth records (float32, same harness)
-instead of measured again, and the problems are the --problems shortest prompts among those it answered.
+instead of measured again, and the problems are the --problems shortest prompts of the study's first stage (the
+first 20 problems of its seeded shuffle, all answered at full depth in float32).
 Results: results/realwork_dtype.json (per dtype: every problem's ids, verdict, timing), resumable per dtype.
 """
 
@@ -31,12 +32,11 @@ def pick(n: int, reference: str) -> list:
     bench = humaneval()
     if not reference:
         return bench.subset(n, seed=0)
-    done = {json.loads(line)["pid"] for line in Path(reference).read_text().splitlines()
-            if line.strip() and json.loads(line)["setting"] == "full"}
-    return sorted((p for p in bench.problems if p.pid in done), key=lambda p: len(p.prompt))[:n]
+    # the shortest prompts among the study's first stage (full@20 of the same seeded shuffle)
+    return sorted(bench.subset(20, seed=0), key=lambda p: len(p.prompt))[:n]
 
 
-def measure(dtype: str, n: int, threads: int, batch: int, reference: str = "") -> dict:
+def measure(dtype: str, n: int, threads: int, batch: int, reference: str = "", cap: int = 0) -> dict:
     import torch
 
     from d3.config import TRACE_OFF, FullConfig, GenerationConfig
@@ -49,6 +49,10 @@ def measure(dtype: str, n: int, threads: int, batch: int, reference: str = "") -
     engine = Engine.from_loaded(load_model("qwen2.5-coder-1.5b", dtype=dtype))
     load_s = time.perf_counter() - t0
     bench = humaneval()
+    if cap:
+        import dataclasses
+
+        bench = dataclasses.replace(bench, max_new_tokens=cap)
     problems = pick(n, reference)
     t0, c0 = time.perf_counter(), time.process_time()
     recs = answer(engine, bench, problems, FullConfig(), batch=batch)
@@ -67,12 +71,14 @@ def measure(dtype: str, n: int, threads: int, batch: int, reference: str = "") -
 
 def reference_records(reference: str) -> dict:
     """float32's replies from the study's full-depth records (as `measure` would have recorded them)."""
-    recs = [json.loads(line) for line in Path(reference).read_text().splitlines() if line.strip()]
+    from d3.research.realwork_report import seconds
+
+    recs = [json.loads(line) for line in Path(reference).read_text().splitlines() if line.strip()] \
+        if Path(reference).is_file() else []
     full = [r for r in recs if r["setting"] == "full" and r["dtype"] == "float32"]
-    return {"dtype": "float32", "source": reference, "tokens_per_s": round(
-        sum(r["tokens"] for r in full) / sum(r["batch_seconds"] * r["tokens"] / r["batch_tokens"] for r in full), 3),
-        "generate_equal": None, "batch": full[0]["batch"] if full else None,
-        "records": [{k: r[k] for k in ("pid", "passed", "status", "ids", "tokens", "completion")} for r in full]}
+    return {"dtype": "float32", "source": reference, "generate_equal": None, "batch": full[0]["batch"] if full else None,
+            "tokens_per_s": round(sum(r["tokens"] for r in full) / max(seconds(full), 1e-9), 3),
+            "records": [{k: r[k] for k in ("pid", "passed", "status", "ids", "tokens", "completion")} for r in full]}
 
 
 def compare(result: dict) -> dict:
@@ -101,24 +107,26 @@ def main() -> int:
     p.add_argument("--dtypes", default="float32,bfloat16,float16")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=0, help="the reply budget (0: HumanEval's 300; the same "
+                   "as the reference's)")
     p.add_argument("--reference", default="", help="the study's JSONL: float32's replies read from its full depth")
     p.add_argument("--one", default="", help=argparse.SUPPRESS)  # internal: measure one dtype, print JSON
     args = p.parse_args()
     if args.one:
-        print(json.dumps(measure(args.one, args.problems, args.threads, args.batch, args.reference)))
+        print(json.dumps(measure(args.one, args.problems, args.threads, args.batch, args.reference,
+                                 args.max_new_tokens)))
         return 0
     result = json.loads(OUT.read_text()) if OUT.is_file() else {}
     if result.get("problems", args.problems) != args.problems:
         result = {}
     result["problems"] = args.problems
-    if args.reference:
-        result["float32"] = reference_records(args.reference)
     for dtype in args.dtypes.split(","):
         if dtype in result:
             continue
         print(f"[{time.strftime('%H:%M:%S')}] {dtype}: measuring", file=sys.stderr, flush=True)
         out = subprocess.run([sys.executable, __file__, "--one", dtype, "--problems", str(args.problems), "--threads",
-                              str(args.threads), "--batch", str(args.batch), "--reference", args.reference],
+                              str(args.threads), "--batch", str(args.batch), "--reference", args.reference,
+                              "--max-new-tokens", str(args.max_new_tokens)],
                              capture_output=True, text=True)
         if out.returncode:
             print(out.stderr[-3000:], file=sys.stderr)
@@ -127,7 +135,9 @@ def main() -> int:
         OUT.write_text(json.dumps(result))
         print(f"[{time.strftime('%H:%M:%S')}] {dtype}: {result[dtype]['tokens_per_s']} tokens/s, "
               f"generate equal: {result[dtype]['generate_equal']}", file=sys.stderr, flush=True)
-    if "float32" in result:
+    if args.reference:  # read at the end: the study may have answered them meanwhile
+        result["float32"] = reference_records(args.reference)
+    if "float32" in result and result["float32"]["records"]:
         result["comparison"] = compare(result)
         OUT.write_text(json.dumps(result))
         print(json.dumps(result["comparison"], indent=1))

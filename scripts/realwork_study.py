@@ -8,7 +8,8 @@ Usage:
   python scripts/realwork_study.py report [--bench humaneval]          (no model: the rows, SUMMARY and the figure)
 
 A stage is LABEL@N: the setting LABEL on the first N problems of the benchmark's seeded shuffle (--seed; "all": every
-problem; "full": the problems full depth has answered so far). The shuffle's order is fixed, so a stage with a larger
+problem; "full": the problems full depth has answered so far; consecutive "@full" stages go batch by batch, each
+batch prefilled once for all of them, since every setting runs the prompt at full depth). The shuffle's order is fixed, so a stage with a larger
 N later extends a smaller one's problems, and two settings run on the same N are paired on the same problems. LABEL
 is one of:
   full                             full depth
@@ -96,7 +97,7 @@ def run(args) -> None:
     import torch
 
     from d3.cli import load_engine
-    from d3.research.realwork import BENCHMARKS, answer
+    from d3.research.realwork import BENCHMARKS, answer_many
 
     torch.set_num_threads(args.threads)
     bench = BENCHMARKS[args.bench]()
@@ -109,33 +110,43 @@ def run(args) -> None:
     engine = load_engine(args)
     say(f"{engine.name} loaded in {engine.adapter.layers[0].self_attn.q_proj.weight.dtype} "
         f"({time.perf_counter() - t0:.0f} s); {bench.name}: {len(bench.problems)} problems -> {path}")
-    for stage in [s.strip() for s in args.stages.split(";") if s.strip()]:
-        label, _, n = stage.rpartition("@")
+    stages = [s.strip().rpartition("@") for s in args.stages.split(";") if s.strip()]
+    groups: list[tuple[str, list[str]]] = []  # consecutive stages on the same problems share each batch's prefill
+    for label, _, n in stages:
+        if groups and groups[-1][0] == n and n == "full":
+            groups[-1][1].append(label)
+        else:
+            groups.append((n, [label]))
+    dtype = str(engine.adapter.layers[0].self_attn.q_proj.weight.dtype).removeprefix("torch.")
+    for n, labels in groups:
         if n == "full":  # the problems full depth has answered so far: a setting paired on all of them
             answered = {r["pid"] for r in read_records(path) if r["setting"] == "full"}
             problems = [p for p in bench.problems if p.pid in answered]
         else:
             problems = bench.subset(None if n == "all" else int(n), args.seed)
-        done = {r["pid"] for r in read_records(path) if r["setting"] == label}
-        todo = [p for p in problems if p.pid not in done]
-        if not todo:
-            say(f"{label}: {len(problems)} problems already answered")
+        records = read_records(path)
+        todo = {label: {p.pid for p in problems} - {r["pid"] for r in records if r["setting"] == label}
+                for label in labels}
+        labels = [label for label in labels if todo[label]]
+        if not labels:
+            say(f"{', '.join(todo)}: {len(problems)} problems already answered")
             continue
-        cfg = engine.resolve(strategy(label, engine, args.horizon))
-        meta = {"bench": bench.name, "setting": label, "config": cfg.to_dict(), "model": engine.name,
-                "dtype": str(engine.adapter.layers[0].self_attn.q_proj.weight.dtype).removeprefix("torch."),
-                "threads": torch.get_num_threads(), "seed": args.seed, "max_new_tokens": bench.max_new_tokens}
-        say(f"{label}: {len(todo)} of {len(problems)} problems to answer ({cfg.describe()})")
+        cfgs = {label: engine.resolve(strategy(label, engine, args.horizon)) for label in labels}
+        for label in labels:
+            say(f"{label}: {len(todo[label])} of {len(problems)} problems to answer ({cfgs[label].describe()})")
         started = time.perf_counter()
 
-        def append(record: dict) -> None:
+        def append(label: str, record: dict) -> None:
+            meta = {"bench": bench.name, "setting": label, "config": cfgs[label].to_dict(), "model": engine.name,
+                    "dtype": dtype, "threads": torch.get_num_threads(), "seed": args.seed,
+                    "max_new_tokens": bench.max_new_tokens}
             with path.open("a", encoding="utf-8") as f:
                 f.write(json.dumps({**meta, **record}) + "\n")
             say(f"  {label}: {record['pid']} {'passed' if record['passed'] else 'failed'}, {record['tokens']} tokens, "
                 f"{record['mean_layers']:.2f} layers, {record['elapsed']:.0f} s into its batch of {record['batch']}")
 
-        answer(engine, bench, todo, cfg, batch=args.batch, on_record=append)
-        say(f"{label}: done in {(time.perf_counter() - started) / 60:.1f} min")
+        answer_many(engine, bench, problems, cfgs, args.batch, append, todo)
+        say(f"{', '.join(labels)}: done in {(time.perf_counter() - started) / 60:.1f} min")
 
 
 class _Timed:

@@ -133,3 +133,26 @@ def test_the_report_pairs_each_setting_with_full_depth_on_the_same_problems(tmp_
     write_summary(summary, {"toy": rep})  # replaced, not repeated
     text = summary.read_text()
     assert text.count("D3 on real work") == 1 and text.endswith("# older results\n")
+
+
+def test_one_prefill_serves_every_strategy(tiny_engine) -> None:
+    """A batch prefilled once and decoded from a copy per strategy: the same replies as prefilling again."""
+    from d3.research.realwork import prefill_batch
+
+    held = prefill_batch(tiny_engine, PROMPTS)
+    for cfg in STRATEGIES[:3]:
+        shared = answer_batch(tiny_engine, PROMPTS, cfg, 16, STOPS, held=held)
+        fresh = answer_batch(tiny_engine, PROMPTS, cfg, 16, STOPS)
+        assert [r.ids for r in shared] == [r.ids for r in fresh]
+
+
+def test_answer_many_records_only_what_is_left(tiny_engine) -> None:
+    from d3.research.realwork import answer_many
+
+    problems = tuple(Problem(f"p{i}", p) for i, p in enumerate(PROMPTS))
+    bench = Benchmark("toy", problems, STOPS, 12, lambda p, c: (True, ""))
+    got: list[tuple[str, str]] = []
+    todo = {"full": {"p1"}, "d3": {"p0", "p3"}, "done": set()}
+    cfgs = {"full": FullConfig(), "d3": D3Config(alpha=0.8), "done": FullConfig()}
+    answer_many(tiny_engine, bench, problems, cfgs, 2, lambda label, r: got.append((label, r["pid"])), todo)
+    assert sorted(got) == [("d3", "p0"), ("d3", "p3"), ("full", "p1")]

@@ -10,6 +10,7 @@ its text), and its cache rows with it, so a batch costs what its replies write.
 
 from __future__ import annotations
 
+import copy
 import gzip
 import json
 import random
@@ -168,19 +169,28 @@ def _text(engine: Any, ids: Sequence[int], stop: str | None) -> str:
     return cut(engine.tokenizer.decode([t for t in ids if t not in engine.eos_ids]), stop)
 
 
-def answer_batch(engine: Any, prompts: Sequence[str], strategy: StrategyConfig, max_new_tokens: int,
-                 stop: str | None = None, on_end: Callable[[int, Reply], None] | None = None) -> list[Reply]:
-    """Greedy replies to `prompts` (raw text, no chat template) under `strategy`, one padded batch; a reply leaves the
-    batch once it ends (early exit keeps every row: its exit is decided over the batch). on_end(k, reply) is called
-    as reply k ends (so a long reply does not hold the others back from being recorded)."""
-    strategy = engine.resolve(strategy)
-    engine.check(strategy, TRACE_OFF)
+def prefill_batch(engine: Any, prompts: Sequence[str]) -> tuple[Any, torch.Tensor]:
+    """The padded batch's prompts run at full depth (`d3.decoder.prefill`): its decode state and first tokens. Every
+    strategy runs the prompt at full depth, so one prefill serves them all (`answer_batch(held=...)` decodes from a
+    copy of it): the same computation on the same batch, so the same replies as prefilling again."""
     ids, mask = engine.encode(list(prompts), chat_template=False)
-    early = strategy if isinstance(strategy, EarlyExitConfig) else None
-    L = engine.num_layers
     with engine.lock, torch.inference_mode():
         state, out = prefill(engine.adapter, ids, mask)
-    first = out.logits.argmax(-1)
+    return state, out.logits.argmax(-1)
+
+
+def answer_batch(engine: Any, prompts: Sequence[str], strategy: StrategyConfig, max_new_tokens: int,
+                 stop: str | None = None, on_end: Callable[[int, Reply], None] | None = None,
+                 held: tuple[Any, torch.Tensor] | None = None) -> list[Reply]:
+    """Greedy replies to `prompts` (raw text, no chat template) under `strategy`, one padded batch; a reply leaves the
+    batch once it ends (early exit keeps every row: its exit is decided over the batch). on_end(k, reply) is called
+    as reply k ends (so a long reply does not hold the others back from being recorded). held: these prompts'
+    `prefill_batch`, decoded from a copy (else they are prefilled here)."""
+    strategy = engine.resolve(strategy)
+    engine.check(strategy, TRACE_OFF)
+    early = strategy if isinstance(strategy, EarlyExitConfig) else None
+    L = engine.num_layers
+    state, first = copy.deepcopy(held) if held is not None else prefill_batch(engine, prompts)
     rows: list[list[int]] = [[int(t)] for t in first.tolist()]
     layers: list[list[int]] = [[L] for _ in rows]
     live = [k for k, r in enumerate(rows) if not _ended(engine, r, stop)]
@@ -223,28 +233,50 @@ def answer(engine: Any, bench: Benchmark, problems: Sequence[Problem], strategy:
     """Every problem answered under `strategy`, `batch` at a time (problems sorted by prompt length so a batch pads
     little), scored; one record per problem, handed to `on_record` as soon as its reply ends (to append to a file:
     resumable, and a long reply holds no other back)."""
-    order = sorted(problems, key=lambda p: len(p.prompt))
     records: list[dict[str, Any]] = []
+
+    def keep(label: str, record: dict[str, Any]) -> None:
+        records.append(record)
+        if on_record is not None:
+            on_record(record)
+
+    answer_many(engine, bench, problems, {"": strategy}, batch, keep)
+    return records
+
+
+def answer_many(engine: Any, bench: Benchmark, problems: Sequence[Problem], strategies: dict[str, StrategyConfig],
+                batch: int, on_record: Callable[[str, dict[str, Any]], None],
+                todo: dict[str, set[str]] | None = None) -> None:
+    """The problems under each strategy, batch after batch (sorted by prompt length), each batch prefilled once for
+    every strategy that still has a problem in it (`todo[label]`: the problem ids still to answer; None: all); a
+    strategy decodes the whole batch (the same batch every time) and records only the problems it still had to."""
+    order = sorted(problems, key=lambda p: len(p.prompt))
     for i in range(0, len(order), batch):
         part = order[i:i + batch]
-        t0, c0 = time.perf_counter(), time.process_time()
-        batch_id = f"{time.time():.3f}"
+        labels = [k for k in strategies if todo is None or any(p.pid in todo[k] for p in part)]
+        if not labels:
+            continue
+        held = prefill_batch(engine, [p.prompt for p in part])
+        for label in labels:
+            t0, c0 = time.perf_counter(), time.process_time()
+            batch_id = f"{time.time():.3f}"
 
-        def record(k: int, r: Reply, part: list[Problem] = part, t0: float = t0, c0: float = c0,
-                   batch_id: str = batch_id) -> None:
-            p = part[k]
-            elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
-            passed, why = bench.score(p, r.completion)
-            made = {"pid": p.pid, "passed": passed, "status": why, "completion": r.completion, "ids": list(r.ids),
-                    "tokens": len(r.ids), "layers": sum(r.layers), "mean_layers": round(r.mean_layers, 4),
-                    "layer_steps": _runs(r.layers), "batch": len(part), "batch_id": batch_id,
-                    "elapsed": round(elapsed, 3), "cpu_elapsed": round(cpu, 3)}
-            records.append(made)
-            if on_record is not None:
-                on_record(made)
+            def record(k: int, r: Reply, part: list[Problem] = part, t0: float = t0, c0: float = c0,
+                       batch_id: str = batch_id, label: str = label) -> None:
+                p = part[k]
+                if todo is not None and p.pid not in todo[label]:
+                    return
+                elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+                passed, why = bench.score(p, r.completion)
+                on_record(label, {"pid": p.pid, "passed": passed, "status": why, "completion": r.completion,
+                                  "ids": list(r.ids), "tokens": len(r.ids), "layers": sum(r.layers),
+                                  "mean_layers": round(r.mean_layers, 4), "layer_steps": _runs(r.layers),
+                                  "batch": len(part), "batch_id": batch_id, "elapsed": round(elapsed, 3),
+                                  "cpu_elapsed": round(cpu, 3), "shared_prefill": len(labels) > 1})
 
-        answer_batch(engine, [p.prompt for p in part], strategy, bench.max_new_tokens, bench.stop, on_end=record)
-    return records
+            answer_batch(engine, [p.prompt for p in part], strategies[label], bench.max_new_tokens, bench.stop,
+                         on_end=record, held=held)
+        del held
 
 
 def _runs(layers: Sequence[int]) -> list[list[int]]:

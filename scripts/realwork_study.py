@@ -8,8 +8,9 @@ Usage:
   python scripts/realwork_study.py report [--bench humaneval]          (no model: the rows, SUMMARY and the figure)
 
 A stage is LABEL@N: the setting LABEL on the first N problems of the benchmark's seeded shuffle (--seed; "all": every
-problem; "full": the problems full depth has answered so far; consecutive "@full" stages go batch by batch, each
-batch prefilled once for all of them, since every setting runs the prompt at full depth). The shuffle's order is fixed, so a stage with a larger
+problem; "full": the problems full depth has answered so far). Consecutive stages on the same N go batch by batch,
+each batch prefilled once for all of them (every setting runs the prompt at full depth, so the prefill is the same);
+"|" between stages ends such a group. The shuffle's order is fixed, so a stage with a larger
 N later extends a smaller one's problems, and two settings run on the same N are paired on the same problems. LABEL
 is one of:
   full                             full depth
@@ -110,13 +111,15 @@ def run(args) -> None:
     engine = load_engine(args)
     say(f"{engine.name} loaded in {engine.adapter.layers[0].self_attn.q_proj.weight.dtype} "
         f"({time.perf_counter() - t0:.0f} s); {bench.name}: {len(bench.problems)} problems -> {path}")
-    stages = [s.strip().rpartition("@") for s in args.stages.split(";") if s.strip()]
     groups: list[tuple[str, list[str]]] = []  # consecutive stages on the same problems share each batch's prefill
-    for label, _, n in stages:
-        if groups and groups[-1][0] == n and n == "full":
-            groups[-1][1].append(label)
-        else:
-            groups.append((n, [label]))
+    for part in args.stages.split("|"):  # "|" ends a group even where the next stage is on the same problems
+        last = None
+        for label, _, n in (s.strip().rpartition("@") for s in part.split(";") if s.strip()):
+            if last == n:
+                groups[-1][1].append(label)
+            else:
+                groups.append((n, [label]))
+            last = n
     dtype = str(engine.adapter.layers[0].self_attn.q_proj.weight.dtype).removeprefix("torch.")
     for n, labels in groups:
         if n == "full":  # the problems full depth has answered so far: a setting paired on all of them

@@ -20,6 +20,7 @@ NUM_LAYERS = 28
 FIXED_COST_LAYERS = 4.986849303078707  # Qwen2.5-Coder-1.5B's LM head in decoder layers (results/drop_order_qwen25coder.json)
 PUBLISHED = {"humaneval": ("70.7", "Qwen2.5-Coder-1.5B-Instruct's HumanEval in its technical report (chat format, "
                            "full-precision weights)")}
+TOTALS = {"humaneval": 164}
 LENGTH_BINS = (0, 40, 80, 120, 400)  # full depth's answer length in tokens, for pass@1 by length
 SUMMARY_START = "<!-- realwork:start -->"
 SUMMARY_END = "<!-- realwork:end -->"
@@ -242,10 +243,19 @@ def summary_section(reps: dict[str, dict[str, Any]]) -> str:
         pub = PUBLISHED.get(bench)
         out.append(f"## {bench}: qwen2.5-coder-1.5b, greedy")
         out.append("")
+        total = TOTALS.get(bench)
+        if total and f["n"] < total:
+            out.append(f"**Partial** (the run is resumable and goes on: `bash scripts/realwork_run.sh`): full depth "
+                       f"on {f['n']} of {total} problems so far, each setting on the problems listed by its row; "
+                       "intervals this wide say only where the data cannot yet tell. Settings are paired with full "
+                       "depth on the same problems only.")
+            out.append("")
         out.append(f"Full depth: **{f['passed']}/{f['n']} = {pct(f['pass_at_1']['rate'])}%** "
                    f"[{pct(f['pass_at_1']['low'])}, {pct(f['pass_at_1']['high'])}] (exact 95%), "
-                   f"answers {f['mean_tokens']} tokens on average (median {f['median_tokens']})"
-                   + (f"; published: {pub[0]} ({pub[1]})." if pub else "."))
+                   f"answers {f['mean_tokens']} tokens on average (median {f['median_tokens']}), computed in "
+                   f"{f['dtype']}, at most {f['max_new_tokens']} new tokens ({f['at_cap']} replies reached it)"
+                   + (f"; published: {pub[0]} ({pub[1]}). Ours: raw completion of the prompt (no chat template), "
+                      "Q4_K_M weights, greedy, the body cut at the first line at column 0." if pub else "."))
         out.append("")
         out.extend(table(rep))
         out.append("")

@@ -156,3 +156,17 @@ def test_answer_many_records_only_what_is_left(tiny_engine) -> None:
     cfgs = {"full": FullConfig(), "d3": D3Config(alpha=0.8), "done": FullConfig()}
     answer_many(tiny_engine, bench, problems, cfgs, 2, lambda label, r: got.append((label, r["pid"])), todo)
     assert sorted(got) == [("d3", "p0"), ("d3", "p3"), ("full", "p1")]
+
+
+def test_word_sorting_asks_long_lists_and_scores_the_words_in_order() -> None:
+    from d3.research.data import task_file
+    from d3.research.realwork import WORD_SORTING_MIN_WORDS, word_sorting
+
+    if not task_file("word_sorting").is_file():
+        pytest.skip("BIG-bench data not fetched (bash scripts/fetch_data.sh)")
+    bench = word_sorting()
+    assert len(bench.problems) > 500 and bench.stop == r"\n"
+    p = bench.problems[0]
+    assert p.prompt.count("Q: ") == 4 and p.prompt.endswith("\nA:")
+    assert len(p.data["target"].split()) >= WORD_SORTING_MIN_WORDS
+    assert bench.score(p, " " + p.data["target"])[0] and not bench.score(p, " " + p.data["target"][::-1])[0]

@@ -5,6 +5,7 @@ JSONL file as each batch finishes, so the run is resumable (a rerun skips the pr
 Usage:
   nice -n 10 python scripts/realwork_study.py run --bench humaneval --stages "full@all;d3 calibrated a0.998@40;..."
   nice -n 10 python scripts/realwork_study.py speed --bench humaneval --timed "d3 calibrated a0.998" --threads 1
+  python scripts/realwork_study.py rescore   (score again the records whose tests hit the first sandbox's wall clock)
   python scripts/realwork_study.py report [--bench humaneval]          (no model: the rows, SUMMARY and the figure)
 
 A stage is LABEL@N: the setting LABEL on the first N problems of the benchmark's seeded shuffle (--seed; "all": every
@@ -198,9 +199,37 @@ def speed(args) -> None:
             f"{t['theory_fixed']:.3f}x / {t['theory_plain']:.3f}x ({time.perf_counter() - t0:.0f} s)")
 
 
+def rescore(args) -> None:
+    """Score again, with the sandbox as it is now, every record whose tests timed out on the wall clock (the first
+    sandbox's only limit, which a loaded machine hit on correct programs); the file is rewritten in place (a record
+    appended meanwhile by a running study is lost, and answered again when the study resumes)."""
+    from d3.research.realwork import BENCHMARKS
+
+    bench = BENCHMARKS[args.bench]()
+    by_id = {p.pid: p for p in bench.problems}
+    path = results_path(Path(args.out_dir), bench.name)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    out, changed = [], 0
+    for line in lines:
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if r["status"] in ("timed out", "timed out (wall clock)"):
+            passed, why = bench.score(by_id[r["pid"]], r["completion"])
+            say(f"{r['setting']} {r['pid']}: {r['status']} -> {why}")
+            r.update(passed=passed, status=why, rescored=True)
+            changed += 1
+        out.append(json.dumps(r))
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("\n".join(out) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    say(f"{changed} records scored again")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("part", choices=["run", "speed", "report"])
+    p.add_argument("part", choices=["run", "speed", "rescore", "report"])
     p.add_argument("--bench", default="humaneval")
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
     p.add_argument("--dtype", default="auto", help="auto: the model's own (bfloat16 for qwen2.5-coder-1.5b)")
@@ -220,6 +249,8 @@ def main() -> int:
         run(args)
     elif args.part == "speed":
         speed(args)
+    elif args.part == "rescore":
+        rescore(args)
     else:
         from d3.research.realwork_report import write_all
 

@@ -1,0 +1,279 @@
+"""The real-work study's report: from the per-problem records (results/realwork_<bench>.jsonl) to each setting's row
+against full depth on the same problems (pass@1, the paired difference with its exact interval, fidelity, mean
+layers, the theoretical bounds, the measured speedup where timed), the loss by position (where the first changed
+token falls; pass@1 by answer length), one plotly figure, results/realwork_<bench>.json and results/SUMMARY.md's
+opening section. No model is loaded."""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from pathlib import Path
+from typing import Any, Sequence
+
+from d3.research.realwork import first_change
+from d3.research.stats import exact_difference, exact_rate
+from d3.schedule import theoretical_speedup
+
+NUM_LAYERS = 28
+FIXED_COST_LAYERS = 4.986849303078707  # Qwen2.5-Coder-1.5B's LM head in decoder layers (results/drop_order_qwen25coder.json)
+PUBLISHED = {"humaneval": ("70.7", "Qwen2.5-Coder-1.5B-Instruct's HumanEval in its technical report (chat format, "
+                           "full-precision weights)")}
+TOTALS = {"humaneval": 164}
+LENGTH_BINS = (0, 40, 80, 120, 400)  # full depth's answer length in tokens, for pass@1 by length
+SUMMARY_START = "<!-- realwork:start -->"
+SUMMARY_END = "<!-- realwork:end -->"
+
+
+def records(path: Path) -> list[dict[str, Any]]:
+    """The records of a results file (a line cut by a kill is skipped); a problem answered twice keeps its first."""
+    out, seen = [], set()
+    if not path.is_file():
+        return []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        key = (r["setting"], r["pid"])
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+    return out
+
+
+def by_setting(recs: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in recs:
+        out.setdefault(r["setting"], {})[r["pid"]] = r
+    return out
+
+
+def curve(label: str) -> str:
+    """"d3 calibrated a0.998 s32" -> "d3 calibrated s32"; "skipdecode 0.9" -> "skipdecode"."""
+    words = label.split()
+    if words[0] == "d3":
+        return " ".join(w for w in words if not re.fullmatch(r"a[0-9.]+", w))
+    return words[0]
+
+
+def seconds(recs: Sequence[dict[str, Any]]) -> float:
+    """Wall time the records' batches took: per batch, the time its last recorded reply ended."""
+    ends: dict[str, float] = {}
+    for r in recs:
+        ends[r["batch_id"]] = max(ends.get(r["batch_id"], 0.0), r["elapsed"])
+    return sum(ends.values())
+
+
+def full_row(full: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    recs = list(full.values())
+    rate = exact_rate([r["passed"] for r in recs]).to_dict()
+    tokens = sum(r["tokens"] for r in recs)
+    secs = seconds(recs)
+    return {"label": "full", "curve": "full", "n": len(recs), "passed": sum(r["passed"] for r in recs),
+            "pass_at_1": rate, "mean_layers": NUM_LAYERS, "tokens": tokens,
+            "mean_tokens": round(tokens / max(len(recs), 1), 1),
+            "median_tokens": statistics.median(r["tokens"] for r in recs) if recs else 0,
+            "tokens_per_s": round(tokens / max(secs, 1e-9), 2), "max_new_tokens": recs[0].get("max_new_tokens"),
+            "dtype": recs[0].get("dtype"), "at_cap": sum(r["tokens"] >= (r.get("max_new_tokens") or 10**9) for r in recs)}
+
+
+def setting_row(label: str, rows: dict[str, dict[str, Any]], full: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A setting against full depth on the problems both answered."""
+    pids = [p for p in rows if p in full]
+    mine, ref = [rows[p] for p in pids], [full[p] for p in pids]
+    tokens = sum(r["tokens"] for r in mine)
+    layers = sum(r["layers"] for r in mine) / max(tokens, 1)
+    changes = [first_change(a["ids"], b["ids"]) for a, b in zip(ref, mine)]
+    secs, ref_secs, ref_tokens = seconds(mine), seconds(ref), sum(r["tokens"] for r in ref)
+    return {"label": label, "curve": curve(label), "config": mine[0]["config"] if mine else {}, "n": len(pids),
+            "passed": sum(r["passed"] for r in mine), "full_passed": sum(r["passed"] for r in ref),
+            "pass_at_1": exact_rate([r["passed"] for r in mine]).to_dict() if mine else None,
+            "diff": exact_difference([r["passed"] for r in ref], [r["passed"] for r in mine]).to_dict() if mine else None,
+            "fidelity": exact_rate([a["completion"] == b["completion"] for a, b in zip(ref, mine)]).to_dict() if mine else None,
+            "mean_layers": round(layers, 3), "depth": round(layers / NUM_LAYERS, 4), "tokens": tokens,
+            "theory_fixed": round(theoretical_speedup([layers], NUM_LAYERS, FIXED_COST_LAYERS), 4),
+            "theory_plain": round(theoretical_speedup([layers], NUM_LAYERS), 4),
+            # not a controlled timing (other jobs share the machine; batches differ): the ABBA timing is `speed`
+            "batch_speedup": round((ref_secs / max(ref_tokens, 1)) / max(secs / max(tokens, 1), 1e-12), 3),
+            "first_changes": [c for c in changes],
+            "lost": [p for p, a, b in zip(pids, ref, mine) if a["passed"] and not b["passed"]],
+            "won": [p for p, a, b in zip(pids, ref, mine) if b["passed"] and not a["passed"]]}
+
+
+def by_length(full: dict[str, dict[str, Any]], rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """pass@1 of full depth and of the setting by full depth's answer length (tokens), on the problems both ran."""
+    out = []
+    for lo, hi in zip(LENGTH_BINS, LENGTH_BINS[1:]):
+        pids = [p for p in rows if p in full and lo <= full[p]["tokens"] < hi]
+        if pids:
+            out.append({"bin": f"{lo}-{hi - 1}", "n": len(pids),
+                        "full": sum(full[p]["passed"] for p in pids) / len(pids),
+                        "setting": sum(rows[p]["passed"] for p in pids) / len(pids),
+                        "same": sum(full[p]["completion"] == rows[p]["completion"] for p in pids) / len(pids)})
+    return out
+
+
+def report(recs: Sequence[dict[str, Any]], speed: dict[str, Any] | None = None) -> dict[str, Any]:
+    groups = by_setting(recs)
+    if "full" not in groups:
+        return {"settings": [], "full": None}
+    full = groups["full"]
+    rows = [setting_row(label, rows, full) for label, rows in groups.items() if label != "full"]
+    for row in rows:
+        row["by_length"] = by_length(full, groups[row["label"]])
+        if speed and row["label"] in speed:
+            row["speed"] = speed[row["label"]]
+    rows.sort(key=lambda r: (r["curve"], -r["mean_layers"]))
+    return {"full": full_row(full), "settings": rows, "headline": headlines(rows)}
+
+
+def headlines(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per bound (1 and 3 points): the fewest layers whose paired loss's 95% upper bound... here the point estimate
+    and the interval's lower end are both within the bound (a loss of at most the bound that the data cannot rule
+    out being larger is said so)."""
+    out: dict[str, Any] = {}
+    for bound in (0.01, 0.03):
+        ok = [r for r in rows if r["diff"] and r["diff"]["low"] >= -bound - 1e-12]
+        best = min(ok, key=lambda r: r["mean_layers"], default=None)
+        point = [r for r in rows if r["diff"] and r["diff"]["diff"] >= -bound - 1e-12]
+        best_point = min(point, key=lambda r: r["mean_layers"], default=None)
+        out[f"{round(bound * 100)}pt"] = {"bounded": best["label"] if best else None,
+                                          "point": best_point["label"] if best_point else None}
+    return out
+
+
+def figure(rep: dict[str, Any], bench: str) -> Any:
+    """One plotly figure: the frontier (paired difference vs mean layers, one line per order or baseline), where
+    the first changed token falls (histogram over problems, every D3 setting that changed something), and pass@1
+    by full depth's answer length (full depth and each calibrated D3 setting)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=3, subplot_titles=(
+        "pass@1 change vs full depth (paired, 95% exact)", "first changed token (problems)",
+        "pass@1 by full depth's answer length"))
+    curves: dict[str, list[dict[str, Any]]] = {}
+    for r in rep["settings"]:
+        curves.setdefault(r["curve"], []).append(r)
+    for name, rs in curves.items():
+        rs = sorted(rs, key=lambda r: r["mean_layers"])
+        fig.add_trace(go.Scatter(
+            x=[r["mean_layers"] for r in rs], y=[100 * r["diff"]["diff"] for r in rs], mode="lines+markers", name=name,
+            error_y=dict(type="data", symmetric=False, array=[100 * (r["diff"]["high"] - r["diff"]["diff"]) for r in rs],
+                         arrayminus=[100 * (r["diff"]["diff"] - r["diff"]["low"]) for r in rs]),
+            text=[f"{r['label']}: {r['passed']}/{r['n']} (full {r['full_passed']}/{r['n']}), same code "
+                  f"{r['fidelity']['same']}/{r['n']}" for r in rs], hoverinfo="text+x+y"), row=1, col=1)
+    for r in rep["settings"]:
+        if r["curve"].startswith("d3"):
+            xs = [c for c in r["first_changes"] if c is not None]
+            if xs:
+                fig.add_trace(go.Histogram(x=xs, name=f"{r['label']} ({len(xs)} of {r['n']} changed)", opacity=0.6,
+                                           xbins=dict(start=0, size=10), legendgroup="hist", visible=True
+                                           if r["curve"] == "d3 calibrated" else "legendonly"), row=1, col=2)
+    shown = [r for r in rep["settings"] if r["curve"] == "d3 calibrated"]
+    if shown:
+        bins = [b["bin"] for b in shown[0]["by_length"]]
+        fig.add_trace(go.Bar(x=bins, y=[100 * b["full"] for b in shown[0]["by_length"]], name="full depth",
+                             text=[f"n={b['n']}" for b in shown[0]["by_length"]]), row=1, col=3)
+        for r in shown:
+            fig.add_trace(go.Bar(x=[b["bin"] for b in r["by_length"]], y=[100 * b["setting"] for b in r["by_length"]],
+                                 name=f"{r['label']} ({r['mean_layers']:.1f} layers)"), row=1, col=3)
+    fig.update_xaxes(title_text=f"mean layers per generated token (of {NUM_LAYERS})", row=1, col=1)
+    fig.update_yaxes(title_text="points", row=1, col=1)
+    fig.update_xaxes(title_text="token position of the first change", row=1, col=2)
+    fig.update_xaxes(title_text="full depth's answer length (tokens)", row=1, col=3)
+    fig.update_yaxes(title_text="pass@1 (%)", row=1, col=3)
+    fig.update_layout(title=f"D3 on real work: {bench}, qwen2.5-coder-1.5b", barmode="group", height=520,
+                      width=1500)
+    return fig
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:.1f}"
+
+
+def diff_text(d: dict[str, Any]) -> str:
+    return f"{100 * d['diff']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}]"
+
+
+def table(rep: dict[str, Any]) -> list[str]:
+    f = rep["full"]
+    lines = ["| setting | problems | mean layers (of 28) | pass@1 | vs full depth, paired (points, 95% exact) | "
+             "lost / won | same code as full depth | theory (LM head fixed / none) | measured per token (ABBA) |",
+             "|---|---|---|---|---|---|---|---|---|",
+             f"| full depth | {f['n']} | 28 | {f['passed']}/{f['n']} = {pct(f['pass_at_1']['rate'])}% "
+             f"[{pct(f['pass_at_1']['low'])}, {pct(f['pass_at_1']['high'])}] | | | | 1 / 1 | 1 |"]
+    for r in sorted(rep["settings"], key=lambda r: -r["mean_layers"]):
+        sp = r.get("speed")
+        speed = f"{sp['ratio']:.2f}x [{sp['low']:.2f}, {sp['high']:.2f}]" if sp else "not timed"
+        lines.append(f"| {r['label']} | {r['n']} | {r['mean_layers']:.2f} ({pct(r['depth'])}%) | {r['passed']}/{r['n']} "
+                     f"(full {r['full_passed']}/{r['n']}) | {diff_text(r['diff'])} | {r['diff']['lost']} / "
+                     f"{r['diff']['won']} | {r['fidelity']['same']}/{r['n']} | {r['theory_fixed']:.2f}x / "
+                     f"{r['theory_plain']:.2f}x | {speed} |")
+    return lines
+
+
+def write_all(folder: Path, benches: Sequence[str], summary: Path = Path("results/SUMMARY.md"),
+              docs: Path = Path("docs")) -> None:
+    reps = {}
+    for bench in benches:
+        recs = records(folder / f"realwork_{bench}.jsonl")
+        speed_file = folder / f"realwork_{bench}_speed.json"
+        speed = json.loads(speed_file.read_text()) if speed_file.is_file() else None
+        rep = report(recs, speed)
+        if rep["full"] is None:
+            continue
+        reps[bench] = rep
+        slim = {**rep, "settings": [{k: v for k, v in r.items() if k != "first_changes"} | {
+            "first_changes": r["first_changes"]} for r in rep["settings"]]}
+        (folder / f"realwork_{bench}.json").write_text(json.dumps(slim, indent=1))
+        fig = figure(rep, bench)
+        (docs / f"realwork_{bench}.html").write_text(fig.to_html(include_plotlyjs="cdn", full_html=True),
+                                                     encoding="utf-8")
+    if reps:
+        write_summary(summary, reps)
+
+
+def summary_section(reps: dict[str, dict[str, Any]]) -> str:
+    out = [SUMMARY_START, "# D3 on real work (issue 42)", ""]
+    for bench, rep in reps.items():
+        f = rep["full"]
+        pub = PUBLISHED.get(bench)
+        out.append(f"## {bench}: qwen2.5-coder-1.5b, greedy")
+        out.append("")
+        total = TOTALS.get(bench)
+        if total and f["n"] < total:
+            out.append(f"**Partial** (the run is resumable and goes on: `bash scripts/realwork_run.sh`): full depth "
+                       f"on {f['n']} of {total} problems so far, each setting on the problems listed by its row; "
+                       "intervals this wide say only where the data cannot yet tell. Settings are paired with full "
+                       "depth on the same problems only.")
+            out.append("")
+        out.append(f"Full depth: **{f['passed']}/{f['n']} = {pct(f['pass_at_1']['rate'])}%** "
+                   f"[{pct(f['pass_at_1']['low'])}, {pct(f['pass_at_1']['high'])}] (exact 95%), "
+                   f"answers {f['mean_tokens']} tokens on average (median {f['median_tokens']}), computed in "
+                   f"{f['dtype']}, at most {f['max_new_tokens']} new tokens ({f['at_cap']} replies reached it)"
+                   + (f"; published: {pub[0]} ({pub[1]}). Ours: raw completion of the prompt (no chat template), "
+                      "Q4_K_M weights, greedy, the body cut at the first line at column 0." if pub else "."))
+        out.append("")
+        out.extend(table(rep))
+        out.append("")
+        out.append(f"Figure: [docs/realwork_{bench}.html](../docs/realwork_{bench}.html). Method, prompt, caveats: "
+                   "[docs/realwork.md](../docs/realwork.md).")
+        out.append("")
+    out.append(SUMMARY_END)
+    return "\n".join(out)
+
+
+def write_summary(path: Path, reps: dict[str, dict[str, Any]]) -> Path:
+    """Put (or replace) the real-work section at the top of results/SUMMARY.md."""
+    text = path.read_text(encoding="utf-8") if path.is_file() else ""
+    section = summary_section(reps)
+    if SUMMARY_START in text and SUMMARY_END in text:
+        head, rest = text.split(SUMMARY_START, 1)
+        text = head + section + rest.split(SUMMARY_END, 1)[1]
+    else:
+        text = section + "\n\n" + text
+    path.write_text(text, encoding="utf-8")
+    return path

@@ -1,0 +1,262 @@
+"""D3 on real work: HumanEval (and BBH word sorting) answered greedily under full depth, D3 with three orders and two
+starts, SkipDecode, Unified Layer Skipping and early exit; every problem's reply, verdict and layers appended to a
+JSONL file as each batch finishes, so the run is resumable (a rerun skips the problems already there).
+
+Usage:
+  nice -n 10 python scripts/realwork_study.py run --bench humaneval --stages "full@all;d3 calibrated a0.998@40;..."
+  nice -n 10 python scripts/realwork_study.py speed --bench humaneval --timed "d3 calibrated a0.998" --threads 1
+  python scripts/realwork_study.py rescore   (score again the records whose tests hit the first sandbox's wall clock)
+  python scripts/realwork_study.py report [--bench humaneval]          (no model: the rows, SUMMARY and the figure)
+
+A stage is LABEL@N: the setting LABEL on the first N problems of the benchmark's seeded shuffle (--seed; "all": every
+problem; "full": the problems full depth has answered so far). Consecutive stages on the same N go batch by batch,
+each batch prefilled once for all of them (every setting runs the prompt at full depth, so the prefill is the same);
+"|" between stages ends such a group. The shuffle's order is fixed, so a stage with a larger
+N later extends a smaller one's problems, and two settings run on the same N are paired on the same problems. LABEL
+is one of:
+  full                             full depth
+  d3 ORDER aALPHA [sSTART]         D3 (ORDER: calibrated = the shipped order of the model, calibrated on the generated
+                                   arithmetic tasks' validation questions, never on a benchmark problem;
+                                   middle_out; bottom_up), alpha ALPHA, start START tokens at full depth
+  skipdecode DEPTH / unified DEPTH SkipDecode / Unified Layer Skipping at a planned mean depth of DEPTH (a fraction of
+                                   L) over --horizon tokens
+  early_exit DEPTH                 CALM-style early exit (softmax gap), its threshold set for a mean depth of DEPTH on
+                                   full depth's confidences over a prompt that is not a benchmark problem
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from d3.config import D3Config, EarlyExitConfig, FullConfig, StrategyConfig  # noqa: E402
+
+ORDERS = {"calibrated": {"drop_order": "calibrated", "layer_order": "measured"},
+          "middle_out": {"drop_order": "middle_out"}, "bottom_up": {"drop_order": "bottom_up"}}
+# Not a benchmark problem: the confidence profile early exit's threshold is read from.
+EARLY_EXIT_PROMPT = ('def moving_average(values: list, window: int) -> list:\n    """Return the moving averages of '
+                     'values over each run of `window` consecutive items."""\n')
+
+
+def say(line: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
+
+
+def results_path(folder: Path, bench: str) -> Path:
+    return folder / f"realwork_{bench}.jsonl"
+
+
+def read_records(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut by a kill: its problem runs again
+                continue
+    return out
+
+
+def strategy(label: str, engine, horizon: int) -> StrategyConfig:
+    """The config a stage's label names (see the module's docstring)."""
+    from d3.research.sweep.grid import skipdecode_for_depth, threshold_for_depth, unified_for_depth
+
+    words = label.split()
+    if words == ["full"]:
+        return FullConfig()
+    L = engine.num_layers
+    if words[0] == "d3":
+        fields = dict(ORDERS[words[1]])
+        alpha = next(float(w[1:]) for w in words if w.startswith("a"))
+        start = next((int(w[1:]) for w in words[2:] if w.startswith("s")), 0)
+        return D3Config(alpha=alpha, start=start, **fields)
+    depth = float(words[1])
+    if words[0] == "skipdecode":
+        return skipdecode_for_depth(depth, L, horizon)
+    if words[0] == "unified":
+        return unified_for_depth(depth, L, horizon)
+    if words[0] == "early_exit":
+        from d3.config import GenerationConfig, TRACE_OFF
+
+        probe = EarlyExitConfig(threshold=1.0)
+        trace = engine.generate(EARLY_EXIT_PROMPT, probe, GenerationConfig(max_new_tokens=48, stop_at_eos=False),
+                                TRACE_OFF, chat_template=False)
+        profiles = [list(s.confidence) for s in trace.steps[1:]]
+        return EarlyExitConfig(threshold=threshold_for_depth(profiles, probe.min_layers, L, depth))
+    raise SystemExit(f"unknown setting {label!r}")
+
+
+def run(args) -> None:
+    import torch
+
+    from d3.cli import load_engine
+    from d3.research.realwork import BENCHMARKS, answer_many
+
+    torch.set_num_threads(args.threads)
+    bench = BENCHMARKS[args.bench]()
+    if args.max_new_tokens:  # the same budget for every setting: only fair while no full-depth reply reached it
+        bench = dataclasses.replace(bench, max_new_tokens=args.max_new_tokens)
+    path = results_path(Path(args.out_dir), bench.name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    args.model, args.device = args.model, "cpu"
+    t0 = time.perf_counter()
+    engine = load_engine(args)
+    say(f"{engine.name} loaded in {engine.adapter.layers[0].self_attn.q_proj.weight.dtype} "
+        f"({time.perf_counter() - t0:.0f} s); {bench.name}: {len(bench.problems)} problems -> {path}")
+    groups: list[tuple[str, list[str]]] = []  # consecutive stages on the same problems share each batch's prefill
+    for part in args.stages.split("|"):  # "|" ends a group even where the next stage is on the same problems
+        last = None
+        for label, _, n in (s.strip().rpartition("@") for s in part.split(";") if s.strip()):
+            if last == n:
+                groups[-1][1].append(label)
+            else:
+                groups.append((n, [label]))
+            last = n
+    dtype = str(engine.adapter.layers[0].self_attn.q_proj.weight.dtype).removeprefix("torch.")
+    for n, labels in groups:
+        if n == "full":  # the problems full depth has answered so far: a setting paired on all of them
+            answered = {r["pid"] for r in read_records(path) if r["setting"] == "full"}
+            problems = [p for p in bench.problems if p.pid in answered]
+        else:
+            problems = bench.subset(None if n == "all" else int(n), args.seed)
+        records = read_records(path)
+        todo = {label: {p.pid for p in problems} - {r["pid"] for r in records if r["setting"] == label}
+                for label in labels}
+        labels = [label for label in labels if todo[label]]
+        if not labels:
+            say(f"{', '.join(todo)}: {len(problems)} problems already answered")
+            continue
+        cfgs = {label: engine.resolve(strategy(label, engine, args.horizon)) for label in labels}
+        for label in labels:
+            say(f"{label}: {len(todo[label])} of {len(problems)} problems to answer ({cfgs[label].describe()})")
+        started = time.perf_counter()
+
+        def append(label: str, record: dict) -> None:
+            meta = {"bench": bench.name, "setting": label, "config": cfgs[label].to_dict(), "model": engine.name,
+                    "dtype": dtype, "threads": torch.get_num_threads(), "seed": args.seed,
+                    "max_new_tokens": bench.max_new_tokens}
+            with path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps({**meta, **record}) + "\n")
+            say(f"  {label}: {record['pid']} {'passed' if record['passed'] else 'failed'}, {record['tokens']} tokens, "
+                f"{record['mean_layers']:.2f} layers, {record['elapsed']:.0f} s into its batch of {record['batch']}")
+
+        answer_many(engine, bench, problems, cfgs, args.batch, append, todo)
+        say(f"{', '.join(labels)}: done in {(time.perf_counter() - started) / 60:.1f} min")
+
+
+class _Timed:
+    """A few problems as `d3.research.study.per_token_timing` wants them: answer(cfg) -> tokens and mean layers."""
+
+    def __init__(self, engine, bench, problems) -> None:
+        self.engine, self.bench, self.examples = engine, bench, list(problems)
+
+    def answer(self, cfg):
+        from types import SimpleNamespace
+
+        from d3.research.realwork import answer_batch
+
+        replies = answer_batch(self.engine, [p.prompt for p in self.examples], cfg, self.bench.max_new_tokens,
+                               self.bench.stop)
+        tokens = sum(len(r.ids) for r in replies)
+        return SimpleNamespace(tokens=tokens, mean_layers=sum(sum(r.layers) for r in replies) / max(tokens, 1))
+
+
+def speed(args) -> None:
+    """Per generated token, full depth against each --timed setting in ABBA pairs (--pairs, at least 8), the same
+    --threads on both sides, on the first --timing-problems problems of the shuffle, answered as one batch."""
+    import torch
+
+    from d3.cli import load_engine
+    from d3.research.realwork import BENCHMARKS
+    from d3.research.study import per_token_timing
+
+    torch.set_num_threads(args.threads)
+    bench = BENCHMARKS[args.bench]()
+    path = Path(args.out_dir) / f"realwork_{bench.name}_speed.json"
+    done = json.loads(path.read_text()) if path.is_file() else {}
+    args.device = "cpu"
+    engine = load_engine(args)
+    timed = [_Timed(engine, bench, bench.subset(args.timing_problems, args.seed))]
+    for label in [s.strip() for s in args.timed.split(";") if s.strip()]:
+        if label in done:
+            continue
+        cfg = engine.resolve(strategy(label, engine, args.horizon))
+        t0 = time.perf_counter()
+        done[label] = {**per_token_timing(timed, cfg, engine.num_layers, engine.fixed_cost_layers, pairs=args.pairs,
+                                          threads=args.threads), "problems": [p.pid for p in timed[0].examples]}
+        path.write_text(json.dumps(done, indent=1))
+        t = done[label]
+        say(f"speed, {label}: {t['ratio']:.3f}x [{t['low']:.3f}, {t['high']:.3f}] per token, theory "
+            f"{t['theory_fixed']:.3f}x / {t['theory_plain']:.3f}x ({time.perf_counter() - t0:.0f} s)")
+
+
+def rescore(args) -> None:
+    """Score again, with the sandbox as it is now, every record whose tests timed out on the wall clock (the first
+    sandbox's only limit, which a loaded machine hit on correct programs); the file is rewritten in place (a record
+    appended meanwhile by a running study is lost, and answered again when the study resumes)."""
+    from d3.research.realwork import BENCHMARKS
+
+    bench = BENCHMARKS[args.bench]()
+    by_id = {p.pid: p for p in bench.problems}
+    path = results_path(Path(args.out_dir), bench.name)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    out, changed = [], 0
+    for line in lines:
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if r["status"] in ("timed out", "timed out (wall clock)"):
+            passed, why = bench.score(by_id[r["pid"]], r["completion"])
+            say(f"{r['setting']} {r['pid']}: {r['status']} -> {why}")
+            r.update(passed=passed, status=why, rescored=True)
+            changed += 1
+        out.append(json.dumps(r))
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("\n".join(out) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    say(f"{changed} records scored again")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("part", choices=["run", "speed", "rescore", "report"])
+    p.add_argument("--bench", default="humaneval")
+    p.add_argument("--model", default="qwen2.5-coder-1.5b")
+    p.add_argument("--dtype", default="auto", help="auto: the model's own (bfloat16 for qwen2.5-coder-1.5b)")
+    p.add_argument("--stages", default="full@all")
+    p.add_argument("--seed", type=int, default=0, help="the seeded shuffle the stages' first N problems come from")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--max-new-tokens", type=int, default=0, help="the reply budget for every setting (0: the "
+                   "benchmark's, 300 for HumanEval); lower only where no full-depth reply reached it")
+    p.add_argument("--horizon", type=int, default=100, help="tokens SkipDecode's and Unified's planned depth is set over")
+    p.add_argument("--out-dir", default="results")
+    p.add_argument("--timed", default="", help="speed: settings (labels, ';'-separated) timed against full depth")
+    p.add_argument("--pairs", type=int, default=8, help="speed: ABBA pairs per setting (at least 8)")
+    p.add_argument("--timing-problems", type=int, default=2, help="speed: problems answered per timed run")
+    args = p.parse_args()
+    if args.part == "run":
+        run(args)
+    elif args.part == "speed":
+        speed(args)
+    elif args.part == "rescore":
+        rescore(args)
+    else:
+        from d3.research.realwork_report import write_all
+
+        write_all(Path(args.out_dir), args.bench.split(","))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

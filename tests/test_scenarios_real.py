@@ -97,7 +97,7 @@ def test_the_default_run_keeps_full_depths_meaning_while_running_fewer_layers(sm
     strategy, gen = parse_controls(c, smol_engine.num_layers, CAPS)
     comparison = compare(smol_engine, c.prompt, strategy, gen, TRACE_OFF)
     d3, full = comparison.skip, comparison.full
-    assert d3.mean_layers <= 28.5  # fewer layers
+    assert d3.mean_layers < smol_engine.num_layers - 1  # fewer layers: more than one saved per token on average
     assert comparison.full_perplexity() <= PPL_FACTOR * comparison.summary()["full_ppl_of_full"]
     assert comparison.first_divergence is None or comparison.first_divergence > _answer_end(full)
     arithmetic = model_defaults(MODEL, "arithmetic").with_(prompt=c.prompt, model=MODEL)

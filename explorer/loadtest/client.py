@@ -14,8 +14,9 @@ from d3.config import default_core
 
 # Outputs of /generate over the API, in order (the session State is not part of the API).
 STATUS, D3_TOKENS, FULL_TOKENS = 0, 2, 4
-# The first line of each token's tooltip: "step 3 · token 'x' (id 42)" (viz.stream._token_title).
-TOKEN_ID = re.compile(r'data-step="(\d+)"[^>]*? title="step \d+ · token [^"]*?\(id (\d+)\)(?=\n|")')
+# The step line of each token's tooltip: "step 3 · token 'x' (id 42)" (viz.stream._token_title).
+# A tooltip may open with a line of its own (the end-of-text mark, white space before the answer) before its step line.
+TOKEN_ID = re.compile(r'data-step="(\d+)"[^>]*? title="(?:[^"\n]*\n)*?step \d+ · token [^"]*?\(id (\d+)\)(?=\n|")')
 
 
 @dataclass(frozen=True)

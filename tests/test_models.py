@@ -497,3 +497,19 @@ def test_preparing_a_model_the_hub_gives_downloads_it_reporting_its_bytes(monkey
     from explorer.prepare import percent
 
     assert percent(lines[-2]) == 40
+
+
+# ---------------------------------------------------------------- the dtype "auto" computes in
+
+
+def test_a_half_precision_model_computes_in_float32_on_a_cpu_without_a_native_half_matmul():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    avx2 = frozenset({"sse4_2", "avx", "avx2", "fma"})
+    amx = avx2 | {"avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}
+    assert models.own_dtype(models.QWEN_CODER) == "bfloat16"  # stored so
+    assert models.auto_dtype(models.QWEN_CODER, cpu, avx2) == "float32"  # this project's AVX2 CPU
+    assert models.auto_dtype(models.QWEN_CODER, cpu, amx) == "bfloat16"  # a CPU that multiplies bfloat16 natively
+    assert models.auto_dtype(models.QWEN_CODER, cuda, avx2) == "bfloat16"  # a GPU: as stored
+    assert models.auto_dtype("smollm2-135m", cpu, amx) == "float32"  # stored in float32: float32 everywhere
+    assert models.auto_dtype("some/other-model", cpu, avx2) == "float32"
+    assert not models.cpu_has_native_half(avx2) and models.cpu_has_native_half(amx)

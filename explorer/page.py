@@ -124,7 +124,8 @@ def launch(demo: gr.Blocks, **kwargs: Any) -> Any:
     app_kwargs = dict(kwargs.pop("app_kwargs", None) or {})
     public = demo.pool.public  # type: ignore[attr-defined]
     guard = Middleware(RequestGuard, demo=demo, max_body=MAX_REQUEST_BYTES + 4 * caps.max_prompt_chars,
-                       uploads=UploadBudget(), events_per_address=caps.events_per_address if public else None)
+                       uploads=UploadBudget(), events_per_address=caps.events_per_address if public else None,
+                       max_wait_s=caps.max_wait_s if public else None)
     app_kwargs["middleware"] = [*app_kwargs.get("middleware", ()), guard]
     app_kwargs.setdefault("lifespan", session_expiry(caps.session_ttl_s))
     bound_the_log()

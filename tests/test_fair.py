@@ -127,3 +127,23 @@ def test_the_time_an_event_holds_its_slot_is_measured_around_the_queues_processi
     timings.install(queue)  # once per queue
     asyncio.run(queue.process_events([SimpleNamespace(concurrency_id=fair.HEAVY)], False, 0.0, None))
     assert timings.typical(fair.HEAVY) == 12.0 and timings.typical(fair.RUNS) == fair.FIRST_GUESS_S
+
+
+def test_a_public_server_computes_with_one_torch_thread_unless_told_otherwise() -> None:
+    """Torch's threads (one per core) left the page's own requests waiting while runs went on: a public server
+    computes with one thread by default; D3_TORCH_THREADS still decides, and a private one keeps torch's default."""
+    import gc
+
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        seen = []
+        for env in ({"D3_PUBLIC": "1"}, {"D3_PUBLIC": "1", "D3_TORCH_THREADS": "2"}, {}):
+            torch.set_num_threads(3)
+            page.tune_process(env)
+            seen.append(torch.get_num_threads())
+        assert seen == [1, 2, 3]
+    finally:
+        torch.set_num_threads(before)
+        gc.unfreeze()

@@ -219,6 +219,9 @@ class Student:
             self.count("measurements", "finished")
         except Exception as err:
             kind = error_kind(err)
+            if kind.startswith("app_error") and "time limit" in kind:  # it ran to the server's limit and said so
+                self.count("measurements", "stopped at the time limit")
+                return True
             if self.refused(kind):
                 self.count("measurements", "refused")
                 self.count("refusals", "measure: " + _key(kind))

@@ -47,8 +47,8 @@ class Caps:
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "Caps":
         """D3_MAX_NEW_TOKENS, D3_MAX_PROMPT_CHARS, D3_MAX_PROMPT_TOKENS, D3_QUEUE_SIZE, D3_CONCURRENCY,
         D3_FIGURE_EVERY, D3_SESSION_TTL, D3_MAX_SESSIONS, D3_MAX_MODELS, D3_MAX_RUN_S, D3_MAX_PARAMETERS,
-        D3_SESSION_MEMORY_MIB, D3_EVENTS_PER_ADDRESS, D3_MAX_WAIT_S; defaults suit a CPU Space (16 GB: three models take 5.2 GiB,
-        the sessions' budget 4 GiB)."""
+        D3_SESSION_MEMORY_MIB, D3_EVENTS_PER_ADDRESS, D3_MAX_WAIT_S; defaults suit a CPU Space (16 GB: three models
+        take 5.2 GiB, the sessions' budget 4 GiB)."""
         d = cls()
         return cls(
             max_new_tokens=_env_int(env, "D3_MAX_NEW_TOKENS", d.max_new_tokens, 1, MAX_NEW_TOKENS_CAP),

@@ -98,8 +98,8 @@ def test_a_run_that_would_wait_past_the_bound_is_refused_at_once_saying_when_to_
     timings = fair.Timings()
     timings.add(fair.RUNS, 30.0)
     timings.add(fair.RUNS, 50.0)  # a run holds its slot 40 s, as measured
-    guard = RequestGuard(None, demo=SimpleNamespace(_queue=queue, fns={0: generate}), max_body=1000,  # type: ignore[arg-type]
-                         max_wait_s=60, timings=timings)
+    demo = SimpleNamespace(_queue=queue, fns={0: generate})
+    guard = RequestGuard(None, demo=demo, max_body=1000, max_wait_s=60, timings=timings)  # type: ignore[arg-type]
 
     assert join(guard)[0] == 200  # 4 ahead, 2 slots: 3 must end first, 3 x 40 s / 2 = 60 s, within the bound
     runs.queue.append(object())
@@ -107,7 +107,7 @@ def test_a_run_that_would_wait_past_the_bound_is_refused_at_once_saying_when_to_
     assert status == 429 and headers["retry-after"] == "40"
     assert body["error"] == ("The server is busy: 5 runs are running or waiting ahead of yours, about 80 s of waiting "
                              "(this server queues at most 60 s). Nothing was queued: try again in about 40 s.")
-    unbounded = RequestGuard(None, demo=SimpleNamespace(_queue=queue, fns={0: generate}), max_body=1000)  # type: ignore[arg-type]
+    unbounded = RequestGuard(None, demo=demo, max_body=1000)  # type: ignore[arg-type]
     assert join(unbounded)[0] == 200  # not public: a run waits however long
     assert Caps.from_env({"D3_MAX_WAIT_S": "90"}).max_wait_s == 90 and Caps().max_wait_s == 60
 

@@ -147,7 +147,8 @@ class Student:
                 httpx.get(self.server.url + path, timeout=PAGE_TIMEOUT_S).raise_for_status()
             from gradio_client import Client
 
-            self.client = Client(self.server.url, verbose=False, httpx_kwargs={"timeout": httpx.Timeout(**HTTP_TIMEOUT)})
+            self.client = Client(self.server.url, verbose=False,
+                                 httpx_kwargs={"timeout": httpx.Timeout(**HTTP_TIMEOUT)})
             with self.lock:
                 self.page_times.append(time.monotonic() - started)
             self.count("pages", "opened")

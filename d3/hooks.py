@@ -64,7 +64,10 @@ class StatsRecorder:
         self._seen: dict[str, torch.Tensor] = {}  # resid_pre / resid_mid of the layer running now
 
     def begin(self, batch: int, device: torch.device, valid: torch.Tensor | None = None) -> None:
-        self.stats = {name: torch.full((batch, self.num_layers), float("nan"), device=device) for name in LAYER_STATS}
+        # float32 whatever torch's default dtype is now: a model loading in another thread (transformers sets the
+        # process-wide default to bfloat16 while it builds one) must not change what this run records into.
+        self.stats = {name: torch.full((batch, self.num_layers), float("nan"), dtype=torch.float32, device=device)
+                      for name in LAYER_STATS}
         self.valid = valid
         self.inputs = {}
         self._deferred = []

@@ -41,13 +41,14 @@ class Caps:
     max_parameters: int = 4 * 10**9  # a local model whose config describes more is refused before it is built
     session_memory_mib: int = 4096  # what all sessions keep of their runs' attention together (explorer.memory)
     events_per_address: int = 4  # public: runs and measurements one address has running or waiting (explorer.fair)
+    max_wait_s: int = 60  # public: a run or measurement that would wait longer for a slot is refused (explorer.fair)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "Caps":
         """D3_MAX_NEW_TOKENS, D3_MAX_PROMPT_CHARS, D3_MAX_PROMPT_TOKENS, D3_QUEUE_SIZE, D3_CONCURRENCY,
         D3_FIGURE_EVERY, D3_SESSION_TTL, D3_MAX_SESSIONS, D3_MAX_MODELS, D3_MAX_RUN_S, D3_MAX_PARAMETERS,
-        D3_SESSION_MEMORY_MIB, D3_EVENTS_PER_ADDRESS; defaults suit a CPU Space (16 GB: three models take 5.2 GiB,
-        the sessions' budget 4 GiB)."""
+        D3_SESSION_MEMORY_MIB, D3_EVENTS_PER_ADDRESS, D3_MAX_WAIT_S; defaults suit a CPU Space (16 GB: three models
+        take 5.2 GiB, the sessions' budget 4 GiB)."""
         d = cls()
         return cls(
             max_new_tokens=_env_int(env, "D3_MAX_NEW_TOKENS", d.max_new_tokens, 1, MAX_NEW_TOKENS_CAP),
@@ -63,6 +64,7 @@ class Caps:
             max_parameters=_env_int(env, "D3_MAX_PARAMETERS", d.max_parameters, 10**6, MAX_PARAMETERS),
             session_memory_mib=_env_int(env, "D3_SESSION_MEMORY_MIB", d.session_memory_mib, 16, 1 << 20),
             events_per_address=_env_int(env, "D3_EVENTS_PER_ADDRESS", d.events_per_address, 1, 10_000),
+            max_wait_s=_env_int(env, "D3_MAX_WAIT_S", d.max_wait_s, 1, 24 * 3600),
         )
 
     def describe(self) -> str:

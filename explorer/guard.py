@@ -91,11 +91,14 @@ class RequestGuard:
     against their budget, and the GETs of an event's stream against the queue's sessions and events."""
 
     def __init__(self, app: Any, demo: gr.Blocks, max_body: int, uploads: UploadBudget | None = None,
-                 open_per_client: int = OPEN_PER_CLIENT, events_per_address: int | None = None) -> None:
+                 open_per_client: int = OPEN_PER_CLIENT, events_per_address: int | None = None,
+                 max_wait_s: float | None = None, timings: fair.Timings | None = None) -> None:
         self.app, self.demo, self.max_body = app, demo, max_body
         self.uploads = uploads or UploadBudget()
         self.open_per_client = open_per_client
         self.events_per_address = events_per_address  # None: not bounded per address (a server that is not public)
+        self.max_wait_s = max_wait_s  # None: a run waits in the queue however long (a server that is not public)
+        self.timings = timings or fair.Timings()
         self.open: collections.Counter[str] = collections.Counter()  # requests open now, by client address
         self._named: dict[str, tuple[str, ...]] | None = None
 
@@ -138,7 +141,7 @@ class RequestGuard:
                 json.loads(body or b"{}").get("fn_index"))))
 
     async def checked(self, scope: Scope, receive: Receive, send: Send,
-                      problem: Callable[[bytes], tuple[int, str] | None]) -> None:
+                      problem: Callable[[bytes], tuple[int, str] | tuple[int, str, int] | None]) -> None:
         """Read the body (at most `max_body` bytes), answer its `problem` if it has one, else hand it to gradio."""
         body = await _read(receive, self.max_body)
         if body is None:
@@ -162,14 +165,23 @@ class RequestGuard:
             return await _answer(send, 429, refused)
         await self.app(scope, _replay(body, receive), send)
 
-    def crowded(self, scope: Scope, fn: Any) -> tuple[int, str] | None:
-        """429 when the caller's address already has its share of runs and measurements running or waiting
-        (public servers only; explorer.fair)."""
-        if self.events_per_address is None or fn is None or fn.concurrency_id not in fair.GROUPS:
+    def crowded(self, scope: Scope, fn: Any) -> tuple[int, str] | tuple[int, str, int] | None:
+        """429 when the caller's address already has its share of runs and measurements running or waiting, or
+        when the run would wait for a slot longer than `max_wait_s` (then with the seconds to wait before trying
+        again, the Retry-After header); public servers only (explorer.fair)."""
+        if fn is None or fn.concurrency_id not in fair.GROUPS:
             return None
-        host = (scope.get("client") or ("", 0))[0]
-        refused = fair.crowded(getattr(self.demo, "_queue", None), host, self.events_per_address)
-        return None if refused is None else (429, refused)
+        queue = getattr(self.demo, "_queue", None)
+        if self.events_per_address is not None:
+            host = (scope.get("client") or ("", 0))[0]
+            refused = fair.crowded(queue, host, self.events_per_address)
+            if refused is not None:
+                return 429, refused
+        if self.max_wait_s is None or queue is None:
+            return None
+        self.timings.install(queue)
+        busy = fair.too_long(queue, fn.concurrency_id, self.timings, self.max_wait_s)
+        return None if busy is None else (429, busy[0], busy[1])
 
     def keyword_problem(self, body: bytes, name: str) -> tuple[int, str] | None:
         try:
@@ -310,10 +322,14 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return again
 
 
-async def _answer(send: Send, status: int, message: str) -> None:
+async def _answer(send: Send, status: int, message: str, retry_after_s: int | None = None) -> None:
+    """One JSON line, {"error": message} (the page shows it as the run's error); with a Retry-After header when the
+    caller is told when to try again."""
     body = json.dumps({"error": message}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if retry_after_s is not None:
+        headers.append((b"retry-after", str(retry_after_s).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 

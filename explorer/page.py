@@ -64,12 +64,15 @@ def _show_preparation(preparation: Preparation) -> None:
     timer.tick(tick, None, [line, timer], api_name=False, queue=False, show_progress="hidden")
 
 
-def tune_process() -> None:
+def tune_process(env: dict[str, str] | None = None) -> None:
     """Process settings for serving (`python app.py`, not the tests): D3_TORCH_THREADS sets torch's CPU threads
-    (on a busy or shared CPU, 1 thread can be several times faster than torch's default), and everything alive
-    now (gradio, torch, the page) is moved out of the garbage collector's full passes, which otherwise pause a
-    slider redraw for about half a second now and then (both measured by scripts/measure_app.py)."""
-    threads = os.environ.get("D3_TORCH_THREADS", "").strip()
+    (on a busy or shared CPU, 1 thread can be several times faster than torch's default), 1 by default on a public
+    server (its visitors' runs already share the cores, and torch's threads left the page's own requests waiting:
+    the class load test, docs/reliability.md), and everything alive now (gradio, torch, the page) is moved out of
+    the garbage collector's full passes, which otherwise pause a slider redraw for about half a second now and then
+    (both measured by scripts/measure_app.py)."""
+    env = dict(os.environ) if env is None else env
+    threads = env.get("D3_TORCH_THREADS", "").strip() or ("1" if is_public(env) else "")
     if threads.isdigit() and int(threads) > 0:
         import torch
 
@@ -124,7 +127,8 @@ def launch(demo: gr.Blocks, **kwargs: Any) -> Any:
     app_kwargs = dict(kwargs.pop("app_kwargs", None) or {})
     public = demo.pool.public  # type: ignore[attr-defined]
     guard = Middleware(RequestGuard, demo=demo, max_body=MAX_REQUEST_BYTES + 4 * caps.max_prompt_chars,
-                       uploads=UploadBudget(), events_per_address=caps.events_per_address if public else None)
+                       uploads=UploadBudget(), events_per_address=caps.events_per_address if public else None,
+                       max_wait_s=caps.max_wait_s if public else None)
     app_kwargs["middleware"] = [*app_kwargs.get("middleware", ()), guard]
     app_kwargs.setdefault("lifespan", session_expiry(caps.session_ttl_s))
     bound_the_log()

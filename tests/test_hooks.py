@@ -76,3 +76,17 @@ def test_recording_reads_each_named_point_once_per_layer_then_removes_its_hooks(
     for layer in range(5):
         expected = reference[layer + 1][0].float().norm(dim=-1).mean()
         assert float(stats["hidden_norm"][0, layer]) == pytest.approx(float(expected), rel=1e-5)
+
+
+def test_a_step_records_while_another_thread_loads_a_bfloat16_model(tiny_engine):
+    """The class load test: a SmolLM2 run failed with "Index put requires the source and destination dtypes match"
+    while Qwen loaded (transformers sets torch's default dtype to bfloat16 for the whole process while it builds a
+    model); the recorder's stats are float32 whatever the default is."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # what a load in another thread does for a while
+    try:
+        trace = tiny_engine.generate(PROMPT, D3Config(alpha=0.8, core_head=1, core_tail=1),
+                                     GenerationConfig(max_new_tokens=3, stop_at_eos=False), TraceConfig())
+    finally:
+        torch.set_default_dtype(before)
+    assert len(trace.steps) == 3 and trace.steps[-1].stats["attn_cos"].dtype.name == "float32"

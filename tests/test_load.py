@@ -80,3 +80,26 @@ def test_a_short_class_on_a_tiny_model(tmp_path) -> None:
     assert report["first_token_s"]["tiny"]["n"] >= 1
     assert report["rss_mib"]["peak"] >= report["rss_mib"]["start"] > 0 and report["open_fds"]["peak"] > 0
     assert report["server_alive"] and report["server_tracebacks"] == 0 and status == 0
+
+
+def test_a_refusal_with_a_message_is_told_from_a_failure() -> None:
+    """The class load test counted a busy server's 429 (its one line: too long a wait, too many from one address) as
+    a failure; it is a refusal with a message, and a student told when to try again waits that long."""
+    import httpx
+
+    from explorer.loadtest.classroom import ClassReport, Student
+    from explorer.loadtest.client import error_kind
+
+    def refusal(status: int, body: dict) -> httpx.HTTPStatusError:
+        request = httpx.Request("POST", "http://127.0.0.1/gradio_api/queue/join")
+        response = httpx.Response(status, json=body, request=request)
+        return httpx.HTTPStatusError(f"Client error '{status}'", request=request, response=response)
+
+    busy = "The server is busy: 5 runs are running or waiting ahead of yours ... try again in about 40 s."
+    assert error_kind(refusal(429, {"error": busy})) == "refused: " + busy
+    assert error_kind(refusal(503, {"detail": "Queue is full. Max size is 16 and size is 16."})).startswith("refused")
+    assert error_kind(refusal(404, {"error": "no such endpoint"})).startswith("client: HTTPStatusError")
+    assert error_kind(TimeoutError()) == "timeout"
+    student = Student(1, None, "tiny", "", ClassReport("tiny", "", 1, 1.0), None, {}, [])  # type: ignore[arg-type]
+    assert student.refused(error_kind(refusal(429, {"error": busy}))) and student.retry_at > 0
+    assert not student.refused("timeout") and not student.refused("server_error")

@@ -78,7 +78,7 @@ def run_the_class(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     print(render_class(report))
     if args.json:
         write(report, args.json)
-    ok = report.server_alive and not report.server_tracebacks and not report.runs.get("failed")
+    ok = report.server_alive and not report.server_tracebacks and not report.failures  # a refusal is no failure
     return 0 if ok else 1
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import random
+import re
 import threading
 import time
 from collections import Counter
@@ -19,12 +20,21 @@ from typing import Any
 
 from d3.models import KNOWN_MODELS, QWEN_CODER
 from explorer.controls import CONTROL_NAMES, DEFAULTS
-from explorer.loadtest.client import D3_TOKENS, STATUS, TOKEN_ID, error_kind
+from explorer.loadtest.client import D3_TOKENS, REFUSED, STATUS, TOKEN_ID, error_kind
 from explorer.loadtest.report import percentiles
 from explorer.loadtest.server import TINY, Server, rss_mib, running_server
 from explorer.scenarios import scenario_controls
 
 THINK_S = (3.0, 10.0)  # a student reads what came back before the next move
+# How long a student waits, as a person with a browser would (the browser itself waits minutes; the person does not):
+PAGE_TIMEOUT_S = 30.0  # for the page (its HTML and config) to open
+REQUEST_TIMEOUT_S = 60.0  # for any one request to be answered (a view, a cancel), and to connect
+RUN_TIMEOUT_S = 300.0  # for a run, click to last token: the longest wait queued (60 s) + the run's limit (180 s) + 60 s
+# gradio_client's own requests (httpx's default: 5 s, which no browser does): a connection within REQUEST_TIMEOUT_S,
+# and the stream of a session's events silent at most RUN_TIMEOUT_S (the server sends a heartbeat every 15 s; a
+# shorter read timeout ended every run of the student's session at once when one stream went quiet)
+HTTP_TIMEOUT = dict(timeout=REQUEST_TIMEOUT_S, read=RUN_TIMEOUT_S)
+RETRY = re.compile(r"try again in about (\d+) s")
 RUN_TOKENS = 16  # new tokens of a student's run on the small model
 DEEP_TOKENS = 4  # and on the deep one (28 layers at about a token a second on a busy 2-core machine)
 CONTROLS = ("prompt", "model", "chat_template", "strategy", "alpha", "core_head", "core_tail", "start", "drop_order",
@@ -92,6 +102,11 @@ class Monitor:
         self.sample()
 
 
+def _key(message: str) -> str:
+    """A refusal's message as it is counted: its figures as N (the same refusal with another wait is one kind)."""
+    return re.sub(r"\d+", "N", message)[:200]
+
+
 def _first_token(job: Any, started: float, timeout: float) -> tuple[float | None, Any]:
     """Seconds from submission to the first streamed update with a D3 token (None if none came), and the job's
     final outputs (raises what the job raised)."""
@@ -117,6 +132,7 @@ class Student:
         self.rng = random.Random(n)
         self.client: Any = None
         self.round, self.arrived = 0, False
+        self.retry_at = 0.0  # a refusal said to try again then
 
     def count(self, counter: str, key: str) -> None:
         with self.lock:
@@ -128,10 +144,11 @@ class Student:
         started = time.monotonic()
         try:
             for path in ("", "config"):
-                httpx.get(self.server.url + path, timeout=60).raise_for_status()
+                httpx.get(self.server.url + path, timeout=PAGE_TIMEOUT_S).raise_for_status()
             from gradio_client import Client
 
-            self.client = Client(self.server.url, verbose=False)
+            self.client = Client(self.server.url, verbose=False,
+                                 httpx_kwargs={"timeout": httpx.Timeout(**HTTP_TIMEOUT)})
             with self.lock:
                 self.page_times.append(time.monotonic() - started)
             self.count("pages", "opened")
@@ -139,33 +156,44 @@ class Student:
             self.count("pages", "failed")
             self.count("failures", "page: " + error_kind(err))
 
-    def generate(self, controls: dict[str, Any], deadline: float) -> None:
+    def refused(self, kind: str) -> bool:
+        """Whether a request that ended with error `kind` was refused at once with a message (a gr.Error shown on
+        the page, a full queue, a busy server's 429 or 503 with its line), not failed; a refusal that says when to
+        try again makes the student wait that long, as a person told so would."""
+        if not (kind.startswith(("app_error", REFUSED)) or kind == "queue_full"):
+            return False
+        retry = RETRY.search(kind)
+        if retry is not None:
+            self.retry_at = time.monotonic() + int(retry.group(1))
+        return True
+
+    def generate(self, controls: dict[str, Any]) -> None:
         model = controls["model"]
         started = time.monotonic()
         job = self.client.submit(**controls, api_name="/generate")
         try:
-            first, final = _first_token(job, started, max(5.0, deadline - started))
+            first, final = _first_token(job, started, RUN_TIMEOUT_S)
             status = str(final[STATUS])
             if "Done." in status or "Stopped." in status:  # stopped: at the time limit, with a message
                 self.count("runs", "finished")
                 if first is not None:
                     with self.lock:
                         self.first_tokens.setdefault(model, []).append(first)
-            else:
+            else:  # the status line says why it did not run
                 self.count("runs", "refused")
                 self.count("refusals", status[:100])
         except Exception as err:
             kind = error_kind(err)
-            if kind.startswith("app_error") or kind == "queue_full":
+            if self.refused(kind):
                 self.count("runs", "refused")
-                self.count("refusals", kind[:100])
+                self.count("refusals", _key(kind))
             else:
                 self.count("runs", "failed")
                 self.count("failures", kind)
-            try:
-                job.cancel()
-            except Exception as cancel_err:  # a server too busy to answer /cancel in time: counted, not fatal
-                self.count("failures", "cancel: " + error_kind(cancel_err))
+                try:
+                    job.cancel()
+                except Exception as cancel_err:  # a server too busy to answer /cancel in time: counted, not fatal
+                    self.count("failures", "cancel: " + error_kind(cancel_err))
 
     def controls(self, model: str, step: int, tokens: int, **changes: Any) -> dict[str, Any]:
         layers = KNOWN_MODELS[model].facts.num_layers if model in KNOWN_MODELS else 6
@@ -176,25 +204,38 @@ class Student:
     def open_views(self, controls: dict[str, Any]) -> None:
         try:  # an API session is on no tab: both attention views are drawn from its run
             values = [controls.get(name, getattr(DEFAULTS, name)) for name in CONTROL_NAMES]
-            self.client.predict(*values, api_name="/render_attention")  # an undocumented endpoint: by position
+            # an undocumented endpoint: by position
+            self.client.submit(*values, api_name="/render_attention").result(timeout=REQUEST_TIMEOUT_S)
             self.count("views", "drawn")
         except Exception as err:
             self.count("views", "failed")
             self.count("failures", "views: " + error_kind(err))
 
-    def measure(self, controls: dict[str, Any]) -> None:
-        """The heavy student: "Which layers matter" on the deep model (a measurement that takes its time limit)."""
+    def measure(self, controls: dict[str, Any]) -> bool:
+        """The heavy student: "Which layers matter" on the deep model (a measurement that takes its time limit).
+        False when it was refused."""
+        job = self.client.submit(**controls, api_name="/measure_layers")
         try:
-            self.client.predict(**controls, api_name="/measure_layers")
+            job.result(timeout=RUN_TIMEOUT_S)
             self.count("measurements", "finished")
         except Exception as err:
             kind = error_kind(err)
-            self.count("measurements", "refused" if kind.startswith("app_error") else "failed")
-            if not kind.startswith("app_error"):
-                self.count("failures", "measure: " + kind)
+            if kind.startswith("app_error") and "time limit" in kind:  # it ran to the server's limit and said so
+                self.count("measurements", "stopped at the time limit")
+                return True
+            if self.refused(kind):
+                self.count("measurements", "refused")
+                self.count("refusals", "measure: " + _key(kind))
+                return False
+            self.count("measurements", "failed")
+            self.count("failures", "measure: " + kind)
+            job.cancel()
+        return True
 
     def think(self, until: float) -> None:
-        time.sleep(max(0.0, min(self.rng.uniform(*THINK_S), until - time.monotonic())))
+        """Read what came back (a few seconds), or wait as long as the server said to before trying again."""
+        pause = max(self.rng.uniform(*THINK_S), self.retry_at - time.monotonic())
+        time.sleep(max(0.0, min(pause, until - time.monotonic())))
 
     def lesson(self, until: float) -> None:
         """The student's rounds; whatever goes wrong on the client's side is counted and the student goes on."""
@@ -218,19 +259,20 @@ class Student:
                     self.think(until)
                     continue
             if self.n == 0 and self.deep:  # one student measures on the deep model all lesson long
-                self.measure(self.controls(self.deep, 0, RUN_TOKENS))
+                if not self.measure(self.controls(self.deep, 0, RUN_TOKENS)):
+                    self.think(until)  # refused: wait as told (or read the message) before asking again
                 continue
             scenario = self.controls(self.model, self.round, RUN_TOKENS)
-            self.generate(scenario, until + 240)
+            self.generate(scenario)
             self.think(until)
             if time.monotonic() >= until:
                 break
             moved = {**scenario, "alpha": round(self.rng.uniform(0.9, 0.999), 3)}  # a slider let go: a run
-            self.generate(moved, until + 240)
+            self.generate(moved)
             self.open_views(moved)
             self.round += 1
             if self.round == 2 and self.deep:
-                self.generate(self.controls(self.deep, 1, DEEP_TOKENS), until + 240)
+                self.generate(self.controls(self.deep, 1, DEEP_TOKENS))
             self.think(until)
 
 

@@ -68,6 +68,22 @@ class Outcome:
     exported: tuple[int, ...] | None = None  # D3 token ids in the session's exported trace
 
 
+REFUSED = "refused: "  # error_kind's prefix for a request the server refused at once with a message (not a failure)
+
+
+def refused_with(err: BaseException) -> str | None:
+    """The server's message when it refused the request at once, busy (429 or 503 with a JSON {"error": ...}, as
+    explorer.guard answers: too long a wait, too many from one address), else None."""
+    response = getattr(err, "response", None)
+    if getattr(response, "status_code", None) not in (429, 503):
+        return None
+    try:
+        message = response.json().get("error") or response.json().get("detail")  # type: ignore[union-attr]
+    except Exception:
+        return None
+    return str(message) if message else None
+
+
 def error_kind(err: BaseException) -> str:
     """A short, countable name for what went wrong."""
     message = str(err)
@@ -81,6 +97,9 @@ def error_kind(err: BaseException) -> str:
         return "server_error"
     if type(err).__name__ == "AppError":
         return "app_error: " + message.splitlines()[0][:80]
+    refusal = refused_with(err)
+    if refusal is not None:
+        return REFUSED + refusal
     return f"client: {type(err).__name__}: {message[:80]}"
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Iterator
 
 from explorer.caps import Caps
-from explorer.page import build_demo, free_port, launch
+from explorer.page import build_demo, free_port, launch, tune_process
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = "tiny"
@@ -38,9 +38,13 @@ def serve(model: str, port: int) -> None:
 
         demo = build_demo(factory, caps=Caps.from_env(), public=False, model_names=(TINY,))
     else:
+        import logging
+
         import app
 
-        demo = app.demo  # the page exactly as `python app.py` serves it
+        logging.basicConfig(level=logging.INFO)  # the page exactly as `python app.py` serves it (app.py's main)
+        tune_process()  # D3_TORCH_THREADS, and the garbage collector's full passes kept off what lives now
+        demo = app.demo
     launch(demo, server_name="127.0.0.1", server_port=port, quiet=True)
 
 

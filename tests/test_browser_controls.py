@@ -103,11 +103,12 @@ def test_d2_a_core_head_typed_past_its_end_is_one_value_on_the_boxes_the_curve_a
     assert shown["floor"] == "core floor<br>26+3=29", shown
     assert shown["line"] is None or "core 26+3" in shown["line"], shown
     assert "99" in watched.status() and "26" in watched.status()  # said once: what was typed, what the slider shows
-    mark = watched.mark()
     page.fill("#max-new-tokens input", "4")
+    assert watched.settle() == 0
+    mark = watched.mark()
     page.click("#generate")
     watched.wait_status("Done.")
-    said = watched.since(mark)
+    said = watched.since(mark)  # every status line from the click to the end of the run
     assert cores_named(said) <= {(26, 3)}, said
     assert not any("99" in s for s in said), said  # the run says no other value than the one it ran
     assert "core 26+3" in page.inner_text("#d3-title"), page.inner_text("#d3-title")

@@ -114,7 +114,7 @@ def _field(cls: type, key: str, name: str = "", **spec: Any) -> Control:
     return Control(name or key, params(cls)[key], field=(cls, key), **spec)
 
 
-_RUN = dict(redraws=True, settles=True)  # a setting of what runs: it redraws the preview and settles the controls
+_RUN: dict[str, Any] = dict(redraws=True, settles=True)  # a setting of what runs: it redraws the preview and settles the controls
 # Every control of the Live tab, in the page's order: the order of `Controls`' fields, of the handlers' inputs and of
 # the API's parameters. A config field added to D3's registry that this table does not name yet is added after it
 # (`_grown`): it gets a box on the page, a parse, a share link, a CLI flag (d3/cli) and the preview's redraw.
@@ -177,8 +177,8 @@ RELEASE_NAMES: tuple[str, ...] = tuple(n for n, c in CONTROLS.items() if c.relea
 SETTLED_NAMES: tuple[str, ...] = tuple(n for n, c in CONTROLS.items() if c.settles)
 # The decay curve's own inputs, by the name its meta and the browser's preview know them (`viz.depth`), -> element id.
 PREVIEW_IDS: dict[str, str] = {c.preview or c.field[1]: c.elem_id for c in CONTROLS.values()
-                               if c.release or (c.field is not None and c.field[0] is D3Config and c.redraws
-                                                and not c.param.choices and c.widget != "text")}
+                               if c.field is not None and c.field[0] is D3Config and c.redraws
+                               and c.param.checked and not c.param.choices}
 
 
 def param_of(name: str) -> Param:

@@ -1,4 +1,11 @@
 () => {
+  // The curve's inputs the preview follows, from the page's control table (explorer/controls.PREVIEW_IDS, put here as
+  // the page is wired): the name the figure's meta knows each by -> its element's id.
+  const IDS = __PREVIEW_IDS__;
+  // The names the formula below knows (d3.schedule.d3_budget's). Another number of the curve (a field added to D3's
+  // registry) is drawn by the server: while one is off its default (the figure's meta says both), the preview
+  // leaves the curve alone (tests/test_browser_page.py checks the formula against the engine's, field by field).
+  const FORMULA = ['alpha', 'core_head', 'core_tail', 'start'];
   // The decay curve follows α, the core split and the start while a slider moves: it is redrawn here, in the
   // browser, from the formula of d3.schedule.d3_budget, so it keeps up with the pointer whatever the server is
   // doing (a run it starts on release shares its two cores). The server's own redraw, on release, then lands
@@ -19,14 +26,18 @@
   const label = (s, p) => {  // viz.layout.strategy_label for D3
     const parts = [`α=${pyFloat(p.alpha)}`];
     if (p.start) parts.push(`start ${p.start}`);
-    if (s.label_core) parts.push(`core ${p.head}+${p.tail}`);
+    if (s.label_core) parts.push(`core ${p.core_head}+${p.core_tail}`);
     return `D3 (${[...parts, ...s.label_extra].join(', ')})`;
   };
-  const drawnFor = (s) => ({alpha: s.alpha, head: s.core_head, tail: s.core_tail, start: s.start});
-  const same = (a, b) => a.alpha === b.alpha && a.head === b.head && a.tail === b.tail && a.start === b.start;
+  const names = Object.keys(IDS);
+  const drawnFor = (s) => Object.fromEntries(names.map((k) => [k, (s.fields || s)[k]]));
+  const same = (a, b) => names.every((k) => a[k] === b[k]);
+  // A value the formula does not read is at its default: its budget is the formula's (the parity test checks it).
+  const known = (s, p) => names.every((k) => FORMULA.includes(k) || p[k] === (s.defaults || {})[k]);
   // The limits come with the figure (viz.depth.d3_schedule_meta: the registry's α range, the core rule's largest core).
-  const valid = (s, p) => p.alpha > s.alpha_lo && p.alpha <= s.alpha_hi && [p.head, p.tail, p.start].every(Number.isInteger)
-    && p.head >= 0 && p.tail >= 0 && p.start >= 0 && p.head + p.tail <= s.core_max;
+  const valid = (s, p) => known(s, p) && p.alpha > s.alpha_lo && p.alpha <= s.alpha_hi
+    && [p.core_head, p.core_tail, p.start].every(Number.isInteger)
+    && p.core_head >= 0 && p.core_tail >= 0 && p.start >= 0 && p.core_head + p.core_tail <= s.core_max;
 
   const traceUpdate = (gd, s, p, lines, matches) => {
     const idx = [], y = [], name = [], visible = [];
@@ -47,7 +58,7 @@
     return [{y, name, visible}, idx];
   };
   const layoutUpdate = (gd, s, p) => {
-    const floor = p.head + p.tail, out = {};
+    const floor = p.core_head + p.core_tail, out = {};
     (gd.layout.shapes || []).forEach((sh, i) => {
       if (sh.name === 'core-floor') Object.assign(out, {[`shapes[${i}].y0`]: floor, [`shapes[${i}].y1`]: floor,
                                                          [`shapes[${i}].visible`]: floor > 0});
@@ -58,7 +69,7 @@
     (gd.layout.annotations || []).forEach((a, i) => {
       if (a.name === 'core-floor') Object.assign(out, {[`annotations[${i}].y`]: floor,
         [`annotations[${i}].visible`]: floor > 0,
-        [`annotations[${i}].text`]: `core floor<br>${p.head}+${p.tail}=${floor}`});  // viz.depth.core_floor_text
+        [`annotations[${i}].text`]: `core floor<br>${p.core_head}+${p.core_tail}=${floor}`});  // viz.depth.core_floor_text
       if (a.name === 'decay-start') Object.assign(out, {[`annotations[${i}].x`]: p.start - 0.5,
         [`annotations[${i}].visible`]: p.start > 0, [`annotations[${i}].text`]: ` decay starts at token ${p.start}`});
     });
@@ -71,7 +82,8 @@
     if (!s || !window.Plotly || !valid(s, p) || same(shown(gd, s), p)) return;
     gd.__d3PreviewOf = s;
     gd.__d3Preview = p;
-    const [traces, idx] = traceUpdate(gd, s, p, budgets(s.num_layers, s.steps, p.alpha, p.head, p.tail, p.start),
+    const [traces, idx] = traceUpdate(gd, s, p, budgets(s.num_layers, s.steps, p.alpha, p.core_head, p.core_tail,
+                                                        p.start),
                                       same(drawnFor(s), p));
     if (idx.length) window.Plotly.update(gd, traces, layoutUpdate(gd, s, p), idx);
     else window.Plotly.relayout(gd, layoutUpdate(gd, s, p));
@@ -91,24 +103,37 @@
   // or a reset the server set the sliders, and a curve drawn for a move made before would belong to neither the
   // sliders nor the model (issue 35: "core 3+5" over Gemma's 18 layers while the sliders showed 2+2).
   const onScreen = () => {
+  // The curve's inputs the preview follows, from the page's control table (explorer/controls.PREVIEW_IDS, put here as
+  // the page is wired): the name the figure's meta knows each by -> its element's id.
+  const IDS = __PREVIEW_IDS__;
+  // The names the formula below knows (d3.schedule.d3_budget's). Another number of the curve (a field added to D3's
+  // registry) is drawn by the server: while one is off its default (the figure's meta says both), the preview
+  // leaves the curve alone (tests/test_browser_page.py checks the formula against the engine's, field by field).
+  const FORMULA = ['alpha', 'core_head', 'core_tail', 'start'];
     const read = (id, key) => {
       const box = document.querySelector(`#${id} input[type=number]`);
       const v = box ? Number(box.value) : NaN;
-      return Number.isFinite(v) && box.value !== '' ? clamp(id, v) : (wanted ? wanted[key] : NaN);
+      return Number.isFinite(v) && box.value !== '' ? clamp(id, v) : (wanted && key in wanted ? wanted[key] : NaN);
     };
-    return {alpha: read('alpha', 'alpha'), head: read('core-head', 'head'), tail: read('core-tail', 'tail'),
-            start: read('start', 'start')};
+    return Object.fromEntries(names.map((k) => [k, read(IDS[k], k)]));
   };
   const follow = (gd) => {
     const s = gd.layout && gd.layout.meta && gd.layout.meta.d3_schedule;
     if (!s) return;
-    const p = onScreen();
-    if (!Number.isFinite(p.start)) p.start = s.start;  // the start slider not drawn yet: the figure's own
+    const p = onScreen(), drawn = drawnFor(s);
+    names.forEach((k) => { if (!Number.isFinite(p[k])) p[k] = drawn[k]; });  // a box not drawn yet: the figure's own
     draw(gd, p);
   };
   // Gradio replaces the plot's element now and then (a new one draws its first answer at once), so each new
   // element is hooked as soon as it is added, before that first draw: a MutationObserver on the plot's box.
   const hook = () => {
+  // The curve's inputs the preview follows, from the page's control table (explorer/controls.PREVIEW_IDS, put here as
+  // the page is wired): the name the figure's meta knows each by -> its element's id.
+  const IDS = __PREVIEW_IDS__;
+  // The names the formula below knows (d3.schedule.d3_budget's). Another number of the curve (a field added to D3's
+  // registry) is drawn by the server: while one is off its default (the figure's meta says both), the preview
+  // leaves the curve alone (tests/test_browser_page.py checks the formula against the engine's, field by field).
+  const FORMULA = ['alpha', 'core_head', 'core_tail', 'start'];
     const gd = document.querySelector('#plot-decay .js-plotly-plot');
     if (!gd || typeof gd.on !== 'function' || gd.__d3PreviewHooked) return gd;
     gd.__d3PreviewHooked = true;
@@ -121,6 +146,13 @@
   let box = null;
   const added = new MutationObserver(() => hook());
   const watch = () => {
+  // The curve's inputs the preview follows, from the page's control table (explorer/controls.PREVIEW_IDS, put here as
+  // the page is wired): the name the figure's meta knows each by -> its element's id.
+  const IDS = __PREVIEW_IDS__;
+  // The names the formula below knows (d3.schedule.d3_budget's). Another number of the curve (a field added to D3's
+  // registry) is drawn by the server: while one is off its default (the figure's meta says both), the preview
+  // leaves the curve alone (tests/test_browser_page.py checks the formula against the engine's, field by field).
+  const FORMULA = ['alpha', 'core_head', 'core_tail', 'start'];
     const b = document.getElementById('plot-decay');
     if (!b || b === box) return;
     box = b;
@@ -128,11 +160,22 @@
     added.observe(b, {childList: true, subtree: true});
     hook();
   };
+  // What a slider's release was (explorer/wiring.RELEASE_JS asks as the release is sent): gradio sends a box's blur
+  // and a click into it as a release too, and only a pointer let go on a track or a reset asks for a run. A click
+  // on Stop or anywhere else, or a key in a box, is no request for a run (issue 43, D3).
+  let pressed = false;
+  document.addEventListener('pointerdown', (e) => {
+    const t = e.target;
+    pressed = !!(t && t.closest && (t.closest('input[type=range]') || t.closest('button.reset-button')));
+  }, true);
+  document.addEventListener('keydown', (e) => {
+    if (e.target && e.target.matches && e.target.matches('input[type=number]')) pressed = false;
+  }, true);
+  window.d3Released = () => (pressed ? 'pointer' : 'typed');
   window.d3DecayPreview = {
-    budgets, label,
-    follow: (alpha, head, tail, start) => {  // called by the sliders' change events (explorer/wiring.py)
-      wanted = {alpha: clamp('alpha', Number(alpha)), head: clamp('core-head', Number(head)),
-                tail: clamp('core-tail', Number(tail)), start: clamp('start', Number(start))};
+    budgets, label, known, formula: FORMULA, ids: IDS,
+    follow: (values) => {  // called by the sliders' input events with {name: value} (explorer/wiring.py)
+      wanted = Object.fromEntries(Object.entries(values).map(([k, v]) => [k, clamp(IDS[k], Number(v))]));
       watch();
       const gd = hook();
       if (gd) follow(gd);

@@ -63,11 +63,14 @@ class Param:
     default: Any = None
     show: str = ""  # how `describe()` writes the field ("α={}", "start {}"); "" keeps it out of descriptions
     always: bool = False  # described even at its default (the number a strategy is known by: α, the ratio)
+    checked: bool = True  # False: a value of its own kind that its config checks itself (a calibrated order)
 
     def allowed(self) -> str:
         """What is allowed, in the words of an error message: "a number in (0, 1]", "one of copy, none"."""
         if self.choices:
             return "one of " + ", ".join(self.choices)
+        if not self.checked:
+            return self.help
         kind = "an integer" if self.integer else "a number"
         if self.lo is not None and self.hi is not None:
             text = f"{kind} in {'(' if self.lo_open else '['}{_num(self.lo)}, {_num(self.hi)}{')' if self.hi_open else ']'}"
@@ -81,6 +84,8 @@ class Param:
         return text + (" (or None for auto)" if self.optional else "")
 
     def ok(self, value: Any) -> bool:
+        if not self.checked:
+            return True  # checked by its config (`__post_init__`), which knows what else it depends on
         if value is None:
             return self.optional
         if self.choices:
@@ -293,7 +298,9 @@ class D3Config(StrategyConfig):
     drop_order: str = param("middle_out", "Drop order", "which flex layers go first as the budget shrinks "
                             "(calibrated: a measured order, named or given by layer_order)", choices=DROP_ORDERS,
                             show="{}")
-    layer_order: tuple[int, ...] | str | None = None  # checked below: a tuple of layers or a calibration's name
+    layer_order: tuple[int, ...] | str | None = param(None, "Calibrated order", "with drop order calibrated: the "
+                                                     "flex layers in the order they are dropped (first dropped first), "
+                                                     "or a cached calibration's name", checked=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -7,8 +7,8 @@ import functools
 import inspect
 import math
 import re
-from dataclasses import dataclass, field, fields, replace
-from typing import Any, Callable
+from dataclasses import dataclass, field, fields, make_dataclass, replace
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -42,49 +42,152 @@ STRATEGY_CLASSES: dict[str, type[StrategyConfig]] = {cls.name: cls for cls in ST
 OWN_FILL = "default"
 FILL_CHOICES = (OWN_FILL, *FILLS)
 DECODINGS = ("greedy", "sample")
-# The controls that are a config field (d3.config's registry): the page's name (the API's parameter) -> (config
-# class, field). Their defaults, ranges, labels and help come from the field's `Param`, said once in d3/config.py.
-FIELDS: dict[str, tuple[type, str]] = {
-    "alpha": (D3Config, "alpha"), "core_head": (D3Config, "core_head"), "core_tail": (D3Config, "core_tail"),
-    "start": (D3Config, "start"), "drop_order": (D3Config, "drop_order"), "fill": (StrategyConfig, "fill"),
-    "unified_ratio": (UnifiedConfig, "ratio"), "skipdecode_max": (SkipDecodeConfig, "max_layers"),
-    "skipdecode_min": (SkipDecodeConfig, "min_layers"), "threshold": (EarlyExitConfig, "threshold"),
-    "max_new_tokens": (GenerationConfig, "max_new_tokens"), "temperature": (GenerationConfig, "temperature"),
-    "seed": (GenerationConfig, "seed"),
-}
+# The rules of the controls and the run, written once (issue 43; the code that keeps each names it "RULES"):
+RULES = """
+A typed value: a value typed into a slider's box runs nothing, when the box is left (Tab, Enter, a click elsewhere,
+  a click on Stop) or not: the controls settle (bounds, a re-fitted order, the status line's message) and the curve
+  follows. A core value typed past its slider's end counts as that end, the end the other side leaves (head + tail
+  below L, the other side as last settled, or the model's default core on a fresh page): the boxes, both sliders'
+  ends, the curve, the status line and the run that Generate starts all show that one core
+  (`clamped_core`). Only a slider let go by a pointer (its track, its reset) runs, and only on valid controls.
+Stop: stops this session's run within one token, and a run still waiting begins and stops at once; it never
+  starts a run. Idle, it says "Nothing is running." with how the last run ended.
+A model switch: stops this session's run, which shows nothing more (its panes are emptied for the new model), and
+  sets the controls to the model's own; no run follows.
+The status line says "Stopped." only after Stop (or the time limit): a run stopped because a newer one was asked
+  for leaves the status to that run ("A new run is asked for…", then its own), and a model switch says the model.
+"""
+METRICS = ("both", "cos", "dist")
+ALPHA_STEP = 0.001  # the α slider's step
+WIDGETS = ("slider", "number", "dropdown", "text", "checkbox", "radio")
+LINKS = ("number", "text", "flag")
+
+
+@dataclass(frozen=True)
+class Control:
+    """One control of the Live tab, said once (the page builds, parses, bounds, wires, links and previews it from
+    this). param: what it allows, its label and help: a config field's own `Param` (d3.config's registry) or the
+    page's own; field: the (config class, field) it sets, None for the page's own controls; widget: how the page
+    shows it (`WIDGETS`); page: the page's narrower range, an overlay of the registry's (never wider); scope: "run"
+    (what a run does) or "view" (how a run is drawn); redraws: changing it redraws the schedule preview; settles: a
+    person's move of it settles the controls (bounds, a re-fitted order, a message); release: a slider whose
+    pointer release regenerates, and which the browser's preview follows while it moves; link: how a share link
+    stores it (`LINKS`); elem_id: its element's id on the page ("" none); preview: the name the decay curve's
+    meta and the browser's preview know it by ("" not previewed)."""
+
+    name: str
+    param: Param
+    widget: str = "number"
+    field: tuple[type, str] | None = None
+    page: tuple[float, float] | None = None
+    scope: str = "run"
+    redraws: bool = False
+    settles: bool = False
+    release: bool = False
+    link: str = "number"
+    elem_id: str = ""
+    preview: str = ""
+
+    def __post_init__(self) -> None:
+        assert self.widget in WIDGETS and self.link in LINKS and self.scope in ("run", "view"), self
+
+    @property
+    def label(self) -> str:
+        return self.param.label
+
+    @property
+    def help(self) -> str:
+        return self.param.help
+
+    def page_param(self) -> Param:
+        """Its Param as the page allows it: the registry's, narrowed by `page`."""
+        return self.param.narrowed(*self.page) if self.page else self.param
+
+
+def _own(label: str, help: str = "", **allowed: Any) -> Param:  # noqa: A002 (help: the control's help text)
+    """The Param of a control that is no config field (the page's own)."""
+    return Param(label, help, **allowed)
+
+
+def _field(cls: type, key: str, name: str = "", **spec: Any) -> Control:
+    """A control that is config field `key` of `cls`: its Param from the registry."""
+    return Control(name or key, params(cls)[key], field=(cls, key), **spec)
+
+
+_RUN: dict[str, Any] = dict(redraws=True, settles=True)  # a setting of what runs: it redraws the preview and settles the controls
+# Every control of the Live tab, in the page's order: the order of `Controls`' fields, of the handlers' inputs and of
+# the API's parameters. A config field added to D3's registry that this table does not name yet is added after it
+# (`_grown`): it gets a box on the page, a parse, a share link, a CLI flag (d3/cli) and the preview's redraw.
+_TABLE: tuple[Control, ...] = (
+    Control("prompt", _own("Prompt"), "text", link="text", elem_id="prompt"),
+    Control("model", _own("Model"), "dropdown", redraws=True, link="text", elem_id="model"),
+    Control("chat_template", _own("Chat template (instruct models)"), "checkbox", link="flag"),
+    Control("strategy", _own("Strategy", choices=tuple(STRATEGY_LABELS)), "dropdown", link="text", **_RUN),
+    _field(D3Config, "alpha", widget="slider", page=(0.8, 1.0), release=True, elem_id="alpha", preview="alpha",
+           **_RUN),
+    _field(D3Config, "core_head", widget="slider", release=True, elem_id="core-head", preview="core_head", **_RUN),
+    _field(D3Config, "core_tail", widget="slider", release=True, elem_id="core-tail", preview="core_tail", **_RUN),
+    _field(D3Config, "start", widget="slider", release=True, elem_id="start", preview="start", **_RUN),
+    _field(D3Config, "drop_order", widget="dropdown", link="text", **_RUN),
+    _field(D3Config, "layer_order", widget="text", link="text", elem_id="layer-order", **_RUN),
+    _field(StrategyConfig, "fill", widget="dropdown", link="text", **_RUN),
+    _field(GenerationConfig, "max_new_tokens", elem_id="max-new-tokens", **_RUN),
+    Control("decoding", _own("Decoding", choices=DECODINGS), "radio", link="text", settles=True),
+    _field(GenerationConfig, "temperature", widget="slider", page=(0.05, 2.0), settles=True),
+    _field(GenerationConfig, "seed", settles=True),
+    _field(UnifiedConfig, "ratio", "unified_ratio", **_RUN),
+    _field(SkipDecodeConfig, "max_layers", "skipdecode_max", **_RUN),
+    _field(SkipDecodeConfig, "min_layers", "skipdecode_min", **_RUN),
+    _field(EarlyExitConfig, "threshold", **_RUN),
+    Control("attention_layer", _own("Attention layer to record", "the layer whose attention a run records (set "
+                                    "before generating)", lo=0, integer=True), "slider", settles=True),
+    Control("attention_head", _own("Head", lo=0, integer=True), "slider", scope="view"),
+    Control("logit_lens", _own("Logit lens"), "checkbox", link="flag"),
+    Control("metric", _own("Metric", choices=METRICS), "radio", scope="view", link="text"),
+    Control("log_kl", _own("Log KL"), "checkbox", scope="view", link="flag"),
+    Control("presentation", _own("Presentation mode (big fonts)"), "checkbox", scope="view", redraws=True,
+            link="flag", elem_id="presentation"),
+)
+
+
+def _grown(table: tuple[Control, ...]) -> tuple[Control, ...]:
+    """The table with every field of D3's registry it does not name yet, as a box (a slider needs a range the page
+    chose), after the others: a field added to D3Config (and its schedule) is on the page without an edit here."""
+    named = {c.field[1] for c in table if c.field is not None and c.field[0] in (D3Config, StrategyConfig)}
+    new = [_field(D3Config, key, widget="dropdown" if p.choices else "number", link="text" if p.choices else "number",
+                  elem_id=key.replace("_", "-"), **_RUN)
+           for key, p in params(D3Config).items() if key not in named]
+    return (*table, *new)
+
+
+CONTROLS: dict[str, Control] = {c.name: c for c in _grown(_TABLE)}
+GROWN: tuple[str, ...] = tuple(CONTROLS)[len(_TABLE):]  # the registry's fields the table did not name (see `_grown`)
+# The controls that are a config field: the page's name (the API's parameter) -> (config class, field).
+FIELDS: dict[str, tuple[type, str]] = {n: c.field for n, c in CONTROLS.items() if c.field is not None}
+# Each control as the page labels it (messages on the page name fields by these: `page_words`), and the Sweep tab's.
+LABELS: dict[str, str] = {**{n: c.label for n, c in CONTROLS.items()}, "strategy": "Strategy",
+                          "sweep_prompts": "Prompts", "sweep_settings": "Settings",
+                          "sweep_tokens": "New tokens per run"}
+HELP: dict[str, str] = {n: c.help for n, c in CONTROLS.items()}
+# The page's narrower ranges, one overlay over the registry's (α's slider shows the part of (0, 1] where a decay
+# leaves anything to look at; temperature's the part worth sampling at): the sliders, the checks of a typed value,
+# the needs view's slider and a sweep row's loading read it.
+PAGE_RANGES: dict[str, tuple[float, float]] = {n: c.page for n, c in CONTROLS.items() if c.page is not None}
+RELEASE_NAMES: tuple[str, ...] = tuple(n for n, c in CONTROLS.items() if c.release)
+SETTLED_NAMES: tuple[str, ...] = tuple(n for n, c in CONTROLS.items() if c.settles)
+# The decay curve's own inputs, by the name its meta and the browser's preview know them (`viz.depth`), -> element id.
+PREVIEW_IDS: dict[str, str] = {c.preview or c.field[1]: c.elem_id for c in CONTROLS.values()
+                               if c.field is not None and c.field[0] is D3Config and c.redraws
+                               and c.param.checked and not c.param.choices}
 
 
 def param_of(name: str) -> Param:
-    cls, key = FIELDS[name]
-    return params(cls)[key]
-
-
-# Each control as the page labels it: a config field's own label, the page's own controls' here. Messages on the
-# page name fields by these (`page_words`).
-LABELS: dict[str, str] = {
-    **{name: param_of(name).label for name in FIELDS},
-    "attention_layer": "Attention layer to record", "attention_head": "Head", "layer_order": "Calibrated order",
-    "strategy": "Strategy", "decoding": "Decoding", "prompt": "Prompt", "model": "Model",
-    "sweep_prompts": "Prompts", "sweep_settings": "Settings", "sweep_tokens": "New tokens per run",
-}
-HELP: dict[str, str] = {name: param_of(name).help for name in FIELDS}
-# The page's narrower ranges, one overlay over the registry's (each within its field's `Param` range): α's slider
-# shows the part of (0, 1] where a decay leaves anything to look at; temperature's the part worth sampling at. The
-# sliders, the checks of a typed value, the needs view's slider and a sweep row's loading all read this table.
-PAGE_RANGES: dict[str, tuple[float, float]] = {"alpha": (0.8, 1.0), "temperature": (0.05, 2.0)}
-ALPHA_STEP = 0.001  # the α slider's step
+    return CONTROLS[name].param
 
 
 def page_param(name: str) -> Param:
-    """A control's Param as the page allows it: the registry's, narrowed by `PAGE_RANGES`."""
-    p = param_of(name)
-    return p.narrowed(*PAGE_RANGES[name]) if name in PAGE_RANGES else p
-METRICS = ("both", "cos", "dist")
-
-
-def control(default: Any, *, redraws: bool = False) -> Any:
-    """A field of `Controls`; `redraws`: changing it redraws the schedule preview (decay curve, planned grid)."""
-    return field(default=default, metadata={"redraws": redraws})
+    """A control's Param as the page allows it: the registry's, narrowed by its page range."""
+    return CONTROLS[name].page_param()
 
 
 @dataclass(frozen=True)
@@ -95,30 +198,30 @@ class Controls:
     attention_layer means the model's default (the page sends the model's own numbers)."""
 
     prompt: Any = ""
-    model: Any = control(DEFAULT_MODEL, redraws=True)
+    model: Any = DEFAULT_MODEL
     chat_template: Any = True
-    strategy: Any = control("d3", redraws=True)
-    alpha: Any = control(D3Config.alpha, redraws=True)  # the engine's default decay: the page's one source of it
-    core_head: Any = control(None, redraws=True)
-    core_tail: Any = control(None, redraws=True)
-    start: Any = control(param_of("start").default, redraws=True)
-    drop_order: Any = control(param_of("drop_order").default, redraws=True)
-    layer_order: Any = control("", redraws=True)  # with drop_order "calibrated": the flex layers, dropped first first
-    fill: Any = control(OWN_FILL, redraws=True)  # OWN_FILL: the chosen strategy's own default
-    max_new_tokens: Any = control(param_of("max_new_tokens").default, redraws=True)
+    strategy: Any = "d3"
+    alpha: Any = D3Config.alpha  # the engine's default decay: the page's one source of it
+    core_head: Any = None
+    core_tail: Any = None
+    start: Any = param_of("start").default
+    drop_order: Any = param_of("drop_order").default
+    layer_order: Any = ""  # with drop_order "calibrated": the flex layers, dropped first first
+    fill: Any = OWN_FILL  # OWN_FILL: the chosen strategy's own default
+    max_new_tokens: Any = param_of("max_new_tokens").default
     decoding: Any = "greedy"
     temperature: Any = 0.8
     seed: Any = param_of("seed").default
-    unified_ratio: Any = control(param_of("unified_ratio").default, redraws=True)
-    skipdecode_max: Any = control(0, redraws=True)
-    skipdecode_min: Any = control(0, redraws=True)
-    threshold: Any = control(param_of("threshold").default, redraws=True)
+    unified_ratio: Any = param_of("unified_ratio").default
+    skipdecode_max: Any = 0
+    skipdecode_min: Any = 0
+    threshold: Any = param_of("threshold").default
     attention_layer: Any = None
     attention_head: Any = 0
     logit_lens: Any = True  # record the lens while generating (the Logit lens and Token scrubber views read it)
     metric: Any = "both"
     log_kl: Any = False
-    presentation: Any = control(False, redraws=True)
+    presentation: Any = False
 
     def with_(self, **changes: Any) -> "Controls":
         return replace(self, **changes)
@@ -150,8 +253,22 @@ class Controls:
                            presentation=self.presentation is True)
 
 
+def _grow(cls: type) -> type:
+    """`Controls` with a field for each control of the table it does not declare (a field added to D3's registry:
+    `_grown`), after the others, its default the registry's: an API parameter of the same name, at the end."""
+    declared = {f.name for f in fields(cls)}
+    extra = [(n, Any, field(default=c.param.default)) for n, c in CONTROLS.items() if n not in declared]
+    if not extra:
+        return cls
+    return make_dataclass(cls.__name__, extra, bases=(cls,), frozen=True,
+                          namespace={"__module__": __name__, "__doc__": cls.__doc__})
+
+
+if not TYPE_CHECKING:
+    Controls = _grow(Controls)
 CONTROL_NAMES: tuple[str, ...] = tuple(f.name for f in fields(Controls))
-REDRAW_NAMES: tuple[str, ...] = tuple(f.name for f in fields(Controls) if f.metadata.get("redraws"))
+assert CONTROL_NAMES == tuple(CONTROLS), "Controls declares the table's controls in the table's order"
+REDRAW_NAMES: tuple[str, ...] = tuple(n for n, c in CONTROLS.items() if c.redraws)
 DEFAULTS = Controls()
 
 
@@ -349,7 +466,7 @@ def parse_strategy(c: Controls, num_layers: int, caps: Caps) -> StrategyConfig:
     length; early exit's min layers: at most the model's)."""
     cls = STRATEGY_CLASSES[as_choice("strategy", c.strategy, tuple(STRATEGY_CLASSES))]
     values = {name: _field_value(name, c, num_layers, caps) for name, (owner, _) in FIELDS.items()
-              if owner is not GenerationConfig}
+              if owner is not GenerationConfig and name != "layer_order"}  # the order: with the drop order, below
     if c.drop_order != "calibrated" or cls is not D3Config:  # read only then: else the parse bounds it itself
         _check_unused_order(c, num_layers)
     own = {key: values[name] for name, (owner, key) in FIELDS.items() if name in values and issubclass(cls, owner)}
@@ -408,15 +525,17 @@ def core_of(c: Controls, num_layers: int) -> tuple[int, int]:
 
 def clamped_core(c: Controls, num_layers: int, last: tuple[int, int] | None) -> Controls:
     """The controls with a core value typed past its slider's end set to that end, as the browser sets it when the
-    box loses focus. That end is what the other side leaves (head + tail < L), the other side being the one the
-    person did not just change (`last`: the core as it was last settled; None: nothing is clamped)."""
-    if last is None:
-        return c
+    box loses focus (RULES, "a typed value"). That end is what the other side leaves (head + tail < L), the other
+    side being the one the person did not just change (`last`: the core as it was last settled; None: the model's
+    default core, which a fresh page and a model switch show). Where both sides or neither changed, the head gives
+    way first."""
     head, tail = _core_or_default(c, num_layers)
-    if head == last[0] and tail != last[1]:
+    before = default_core(num_layers) if last is None else last
+    if head == before[0] and tail != before[1]:
         tail = min(tail, max_core_side(head, num_layers))
-    elif tail == last[1] and head != last[0]:
+    else:
         head = min(head, max_core_side(tail, num_layers))
+        tail = min(tail, max_core_side(head, num_layers))
     return c.with_(core_head=head, core_tail=tail)
 
 

@@ -8,13 +8,15 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from d3.config import DROP_ORDERS, FILLS, default_core
+from d3.config import DROP_ORDERS, FILLS, default_core, max_core_side
 from d3.research.data import example_prompts
 from d3.models import ModelFacts
 from d3.research.sweep import BUILTIN_PROMPTS
 from explorer import views
 from explorer.controls import (
     ALPHA_STEP,
+    CONTROLS,
+    GROWN,
     OWN_FILL,
     PAGE_RANGES,
     DECODINGS,
@@ -50,16 +52,16 @@ def _key_controls(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> Non
     """The controls a lesson turns most: α, the core split and the length, beside the prompt."""
     layers = facts.num_layers
     head, tail = default_core(layers)
-    ui["alpha"] = gr.Slider(*PAGE_RANGES["alpha"], value=model_defaults(pool.names[0]).alpha, step=ALPHA_STEP, label=LABELS["alpha"],
-                            info=HELP["alpha"], elem_id="alpha")
+    alpha = CONTROLS["alpha"]
+    ui["alpha"] = gr.Slider(*PAGE_RANGES["alpha"], value=model_defaults(pool.names[0]).alpha, step=ALPHA_STEP,
+                            label=alpha.label, info=alpha.help, elem_id=alpha.elem_id)
     with gr.Row(elem_id="core-row"):
         # head + tail stays below L: each slider's maximum follows the other (wiring.bound_core)
-        ui["core_head"] = gr.Slider(0, value=head, step=1, label=LABELS["core_head"], elem_id="core-head",
-                                    info=HELP["core_head"],
-                                    min_width=120, **slider_range(layers - 1 - tail))
-        ui["core_tail"] = gr.Slider(0, value=tail, step=1, label=LABELS["core_tail"], elem_id="core-tail",
-                                    info=HELP["core_tail"],
-                                    min_width=120, **slider_range(layers - 1 - head))
+        for name, other in (("core_head", tail), ("core_tail", head)):
+            side = CONTROLS[name]
+            ui[name] = gr.Slider(0, value=head if name == "core_head" else tail, step=1, label=side.label,
+                                 elem_id=side.elem_id, info=side.help, min_width=120,
+                                 **slider_range(max_core_side(other, layers)))
     ui["max_new_tokens"] = gr.Number(min(model_defaults(pool.names[0]).max_new_tokens, pool.caps.max_new_tokens), precision=0,
                                      label=LABELS["max_new_tokens"], elem_id="max-new-tokens",
                                      info=f"{HELP['max_new_tokens']} (1–{pool.caps.max_new_tokens} here)")
@@ -78,8 +80,9 @@ def _more_controls(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> No
         ui["fill"] = gr.Dropdown([("the strategy's own", OWN_FILL), *((f, f) for f in FILLS)], value=DEFAULTS.fill,
                                  label=LABELS["fill"],
                                  info=HELP["fill"], min_width=140)
-    ui["layer_order"] = gr.Textbox(model_defaults(pool.names[0]).layer_order, label="Calibrated order (drop order 'calibrated'): flex "
-                                   "layers, dropped first → last", elem_id="layer-order", max_lines=2,
+    order = CONTROLS["layer_order"]
+    ui["layer_order"] = gr.Textbox(model_defaults(pool.names[0]).layer_order, label=order.label, info=order.help,
+                                   elem_id=order.elem_id, max_lines=2,
                                    placeholder="e.g. 3, 4, 17, … (Which layers matter → Use this order)")
     ui["start"] = gr.Slider(0, caps.max_new_tokens, value=DEFAULTS.start, step=1, label=LABELS["start"], info=HELP["start"],
                             elem_id="start")
@@ -95,15 +98,25 @@ def _more_controls(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> No
                                       min_width=140)
         ui["seed"] = gr.Number(DEFAULTS.seed, label=LABELS["seed"], info=HELP["seed"] + " (sampling only)",
                                min_width=100)
-    ui["unified_ratio"] = gr.Number(DEFAULTS.unified_ratio, label=LABELS["unified_ratio"],
-                                    info=HELP["unified_ratio"])
+    _box(ui, "unified_ratio")
     with gr.Row():
-        ui["skipdecode_max"] = gr.Number(DEFAULTS.skipdecode_max, label=LABELS["skipdecode_max"],
-                                          info=HELP["skipdecode_max"] + " (0 = auto)", min_width=120)
-        ui["skipdecode_min"] = gr.Number(DEFAULTS.skipdecode_min, label=LABELS["skipdecode_min"],
-                                          info=HELP["skipdecode_min"] + " (0 = auto)", min_width=120)
-    ui["threshold"] = gr.Number(DEFAULTS.threshold, label=LABELS["threshold"], info=HELP["threshold"])
+        _box(ui, "skipdecode_max", " (0 = auto)", min_width=120)
+        _box(ui, "skipdecode_min", " (0 = auto)", min_width=120)
+    _box(ui, "threshold")
+    for name in GROWN:  # a field added to D3's registry: a box of its own, from the control table
+        _box(ui, name)
     gr.HTML(caps_html(pool.caps.describe(), pool.public))
+
+
+def _box(ui: dict[str, Any], name: str, info: str = "", **kwargs: Any) -> None:
+    """A control of the table as a plain box (a number, or a menu of its choices): its label, help and default."""
+    c = CONTROLS[name]
+    value = getattr(DEFAULTS, name)
+    if c.param.choices:
+        ui[name] = gr.Dropdown(list(c.param.choices), value=value, label=c.label, info=c.help + info,
+                               elem_id=c.elem_id or None, **kwargs)
+    else:
+        ui[name] = gr.Number(value, label=c.label, info=c.help + info, elem_id=c.elem_id or None, **kwargs)
 
 
 def _panes(ui: dict[str, Any]) -> None:
@@ -218,6 +231,8 @@ def _live_tab(pool: ModelPool, facts: ModelFacts, ui: dict[str, Any]) -> None:
         with gr.Column(scale=3, min_width=320, elem_classes=["d3-main"]):
             ui["status"] = gr.HTML(status_html(None, None, "Ready: press Generate."), elem_id="status")
             ui["run_state"] = gr.HTML(visible="hidden", elem_id="run-state")  # holds runs' progress and error badges
+            # what let go of a slider (a pointer, or a box left): written by the release's js (wiring.RELEASE_JS)
+            ui["release_how"] = gr.Textbox(visible="hidden", elem_id="release-how", show_label=False)
             # A scenario's findings (each run's numbers and text) under the status line, where the class looks.
             ui["scenario_finding"] = gr.Markdown(elem_id="scenario-finding", elem_classes=["d3-finding"])
             _panes(ui)

@@ -243,6 +243,8 @@ def _stream(session: Session, run_id: int, setup: RunSetup, view: ViewOptions, c
                                                                            note=measuring_note(*update.measuring)))
                 continue
             late = update.phase == "stopped" and deadline.reached
+            if update.phase == "stopped" and not late and not session.stopped_by_stop(run_id):
+                return  # a newer run was asked for (RULES: only Stop says "Stopped."): the status is the new run's
             figures = pace.figures(update)
             if pace.panes(update) or figures:
                 limit = _time_limit_note(caps.max_run_s, _written(update), setup.gen.max_new_tokens,

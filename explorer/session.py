@@ -52,7 +52,8 @@ class Session:
     fills: dict[str, Comparison] = field(default_factory=dict)
     history: list[RunRecord] = field(default_factory=list)
     run_id: int = 0
-    stop_at: float = -math.inf  # when Stop was last pressed (time.monotonic())
+    stop_at: float = -math.inf  # when a run was last stopped: Stop, a newer run asked for, a model switch
+    stop_pressed_at: float = -math.inf  # when Stop itself was last pressed: the only stop the status calls "Stopped."
     triggered_at: float | None = None  # when the page last asked for a run that has not begun yet
     running: int | None = None  # the run streaming now, if any (what Stop would stop)
     waiting: int = 0  # runs the page asked for (`trigger`) that have not taken their turn yet (`take_turn`)
@@ -64,6 +65,7 @@ class Session:
     problem: str | None = None  # what the status line says is wrong with the controls, until it is fixed
     typed_out_of_range: bool = False  # a value typed into a slider's box outside its range, not yet fixed
     core: tuple[int, int] | None = None  # (head, tail) as last settled on valid values (which one a person typed)
+    pointer_release: bool = True  # the last slider release came from a pointer on its track or reset (it may run)
     settled: Any = None  # the controls the last settle answered (an identical one sends no update: no event storm)
     released: Any = None  # the controls a slider's release last ran (the same again runs nothing)
     # The view tab open on the page (None: not a page but an API client, which gets every view). On the page only
@@ -116,10 +118,22 @@ class Session:
         """Stop pressed: the running run stops within one token, a run still waiting stops as it begins, and a
         scenario runs none of its next runs."""
         with self._lock:
-            self.stop_at = time.monotonic()
+            self.stop_at = self.stop_pressed_at = time.monotonic()
             self.waiting = 0  # those still queued begin and stop at once (stop_at): none waits on another
             self.asks += 1
             self.scenario = None
+
+    def abandon(self) -> None:
+        """The page's controls are set anew (a model switch): the running run stops within one token and shows
+        nothing more (it is no longer current: its panes were emptied for the new model), and no run follows."""
+        self.trigger(run=False)
+        with self._lock:
+            self.run_id += 1
+
+    def stopped_by_stop(self, run_id: int) -> bool:
+        """Whether run `run_id` was stopped by the Stop button (pressed after it was asked for), rather than by a
+        newer run asked for or a model switch: only then does the status say "Stopped."."""
+        return self.stop_pressed_at > self._since.get(run_id, math.inf)
 
     def start_scenario(self, key: str, step: int) -> bool:
         """Run `step` of scenario `key` is about to be set: stop the running run (`trigger`). Step 0 (a click)

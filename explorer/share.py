@@ -18,6 +18,7 @@ from explorer import views
 from d3.config import default_core
 from explorer.controls import (
     CONTROL_NAMES,
+    CONTROLS,
     DEFAULTS,
     PAGE_TOKENS,
     model_defaults,
@@ -33,8 +34,9 @@ from explorer.pool import ModelPool
 from explorer.runs import check_run
 from explorer.ui import core_sliders, ordered, slider_range
 
-FLAGS = ("chat_template", "logit_lens", "log_kl", "presentation")
-TEXTS = ("prompt", "model", "strategy", "drop_order", "layer_order", "fill", "decoding", "metric")
+# How a link stores each control (the control table's `link`): true/false, text kept as sent, or a number.
+FLAGS = tuple(n for n, c in CONTROLS.items() if c.link == "flag")
+TEXTS = tuple(n for n, c in CONTROLS.items() if c.link == "text")
 RESTORE_OUTPUTS = (*CONTROL_NAMES, "status")
 MAX_QUERY_CHARS = 20_000  # a link longer than this is not one the page wrote (the prompt cap keeps ours shorter)
 # Runs in the browser after `share_link`: the page's own address (whatever proxy serves it) + the query string,

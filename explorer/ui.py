@@ -9,6 +9,7 @@ from typing import Any, Callable, Iterator
 import gradio as gr
 from gradio.context import LocalContext
 
+from d3.config import max_core_side
 from d3.research import ShouldStop, Stopped
 from explorer.controls import both_words
 from explorer.deadline import Deadline
@@ -89,8 +90,8 @@ def core_sliders(num_layers: int, head: int, tail: int) -> dict[str, Any]:
     """Both core sliders set to (head, tail), each one's maximum computed from the other's new value so that
     head + tail stays below the model's layers: whatever sets the core (a model switch, a link, a scenario, a sweep
     row) sets both bounds with it, and only a person's own move re-bounds the other slider (`bound_core`)."""
-    return {"core_head": gr.update(**slider_range(num_layers - 1 - tail), value=head),
-            "core_tail": gr.update(**slider_range(num_layers - 1 - head), value=tail)}
+    return {"core_head": gr.update(**slider_range(max_core_side(tail, num_layers)), value=head),
+            "core_tail": gr.update(**slider_range(max_core_side(head, num_layers)), value=tail)}
 
 
 def ordered(names: tuple[str, ...], **values: Any) -> tuple[Any, ...]:

@@ -14,6 +14,7 @@ from d3.models import ModelFacts
 from explorer import views
 from explorer.controls import (
     CONTROL_NAMES,
+    DEFAULTS,
     Controls,
     check_sliders,
     clamped_core,
@@ -123,7 +124,7 @@ def _cleared(session: Session | None, model: str, presentation: bool = False) ->
     """Stop this session's run and forget it (the history keeps it), and empty the panes and the views."""
     if session is None:
         return {}
-    session.trigger(run=False)  # stop its run: no run follows a model switch
+    session.abandon()  # stop its run, which shows nothing more: no run follows a model switch (RULES)
     session.settled = session.released = None  # the controls are set anew: the next settle answers in full
     previous = session.d3.model if session.d3 is not None else None
     session.clear()
@@ -186,12 +187,19 @@ def settle_controls(pool: ModelPool, session: Session | None, controls: Controls
     return _settle(pool, session, controls)
 
 
+POINTER = "pointer"  # a release from a pointer on a slider's track or its reset (assets/decay_preview.js)
+
+
 @takes_controls
-def settle_released(pool: ModelPool, session: Session | None, controls: Controls) -> tuple[Any, ...]:
+def settle_released(pool: ModelPool, session: Session | None, how: Any = POINTER,
+                    controls: Controls = DEFAULTS) -> tuple[Any, ...]:
     """After a person let go of a slider: as `settle_controls`, except that a value just typed out of the slider's
     range keeps its message: the browser clamps the box to the slider's end as it loses focus, and that clamped
     value is not what the person asked for (`check_release` then runs nothing). The other core slider's bound
-    still follows the clamped value."""
+    still follows the clamped value. `how`: what the browser saw let go (`POINTER`, or a box left by a key or a
+    click elsewhere, a click on Stop too): only a pointer's release runs (RULES, "a typed value")."""
+    if session is not None:
+        session.pointer_release = how == POINTER
     if session is not None and session.typed_out_of_range:
         facts = _facts(pool, controls)
         if facts is None:
@@ -283,6 +291,8 @@ def check_release(pool: ModelPool, session: Session | None, controls: Controls) 
     """A slider let go runs only on a valid value: otherwise nothing runs (and `settle_controls` says why). A value
     typed out of the slider's range runs nothing either, though the browser clamped it as the box lost focus: the
     person asked for another value (the message says which range; Generate runs what the slider shows)."""
+    if session is not None and not session.pointer_release:
+        raise refused(ValueError("a value typed into a slider's box: press Generate to run it"))
     if session is not None and session.typed_out_of_range:
         session.typed_out_of_range = False
         raise refused(ValueError("a value typed out of the slider's range: press Generate to run what it shows"))

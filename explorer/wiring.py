@@ -8,7 +8,9 @@ from typing import Any
 import gradio as gr
 
 from d3.research.data import ASSETS
-from explorer.controls import CONTROL_NAMES, REDRAW_NAMES
+import json
+
+from explorer.controls import CONTROL_NAMES, PREVIEW_IDS, REDRAW_NAMES, RELEASE_NAMES, SETTLED_NAMES
 from explorer.fair import HEAVY, heavy_slots, replaced_by_newer
 from explorer.export import export_figure, export_inputs, export_sweep, export_trace
 from explorer.moves import Moves
@@ -55,18 +57,23 @@ PLOT_CLICK_JS = ASSETS / "plot_click.js"
 PAGE_JS = ASSETS / "page.js"  # fits plots to their boxes after tab switches
 PREVIEW_JS = ASSETS / "decay_preview.js"  # the decay curve drawn in the browser while a slider moves
 # Letting go of one of these sliders regenerates; while one moves, the browser redraws the decay curve from
-# them (decay_preview.js follows them in this order).
-RELEASE_TRIGGERS = ("alpha", "core_head", "core_tail", "start")
+# them (the control table's `release`; decay_preview.js follows them by name).
+RELEASE_TRIGGERS = RELEASE_NAMES
+# What a release was (assets/decay_preview.js: a pointer on a slider's track or reset, or a box left): its first input.
+RELEASE_JS = "(session, how, ...rest) => [session, window.d3Released ? window.d3Released() : 'pointer', ...rest]"
 # The API a gradio_client user sees (`Client(url).view_api()`): the runs and exports, documented. The page's other
 # events stay callable but undocumented (views, scenarios, links), except browser plumbing that means nothing
 # outside a page (private: the page calls them, no client can).
 PUBLIC_API = ("generate", "stop", "compare_fills", "measure_needs", "fit_alpha_to_prompt", "measure_layers",
               "export_trace", "export_figure", "run_sweep", "export_sweep")
 BROWSER_ONLY = ("new_session", "interrupt", "interrupt_on_release", "interrupt_fills", "load_sweep_setting")
-# A person's move of one of these settles the controls (`settle_controls`).
-SETTLED_CONTROLS = ("alpha", "core_head", "core_tail", "start", "max_new_tokens", "temperature", "seed", "unified_ratio",
-                    "skipdecode_max", "skipdecode_min", "threshold", "attention_layer", "strategy", "drop_order",
-                    "layer_order", "fill", "decoding")
+# A person's move of one of these settles the controls (`settle_controls`; the control table's `settles`).
+SETTLED_CONTROLS = SETTLED_NAMES
+
+
+def preview_js() -> str:
+    """assets/decay_preview.js with the ids of the controls it follows, from the control table."""
+    return PREVIEW_JS.read_text(encoding="utf-8").replace("__PREVIEW_IDS__", json.dumps(PREVIEW_IDS))
 
 
 def _pick(ui: dict[str, Any], names: tuple[str, ...]) -> list[Any]:
@@ -114,8 +121,8 @@ def _wire_release(pool: ModelPool, ui: dict[str, Any], moves: Moves, runs: dict[
             pool, ui, stopped, "_on_release" if first else False)
 
     moves.on([ui[n].release for n in RELEASE_TRIGGERS], functools.partial(settle_released, pool),
-             _with_controls(ui, "session"), _pick(ui, SETTLE_OUTPUTS), after=then_run, queue=False,
-             show_progress="hidden", preprocess=False)
+             _with_controls(ui, "session", "release_how"), _pick(ui, SETTLE_OUTPUTS), after=then_run, queue=False,
+             show_progress="hidden", preprocess=False, js=RELEASE_JS)
 
 
 def _heavy(pool: ModelPool, ui: dict[str, Any]) -> dict[str, Any]:
@@ -187,7 +194,7 @@ def _wire_views(pool: ModelPool, ui: dict[str, Any], moves: Moves) -> None:
     # sweep row, a model switch or a shared link set the controls (`_redraw_after`). (No backend: the page runs it
     # and it defers nothing, see explorer/moves.py.)
     gr.on([ui[n].input for n in RELEASE_TRIGGERS], None, _pick(ui, RELEASE_TRIGGERS), None,
-          js=f"({', '.join(RELEASE_TRIGGERS)}) => {{ window.d3DecayPreview?.follow({', '.join(RELEASE_TRIGGERS)}); }}",
+          js=f"({', '.join(RELEASE_TRIGGERS)}) => {{ window.d3DecayPreview?.follow({{{', '.join(RELEASE_TRIGGERS)}}}); }}",
           api_name=False, queue=False, show_progress="hidden")
     # Registered in the order they run after a move: what the person sees change first.
     moves.on([ui["presentation"].input], set_presentation, _with_controls(ui, "session"), _pick(ui, VIEW_OUTPUTS),
@@ -265,7 +272,7 @@ def wire(pool: ModelPool, ui: dict[str, Any], demo: gr.Blocks) -> None:
     _name_components(ui)
     demo.load(new_session, None, ui["session"], api_name="new_session", queue=False)
     demo.load(None, js=PAGE_JS.read_text(encoding="utf-8"), api_name=False)
-    demo.load(None, js=PREVIEW_JS.read_text(encoding="utf-8"), api_name=False)
+    demo.load(None, js=preview_js(), api_name=False)
     # In the queue, where an unknown title is a plain error message rather than an HTTP 500.
     ui["example"].input(use_example, ui["example"], ui["prompt"], api_name="use_example", preprocess=False,
                         concurrency_limit=None, show_progress="hidden")

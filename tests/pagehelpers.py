@@ -119,3 +119,61 @@ def assert_plots_fit(page, where: str) -> None:
         page.wait_for_function(PLOTS_FIT, timeout=3000)
     except PlaywrightTimeout:
         pytest.fail(f"{where}: plots drawn narrower or wider than their box: {page.evaluate(PLOT_WIDTHS)}")
+
+
+# ---------------------------------------------------------------- a page watched: its requests, its status lines
+
+
+class Watched:
+    """A page, every event request it sends (to count what an idle page sends) and every text its status line
+    showed (a MutationObserver keeps them all, so a line shown for a moment between two looks is seen too)."""
+
+    QUIET_S = 5.0  # idle: no request for this long
+    GUARD_S = 120.0  # hang guard for every wait (not a claim about speed)
+
+    def __init__(self, page) -> None:
+        import time
+
+        self.page, self.requests = page, []
+        page.on("request", lambda r: self.requests.append((time.monotonic(), r.url))
+                if r.method == "POST" and re.search(r"/(queue/join|run/predict)", r.url) else None)
+        page.evaluate("""() => { window.__statuses = [];
+          const keep = () => { const t = document.querySelector('#status')?.innerText || '';
+            if (window.__statuses[window.__statuses.length - 1] !== t) window.__statuses.push(t); };
+          new MutationObserver(keep).observe(document.querySelector('#status'),
+                                             {childList: true, subtree: true, characterData: true}); keep(); }""")
+
+    def statuses(self) -> list[str]:
+        return self.page.evaluate("() => window.__statuses")
+
+    def mark(self) -> int:
+        """Where the status history stands now: `since(mark)` gives the lines shown after it."""
+        return len(self.statuses())
+
+    def since(self, mark: int) -> list[str]:
+        return self.statuses()[mark:]
+
+    def status(self) -> str:
+        return self.page.evaluate("() => document.querySelector('#status').innerText")
+
+    def wait_status(self, *texts: str) -> str:
+        self.page.wait_for_function("(ts) => ts.some(t => document.querySelector('#status')?.innerText.includes(t))",
+                                    arg=list(texts), timeout=self.GUARD_S * 1000)
+        return self.status()
+
+    def settle(self) -> int:
+        """Wait until the page sends no request for QUIET_S; then count what it sends in another QUIET_S (0 on a
+        page that is idle). Fails if it never goes quiet."""
+        import time
+
+        start = time.monotonic()
+        while True:
+            last = self.requests[-1][0] if self.requests else start
+            if time.monotonic() - max(last, start) >= self.QUIET_S:
+                break
+            if time.monotonic() - start > self.GUARD_S:
+                pytest.fail(f"the page never went quiet: {len(self.requests)} requests, e.g. {self.requests[-5:]}")
+            time.sleep(0.25)
+        before = len(self.requests)
+        time.sleep(self.QUIET_S)
+        return len(self.requests) - before

@@ -347,15 +347,31 @@ def test_a_run_streaming_the_old_schedule_does_not_take_the_curve_back(page, eng
 
 
 def test_the_browser_draws_the_decay_curve_as_the_engine_plans_it(page) -> None:
-    """The preview's formula against d3.schedule over layer counts, alphas, cores and starts, label included."""
+    """The preview's formula against d3.schedule over layer counts, alphas, cores and starts, label included. The
+    fields enumerated are the control table's: every number of D3's registry that the curve is drawn for is one the
+    formula reads, or one it leaves to the server while it is off its default (issue 43)."""
+    from d3.config import params
+    from explorer.controls import PREVIEW_IDS
+
     page.wait_for_function("() => window.d3DecayPreview")
+    formula = page.evaluate("() => window.d3DecayPreview.formula")
+    assert page.evaluate("() => window.d3DecayPreview.ids") == PREVIEW_IDS
+    numbers = {k: p for k, p in params(D3Config).items() if p.checked and not p.choices}
+    assert set(PREVIEW_IDS) == set(numbers), "every number of D3's registry is one of the preview's inputs"
+    assert set(formula) == {"alpha", "core_head", "core_tail", "start"} <= set(PREVIEW_IDS)
+    for name in set(PREVIEW_IDS) - set(formula):  # a field the formula does not read: at its default only
+        p = numbers[name]
+        s = {"defaults": {k: q.default for k, q in numbers.items()}}
+        at = {k: q.default for k, q in numbers.items()}
+        assert page.evaluate("([s, p]) => window.d3DecayPreview.known(s, p)", [s, at])
+        assert not page.evaluate("([s, p]) => window.d3DecayPreview.known(s, p)", [s, {**at, name: (p.default or 0) + 1}])
     cases = [(L, steps, alpha, head, tail, start) for L in (1, 2, 18, 30, 32, 80) for steps in (1, 64)
              for alpha in (1.0, 0.999, 0.99, 0.95, 0.9, 0.85, 0.8, 0.5, 0.123) for head, tail in ((0, 0), (1, 0), (3, 3))
              for start in (0, 5) if head + tail <= L]
     drawn = page.evaluate("""(cases) => cases.map(([L, steps, alpha, head, tail, start]) => {
         const b = window.d3DecayPreview.budgets(L, steps, alpha, head, tail, start);
         const s = {label_core: true, label_extra: ['top-down', 'fill none']};
-        return [b.raw, b.planned, window.d3DecayPreview.label(s, {alpha, head, tail, start})]; })""", cases)
+        return [b.raw, b.planned, window.d3DecayPreview.label(s, {alpha, core_head: head, core_tail: tail, start})]; })""", cases)
     for (L, steps, alpha, head, tail, start), (raw, planned, label) in zip(cases, drawn, strict=True):
         cfg = D3Config(alpha=alpha, core_head=head, core_tail=tail, start=start, drop_order="top_down", fill="none")
         assert planned == budgets(cfg, L, steps), (L, alpha, head, tail, start)

@@ -109,7 +109,7 @@ def test_the_pages_defaults_labels_help_and_strategies_come_from_the_configs(tin
 
     demo = build_demo(lambda _: tiny_engine, model_names=("tiny",), public=False)
     # the page's number box says 0 for the config's None; its one fill control holds each strategy's own default
-    page_auto = {"skipdecode_max": 0, "skipdecode_min": 0, "fill": OWN_FILL}
+    page_auto = {"skipdecode_max": 0, "skipdecode_min": 0, "fill": OWN_FILL, "layer_order": ""}
     for name, (cls, key) in FIELDS.items():
         p = params(cls)[key]
         if name not in ("temperature", "core_head", "core_tail"):  # sampling's own default; the model's core
@@ -230,3 +230,90 @@ def test_the_page_and_the_engine_share_the_core_rule() -> None:
         except ValueError:
             engine_ok = False
         assert page_ok == engine_ok == core_fits(head, tail, 30), (head, tail)
+
+
+# ---------------------------------------------------------------- issue 43: a new field in one place
+
+
+NEW_FIELD = '''    warmup_layers: int = param(0, "Warm-up layers", "layers every token runs at least (0: none)", lo=0,
+                               integer=True, show="warm-up {}")
+'''
+# What the newcomer's field does to the schedule: a floor under the decay (the one edit outside the config).
+NEW_BUDGET = "max(raw_decay(cfg.alpha, num_layers, step, cfg.start), head + tail, cfg.warmup_layers, 1)"
+# Run in a copy of the package with the field added: the page grows its control, a share link carries it, the CLI has
+# its flag, and the decay curve (the server's, which the browser's preview leaves it to) follows it.
+NEW_FIELD_CHECKS = r'''
+import json, sys
+from urllib.parse import parse_qsl
+from d3.config import D3Config, params
+from d3.cli import build_parser
+from d3.engine import Engine
+from d3.testing import tiny_llama, tiny_tokenizer
+from explorer.caps import Caps
+from explorer.controls import CONTROL_NAMES, CONTROLS, DEFAULTS, GROWN, PREVIEW_IDS, parse_strategy
+from explorer.page import build_demo
+from explorer.share import controls_from_query, controls_query
+from explorer.view_handlers import redraw_schedule
+from explorer.wiring import SETTLED_CONTROLS, preview_js
+
+engine = Engine(tiny_llama(30), tiny_tokenizer(), name="tiny")
+demo = build_demo(lambda name: engine, model_names=("tiny",), public=False, caps=Caps(max_new_tokens=64))
+pool, ui = demo.pool, demo.ui
+c = DEFAULTS.with_(model="tiny", prompt="hi", alpha=0.9, core_head=1, core_tail=1, warmup_layers=20)
+cfg = parse_strategy(c, 30, pool.caps)
+query = controls_query(c)
+back = controls_from_query(pool, dict(parse_qsl(query[1:])))
+decay, _ = redraw_schedule(pool, None, **{n: getattr(c, n) for n in CONTROL_NAMES})
+planned = next(t for t in decay.data if (t.meta or {}).get("role") == "planned")
+generate = next(fn for fn in demo.fns.values() if fn.api_name == "generate")
+from d3.cli import strategy_from_args
+args = build_parser().parse_args(["generate", "--prompt", "hi", "--warmup-layers", "7"])
+print(json.dumps({
+    "grown": list(GROWN), "label": ui["warmup_layers"].label if "warmup_layers" in ui else None,
+    "in_generate": ui.get("warmup_layers") in generate.inputs, "settles": "warmup_layers" in SETTLED_CONTROLS,
+    "cfg": cfg.warmup_layers, "query": query, "back": back.get("warmup_layers"),
+    "cli": strategy_from_args(args).warmup_layers, "planned_min": int(min(planned.y)),
+    "meta": decay.layout.meta["d3_schedule"]["fields"].get("warmup_layers"),
+    "default": decay.layout.meta["d3_schedule"]["defaults"].get("warmup_layers"),
+    "preview": "warmup_layers" in preview_js(),
+}))
+'''
+
+
+def test_a_field_added_to_d3s_config_and_schedule_is_on_the_page_in_links_in_the_cli_and_the_curve(tmp_path) -> None:
+    """Issue 43's done-when: a newcomer adds a strategy field in the config and the schedule only (here a floor of
+    warm-up layers), in a copy of the package run in a subprocess; the page grows its control (a box, wired into
+    Generate and the settling of the controls), the run parses it, a share link round-trips it, the CLI has its
+    flag and the decay curve's budget follows it (drawn by the server: the browser's preview, whose formula does not
+    know the field, leaves the curve alone while it is off its default)."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    for package in ("d3", "explorer", "viz", "assets"):
+        shutil.copytree(root / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    config = tmp_path / "d3" / "config.py"
+    text = config.read_text(encoding="utf-8")
+    anchor = "    drop_order: str = param(\"middle_out\""
+    assert anchor in text
+    config.write_text(text.replace(anchor, NEW_FIELD + anchor, 1), encoding="utf-8")
+    schedule = tmp_path / "d3" / "schedule.py"
+    text = schedule.read_text(encoding="utf-8")
+    old = "max(raw_decay(cfg.alpha, num_layers, step, cfg.start), head + tail, 1)"
+    assert old in text
+    schedule.write_text(text.replace(old, NEW_BUDGET, 1), encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", NEW_FIELD_CHECKS], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["grown"] == ["warmup_layers"] and seen["label"] == "Warm-up layers", seen
+    assert seen["in_generate"] and seen["settles"], seen
+    assert seen["cfg"] == 20 and "warmup_layers=20" in seen["query"] and seen["back"] == 20, seen
+    assert seen["cli"] == 7, seen  # the flag, parsed into the config
+    assert seen["planned_min"] == 20 and seen["meta"] == 20 and seen["default"] == 0, seen
+    assert seen["preview"], seen  # the browser's preview reads its box: off its default, the curve is the server's

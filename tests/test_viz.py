@@ -203,7 +203,9 @@ def test_decay_curve_says_what_its_d3_lines_were_drawn_for() -> None:
     assert fig.layout.meta["d3_schedule"] == dict(num_layers=12, steps=30, alpha=0.9, core_head=2, core_tail=1,
                                                   alpha_lo=0, alpha_hi=1, core_max=11,  # the registry's, the core rule's
                                                   start=4, main=True, label_core=True,
-                                                  label_extra=["top-down", "fill none"], short_names=False)
+                                                  label_extra=["top-down", "fill none"], short_names=False,
+                                                  fields=dict(alpha=0.9, core_head=2, core_tail=1, start=4),
+                                                  defaults=dict(alpha=0.99, start=0))
     assert one(fig, "planned").meta["strategy"] == "d3"
     assert {(s.name, s.visible) for s in fig.layout.shapes} == {("core-floor", True), ("decay-start", True)}
     assert {(a.name, a.visible) for a in fig.layout.annotations} == {("core-floor", True), ("decay-start", True)}

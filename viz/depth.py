@@ -78,10 +78,15 @@ def d3_schedule_meta(cfg: D3Config, num_layers: int, steps: int, *, main: bool, 
     # The limits the browser checks a slider's values against, fed from the registry and the core rule (never
     # restated in the browser): α's range and the largest core (head + tail, d3.config.core_fits).
     alpha = params(D3Config)["alpha"]
+    # Every number of D3's registry the curve was drawn for, and its default: the page's preview redraws from the
+    # ones its formula knows, and leaves the curve to the server while another one is off its default.
+    numbers = {k: p for k, p in params(D3Config).items() if p.checked and not p.choices}
+    drawn = {k: getattr(cfg, k) for k in numbers} | {"core_head": head, "core_tail": tail}
     return dict(num_layers=num_layers, steps=steps, alpha=float(cfg.alpha), core_head=head, core_tail=tail,
                 alpha_lo=alpha.lo, alpha_hi=alpha.hi, core_max=max_core_side(0, num_layers),
                 start=cfg.start, main=main, label_core=cfg.core_head is not None or cfg.core_tail is not None,
-                label_extra=d3_label_extras(cfg.to_dict()), short_names=short_names)
+                label_extra=d3_label_extras(cfg.to_dict()), short_names=short_names,
+                fields=drawn, defaults={k: p.default for k, p in numbers.items() if k not in ("core_head", "core_tail")})
 
 
 def _planned_line(cfg: StrategyConfig, num_layers: int, steps: int, *, name: str, color: str, width: float,

@@ -39,7 +39,8 @@ def strategy_params() -> dict[str, list[tuple[type[StrategyConfig], Param]]]:
     found: dict[str, list[tuple[type[StrategyConfig], Param]]] = {}
     for cls in STRATEGIES.values():
         for name, p in params(cls).items():
-            found.setdefault(name, []).append((cls, p))
+            if p.checked:  # a field of its own kind (layer_order) has a flag of its own
+                found.setdefault(name, []).append((cls, p))
     return found
 
 

@@ -406,10 +406,12 @@ PAGE_MODELS = {"smollm2-135m": (0.998, (3, 3)), "gemma3-270m": (0.998, (2, 2)),
                "qwen2.5-coder-1.5b": (0.99, (3, 3))}  # docs/models.md: keeps the worked answer at 24.5 of 28 layers
 # (Qwen: its chat order on chat text, the drop-order study's order on arithmetic; the "deeper model" scenario asks
 # for middle-out itself)
-# Each model's default new tokens: the most, in steps of 8 up to 64, whose default run (both panes, tracing, the
-# comparison) is predicted to end within half of D3_MAX_RUN_S on the shared 2-core CPU with another visitor's default
-# run beside it (scripts/default_tokens.py; the figures are in docs/speed.md). A person or an API call may ask more.
-PAGE_TOKENS = {"smollm2-135m": 32, "gemma3-270m": 24, "qwen2.5-coder-1.5b": 8}
+# Each model's default new tokens: the most, in steps of 8, whose default run (both panes, tracing, the comparison) is
+# predicted to end within half of D3_MAX_RUN_S on the shared 2-core CPU with another visitor's default run beside it
+# (scripts/default_tokens.py; the figures are in docs/speed.md: 64, 64 and 16), and at most 32: a class shares one
+# CPU, and a 32-token run lets twice the students through a slot as a 64-token one (docs/reliability.md's load test).
+# A person or an API call may ask more.
+PAGE_TOKENS = {"smollm2-135m": 32, "gemma3-270m": 32, "qwen2.5-coder-1.5b": 16}
 
 
 def calibrated_order(model: str, core: tuple[int, int], kind: str = "chat") -> tuple[int, ...] | None:

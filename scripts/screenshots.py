@@ -9,8 +9,9 @@ Usage: python scripts/screenshots.py OUT_DIR [--tokens 24] [--chromium /usr/bin/
        [--views TITLE ...] (only these view tabs, by their titles) [--models NAME ...] (each in OUT_DIR/NAME, opened
        by a link that sets the model: the page's default model when none is named) [--sizes laptop projector phone]
 
-The screenshots in docs/screenshots/ (issue 44, item 7) were made by
-    python scripts/screenshots.py docs/screenshots --no-scenarios --sizes laptop projector phone \
+The screenshots in docs/screenshots/ (issue 44, item 7; the *-first-screen.png and *-view-*.png of each model) were
+made by
+    python scripts/screenshots.py docs/screenshots --tokens 8 --no-scenarios --sizes laptop projector phone \
         --views "Layer stack (animated)" --models smollm2-135m gemma3-270m qwen2.5-coder-1.5b
 """
 
@@ -61,6 +62,10 @@ def shoot_size(browser, url: str, out: Path, name: str, tokens: int, only: list[
     if presentation:
         page.click("#presentation input")
     generate(page, tokens)
+    # The first screen as a person sees it on opening the page: a model's first load scrolled the page down (Gemma
+    # 3's projector screenshot showed the panes cut off at the top).
+    page.evaluate("() => window.scrollTo(0, 0)")
+    page.wait_for_timeout(300)
     page.screenshot(path=str(out / f"{name}-first-screen.png"))
     page.screenshot(path=str(out / f"{name}-page.png"), full_page=True)
     for view in page.evaluate(ALL_VIEWS):

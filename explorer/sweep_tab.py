@@ -54,8 +54,8 @@ SWEEP_MENU: dict[str, SweepChoice] = {
 }
 # The default sweep, chosen by measurement (scripts/sweep_budget.py, docs/speed.md): the matched-depth comparison at 8
 # tokens. D3's row is measured first, so the baselines after it do not delay it; at 16 tokens on a busy 2-core CPU with
-# another visitor's run beside it, D3's row was predicted done at 79 s, past the 60 s limit; at 8 tokens it was done
-# within the limit (the tab's handler: "Measured 1 of 2 rows within the 60 s limit" at load 13).
+# another visitor's run beside it, D3's row was predicted done at 79 s, past the 60 s limit; at 8 tokens the tab's
+# handler drew it within the limit ("Measured 1 of 4 rows within the 60 s limit", 54.5 s, load 9-16).
 SWEEP_DEFAULT = ("d3_67", "skipdecode_67", "unified_67")
 SWEEP_DEFAULT_TOKENS = 8  # the tokens slider's starting value: explorer.layout is to start it here (it starts at 16)
 SWEEP_PROMPT = BUILTIN_PROMPTS[0]  # the prompts box's starting text (explorer.layout)

@@ -68,6 +68,8 @@ def contradictions(screen: dict[str, Any], strategy: str = "D3") -> list[str]:
     # Tokens: the status's counts against the panes' tokens, the counters' and the usage grid's columns.
     said = re.search(r"(\d+) (.+?) tokens, (\d+) full-depth tokens: (\d+) of the (\d+) tokens both wrote agree", status)
     if not said:
+        if status.startswith("Stopped"):  # a run stopped at the server's limit: its status gives no count to check
+            return []
         return [f"the status gives no count of the run: {status!r}"]
     s_d3, name, s_full, agreeing, compared = int(said[1]), said[2], int(said[3]), int(said[4]), int(said[5])
     if name != strategy:
@@ -138,7 +140,7 @@ def contradictions(screen: dict[str, Any], strategy: str = "D3") -> list[str]:
                 out.append("the finding says the run never diverged, the pane marks differing tokens")
             if f_first is not None and int(f_first) != marked:
                 out.append(f"the finding puts the first divergence at {int(f_first)}, the pane at {marked}")
-        f_speed = re.search(r"measured ([\d.]+)×(: [^,.]*)?", last)
+        f_speed = re.search(r"measured ([\d.]+)×(: [^\n]*)?", last)  # the clause ends the run's line
         if f_speed and theory is not None:
             r = float(f_speed[1])
             if r > theory * SPEED_ABOVE_THEORY and "artefact" not in (f_speed[2] or ""):
@@ -172,12 +174,25 @@ def walk(url: str, browser: Any, model: str, scenarios: list[str], log: Any) -> 
         screen = page.evaluate(READ)
         found = contradictions(screen)
         row = {"model": model, "scenario": key, "seconds": round(time.monotonic() - started, 1), "screen": screen,
-               "contradictions": found}
+               "stopped": screen["status"].startswith("Stopped"), "contradictions": found}
         screens.append(row)
         log(f"{model} {key}: {row['seconds']} s, {len(found)} contradiction(s){': ' if found else ''}"
             + "; ".join(found))
     page.close()
     return screens
+
+
+def recheck(path: Path) -> int:
+    """The screens a walk read, checked again with `contradictions` as it is now (it is pure: no page, no model)."""
+    report = json.loads(path.read_text(encoding="utf-8"))
+    for screen in report["screens"]:
+        if "screen" in screen:
+            screen["stopped"] = screen["screen"]["status"].startswith("Stopped")
+            screen["contradictions"] = contradictions(screen["screen"])
+    report["screens_with_contradictions"] = len([s for s in report["screens"] if s.get("contradictions")])
+    path.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(f"{len(report['screens'])} screens, {report['screens_with_contradictions']} with a contradiction: {path}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -186,7 +201,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenarios", nargs="+", help="scenario keys (default: every one the page offers)")
     parser.add_argument("--json", type=Path, required=True)
     parser.add_argument("--chromium", default="/usr/bin/chromium")
+    parser.add_argument("--recheck", action="store_true", help="only check the screens already in --json again")
     args = parser.parse_args(argv)
+    if args.recheck:
+        return recheck(args.json)
     from playwright.sync_api import sync_playwright
 
     from explorer.caps import Caps

@@ -57,6 +57,21 @@ def test_a_sentence_the_screen_contradicts_is_named(change, words) -> None:
     assert any(words in f for f in found), found
 
 
+def test_a_run_stopped_at_the_servers_limit_has_no_count_to_check_and_any_other_status_without_one_is_named() -> None:
+    stopped = {**GOOD, "status": "Stopped. This run reached the server's time limit of 180 s: try fewer tokens."}
+    assert walk.contradictions(stopped) == []
+    assert "gives no count" in walk.contradictions({**GOOD, "status": "Done."})[0]
+
+
+def test_a_finding_that_says_its_speed_is_above_theory_is_not_named() -> None:
+    """The walk's first version cut the finding's clause at the first "." (in "1.14×") and named this one."""
+    finding = GOOD["finding"].replace("measured 1.52×.", "measured 2.25×: above its theoretical 1.97×: a timing "
+                                      "artefact, not a speedup.")
+    counters = COUNTERS.replace("1.52×\nmeasured (1.20–1.90)", "timing artefact\n2.25× measured (2.01–2.50): above "
+                                "the theoretical 1.97×, which skipping layers cannot beat")
+    assert walk.contradictions({**GOOD, "finding": finding, "counters": counters}) == []
+
+
 def test_a_two_run_finding_compared_over_fewer_tokens_is_not_held_to_the_last_runs_counts() -> None:
     finding = ("These runs (compared over the first 19 tokens of each: the runs wrote 24 and 19):\n- run 1, core 3 + 3:"
                " 20.1 of 30 layers per token (1.49× fewer layer runs), agreement with full depth 1.00 (19 of the 19 "

@@ -11,7 +11,7 @@ import torch
 from d3.config import TraceConfig
 from d3.decoder import StepOutput
 from d3.lens import lens_fields, read_logits
-from d3.pieces import piece_text
+from d3.pieces import BYTE_FALLBACK, piece_text, token_bytes
 from d3.schedule import LayerPlan
 from d3.trace import PromptStats, TokenStep, Trace
 
@@ -29,6 +29,8 @@ def token_texts(tokenizer: Any, ids: list[int], i: int) -> tuple[str, str]:
     """(the text token i adds, `token_text`; its piece): the piece is "" unless the token ends inside a multi-byte
     character, whose text shows at the token that completes it; then it is the token on its own (`piece_text`),
     e.g. " <0xF0><0x9F>" for the first two of an emoji's four bytes and a space."""
+    if BYTE_FALLBACK.fullmatch(str(tokenizer.convert_ids_to_tokens(int(ids[i])) or "")):
+        return _byte_texts(tokenizer, ids, i)
     lo = max(0, i - 8)
     written = tokenizer.decode(ids[lo:i], skip_special_tokens=False)
     before = written.rstrip("\ufffd")
@@ -41,6 +43,37 @@ def token_texts(tokenizer: Any, ids: list[int], i: int) -> tuple[str, str]:
     leading = len(text) - len(text.lstrip("\ufffd"))
     text = text[min(dangling, leading):]
     return text, piece_text(tokenizer, ids[i]) if decoded.endswith("\ufffd") else ""
+
+
+def _byte_texts(tokenizer: Any, ids: list[int], i: int) -> tuple[str, str]:
+    """`token_texts` of a byte-fallback token ("<0xF0>", Gemma's, Llama 2's), from the bytes themselves: a Hugging
+    Face byte-fallback decoder turns a whole run of byte tokens into U+FFFD per byte when the run ends inside a
+    character, so decoding with left context read a character completed earlier in the run as this token's (Gemma 3
+    copying hieroglyphs wrote "<0xF0>" as text, then "𓀄𓀄" for one). The text is the characters this token's byte
+    completes; earlier tokens' bytes that no token completed stay theirs (their `piece`)."""
+    run = [i]
+    while run[0] > 0 and len(run) < 8 and BYTE_FALLBACK.fullmatch(
+            str(tokenizer.convert_ids_to_tokens(int(ids[run[0] - 1])) or "")):
+        run.insert(0, run[0] - 1)
+    data = b"".join(token_bytes(tokenizer, ids[j]) or b"" for j in run)
+    text, pending = [], False
+    at = 0
+    while at < len(data):
+        lead = data[at]
+        size = 1 if lead < 0xC0 else 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4 if lead < 0xF8 else 1
+        tail = data[at + 1:at + size]
+        if any(b & 0xC0 != 0x80 for b in tail):  # not continued: a byte on its own, never a character
+            size = 1
+        if at + size > len(data):  # the character goes on past this token
+            pending = True
+            break
+        if at + size == len(data):  # ends with this token's byte: a character, or a byte no character holds
+            try:
+                text.append(data[at:at + size].decode("utf-8"))
+            except UnicodeDecodeError:
+                pending = True  # shown by its bytes ("<0x93>"), never U+FFFD
+        at += size
+    return "".join(text), piece_text(tokenizer, ids[i]) if pending else ""
 
 
 @dataclass

@@ -11,13 +11,15 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 import gradio as gr
+import numpy as np
 import pandas as pd
 
-from d3.config import D3Config, GenerationConfig, SkipDecodeConfig, strategy_from_dict
+from d3.config import D3Config, FullConfig, GenerationConfig, SkipDecodeConfig, strategy_from_dict
 from d3.engine import Engine
-from d3.research.sweep import SweepSpec
-from d3.research.sweep.run import iter_sweep
-from d3.research.sweep.table import read_results
+from d3.research.sweep import BUILTIN_PROMPTS, Setting, SweepSpec, setting_key
+from d3.research.sweep.grid import all_settings
+from d3.research.sweep.measure import References, measure_row, quality, references, theoretical_columns
+from d3.research.sweep.table import append_row, read_results
 from explorer import views
 from explorer.caps import Caps
 from explorer.deadline import Deadline
@@ -50,7 +52,13 @@ SWEEP_MENU: dict[str, SweepChoice] = {
     "skipdecode_67": SweepChoice("SkipDecode at 67% (matched)", "skipdecode", SWEEP_MATCHED_DEPTH),
     "unified_67": SweepChoice("Unified Layer Skipping at 67% (matched)", "unified", SWEEP_MATCHED_DEPTH),
 }
-SWEEP_DEFAULT = ("d3_67", "skipdecode_67", "unified_67")  # the matched-depth comparison, within the ~20 s promised
+# The default sweep, chosen by measurement (scripts/sweep_budget.py, docs/speed.md): the matched-depth comparison at 8
+# tokens. D3's row is measured first, so the baselines after it do not delay it; at 16 tokens on a busy 2-core CPU with
+# another visitor's run beside it, D3's row was predicted done at 79 s, past the 60 s limit; at 8 tokens the tab's
+# handler drew it within the limit ("Measured 1 of 4 rows within the 60 s limit", 54.5 s, load 9-16).
+SWEEP_DEFAULT = ("d3_67", "skipdecode_67", "unified_67")
+SWEEP_DEFAULT_TOKENS = 8  # the tokens slider's starting value: explorer.layout is to start it here (it starts at 16)
+SWEEP_PROMPT = BUILTIN_PROMPTS[0]  # the prompts box's starting text (explorer.layout)
 SWEEP_MAX_SETTINGS = 4
 SWEEP_MAX_PROMPTS = 2
 SWEEP_MAX_NEW_TOKENS = 24
@@ -135,11 +143,38 @@ class _Counting:
         return self._engine.generate_batch(*args, **{"should_stop": self._should_stop, **kwargs})
 
 
+def planned_settings(spec: SweepSpec, engine: Any) -> list[Setting]:
+    """The rows a Sweep-tab sweep measures, in the order it measures them: D3's first, then the baselines, then
+    full depth timed against itself (the timing noise) last. A default sweep that ran full depth's own timing
+    pairs first ended at its limit with only that row on a busy 2-core CPU (issue 44, M4); every row's agreement
+    is read against the full-depth reference runs recorded before any row, so none needs the noise row."""
+    settings = all_settings(spec, engine)  # full depth first, then D3, then the baselines
+    full = [s for s in settings if isinstance(s.config, FullConfig)]
+    d3 = [s for s in settings if isinstance(s.config, D3Config)]
+    return [*d3, *[s for s in settings if s not in full and s not in d3], *full]
+
+
+def runs_per_row(spec: SweepSpec) -> int:
+    """Runs one row starts: an untimed warm-up of the setting, a full-depth and a timed run per timing pair, and
+    (beyond full depth's own row) one teacher-forced pass per prompt for KL and the filled states' error."""
+    return 1 + 2 * spec.repeats * len(spec.prompts) + len(spec.prompts)
+
+
+def reference_runs(spec: SweepSpec) -> int:
+    """Runs before the first row: full depth's warm-up and its recorded run per prompt (the agreement's reference)."""
+    return 1 + len(spec.prompts)
+
+
 def expected_runs(spec: SweepSpec) -> int:
-    """About how many runs a Sweep-tab spec starts: per setting (and the reference) a full-depth and a timed
-    run per timing pair and a teacher-forced one per prompt; the references' warm-up and recordings."""
+    """About how many runs a Sweep-tab spec starts: the reference runs, then each row's (`runs_per_row`)."""
     settings = len(spec.depths) + len(spec.baselines) + 1
-    return settings * len(spec.prompts) * (2 * spec.repeats + 1) + 1 + len(spec.prompts)
+    return reference_runs(spec) + settings * runs_per_row(spec)
+
+
+def runs_until_rows(spec: SweepSpec) -> list[int]:
+    """Runs started by the end of each planned row, in `planned_settings` order (D3, baselines, full depth)."""
+    rows = len(spec.depths) + len(spec.baselines) + 1
+    return [reference_runs(spec) + (i + 1) * runs_per_row(spec) for i in range(rows)]
 
 
 def run_small_sweep(engine: Engine, spec: SweepSpec, progress: Callable[[float, str], None] | None = None,
@@ -151,10 +186,37 @@ def run_small_sweep(engine: Engine, spec: SweepSpec, progress: Callable[[float, 
     return df
 
 
+def reference_row(engine: Any, spec: SweepSpec, setting: Setting, refs: References, key: str) -> dict[str, Any]:
+    """The full-depth row before full depth is timed against itself: its quality read from the reference runs
+    (agreement 1 by definition), 1× measured speedup (the unit every row is measured in), no timing noise yet."""
+    L = engine.num_layers
+    row: dict[str, Any] = {"key": key, "model": engine.name, "num_layers": L, "strategy": "full", "label": setting.label,
+                           "params": json.dumps(setting.config.to_dict(), sort_keys=True), "target_depth": 1.0,
+                           "prompts": len(spec.prompts), "new_tokens": spec.max_new_tokens, "repeats": spec.repeats,
+                           "planned_mean_layers": float(L), "fixed_cost_layers": engine.fixed_cost_layers,
+                           "measured_speedup": 1.0, "decode_speedup": 1.0, "self_speedup": float("nan"),
+                           "timing_pairs": 0}
+    scores, _ = quality(engine, spec, setting.config, refs)
+    row.update(scores)
+    row["depth_fraction"] = row["mean_layers"] / L
+    row.update(theoretical_columns(float(L), row["mean_layers"], L, engine.fixed_cost_layers))
+    return row
+
+
+def _reference_first(df: pd.DataFrame) -> pd.DataFrame:
+    """The table as the tab shows it: the full-depth reference on top, then the rows in the order measured."""
+    full = df["strategy"] == "full"
+    out = pd.concat([df[full], df[~full]], ignore_index=True)
+    out.attrs.update(df.attrs)
+    return out
+
+
 def iter_small_sweep(engine: Engine, spec: SweepSpec, progress: Callable[[float, str], None] | None = None,
                      should_stop: Callable[[], bool] = _never) -> Iterator[pd.DataFrame]:
-    """Run `spec` on `engine` into a fresh temporary CSV (never resumed from an earlier sweep), yielding the table
-    after each row (the full-depth reference first, then the settings one by one) and once more at the end.
+    """Run `spec` on `engine` into a fresh temporary CSV (never resumed from an earlier sweep): the full-depth
+    reference runs, then the rows in `planned_settings` order (D3's first, full depth's own timing last), yielding
+    the table after the reference and after each row, and once more at the end. The full-depth row is in every
+    table (on top), at first without its timing noise, which its own row adds last.
     `progress(fraction, desc)` moves with every run started, never backwards; `should_stop()` is checked before
     every token of every run (it raises to end the sweep: a run stopped early would measure nothing). When it
     raises `OutOfTime`, the last table yielded holds the rows finished before, with the reason in
@@ -175,15 +237,27 @@ def iter_small_sweep(engine: Engine, spec: SweepSpec, progress: Callable[[float,
     with tempfile.TemporaryDirectory(prefix="d3-sweep-") as folder:
         counting, path = _Counting(engine, tick, should_stop), Path(folder) / "sweep.csv"
         try:
-            for rows in iter_sweep(spec, path, engine=counting,  # type: ignore[arg-type]
-                                   progress=lambda fraction, desc: show(fraction, desc)):
-                yield rows
+            settings = planned_settings(spec, counting)
+            refs = references(counting, spec, lambda fraction, desc: show(fraction, desc))
+            full = settings[-1]
+            append_row(path, reference_row(counting, spec, full, refs, setting_key(spec, engine.name, full)))
+            yield _reference_first(read_results(path))
+            for i, setting in enumerate(settings):
+                label = NOISE_ROW if setting is full else setting.label
+                show(state["shown"], f"{label} ({i + 1}/{len(settings)})")
+                row, _ = measure_row(counting, spec, setting, refs, setting_key(spec, engine.name, setting))
+                append_row(path, row)  # full depth's timed row replaces its reference row (same key)
+                yield _reference_first(read_results(path))
         except OutOfTime as stop:
-            done = read_results(path)
+            done = _reference_first(read_results(path))
             done.attrs["stopped"] = str(stop)
             yield done
             return
-        yield read_results(path)
+        show(1.0, f"{len(settings)} settings measured")
+        yield _reference_first(read_results(path))
+
+
+NOISE_ROW = "full depth against itself (the timing noise)"
 
 
 def speed_reading(measured: Any, theoretical: Any, noise: float, strategy: str) -> str:
@@ -289,9 +363,9 @@ def stream_sweep(pool: ModelPool, model: str, chat_template: bool, sweep_prompts
                                   should_stop=out_of_time)
         df = next(tables)
         for following in tables:
-            yield ordered(SWEEP_OUTPUTS, **sweep_outputs(df, spec, running=True))
+            yield ordered(SWEEP_OUTPUTS, **sweep_outputs(df, spec, running=True, limit=limit))
             df = following
-    yield ordered(SWEEP_OUTPUTS, **sweep_outputs(df, spec))
+    yield ordered(SWEEP_OUTPUTS, **sweep_outputs(df, spec, limit=limit))
 
 
 def sweep_time_limit(caps: Caps) -> int:
@@ -299,33 +373,62 @@ def sweep_time_limit(caps: Caps) -> int:
     return min(SWEEP_MAX_S, caps.max_run_s)
 
 
-def sweep_outputs(df: pd.DataFrame, spec: SweepSpec, *, running: bool = False) -> dict[str, Any]:
+def measured_rows(df: pd.DataFrame) -> int:
+    """Rows a sweep has measured: each setting's, and full depth's once it was timed against itself (until then
+    its row is the reference runs alone, shown so that every setting has its unit)."""
+    if df.empty:
+        return 0
+    full = df["strategy"] == "full"
+    pairs = pd.to_numeric(df["timing_pairs"], errors="coerce") if "timing_pairs" in df else pd.Series(1, index=df.index)
+    return int((~full).sum() + (full & (pairs.fillna(0) > 0)).sum())
+
+
+def sweep_outputs(df: pd.DataFrame, spec: SweepSpec, *, running: bool = False, limit: int = SWEEP_MAX_S) -> dict[str, Any]:
     """The table, the Pareto view and the note of a finished sweep, of one stopped at its time limit (the
-    rows done so far kept and drawn, and a plain message saying so), or (`running`) of one still measuring."""
+    rows done so far kept and drawn, and a plain message saying so), or (`running`) of one still measuring. Each
+    note says how many of the planned rows were measured within the `limit` (seconds)."""
     stopped = df.attrs.get("stopped")
     total = len(spec.depths) + len(spec.baselines) + 1
+    done = measured_rows(df)
     if running and not df.empty:
         df, noise = reference_as_one(df)
-        note = (f"Measured {len(df)} of {total} rows so far (the full-depth reference first); measuring the next "
-                "one. The rows below are final; the sweep stops at its time limit and keeps them.")
+        note = (f"Measured {done} of {total} rows so far (D3's first, full depth timed against itself last; the "
+                "full-depth reference runs, on top, are every row's unit); measuring the next one. The rows below "
+                f"are final; the sweep stops at its {limit} s limit and keeps them.")
         return dict(sweep_results=df, sweep_table=sweep_table(df, noise), sweep_pareto=_sweep_figure(df),
                     sweep_note=note, sweep_file=None)
     if stopped and df.empty:
-        note = (f"**Stopped: {stopped}** before the full-depth reference was measured, so there is nothing to show. "
-                "Choose fewer settings or tokens, or a shorter prompt, and run it again.")
+        note = (f"**Stopped: {stopped}** before the full-depth reference was measured: measured 0 of {total} rows, "
+                "so there is nothing to show. Choose fewer settings or tokens, or a shorter prompt, and run it again.")
         return dict(sweep_results=df, sweep_table=sweep_table(df), sweep_pareto=None, sweep_note=note, sweep_file=None)
     df, noise = reference_as_one(df)
+    noise_words = (f"Full depth timed against itself read {noise:.2f}×: differences that small are timing noise."
+                   if np.isfinite(noise) else "Full depth was not timed against itself (its row comes last), so "
+                   "the timing noise is not known: read small differences from 1× as noise.")
     if stopped:
-        note = (f"**Stopped: {stopped}** after {len(df)} of {total} rows (the full-depth reference and "
-                f"{len(df) - 1} settings); those are kept below and on the plot. Choose fewer settings or tokens to "
-                "measure the rest. Click a point or a row to load its setting into the controls.")
+        note = (f"**Stopped: {stopped}**. Measured {done} of {total} rows within the {limit} s limit "
+                f"({_row_words(df)}); they are kept below and on the plot. {noise_words} Choose fewer settings or "
+                "tokens to measure the rest. Click a point or a row to load its setting into the controls.")
     else:
-        note = (f"Measured {len(df)} rows ({len(df) - 1} settings + the full-depth reference) on {len(spec.prompts)} "
-                f"prompt(s), {spec.max_new_tokens} new tokens, {spec.repeats} timing pairs each (median). Full depth "
-                f"timed against itself read {noise:.2f}×: differences that small are timing noise. "
-                f"{interval_note(len(spec.prompts))} Click a point or a row to load its setting into the controls.")
+        note = (f"Measured {done} of {total} rows within the {limit} s limit ({_row_words(df)}) on "
+                f"{len(spec.prompts)} prompt(s), {spec.max_new_tokens} new tokens, {spec.repeats} timing pairs each "
+                f"(median). {noise_words} {interval_note(len(spec.prompts))} Click a point or a row to load its "
+                "setting into the controls.")
     return dict(sweep_results=df, sweep_table=sweep_table(df, noise), sweep_pareto=_sweep_figure(df), sweep_note=note,
                 sweep_file=None)  # the previous sweep's CSV is no longer offered
+
+
+def _row_words(df: pd.DataFrame) -> str:
+    """Which rows a table holds, counted by strategy: "2 D3, 1 SkipDecode and full depth's reference"."""
+    names = {"d3": "D3", "skipdecode": "SkipDecode", "unified": "Unified Layer Skipping", "early_exit": "early exit"}
+    counts = df.loc[df["strategy"] != "full", "strategy"].value_counts(sort=False)
+    parts = [f"{n} {names.get(str(k), str(k))}" for k, n in counts.items()]
+    full = df[df["strategy"] == "full"]
+    if not full.empty:
+        timed = measured_rows(full) > 0
+        parts.append("full depth timed against itself" if timed else "full depth's reference runs (not yet timed "
+                     "against itself)")
+    return ", ".join(parts[:-1]) + (" and " if len(parts) > 1 else "") + parts[-1] if parts else "no rows"
 
 
 def interval_note(prompts: int) -> str:
@@ -342,8 +445,8 @@ def reference_as_one(df: pd.DataFrame) -> tuple[pd.DataFrame, float]:
     measured in), and what its own timing pairs read (the noise floor, shown in the note): a reference that
     read 1.3× would otherwise sit right of every setting on the Pareto view for a timing artefact alone."""
     full = df["strategy"] == "full"
-    column = "self_speedup" if "self_speedup" in df and df.loc[full, "self_speedup"].notna().any() else "measured_speedup"
-    noise = float(pd.to_numeric(df.loc[full, column], errors="coerce").median()) if full.any() else 1.0
+    column = "self_speedup" if "self_speedup" in df else "measured_speedup"
+    noise = float(pd.to_numeric(df.loc[full, column], errors="coerce").median()) if full.any() else float("nan")
     out = df.copy()
     out.loc[full, "measured_speedup"] = 1.0
     return out, noise

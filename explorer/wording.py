@@ -25,8 +25,9 @@ SWEEP_EXPLAIN = (
     "setting) with the model chosen in the Live tab, and see them on the speed–quality plane with the Pareto front. "
     "**Click a point of the plot or a row of the table** to load that setting into the Live tab's controls, then "
     "press Generate there to watch it side by side with full depth. The full-depth row is the reference and loads "
-    "nothing. With the defaults (1 prompt, 16 tokens, 3 settings) it takes about 20 s for SmolLM2-135M on an idle "
-    "2-core CPU (the largest request, 2 prompts × 24 tokens × 4 settings, about three times that); a sweep stops after "
-    "60 s and shows the rows it finished, with a note saying so. Each setting is timed in 3 pairs against "
-    "full depth per prompt and the median is shown; timings are still noisy on a busy machine.")
+    "nothing. Full depth's reference runs come first, then D3's rows, then the baselines, and full depth timed "
+    "against itself (the timing noise) last, so a sweep that meets its 60 s limit has measured D3 first; the note "
+    "says how many of its rows it measured. Each setting is timed in 3 pairs against full depth per prompt and the "
+    "median is shown; timings are noisy on a busy machine (docs/speed.md: what the defaults measure on a busy 2-core "
+    "CPU).")
 

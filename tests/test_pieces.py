@@ -99,3 +99,23 @@ def test_a_byte_no_token_completes_is_shown_as_bytes_and_the_next_token_as_itsel
     trace = make_trace(D3Config(), num_layers=2, steps=1).with_steps(steps)
     pane = token_html(trace)
     assert "\ufffd" not in pane and "&lt;0xE2&gt;</span>" in pane and "token &#x27;/&#x27; (id" in pane
+
+
+def test_byte_fallback_characters_in_a_row_each_show_once_and_a_started_one_as_its_bytes() -> None:
+    """Issue 44, D8, live on Gemma 3 (copying Egyptian hieroglyphs, four byte tokens each): Hugging Face's byte-fallback
+    decoder turns a run of byte tokens that ends inside a character into U+FFFD per byte, so the decoded left context
+    lost the character completed just before; the next character's first byte showed as the text "<0xF0>", and the
+    token completing it as "𓀄𓀄"."""
+    gemma = _tokenizer("gemma3-270m")
+    byte = lambda b: gemma.convert_tokens_to_ids(f"<0x{b:02X}>")  # noqa: E731
+    glyphs = "𓀄𓀄𓀃"
+    ids = gemma.encode("Hi", add_special_tokens=False) + [byte(b) for b in glyphs.encode()] + [byte(0xF0)] \
+        + gemma.encode("A", add_special_tokens=False) + [byte(0x93)]
+    texts = [token_texts(gemma, ids, i) for i in range(len(ids))]
+    assert "".join(text for text, _ in texts) == "Hi" + glyphs + "A"  # each character once, where its bytes complete
+    start = len(ids) - 3 - 4 * len(glyphs)
+    assert [t for t, _ in texts[start:start + 4]] == ["", "", "", "𓀄"]
+    assert [p for _, p in texts[start:start + 4]] == ["<0xF0>", "<0x93>", "<0x80>", ""]
+    assert texts[-3] == ("", "<0xF0>") and texts[-2][0] == "A"  # a first byte no token went on with: its bytes
+    assert texts[-1] == ("", "<0x93>")  # a continuation byte with no character: its bytes, never U+FFFD
+    assert all("\ufffd" not in text and "<0x" not in text for text, _ in texts)

@@ -92,3 +92,21 @@ def test_a_finding_reads_the_measured_speed_against_theory() -> None:
     noise = {**base, "measured_speedup": 1.05, "measured_speedup_low": 0.9, "measured_speedup_high": 1.2}
     text = scenario_finding("aggressive", [noise], 30)
     assert "too small to tell from timing noise" in text and "1.05" not in text
+
+
+def test_a_contrast_cut_to_the_tokens_both_runs_wrote_reads_its_speed_against_the_whole_runs_theory() -> None:
+    """Issue 44, D7: a contrast's run cut to the tokens both runs wrote read its whole run's measured speedup against its
+    first tokens' theoretical one, so a measured 1.25× above the run's own 1.09× went without a word."""
+    from explorer.scenarios import scenario_finding
+
+    def run(n: int, layers: list[int], measured: float) -> dict:
+        return {"tokens": n, "full_tokens": 24, "compared": n, "agreeing": n, "agreement": 1.0,
+                "first_divergence": None, "ended_first": "", "layers": layers, "agree": tuple([True] * n),
+                "mean_layers": sum(layers) / n, "theoretical_speedup": 30 * n / sum(layers),
+                "measured_speedup": measured, "measured_speedup_low": measured - 0.05,
+                "measured_speedup_high": measured + 0.05}
+    first = run(4, [30] * 4, 1.0)  # ended first: the contrast is over the first 4 tokens of each
+    second = run(12, [30, 20, 20, 20] + [30] * 8, 1.25)  # its first 4 tokens: 1.33× in theory; its whole run: 1.09×
+    text = scenario_finding("core", [first, second], 30)
+    assert "compared over the first 4 tokens" in text and "(1.33× fewer layer runs)" in text
+    assert "measured 1.25×: above its theoretical 1.09×: a timing artefact" in text, text

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import gradio as gr
 import numpy as np
@@ -21,6 +22,7 @@ from explorer.sweep_tab import sweep_spec
 
 pytestmark = [pytest.mark.usefixtures("exports_in_tmp"), pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
+ROOT = Path(__file__).resolve().parent.parent
 REQUEST = dict(model="tiny", chat_template=True, sweep_prompts="hello there", sweep_settings=["d3_75", "d3_67", "skipdecode_67", "unified_67"],
                sweep_tokens=6)
 OUT = {name: i for i, name in enumerate(sweep_tab.SWEEP_OUTPUTS)}
@@ -200,8 +202,8 @@ def test_every_sweep_event_is_named() -> None:
 
 
 def _stop_at_setting(number: int):
-    """A progress callback and a should_stop that raises OutOfTime once the sweep starts its `number`-th row (the
-    full-depth reference is the first): deterministic, so no test waits on a clock."""
+    """A progress callback and a should_stop that raises OutOfTime once the sweep starts its `number`-th row (D3's
+    come first, full depth timed against itself last): deterministic, so no test waits on a clock."""
     state = {"started": 0}
 
     def progress(fraction, desc=None):
@@ -220,36 +222,42 @@ def test_a_sweep_stopped_at_its_time_limit_keeps_and_draws_the_rows_it_finished(
     progress, should_stop = _stop_at_setting(3)
     df = sweep_tab.run_small_sweep(tiny_engine, spec, progress=progress, should_stop=should_stop)
     assert df.attrs["stopped"] == "the sweep reached its time limit of 7 s"
-    assert df["strategy"].tolist() == ["full", "d3"]  # the reference and the first setting, nothing half-measured
-    out = sweep_tab.sweep_outputs(df, spec)
-    assert "Stopped: the sweep reached its time limit of 7 s" in out["sweep_note"] and "after 2 of 5 rows" in out["sweep_note"]
+    # the reference runs (on top, not yet timed against themselves) and D3's two rows, nothing half-measured
+    assert df["strategy"].tolist() == ["full", "d3", "d3"] and df["timing_pairs"].tolist()[0] == 0
+    out = sweep_tab.sweep_outputs(df, spec, limit=7)
+    note = out["sweep_note"]
+    assert "Stopped: the sweep reached its time limit of 7 s" in note
+    assert "Measured 2 of 5 rows within the 7 s limit (2 D3 and full depth's reference runs" in note
+    assert "not timed against itself" in note and "read 1.00×" not in note
     assert out["sweep_table"]["setting"].tolist() == df["label"].tolist()
     points = [t for t in out["sweep_pareto"].data if (t.meta or {}).get("role") == "points"]
-    assert sorted(int(i) for t in points for i in t.customdata) == [0, 1]  # both finished rows are drawn
+    assert sorted(int(i) for t in points for i in t.customdata) == [0, 1, 2]  # every row shown is drawn
 
 
-def test_a_sweep_draws_a_table_after_each_row_and_keeps_two_rows_when_its_limit_passes_after_the_second(
+def test_a_sweep_draws_a_table_after_each_row_and_keeps_them_when_its_limit_passes_after_the_second(
         tiny_engine, pool) -> None:
-    """Issue 35, M4: the reference first, then each setting as it is measured; the limit keeps what was drawn."""
+    """Issue 35, M4 and issue 44, M4: the reference runs first, then each setting as it is measured, D3's first;
+    the limit keeps what was drawn."""
     spec = sweep_tab.sweep_spec("tiny", "hello there", REQUEST["sweep_settings"], 4, True, pool.caps)
     progress, should_stop = _stop_at_setting(3)
     tables = list(sweep_tab.iter_small_sweep(tiny_engine, spec, progress=progress, should_stop=should_stop))
-    assert [len(t) for t in tables] == [1, 2, 2]
+    assert [len(t) for t in tables] == [1, 2, 3, 3]
     assert tables[0]["strategy"].tolist() == ["full"] and not tables[0].attrs.get("stopped")
-    assert tables[-1]["strategy"].tolist() == ["full", "d3"] and "time limit" in tables[-1].attrs["stopped"]
+    assert tables[-1]["strategy"].tolist() == ["full", "d3", "d3"] and "time limit" in tables[-1].attrs["stopped"]
 
 
 def test_the_sweep_handler_yields_the_table_and_plot_after_each_row(pool) -> None:
     request = dict(REQUEST, sweep_settings=["d3_75", "unified_67"])
     outs = list(sweep_tab.stream_sweep(pool, **request, progress=lambda *a, **k: None))
     tables = [o[OUT["sweep_table"]] for o in outs]
-    assert [len(t) for t in tables] == [1, 2, 3, 3]  # the reference, each setting as it comes, then the end
+    # the reference runs, each setting as it comes, full depth timed against itself (same row), then the end
+    assert [len(t) for t in tables] == [1, 2, 3, 3, 3]
     assert tables[0]["strategy"].tolist() == ["full"]
-    for out, table in zip(outs[:-1], tables[:-1]):
-        assert f"Measured {len(table)} of 3 rows so far" in out[OUT["sweep_note"]]
+    for done, (out, table) in enumerate(zip(outs[:-1], tables[:-1])):
+        assert f"Measured {done} of 3 rows so far" in out[OUT["sweep_note"]]
         points = [t for t in out[OUT["sweep_pareto"]].data if (t.meta or {}).get("role") == "points"]
         assert sorted(int(i) for t in points for i in t.customdata) == list(range(len(table)))
-    assert "Measured 3 rows" in outs[-1][OUT["sweep_note"]]
+    assert "Measured 3 of 3 rows within the 60 s limit" in outs[-1][OUT["sweep_note"]]
     assert tables[-1]["setting"].tolist() == outs[-1][OUT["sweep_results"]]["label"].tolist()
 
 
@@ -337,3 +345,40 @@ def test_the_progress_says_what_is_being_measured_never_a_count_that_reads_as_do
     assert any(d.startswith("Measuring the full-depth reference: prompt 1 of 1") for d in said), said
     assert not [d for d in said if re.search(r"\d+/\d+\)?$", d)], said
     assert sweep_tab.progress_words("d3 α=0.9 (2/5)") == "Measuring d3 α=0.9: row 2 of 5 (rows done: 1)…"
+
+
+def test_the_default_sweeps_plan_measures_d3_first_within_the_measured_budget(tiny_engine) -> None:
+    """Issue 44, M4: the default sweep ended at its 60 s limit with only the full-depth row on a busy 2-core CPU. Its
+    rows now come D3 first (full depth's own timing pairs, the noise, last), and the default settings and tokens are
+    the ones scripts/sweep_budget.py chose from its measurement beside another visitor's run
+    (results/sweep_budget/smollm2-135m.json, docs/speed.md): D3's rows done soonest, and drawn within the limit when
+    the tab's handler ran it there."""
+    from d3.config import FullConfig
+
+    spec = sweep_spec("tiny", sweep_tab.SWEEP_PROMPT, list(sweep_tab.SWEEP_DEFAULT), sweep_tab.SWEEP_DEFAULT_TOKENS,
+                      True, Caps())
+    plan = sweep_tab.planned_settings(spec, tiny_engine)
+    kinds = [type(s.config).__name__ for s in plan]
+    assert kinds[0] == "D3Config" and isinstance(plan[-1].config, FullConfig), kinds
+    d3 = [i for i, k in enumerate(kinds) if k == "D3Config"]
+    assert d3 == list(range(len(d3)))  # every D3 row before any other
+    # the runs before the first D3 row is done: the reference runs and that row's own, never full depth's pairs
+    assert sweep_tab.runs_until_rows(spec)[0] == sweep_tab.reference_runs(spec) + sweep_tab.runs_per_row(spec)
+    measured = json.loads((ROOT / "results" / "sweep_budget" / "smollm2-135m.json").read_text(encoding="utf-8"))
+    chosen = measured["chosen"]
+    assert (tuple(chosen["settings"]), chosen["tokens"]) == (sweep_tab.SWEEP_DEFAULT, sweep_tab.SWEEP_DEFAULT_TOKENS)
+    soonest = min(p["d3_done_s"] for p in measured["predictions"])
+    assert round(chosen["d3_done_s"]) == round(soonest)  # no candidate's D3 rows were predicted done sooner
+    verified = measured["verify"]  # the tab's handler on the default, with its limit, beside the other run
+    assert "d3" in verified["strategies"] and verified["measured"] >= 1
+    assert f"Measured {verified['measured']} of {verified['planned']} rows within the 60 s limit" in verified["note"]
+
+
+def test_the_default_sweeps_note_names_how_many_rows_it_measured(pool) -> None:
+    """Issue 44, M4: the page says how many of the planned rows the sweep measured within its limit."""
+    request = dict(REQUEST, sweep_settings=list(sweep_tab.SWEEP_DEFAULT), sweep_tokens=4)
+    outs = list(sweep_tab.stream_sweep(pool, **request, progress=lambda *a, **k: None))
+    planned = len(sweep_tab.SWEEP_DEFAULT) + 1
+    note = outs[-1][OUT["sweep_note"]]
+    assert f"Measured {planned} of {planned} rows within the {sweep_tab.SWEEP_MAX_S} s limit" in note, note
+    assert outs[1][OUT["sweep_table"]]["strategy"].tolist() == ["full", "d3"]  # D3's row is the first measured

@@ -11,7 +11,6 @@ import pandas as pd
 from d3.config import DROP_ORDERS, FILLS, default_core, max_core_side
 from d3.research.data import example_prompts
 from d3.models import ModelFacts
-from d3.research.sweep import BUILTIN_PROMPTS
 from explorer import views
 from explorer.controls import (
     ALPHA_STEP,
@@ -39,7 +38,9 @@ from explorer.sweep_tab import (
     SWEEP_MAX_PROMPTS,
     SWEEP_MAX_SETTINGS,
     SWEEP_MENU,
+    SWEEP_DEFAULT_TOKENS,
     SWEEP_MIN_NEW_TOKENS,
+    SWEEP_PROMPT,
     SWEEP_TABLE_COLUMNS,
     sweep_bounds_text,
 )
@@ -173,14 +174,14 @@ def _sweep_tab(pool: ModelPool, ui: dict[str, Any]) -> None:
         with gr.Row():
             with gr.Column(scale=3):
                 ui["sweep_prompts"] = gr.Textbox(
-                    BUILTIN_PROMPTS[0], lines=2, max_lines=6,
+                    SWEEP_PROMPT, lines=2, max_lines=6,
                     label=f"{LABELS['sweep_prompts']} (one per line, at most {SWEEP_MAX_PROMPTS})")
                 ui["sweep_settings"] = gr.CheckboxGroup(
                     [(c.label, k) for k, c in SWEEP_MENU.items()], value=list(SWEEP_DEFAULT),
                     label=f"{LABELS['sweep_settings']} (at most {SWEEP_MAX_SETTINGS})")
             with gr.Column(scale=1, min_width=220):
                 top = min(SWEEP_MAX_NEW_TOKENS, max(pool.caps.max_new_tokens, SWEEP_MIN_NEW_TOKENS))
-                ui["sweep_tokens"] = gr.Slider(SWEEP_MIN_NEW_TOKENS, top, value=min(16, top), step=1,
+                ui["sweep_tokens"] = gr.Slider(SWEEP_MIN_NEW_TOKENS, top, value=min(SWEEP_DEFAULT_TOKENS, top), step=1,
                                                label=f"{LABELS['sweep_tokens']} (at most {top})", elem_id="sweep-tokens")
                 ui["sweep_run"] = gr.Button("Run sweep", variant="primary", elem_id="sweep-run")
                 ui["sweep_export"] = gr.Button("Download results (CSV)")

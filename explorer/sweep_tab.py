@@ -57,7 +57,7 @@ SWEEP_MENU: dict[str, SweepChoice] = {
 # another visitor's run beside it, D3's row was predicted done at 79 s, past the 60 s limit; at 8 tokens the tab's
 # handler drew it within the limit ("Measured 1 of 4 rows within the 60 s limit", 54.5 s, load 9-16).
 SWEEP_DEFAULT = ("d3_67", "skipdecode_67", "unified_67")
-SWEEP_DEFAULT_TOKENS = 8  # the tokens slider's starting value: explorer.layout is to start it here (it starts at 16)
+SWEEP_DEFAULT_TOKENS = 8  # the tokens slider's starting value (explorer.layout), chosen by scripts/sweep_budget.py
 SWEEP_PROMPT = BUILTIN_PROMPTS[0]  # the prompts box's starting text (explorer.layout)
 SWEEP_MAX_SETTINGS = 4
 SWEEP_MAX_PROMPTS = 2

@@ -79,9 +79,15 @@ def full_row(full: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "dtype": recs[0].get("dtype"), "at_cap": sum(r["tokens"] >= (r.get("max_new_tokens") or 10**9) for r in recs)}
 
 
-def setting_row(label: str, rows: dict[str, dict[str, Any]], full: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """A setting against full depth on the problems both answered."""
+def setting_row(label: str, rows: dict[str, dict[str, Any]], full: dict[str, dict[str, Any]],
+                forced: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A setting against full depth on the problems both answered. `forced`: pid -> the setting's pass over full
+    depth's reply (the shortcut), which says for every problem it read whether the reply changes and where, before
+    the changed ones are answered: `pending` lists the changed problems not answered yet (pass@1 and the paired
+    difference then cover the answered problems only: `complete` says whether any is left)."""
+    forced = {p: f for p, f in (forced or {}).items() if p in full}
     pids = [p for p in rows if p in full]
+    pending = sorted(p for p, f in forced.items() if p not in rows)
     mine, ref = [rows[p] for p in pids], [full[p] for p in pids]
     tokens = sum(r["tokens"] for r in mine)
     layers = sum(r["layers"] for r in mine) / max(tokens, 1)
@@ -93,13 +99,18 @@ def setting_row(label: str, rows: dict[str, dict[str, Any]], full: dict[str, dic
             "diff": exact_difference([r["passed"] for r in ref], [r["passed"] for r in mine]).to_dict() if mine else None,
             "fidelity": exact_rate([a["completion"] == b["completion"] for a, b in zip(ref, mine)]).to_dict() if mine else None,
             "mean_layers": round(layers, 3), "depth": round(layers / NUM_LAYERS, 4), "tokens": tokens,
-            "theory_fixed": round(theoretical_speedup([layers], NUM_LAYERS, FIXED_COST_LAYERS), 4),
-            "theory_plain": round(theoretical_speedup([layers], NUM_LAYERS), 4),
+            "theory_fixed": round(theoretical_speedup([layers], NUM_LAYERS, FIXED_COST_LAYERS), 4) if mine else None,
+            "theory_plain": round(theoretical_speedup([layers], NUM_LAYERS), 4) if mine else None,
             # not a controlled timing (other jobs share the machine; batches differ): the ABBA timing is `speed`
-            "batch_speedup": round((ref_secs / max(ref_tokens, 1)) / max(secs / max(tokens, 1), 1e-12), 3),
+            "batch_speedup": round((ref_secs / max(ref_tokens, 1)) / max(secs / max(tokens, 1), 1e-12), 3)
+            if mine else None,
             "first_changes": [c for c in changes],
             "lost": [p for p, a, b in zip(pids, ref, mine) if a["passed"] and not b["passed"]],
-            "won": [p for p, a, b in zip(pids, ref, mine) if b["passed"] and not a["passed"]]}
+            "won": [p for p, a, b in zip(pids, ref, mine) if b["passed"] and not a["passed"]],
+            "pending": pending, "complete": not pending,
+            "forced": {"n": len(forced), "same": sum(bool(f["settled"]) for f in forced.values()),
+                       "first_changes": [f["first_change"] for f in forced.values()],
+                       "pids": sorted(forced)} if forced else None}
 
 
 def by_length(full: dict[str, dict[str, Any]], rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -115,18 +126,23 @@ def by_length(full: dict[str, dict[str, Any]], rows: dict[str, dict[str, Any]]) 
     return out
 
 
-def report(recs: Sequence[dict[str, Any]], speed: dict[str, Any] | None = None) -> dict[str, Any]:
+def report(recs: Sequence[dict[str, Any]], speed: dict[str, Any] | None = None,
+           forced: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """Full depth's row and each setting's (`forced`: the shortcut's passes over full depth's replies)."""
     groups = by_setting(recs)
     if "full" not in groups:
         return {"settings": [], "full": None}
     full = groups["full"]
-    rows = [setting_row(label, rows, full) for label, rows in groups.items() if label != "full"]
+    passes = by_setting(forced)
+    labels = [k for k in groups if k != "full"] + [k for k in passes if k not in groups]
+    rows = [setting_row(label, groups.get(label, {}), full, passes.get(label)) for label in labels]
     for row in rows:
-        row["by_length"] = by_length(full, groups[row["label"]])
+        row["by_length"] = by_length(full, groups.get(row["label"], {}))
         if speed and row["label"] in speed:
             row["speed"] = speed[row["label"]]
     rows.sort(key=lambda r: (r["curve"], -r["mean_layers"]))
-    return {"full": full_row(full), "settings": rows, "headline": headlines(rows)}
+    return {"full": full_row(full), "settings": rows, "headline": headlines(rows),
+            "full_passed_by_pid": {p: bool(r["passed"]) for p, r in full.items()}}
 
 
 def headlines(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -134,6 +150,7 @@ def headlines(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     and the interval's lower end are both within the bound (a loss of at most the bound that the data cannot rule
     out being larger is said so)."""
     out: dict[str, Any] = {}
+    rows = [r for r in rows if r.get("complete", True)]  # a setting with changed problems still to answer: not yet
     for bound in (0.01, 0.03):
         ok = [r for r in rows if r["diff"] and r["diff"]["low"] >= -bound - 1e-12]
         best = min(ok, key=lambda r: r["mean_layers"], default=None)
@@ -156,7 +173,8 @@ def figure(rep: dict[str, Any], bench: str) -> Any:
         "pass@1 by full depth's answer length"))
     curves: dict[str, list[dict[str, Any]]] = {}
     for r in rep["settings"]:
-        curves.setdefault(r["curve"], []).append(r)
+        if r["diff"] and r.get("complete", True):
+            curves.setdefault(r["curve"], []).append(r)
     for name, rs in curves.items():
         rs = sorted(rs, key=lambda r: r["mean_layers"])
         fig.add_trace(go.Scatter(
@@ -167,12 +185,14 @@ def figure(rep: dict[str, Any], bench: str) -> Any:
                   f"{r['fidelity']['same']}/{r['n']}" for r in rs], hoverinfo="text+x+y"), row=1, col=1)
     for r in rep["settings"]:
         if r["curve"].startswith("d3"):
-            xs = [c for c in r["first_changes"] if c is not None]
+            fo = r.get("forced")  # the pass over full depth's replies says where, for every problem it read
+            changes, n = (fo["first_changes"], fo["n"]) if fo and fo["n"] >= r["n"] else (r["first_changes"], r["n"])
+            xs = [c for c in changes if c is not None]
             if xs:
-                fig.add_trace(go.Histogram(x=xs, name=f"{r['label']} ({len(xs)} of {r['n']} changed)", opacity=0.6,
+                fig.add_trace(go.Histogram(x=xs, name=f"{r['label']} ({len(xs)} of {n} changed)", opacity=0.6,
                                            xbins=dict(start=0, size=10), legendgroup="hist", visible=True
                                            if r["curve"] == "d3 calibrated" else "legendonly"), row=1, col=2)
-    shown = [r for r in rep["settings"] if r["curve"] == "d3 calibrated"]
+    shown = [r for r in rep["settings"] if r["curve"] == "d3 calibrated" and r.get("complete", True) and r["n"]]
     if shown:
         bins = [b["bin"] for b in shown[0]["by_length"]]
         fig.add_trace(go.Bar(x=bins, y=[100 * b["full"] for b in shown[0]["by_length"]], name="full depth",
@@ -208,11 +228,27 @@ def table(rep: dict[str, Any]) -> list[str]:
     for r in sorted(rep["settings"], key=lambda r: -r["mean_layers"]):
         sp = r.get("speed")
         speed = f"{sp['ratio']:.2f}x [{sp['low']:.2f}, {sp['high']:.2f}]" if sp else "not timed"
-        lines.append(f"| {r['label']} | {r['n']} | {r['mean_layers']:.2f} ({pct(r['depth'])}%) | {r['passed']}/{r['n']} "
-                     f"(full {r['full_passed']}/{r['n']}) | {diff_text(r['diff'])} | {r['diff']['lost']} / "
-                     f"{r['diff']['won']} | {r['fidelity']['same']}/{r['n']} | {r['theory_fixed']:.2f}x / "
-                     f"{r['theory_plain']:.2f}x | {speed} |")
+        fo = r.get("forced")
+        same = f"{fo['same']}/{fo['n']}" if fo and fo["n"] >= r["n"] else (
+            f"{r['fidelity']['same']}/{r['n']}" if r["fidelity"] else "")
+        if r.get("complete", True) and r["diff"]:
+            lines.append(f"| {r['label']} | {r['n']} | {r['mean_layers']:.2f} ({pct(r['depth'])}%) | "
+                         f"{r['passed']}/{r['n']} (full {r['full_passed']}/{r['n']}) | {diff_text(r['diff'])} | "
+                         f"{r['diff']['lost']} / {r['diff']['won']} | {same} | {r['theory_fixed']:.2f}x / "
+                         f"{r['theory_plain']:.2f}x | {speed} |")
+            continue
+        # the changed problems not answered yet: pass@1 lies between all of them failing and all passing
+        n, k = r["n"] + len(r["pending"]), len(r["pending"])
+        layers = f"{r['mean_layers']:.2f} on the {r['n']} answered" if r["n"] else "pending"
+        lines.append(f"| {r['label']} | {r['n']} of {n} answered ({k} changed, pending) | {layers} | between "
+                     f"{r['passed']}/{n} and {r['passed'] + k}/{n} (full {_full_passed(rep, r)}/{n}) "
+                     f"| pending | pending | {same} | | {speed} |")
     return lines
+
+
+def _full_passed(rep: dict[str, Any], r: dict[str, Any]) -> int:
+    """Full depth's passes on the problems a setting's row covers, answered or pending."""
+    return int(r["full_passed"] + sum(rep["full_passed_by_pid"].get(p, False) for p in r["pending"]))
 
 
 def write_all(folder: Path, benches: Sequence[str], summary: Path = Path("results/SUMMARY.md"),
@@ -222,7 +258,7 @@ def write_all(folder: Path, benches: Sequence[str], summary: Path = Path("result
         recs = records(folder / f"realwork_{bench}.jsonl")
         speed_file = folder / f"realwork_{bench}_speed.json"
         speed = json.loads(speed_file.read_text()) if speed_file.is_file() else None
-        rep = report(recs, speed)
+        rep = report(recs, speed, records(folder / f"realwork_{bench}_forced.jsonl"))
         if rep["full"] is None:
             continue
         reps[bench] = rep

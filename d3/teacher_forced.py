@@ -382,15 +382,15 @@ def _forced_pass(adapter: Adapter, state: Any, replies: Sequence[Sequence[int]],
         for idx in range(L):
             kind = adapter.layer_types[idx]
             if early is None:
-                runs, src = run[..., idx], copy_src[..., idx]
+                runs, source = run[..., idx], copy_src[..., idx]
             else:
                 runs = active.clone()
                 if cfg.fill in ("copy", "copy_any_type"):  # fill_plan's nearest lower layer that ran (all did, to the exit)
                     kinds = [kind] if cfg.fill == "copy" else list(last_ran)
-                    src = torch.stack([last_ran[k] for k in kinds]).amax(0).masked_fill(runs, -1)
+                    source = torch.stack([last_ran[k] for k in kinds]).amax(0).masked_fill(runs, -1)
                 else:
-                    src = torch.full_like(step, -1)
-            cache.copies = [(int(s), src == s) for s in src.unique().tolist() if s >= 0]
+                    source = torch.full_like(step, -1)
+            cache.copies = [(int(s), source == s) for s in torch.unique(source).tolist() if s >= 0]
             out = adapter.run_layer(idx, hidden, masks[kind], ropes[kind], cache, positions)
             hidden = torch.where(runs[..., None].to(out.device), out, hidden.to(out.device))
             last_ran[kind] = torch.where(runs, idx, last_ran[kind])
@@ -398,8 +398,8 @@ def _forced_pass(adapter: Adapter, state: Any, replies: Sequence[Sequence[int]],
                 where = (active & real).nonzero(as_tuple=True)
                 for s in range(0, where[0].numel(), LOGIT_CHUNK):
                     rows, cols = where[0][s:s + LOGIT_CHUNK], where[1][s:s + LOGIT_CHUNK]
-                    top2 = torch.softmax(adapter.logits(hidden[rows, cols]), dim=-1).topk(2, dim=-1).values
-                    leave = (top2[:, 0] - top2[:, 1]) >= early.threshold
+                    probs = torch.softmax(adapter.logits(hidden[rows, cols]), dim=-1).topk(2, dim=-1).values
+                    leave = (probs[:, 0] - probs[:, 1]) >= early.threshold
                     active[rows[leave], cols[leave]] = False
                     exit_after[rows[leave], cols[leave]] = idx
         for b, r in enumerate(replies):

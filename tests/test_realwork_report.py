@@ -26,6 +26,11 @@ def test_the_report_pairs_each_setting_with_full_depth_on_the_same_problems(tmp_
     assert row["mean_layers"] == 26 and row["theory_plain"] == round(28 / 26, 4)
     assert curve("d3 calibrated s24 a0.998") == "d3 calibrated s24" and curve("unified 0.95") == "unified"
     assert len(figure(rep, "toy").data) >= 3
+    from d3.research.realwork_report import headline_text
+
+    words = headline_text(rep)  # the one setting loses a point net of nothing (1 lost, 1 won): within 1 point
+    assert "within 1 point (paired point estimate): d3 calibrated a0.998, 26.00 of 28 layers" in words
+    assert "Nothing beats 1.1x within 1 point" in words  # 28 / 26 layers with the LM head as fixed cost: 1.06x
     summary = tmp_path / "SUMMARY.md"
     summary.write_text("# older results\n")
     write_summary(summary, {"toy": rep})

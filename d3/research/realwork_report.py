@@ -66,6 +66,19 @@ def seconds(recs: Sequence[dict[str, Any]]) -> float:
     return sum(ends.values())
 
 
+def cpu_seconds(recs: Sequence[dict[str, Any]]) -> float:
+    """CPU time the records took: a freely decoded batch's is its last reply's (each record counts from the batch's
+    start); a record settled by the shortcut carries its own share of its pass."""
+    ends: dict[str, float] = {}
+    shares = 0.0
+    for r in recs:
+        if r.get("via") == "forced":
+            shares += r.get("cpu_elapsed", 0.0)
+        else:
+            ends[r["batch_id"]] = max(ends.get(r["batch_id"], 0.0), r.get("cpu_elapsed", 0.0))
+    return shares + sum(ends.values())
+
+
 def full_row(full: dict[str, dict[str, Any]]) -> dict[str, Any]:
     recs = list(full.values())
     rate = exact_rate([r["passed"] for r in recs]).to_dict()
@@ -210,6 +223,31 @@ def figure(rep: dict[str, Any], bench: str) -> Any:
     return fig
 
 
+def headline_text(rep: dict[str, Any]) -> str:
+    """The headline in words: the largest theoretical speedup (LM head as fixed cost) among the settings answered
+    on every problem they were read on whose paired loss is at most 1 and at most 3 points, and whether any beats
+    1.1x within 1 point; measured speedups only where timed."""
+    done = [r for r in rep["settings"] if r.get("complete", True) and r["diff"]]
+    parts = []
+    for bound in (1, 3):
+        ok = [r for r in done if r["diff"]["diff"] >= -bound / 100 - 1e-12]
+        best = max(ok, key=lambda r: r["theory_fixed"], default=None)
+        timed = [r for r in ok if r.get("speed")]
+        fastest = max(timed, key=lambda r: r["speed"]["ratio"], default=None)
+        parts.append(f"within {bound} point{'s' if bound > 1 else ''} (paired point estimate): "
+                     + (f"{best['label']}, {best['mean_layers']:.2f} of {NUM_LAYERS} layers, theory "
+                        f"{best['theory_fixed']:.2f}x (n={best['n']})" if best else "no setting")
+                     + (f", measured {fastest['speed']['ratio']:.2f}x ({fastest['label']})" if fastest
+                        else ", no measured (ABBA) speedup yet"))
+    beats = [r for r in done if r["diff"]["diff"] >= -0.01 - 1e-12 and r["theory_fixed"] >= 1.1]
+    verdict = ("Nothing beats 1.1x within 1 point, not even in theory: the settings that keep the answers run at "
+               "least " + f"{min((r['mean_layers'] for r in done if r['diff']['diff'] >= -0.01 - 1e-12), default=NUM_LAYERS):.2f}"
+               f" of {NUM_LAYERS} layers." if not beats else
+               f"{len(beats)} setting(s) at 1.1x or more in theory within 1 point: " + ", ".join(r["label"] for r in beats)
+               + " (the intervals say how far that holds).")
+    return "**Headline** (" + "; ".join(parts) + "). " + verdict
+
+
 def pct(x: float) -> str:
     return f"{100 * x:.1f}"
 
@@ -251,6 +289,14 @@ def _full_passed(rep: dict[str, Any], r: dict[str, Any]) -> int:
     return int(r["full_passed"] + sum(rep["full_passed_by_pid"].get(p, False) for p in r["pending"]))
 
 
+def planned_settings(bench: str, script: Path = Path("scripts/realwork_run.sh")) -> list[str]:
+    """The settings the run script answers on `bench` (its SETTINGS lines), in its order."""
+    if bench != "humaneval" or not script.is_file():
+        return []
+    text = "".join(re.findall(r'^SETTINGS\+?="([^"]*)"', script.read_text(encoding="utf-8"), flags=re.M))
+    return [w.strip() for w in text.split(";") if w.strip()]
+
+
 def write_all(folder: Path, benches: Sequence[str], summary: Path = Path("results/SUMMARY.md"),
               docs: Path = Path("docs")) -> None:
     reps = {}
@@ -259,6 +305,20 @@ def write_all(folder: Path, benches: Sequence[str], summary: Path = Path("result
         speed_file = folder / f"realwork_{bench}_speed.json"
         speed = json.loads(speed_file.read_text()) if speed_file.is_file() else None
         rep = report(recs, speed, records(folder / f"realwork_{bench}_forced.jsonl"))
+        check_file = folder / f"realwork_{bench}_shortcut_check.json"
+        if check_file.is_file():
+            check = json.loads(check_file.read_text())
+            rep["shortcut_check"] = {k: v for k, v in check.items() if k != "rows"}
+        rep["planned"] = planned_settings(bench)
+        passes = records(folder / f"realwork_{bench}_forced.jsonl")
+        by = by_setting(recs)
+        minutes = {"full": cpu_seconds(list(by.get("full", {}).values())) / 60,
+                   # a record the shortcut settled costs its share of a pass: counted once, with the passes
+                   "settings": sum(cpu_seconds([r for r in v.values() if r.get("via") != "forced"])
+                                   for k, v in by.items() if k != "full") / 60,
+                   "passes": sum(r.get("cpu_elapsed", 0.0) for r in passes) / 60,
+                   "check": rep.get("shortcut_check", {}).get("cpu_s", 0.0) / 60}
+        rep["cpu_minutes"] = {**{k: round(v, 1) for k, v in minutes.items()}, "total": round(sum(minutes.values()), 1)}
         if rep["full"] is None:
             continue
         reps[bench] = rep
@@ -295,6 +355,26 @@ def summary_section(reps: dict[str, dict[str, Any]]) -> str:
         out.append("")
         out.extend(table(rep))
         out.append("")
+        out.append(headline_text(rep))
+        out.append("")
+        cpu = rep.get("cpu_minutes")
+        if cpu:
+            out.append(f"CPU time so far: {cpu['total']:.0f} CPU-minutes (full depth {cpu['full']:.0f}, the settings "
+                       f"{cpu['settings']:.0f} answering freely, their passes over full depth's replies {cpu['passes']:.0f}, the "
+                       f"shortcut's check {cpu['check']:.0f}), float32 on 2 threads of a shared 2-core machine.")
+            out.append("")
+        check = rep.get("shortcut_check")
+        if check:
+            out.append(f"Settings are read over full depth's replies in one pass (the shortcut, docs/realwork.md): checked "
+                       f"on the {check['records']} records written by free decoding on {check['problems']} problems, "
+                       f"{'every one identical' if check['all_identical'] else 'NOT all identical'} (where each "
+                       "setting first changes full depth's reply, with which token; each reply picked whole with its "
+                       f"layers): results/realwork_{bench}_shortcut_check.json.")
+            out.append("")
+        missing = [label for label in rep.get("planned", []) if label not in {r["label"] for r in rep["settings"]}]
+        if missing:
+            out.append(f"Not run yet ({len(missing)} settings of scripts/realwork_run.sh): " + ", ".join(missing) + ".")
+            out.append("")
         out.append(f"Figure: [docs/realwork_{bench}.html](../docs/realwork_{bench}.html). Method, prompt, caveats: "
                    "[docs/realwork.md](../docs/realwork.md).")
         out.append("")

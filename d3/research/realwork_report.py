@@ -20,7 +20,7 @@ NUM_LAYERS = 28
 FIXED_COST_LAYERS = 4.986849303078707  # Qwen2.5-Coder-1.5B's LM head in decoder layers (results/drop_order_qwen25coder.json)
 PUBLISHED = {"humaneval": ("70.7", "Qwen2.5-Coder-1.5B-Instruct's HumanEval in its technical report (chat format, "
                            "full-precision weights)")}
-TOTALS = {"humaneval": 164}
+TOTALS = {"humaneval": 164, "word_sorting": 60}  # word sorting: the first 60 of the seeded shuffle
 LENGTH_BINS = (0, 40, 80, 120, 400)  # full depth's answer length in tokens, for pass@1 by length
 SUMMARY_START = "<!-- realwork:start -->"
 SUMMARY_END = "<!-- realwork:end -->"
@@ -289,9 +289,13 @@ def _full_passed(rep: dict[str, Any], r: dict[str, Any]) -> int:
     return int(r["full_passed"] + sum(rep["full_passed_by_pid"].get(p, False) for p in r["pending"]))
 
 
-def planned_settings(bench: str, script: Path = Path("scripts/realwork_run.sh")) -> list[str]:
-    """The settings the run script answers on `bench` (its SETTINGS lines), in its order."""
-    if bench != "humaneval" or not script.is_file():
+RUN_SCRIPTS = {"humaneval": Path("scripts/realwork_run.sh"), "word_sorting": Path("scripts/realwork_run_word_sorting.sh")}
+
+
+def planned_settings(bench: str) -> list[str]:
+    """The settings the benchmark's run script answers (its SETTINGS lines), in its order."""
+    script = RUN_SCRIPTS.get(bench)
+    if script is None or not script.is_file():
         return []
     text = "".join(re.findall(r'^SETTINGS\+?="([^"]*)"', script.read_text(encoding="utf-8"), flags=re.M))
     return [w.strip() for w in text.split(";") if w.strip()]
@@ -373,7 +377,7 @@ def summary_section(reps: dict[str, dict[str, Any]]) -> str:
             out.append("")
         missing = [label for label in rep.get("planned", []) if label not in {r["label"] for r in rep["settings"]}]
         if missing:
-            out.append(f"Not run yet ({len(missing)} settings of scripts/realwork_run.sh): " + ", ".join(missing) + ".")
+            out.append(f"Not run yet ({len(missing)} settings of {RUN_SCRIPTS[bench]}): " + ", ".join(missing) + ".")
             out.append("")
         out.append(f"Figure: [docs/realwork_{bench}.html](../docs/realwork_{bench}.html). Method, prompt, caveats: "
                    "[docs/realwork.md](../docs/realwork.md).")

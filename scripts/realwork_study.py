@@ -157,8 +157,9 @@ def run(args) -> None:
                 + (f" ({record['via']})" if "via" in record else ""))
 
         free = [label for label in labels if label == "full" or not args.shortcut]
-        if free:
-            answer_many(engine, bench, problems, {k: cfgs[k] for k in free}, args.batch, append, todo)
+        if free:  # only the problems still to answer are decoded (a resumed run forms its batches from them)
+            left = [p for p in problems if any(p.pid in todo[k] for k in free)]
+            answer_many(engine, bench, left, {k: cfgs[k] for k in free}, args.batch, append, todo)
         rest = [label for label in labels if label not in free]
         if rest:  # the shortcut: each setting read over full depth's replies, only the problems it changes answered
             full = {r["pid"]: r for r in read_records(path) if r["setting"] == "full"}

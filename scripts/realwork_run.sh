@@ -20,4 +20,12 @@ SETTINGS+=";unified 0.7;skipdecode 0.7;early_exit 0.7"
 nice -n 19 "$PY" scripts/realwork_study.py run "${COMMON[@]}" --batch 16 --stages "full@all"
 [[ -f results/realwork_humaneval_shortcut_check.json ]] || \
   nice -n 19 "$PY" scripts/realwork_study.py verify "${COMMON[@]}" --batch 8
-nice -n 19 "$PY" scripts/realwork_study.py run "${COMMON[@]}" --batch 16 --stages "${SETTINGS//;/@all;}@all"
+# Five settings to a group ("|"): a group's passes, then the problems each of its settings changes, then the next group,
+# so the first settings are answered on every problem before the later ones are read.
+IFS=';' read -ra ALL <<< "$SETTINGS"
+STAGES=""
+for k in "${!ALL[@]}"; do
+  (( k == 0 )) || { (( k % 5 == 0 )) && STAGES+="|" || STAGES+=";"; }
+  STAGES+="${ALL[$k]}@all"
+done
+nice -n 19 "$PY" scripts/realwork_study.py run "${COMMON[@]}" --batch 16 --stages "$STAGES"

@@ -16,6 +16,7 @@ from transformers.cache_utils import DynamicCache
 
 from d3.adapter import Adapter
 from d3.decoder import shared_prefill
+from d3.schedule import fill_plan, plan
 
 
 CHUNK_ELEMENTS = 1 << 26  # log-probs read out at once: 256 MiB of float32 (256 positions of Gemma 3's vocabulary)
@@ -251,3 +252,160 @@ class Batches:
         scores = [p.score(removed, metric) for p in self.parts]
         total = sum(n)
         return Score(sum(s.value * k for s, k in zip(scores, n)) / total, sum(s.kl * k for s, k in zip(scores, n)) / total)
+
+
+# ---------------------------------------------------------------- a strategy's greedy decode, read in one pass
+
+
+LOGIT_CHUNK = 256  # positions read out through the LM head at once (early exit's checks, the final argmax)
+
+
+@dataclass(frozen=True)
+class ForcedReply:
+    """A strategy read over a given reply (teacher forced): at each reply position s, the token the strategy's
+    greedy decode would pick after the prompt and the reply's first s tokens, the logit margin of that pick over the
+    runner-up, and the layers the token at s runs (token 0 comes out of the full-depth prefill)."""
+
+    predicted: tuple[int, ...]
+    margin: tuple[float, ...]
+    layers: tuple[int, ...]
+
+    def first_change(self, reply: Sequence[int]) -> int | None:
+        """The first position where the strategy would write another token than `reply` (None: it writes `reply`)."""
+        return next((s for s, (a, b) in enumerate(zip(self.predicted, reply)) if a != b), None)
+
+
+class _Filling:
+    """The cache stand-in of `forced_replies`: a decoder layer's `update` hands it the reply positions' keys and
+    values (computed from each position's residual); positions that skip the layer under a copy fill get their
+    source layer's entry instead; it returns the prompt's entries followed by those, and keeps the layer's for the
+    layers above that copy from it. A skipping position's computed entry is its residual's own projection:
+    propagate's fill, kept as it is. Nothing is written into the prompt's cache, so it serves every strategy."""
+
+    def __init__(self, prompt_kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.prompt_kv = prompt_kv
+        self.kv: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(prompt_kv)
+        self.copies: list[tuple[int, torch.Tensor]] = []  # (source layer, bool [B, T]) for the layer about to run
+
+    def update(self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        for src, where in self.copies:
+            src_keys, src_values = self.kv[src]  # type: ignore[misc]  # a source ran below, so it is kept
+            pick = where[:, None, :, None].to(keys.device)
+            keys = torch.where(pick, src_keys.to(keys.device), keys)
+            values = torch.where(pick, src_values.to(values.device), values)
+        self.kv[layer_idx] = (keys, values)
+        past_k, past_v = self.prompt_kv[layer_idx]
+        return torch.cat([past_k.to(keys.device), keys], dim=-2), torch.cat([past_v.to(values.device), values], dim=-2)
+
+
+def prefill_prompts(adapter: Adapter, ids: torch.Tensor, mask: torch.Tensor) -> tuple[Any, torch.Tensor]:
+    """Left-padded prompts ([B, P]) at full depth, as `d3.decoder.prefill` runs them: the decode state and the
+    first token's logits [B, vocab]; `forced_replies(held=...)` reads any number of strategies from it."""
+    from d3.decoder import prefill
+
+    with torch.inference_mode():
+        state, out = prefill(adapter, ids, mask)
+    return state, out.logits
+
+
+def forced_replies(adapter: Adapter, prompts: Sequence[Sequence[int]], replies: Sequence[Sequence[int]],
+                   cfg: Any, held: tuple[Any, torch.Tensor] | None = None) -> list[ForcedReply]:
+    """What `cfg`'s greedy decode (`d3.decoder`: prefill at full depth, then one token at a time through
+    `d3.schedule.plan`, skipped layers filled as `d3.schedule.fill_plan` decides) would pick at every position of
+    each given reply, read in one pass over the replies instead of one step per token.
+
+    The prompts run once at full depth (`prefill_prompts`, or `held`: their prefill, shared by every strategy read
+    from it: it is not changed). Then layer by layer over every reply position at once: a position runs the layer
+    when its token's plan runs it, else keeps its residual and gets the layer's key/value entry by its fill (copy:
+    the source layer's entry at that position, kept from below; propagate: its residual's own projection). Early
+    exit (`EarlyExitConfig`) is decided per position, as a batch of one decides it (`d3.decoder` exits a batch
+    together). So where a strategy's picks equal the reply up to position k, its free-running reply equals the
+    given one up to k: one pass tells whether a setting writes full depth's reply, and where it first leaves it.
+    The same computation as the decode in another summation order: picks agree up to float rounding (`margin` says
+    how close each call was). Not read (ValueError): the none fill, and a copy from a layer above (a plan that
+    skips layer 0)."""
+    from d3.config import EarlyExitConfig
+
+    if not prompts or len(prompts) != len(replies) or any(not p for p in prompts) or any(not r for r in replies):
+        raise ValueError("forced_replies needs as many non-empty prompts as non-empty replies")
+    if cfg.fill == "none":
+        raise ValueError("forced_replies does not read the none fill (its holes)")
+    L, device = adapter.num_layers, adapter.model.device
+    B = len(prompts)
+    if held is None:
+        P = max(len(p) for p in prompts)
+        ids = torch.tensor([[0] * (P - len(p)) + list(p) for p in prompts], device=device)
+        mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts], device=device)
+        held = prefill_prompts(adapter, ids, mask)
+    state, first = held
+    early = cfg if isinstance(cfg, EarlyExitConfig) else None
+    T = max(len(r) for r in replies) - 1  # reply positions fed back: all but each reply's last token
+    picks = first.topk(2, dim=-1)
+    out_rows = [[(int(picks.indices[b, 0]), float(picks.values[b, 0] - picks.values[b, 1]), L)] for b in range(B)]
+    if T > 0:
+        _forced_pass(adapter, state, replies, cfg, early, T, out_rows)
+    return [ForcedReply(tuple(t for t, _, _ in row[:len(r)]), tuple(m for _, m, _ in row[:len(r)]),
+                        tuple(n for _, _, n in row[:len(r)])) for row, r in zip(out_rows, replies)]
+
+
+def _forced_pass(adapter: Adapter, state: Any, replies: Sequence[Sequence[int]], cfg: Any, early: Any, T: int,
+                 out_rows: list[list[tuple[int, float, int]]]) -> None:
+    """`forced_replies`' pass over the reply positions (right padded to T): appends (pick, margin, layers) for
+    reply tokens 1 .. T to each row of `out_rows`."""
+    L, B, device = adapter.num_layers, len(replies), adapter.model.device
+    cont = torch.tensor([list(r[:-1]) + [0] * (T - len(r) + 1) for r in replies], device=device)  # [B, T]
+    real = torch.tensor([[t < len(r) - 1 for t in range(T)] for r in replies], device=device)
+    step = torch.arange(1, T + 1, device=device).expand(B, T)  # position t feeds reply[t]: step t + 1
+    plans = {s: plan(cfg, L, s) for s in range(1, T + 1)}
+    run = torch.ones(B, T, L, dtype=torch.bool, device=device)  # the position runs the layer
+    copy_src = torch.full((B, T, L), -1, dtype=torch.long, device=device)  # the layer a skip copies from
+    if early is None:
+        for s, p in plans.items():
+            ran = set(p.run)
+            run[:, s - 1] = torch.tensor([x in ran for x in range(L)], device=device)
+            for idx, how, src in fill_plan(p.run, [x for x in range(L) if x not in ran], cfg.fill, adapter.layer_types):
+                if how == "copy" and src is not None:
+                    if src > idx:
+                        raise ValueError(f"step {s} copies layer {idx}'s entry from layer {src} above it")
+                    copy_src[:, s - 1, idx] = src
+    exit_after = torch.full((B, T), L - 1, dtype=torch.long, device=device)
+    active = torch.ones(B, T, dtype=torch.bool, device=device)  # early exit: not exited yet
+    last_ran = {k: torch.full((B, T), -1, dtype=torch.long, device=device) for k in set(adapter.layer_types)}
+    prompt_kv = _keys_values(state.cache)
+    with torch.inference_mode():
+        positions = state.next_positions + torch.arange(T, device=device)  # [B, T]
+        mask = torch.cat([state.attention_mask, state.attention_mask.new_ones(B, T)], dim=1)
+        hidden = adapter.embed(cont)
+        masks = adapter.masks(hidden, mask, DynamicCache([(k, v) for k, v in prompt_kv]), positions)
+        ropes = adapter.rope(hidden, positions)
+        cache = _Filling(prompt_kv)
+        for idx in range(L):
+            kind = adapter.layer_types[idx]
+            if early is None:
+                runs, source = run[..., idx], copy_src[..., idx]
+            else:
+                runs = active.clone()
+                if cfg.fill in ("copy", "copy_any_type"):  # fill_plan's nearest lower layer that ran (all did, to the exit)
+                    kinds = [kind] if cfg.fill == "copy" else list(last_ran)
+                    source = torch.stack([last_ran[k] for k in kinds]).amax(0).masked_fill(runs, -1)
+                else:
+                    source = torch.full_like(step, -1)
+            cache.copies = [(int(s), source == s) for s in torch.unique(source).tolist() if s >= 0]
+            out = adapter.run_layer(idx, hidden, masks[kind], ropes[kind], cache, positions)
+            hidden = torch.where(runs[..., None].to(out.device), out, hidden.to(out.device))
+            last_ran[kind] = torch.where(runs, idx, last_ran[kind])
+            if early is not None and idx + 1 >= min(early.min_layers, L) and idx < L - 1:
+                where = (active & real).nonzero(as_tuple=True)
+                for s in range(0, where[0].numel(), LOGIT_CHUNK):
+                    rows, cols = where[0][s:s + LOGIT_CHUNK], where[1][s:s + LOGIT_CHUNK]
+                    probs = torch.softmax(adapter.logits(hidden[rows, cols]), dim=-1).topk(2, dim=-1).values
+                    leave = (probs[:, 0] - probs[:, 1]) >= early.threshold
+                    active[rows[leave], cols[leave]] = False
+                    exit_after[rows[leave], cols[leave]] = idx
+        for b, r in enumerate(replies):
+            n = len(r) - 1
+            for s in range(0, n, LOGIT_CHUNK):
+                top2 = adapter.logits(hidden[b, s:min(n, s + LOGIT_CHUNK)]).topk(2, dim=-1)
+                for t in range(top2.indices.shape[0]):
+                    layers = len(plans[s + t + 1].run) if early is None else int(exit_after[b, s + t]) + 1
+                    out_rows[b].append((int(top2.indices[t, 0]), float(top2.values[t, 0] - top2.values[t, 1]), layers))

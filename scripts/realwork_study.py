@@ -5,6 +5,7 @@ JSONL file as each batch finishes, so the run is resumable (a rerun skips the pr
 Usage:
   nice -n 10 python scripts/realwork_study.py run --bench humaneval --stages "full@all;d3 calibrated a0.998@40;..."
   nice -n 10 python scripts/realwork_study.py speed --bench humaneval --timed "d3 calibrated a0.998" --threads 1
+  nice -n 19 python scripts/realwork_study.py verify --bench humaneval --dtype float32   (the shortcut on the records)
   python scripts/realwork_study.py rescore   (score again the records whose tests hit the first sandbox's wall clock)
   python scripts/realwork_study.py report [--bench humaneval]          (no model: the rows, SUMMARY and the figure)
 
@@ -53,6 +54,11 @@ def results_path(folder: Path, bench: str) -> Path:
     return folder / f"realwork_{bench}.jsonl"
 
 
+def forced_results_path(path: Path) -> Path:
+    """Where each setting's pass over full depth's replies is recorded: realwork_<bench>_forced.jsonl."""
+    return path.with_name(path.name.replace(".jsonl", "_forced.jsonl"))
+
+
 def read_records(path: Path) -> list[dict]:
     if not path.is_file():
         return []
@@ -99,7 +105,7 @@ def run(args) -> None:
     import torch
 
     from d3.cli import load_engine
-    from d3.research.realwork import BENCHMARKS, answer_many
+    from d3.research.realwork import BENCHMARKS, answer_forced, answer_many
 
     torch.set_num_threads(args.threads)
     bench = BENCHMARKS[args.bench]()
@@ -147,9 +153,33 @@ def run(args) -> None:
             with path.open("a", encoding="utf-8") as f:
                 f.write(json.dumps({**meta, **record}) + "\n")
             say(f"  {label}: {record['pid']} {'passed' if record['passed'] else 'failed'}, {record['tokens']} tokens, "
-                f"{record['mean_layers']:.2f} layers, {record['elapsed']:.0f} s into its batch of {record['batch']}")
+                f"{record['mean_layers']:.2f} layers, {record['elapsed']:.0f} s into its batch of {record['batch']}"
+                + (f" ({record['via']})" if "via" in record else ""))
 
-        answer_many(engine, bench, problems, cfgs, args.batch, append, todo)
+        free = [label for label in labels if label == "full" or not args.shortcut]
+        if free:  # only the problems still to answer are decoded (a resumed run forms its batches from them)
+            left = [p for p in problems if any(p.pid in todo[k] for k in free)]
+            answer_many(engine, bench, left, {k: cfgs[k] for k in free}, args.batch, append, todo)
+        rest = [label for label in labels if label not in free]
+        if rest:  # the shortcut: each setting read over full depth's replies, only the problems it changes answered
+            full = {r["pid"]: r for r in read_records(path) if r["setting"] == "full"}
+            missing = sorted({p.pid for p in problems} - set(full))
+            if missing:
+                say(f"  {len(missing)} of these problems have no full-depth reply yet: left for a later run")
+            forced_path = forced_results_path(path)
+            forced_done: dict[str, dict[str, dict]] = {}
+            for row in read_records(forced_path):
+                forced_done.setdefault(row["setting"], {})[row["pid"]] = row
+
+            def forced(label: str, row: dict) -> None:
+                with forced_path.open("a", encoding="utf-8") as f:
+                    f.write(json.dumps({"setting": label, "config": cfgs[label].to_dict(), **row}) + "\n")
+                say(f"  {label}: {row['pid']} read over full depth's reply: "
+                    + ("the same reply" if row["settled"] else f"first change at token {row['first_change']}"
+                       if row["first_change"] is not None else f"a close call ({row['min_margin']:.4f})"))
+
+            answer_forced(engine, bench, problems, {k: cfgs[k] for k in rest}, full, args.batch, append, todo,
+                          forced, forced_done)
         say(f"{', '.join(labels)}: done in {(time.perf_counter() - started) / 60:.1f} min")
 
 
@@ -227,9 +257,65 @@ def rescore(args) -> None:
     say(f"{changed} records scored again")
 
 
+def verify(args) -> None:
+    """The shortcut checked on the records already there (written by free decoding): for every problem, each
+    setting read over full depth's reply must leave it exactly where its recorded reply does, with the recorded
+    reply's token there (or never, where the replies are the same), and every setting read over its own recorded
+    reply must pick every token of it with the recorded layers. Written to results/realwork_<bench>_shortcut_check.json."""
+    import torch
+
+    from d3.cli import load_engine
+    from d3.config import strategy_from_dict
+    from d3.research.realwork import BENCHMARKS, first_change, forced_batch
+
+    torch.set_num_threads(args.threads)
+    bench = BENCHMARKS[args.bench]()
+    path = results_path(Path(args.out_dir), bench.name)
+    out = path.with_name(f"realwork_{bench.name}_shortcut_check.json")
+    recs = [r for r in read_records(path) if r.get("via") is None]  # the freely decoded ones only
+    full = {r["pid"]: r for r in recs if r["setting"] == "full"}
+    by_id = {p.pid: p for p in bench.problems}
+    args.device = "cpu"
+    engine = load_engine(args)
+    rows, t0, c0 = [], time.perf_counter(), time.process_time()
+    tried = {r["pid"] for r in recs if r["setting"] != "full"}  # problems some setting answered besides full depth
+    recs = [r for r in recs if r["pid"] in tried]
+    pids = sorted(tried & set(full), key=lambda pid: len(by_id[pid].prompt))
+    for i in range(0, len(pids), args.batch):
+        part = [by_id[pid] for pid in pids[i:i + args.batch]]
+        mine = [r for r in recs if r["pid"] in {p.pid for p in part}]
+        labels = sorted({r["setting"] for r in mine})
+        cfgs = {label: engine.resolve(strategy_from_dict(next(r["config"] for r in mine if r["setting"] == label)))
+                for label in labels}
+        over_full = forced_batch(engine, part, [full[p.pid]["ids"] for p in part], cfgs)
+        for r in mine:
+            k = next(j for j, p in enumerate(part) if p.pid == r["pid"])
+            f = over_full[r["setting"]][k]
+            want = first_change(full[r["pid"]]["ids"], r["ids"])
+            got = f.first_change(full[r["pid"]]["ids"])
+            same_place = got == want and (want is None or f.predicted[want] == r["ids"][want])
+            own = f if r["ids"] == full[r["pid"]]["ids"] else \
+                forced_batch(engine, [part[k]], [r["ids"]], {r["setting"]: cfgs[r["setting"]]})[r["setting"]][0]
+            layers = [n for n, c in r["layer_steps"] for _ in range(c)]
+            rows.append({"setting": r["setting"], "pid": r["pid"], "tokens": r["tokens"], "recorded_first_change": want,
+                         "forced_first_change": got, "same_place_and_token": same_place,
+                         "own_reply_reproduced": own.predicted == tuple(r["ids"]), "own_layers_reproduced":
+                         list(own.layers) == layers, "min_margin_own": round(min(own.margin), 5)})
+            say(f"verify {r['setting']} {r['pid']}: first change recorded {want}, forced {got}; own reply "
+                f"{'reproduced' if rows[-1]['own_reply_reproduced'] else 'NOT reproduced'}")
+    ok = all(x["same_place_and_token"] and x["own_reply_reproduced"] and x["own_layers_reproduced"] for x in rows)
+    result = {"records": len(rows), "problems": len(pids), "all_identical": ok,
+              "settings": sorted({x["setting"] for x in rows}), "cpu_s": round(time.process_time() - c0, 1),
+              "wall_s": round(time.perf_counter() - t0, 1), "model": engine.name,
+              "dtype": str(engine.adapter.layers[0].self_attn.q_proj.weight.dtype).removeprefix("torch."),
+              "rows": rows}
+    out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    say(f"shortcut check: {len(rows)} records, all identical: {ok} -> {out}")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("part", choices=["run", "speed", "rescore", "report"])
+    p.add_argument("part", choices=["run", "speed", "rescore", "report", "verify"])
     p.add_argument("--bench", default="humaneval")
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
     p.add_argument("--dtype", default="auto", help="auto: the model's own (bfloat16 for qwen2.5-coder-1.5b)")
@@ -241,6 +327,9 @@ def main() -> int:
                    "benchmark's, 300 for HumanEval); lower only where no full-depth reply reached it")
     p.add_argument("--horizon", type=int, default=100, help="tokens SkipDecode's and Unified's planned depth is set over")
     p.add_argument("--out-dir", default="results")
+    p.add_argument("--shortcut", action=argparse.BooleanOptionalAction, default=True,
+                   help="settings other than full depth: read each over full depth's reply in one pass and answer "
+                   "freely only the problems where it changes (default); --no-shortcut answers every problem freely")
     p.add_argument("--timed", default="", help="speed: settings (labels, ';'-separated) timed against full depth")
     p.add_argument("--pairs", type=int, default=8, help="speed: ABBA pairs per setting (at least 8)")
     p.add_argument("--timing-problems", type=int, default=2, help="speed: problems answered per timed run")
@@ -251,6 +340,8 @@ def main() -> int:
         speed(args)
     elif args.part == "rescore":
         rescore(args)
+    elif args.part == "verify":
+        verify(args)
     else:
         from d3.research.realwork_report import write_all
 

@@ -128,3 +128,36 @@ def test_word_sorting_asks_long_lists_and_scores_the_words_in_order() -> None:
     assert p.prompt.count("Q: ") == 4 and p.prompt.endswith("\nA:")
     assert len(p.data["target"].split()) >= WORD_SORTING_MIN_WORDS
     assert bench.score(p, " " + p.data["target"])[0] and not bench.score(p, " " + p.data["target"][::-1])[0]
+
+
+@pytest.mark.parametrize("batch", [2, 4])
+def test_the_shortcut_gives_every_setting_the_records_its_free_decode_gives(tiny_engine, batch) -> None:
+    """answer_forced (each setting read over full depth's replies, only the problems it changes answered freely)
+    gives every setting the same replies, verdicts and layers as answering every problem freely; both ways are used
+    (some replies kept, some changed), and each pass's outcome is handed over once."""
+    from d3.config import EarlyExitConfig
+    from d3.research.realwork import answer_forced
+
+    problems = tuple(Problem(f"p{i}", p) for i, p in enumerate(PROMPTS))
+    bench = Benchmark("toy", problems, STOPS, 16, lambda p, c: (len(c) % 2 == 0, "parity"))
+    full = {r["pid"]: r for r in answer(tiny_engine, bench, problems, FullConfig(), batch=batch)}
+    settings = {"a": D3Config(alpha=0.8, core_head=1, core_tail=1), "b": D3Config(alpha=0.95, drop_order="bottom_up"),
+                "c": UnifiedConfig(ratio=2.0), "e": EarlyExitConfig(threshold=0.02, min_layers=2),
+                "late": D3Config(alpha=0.8, start=12)}  # skips from the 13th token on: some replies are kept
+    got: dict[str, dict[str, dict]] = {k: {} for k in settings}
+    seen: list[tuple[str, str]] = []
+    answer_forced(tiny_engine, bench, problems, settings, full, batch, lambda k, r: got[k].__setitem__(r["pid"], r),
+                  {k: {p.pid for p in problems} for k in settings}, lambda k, row: seen.append((k, row["pid"])))
+    assert sorted(seen) == sorted((k, p.pid) for k in settings for p in problems)
+    vias = set()
+    for label, cfg in settings.items():
+        one_at_a_time = 1 if label == "e" else batch  # early exit's exit is decided per batch: read per problem
+        free = {r["pid"]: r for r in answer(tiny_engine, bench, problems, cfg, batch=one_at_a_time)}
+        for pid, r in free.items():
+            mine = got[label][pid]
+            vias.add(mine["via"])
+            for key in ("ids", "completion", "passed", "layers", "mean_layers", "layer_steps"):
+                assert mine[key] == r[key], (label, pid, key)
+            if mine["via"] == "generated":
+                assert mine["forced_agrees"] and mine["forced_first_change"] == first_change(full[pid]["ids"], r["ids"])
+    assert vias == {"forced", "generated"}

@@ -26,9 +26,43 @@ def test_the_report_pairs_each_setting_with_full_depth_on_the_same_problems(tmp_
     assert row["mean_layers"] == 26 and row["theory_plain"] == round(28 / 26, 4)
     assert curve("d3 calibrated s24 a0.998") == "d3 calibrated s24" and curve("unified 0.95") == "unified"
     assert len(figure(rep, "toy").data) >= 3
+    from d3.research.realwork_report import headline_text
+
+    words = headline_text(rep)  # the one setting loses a point net of nothing (1 lost, 1 won): within 1 point
+    assert "within 1 point (paired point estimate): d3 calibrated a0.998, 26.00 of 28 layers" in words
+    assert "Nothing beats 1.1x within 1 point" in words  # 28 / 26 layers with the LM head as fixed cost: 1.06x
     summary = tmp_path / "SUMMARY.md"
     summary.write_text("# older results\n")
     write_summary(summary, {"toy": rep})
     write_summary(summary, {"toy": rep})  # replaced, not repeated
     text = summary.read_text()
     assert text.count("D3 on real work") == 1 and text.endswith("# older results\n")
+
+
+def test_a_setting_with_changed_problems_still_to_answer_is_shown_pending_not_paired() -> None:
+    """The shortcut's passes say which problems a setting changes before they are answered: a setting with some
+    left is not paired on its unchanged problems alone (that would read +0.0); its pass@1 is a range, its same-code
+    count and first changes come from the passes, and it is left out of the headline and the frontier."""
+    from d3.research.realwork_report import figure, report, table
+
+    recs = [_rec("full", f"p{i}", i % 2 == 0, [1, 2, 3, 4]) for i in range(4)]
+    recs += [_rec("d3 calibrated a0.995", "p0", True, [1, 2, 3, 4], 25),
+             _rec("d3 calibrated a0.995", "p1", False, [1, 2, 3, 4], 25)]
+    forced = [{"setting": "d3 calibrated a0.995", "pid": "p0", "first_change": None, "settled": True},
+              {"setting": "d3 calibrated a0.995", "pid": "p1", "first_change": None, "settled": True},
+              {"setting": "d3 calibrated a0.995", "pid": "p2", "first_change": 2, "settled": False},
+              {"setting": "d3 calibrated a0.995", "pid": "p3", "first_change": 1, "settled": False},
+              {"setting": "d3 bottom_up a0.99", "pid": "p0", "first_change": 0, "settled": False}]
+    rep = report(recs, forced=forced)
+    rows = {r["label"]: r for r in rep["settings"]}
+    row = rows["d3 calibrated a0.995"]
+    assert row["pending"] == ["p2", "p3"] and not row["complete"]
+    assert row["forced"]["same"] == 2 and sorted(row["forced"]["first_changes"], key=str) == [1, 2, None, None]
+    assert rows["d3 bottom_up a0.99"]["n"] == 0 and rows["d3 bottom_up a0.99"]["pending"] == ["p0"]
+    assert rep["headline"]["1pt"] == {"bounded": None, "point": None}
+    text = "\n".join(table(rep))
+    assert "2 of 4 answered (2 changed, pending)" in text and "between 1/4 and 3/4 (full 2/4)" in text
+    assert "| 2/4 |" in text  # the same code as full depth, from the passes
+    fig = figure(rep, "toy")
+    assert not [t for t in fig.data if t.type == "scatter"]  # no frontier point for a pending setting
+    assert any(t.type == "histogram" and "2 of 4 changed" in t.name for t in fig.data)

@@ -159,3 +159,92 @@ def test_a_heads_logits_are_its_scaled_product_where_it_is_linear(model_type) ->
     with torch.inference_mode():
         product = scale * (adapter.final_norm(hidden) @ weight.T + (bias if bias is not None else 0))
         torch.testing.assert_close(adapter.logits(hidden), product, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------- forced_replies: a strategy's decode in one pass
+
+
+def _forced_strategies():
+    from d3.config import D3Config, EarlyExitConfig, FullConfig, SkipDecodeConfig, UnifiedConfig
+
+    return [FullConfig(), D3Config(alpha=0.8, core_head=1, core_tail=1),
+            D3Config(alpha=0.8, core_head=1, core_tail=1, drop_order="calibrated", layer_order=(3, 1, 4, 2)),
+            D3Config(alpha=0.75, drop_order="middle_out"), D3Config(alpha=0.8, drop_order="bottom_up"),
+            D3Config(alpha=0.7, start=3), D3Config(alpha=0.8, fill="propagate"), D3Config(alpha=0.8, fill="copy_any_type"),
+            SkipDecodeConfig(max_layers=4, min_layers=2, horizon=8), UnifiedConfig(ratio=2.0),
+            EarlyExitConfig(threshold=0.02, min_layers=2), EarlyExitConfig(threshold=0.02, min_layers=2, fill="copy")]
+
+
+FORCED_PROMPTS = ["hello there", "a", "the quick brown fox jumps", "zz top 42, and more"]
+
+
+@pytest.mark.parametrize("cfg", _forced_strategies(), ids=lambda c: c.describe())
+def test_a_strategys_forced_picks_over_its_own_replies_are_its_replies(tiny_engine, cfg) -> None:
+    """Every strategy of the study, forced over the reply its own decode wrote (one prompt at a time: early exit
+    decides per batch), picks every token of it and reports the layers each ran; early exit's exits are read per
+    position."""
+    from d3.research.realwork import answer_batch
+    from d3.teacher_forced import forced_replies
+
+    replies = [answer_batch(tiny_engine, [p], cfg, 20)[0] for p in FORCED_PROMPTS]
+    prompts = [tiny_engine.encode([p], chat_template=False)[0][0].tolist() for p in FORCED_PROMPTS]
+    forced = forced_replies(tiny_engine.adapter, prompts, [list(r.ids) for r in replies], tiny_engine.resolve(cfg))
+    for f, r in zip(forced, replies):
+        assert f.predicted == r.ids and f.first_change(r.ids) is None
+        assert f.layers == r.layers
+    if type(cfg).__name__ != "FullConfig":
+        assert any(min(r.layers) < tiny_engine.num_layers for r in replies)  # something was skipped
+
+
+@pytest.mark.parametrize("cfg", _forced_strategies()[1:], ids=lambda c: c.describe())
+def test_forced_over_full_depths_replies_a_strategy_leaves_them_where_its_own_decode_does(tiny_engine, cfg) -> None:
+    """The shortcut: forced over full depth's replies, a strategy picks full depth's token up to the first position
+    where its own free decode differs, and there picks its own decode's token; where it never differs the replies are
+    the same."""
+    from d3.config import FullConfig
+    from d3.research.realwork import answer_batch, first_change
+    from d3.teacher_forced import forced_replies
+
+    full = answer_batch(tiny_engine, FORCED_PROMPTS, FullConfig(), 20)
+    own = [answer_batch(tiny_engine, [p], cfg, 20)[0] for p in FORCED_PROMPTS]
+    prompts = [tiny_engine.encode([p], chat_template=False)[0][0].tolist() for p in FORCED_PROMPTS]
+    forced = forced_replies(tiny_engine.adapter, prompts, [list(r.ids) for r in full], tiny_engine.resolve(cfg))
+    changed = 0
+    for f, a, b in zip(forced, full, own):
+        k = first_change(a.ids, b.ids)
+        if k is None or k >= len(a.ids):  # the same reply (or full depth's, ended, is a prefix of the other's: no)
+            assert f.first_change(a.ids) is None and a.ids == b.ids
+        else:
+            changed += 1
+            assert f.first_change(a.ids) == k and f.predicted[k] == b.ids[k]
+    assert changed  # the tiny model's replies do change under these settings
+
+
+def test_forced_replies_refuses_what_it_does_not_read(tiny_engine) -> None:
+    from d3.config import D3Config, SkipDecodeConfig
+    from d3.teacher_forced import forced_replies
+
+    with pytest.raises(ValueError, match="none fill"):
+        forced_replies(tiny_engine.adapter, [[1, 2]], [[3, 4]], D3Config(alpha=0.5, fill="none"))
+    with pytest.raises(ValueError, match="above it"):
+        forced_replies(tiny_engine.adapter, [[1, 2]], [[3, 4, 5]], SkipDecodeConfig(max_layers=4, min_layers=2, warmup=0))
+    with pytest.raises(ValueError, match="non-empty"):
+        forced_replies(tiny_engine.adapter, [[1, 2]], [[]], D3Config(alpha=0.5))
+
+
+def test_one_prefill_serves_every_strategy_read_from_it(tiny_engine) -> None:
+    """`held`: the prompts' prefill, read by several strategies in turn, is left as it was: each reads what it
+    reads from a prefill of its own."""
+    from d3.config import D3Config, EarlyExitConfig
+    from d3.teacher_forced import forced_replies, prefill_prompts
+
+    ids, mask = tiny_engine.encode(FORCED_PROMPTS, chat_template=False)
+    prompts = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
+    replies = [[5, 9, 11, 3, 7], [2, 4], [8, 8, 8, 1, 2, 3, 4], [6]]
+    held = prefill_prompts(tiny_engine.adapter, ids, mask)
+    cfgs = [D3Config(alpha=0.7), EarlyExitConfig(threshold=0.02, min_layers=2), D3Config(alpha=0.7, drop_order="bottom_up")]
+    shared = [forced_replies(tiny_engine.adapter, prompts, replies, c, held=held) for c in cfgs]
+    alone = [forced_replies(tiny_engine.adapter, prompts, replies, c) for c in cfgs]
+    for a, b in zip(shared, alone):
+        assert [f.predicted for f in a] == [f.predicted for f in b] and [f.layers for f in a] == [f.layers for f in b]
+        assert [len(f.margin) for f in a] == [len(r) for r in replies]

@@ -296,3 +296,93 @@ def first_change(a: Sequence[int], b: Sequence[int]) -> int | None:
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))
+
+
+# ---------------------------------------------------------------- the shortcut: a setting read over full depth's reply
+
+
+FORCED_MARGIN = 0.01  # logits: a pick this close to its runner-up is not left to the pass (float rounding could flip it)
+
+
+def forced_batch(engine: Any, problems: Sequence[Problem], replies: Sequence[Sequence[int]],
+                 strategies: dict[str, StrategyConfig]) -> dict[str, list[Any]]:
+    """Each strategy read over the given replies (`d3.teacher_forced.forced_replies`), the prompts prefilled once
+    for all of them as `prefill_batch` prefills them."""
+    from d3.teacher_forced import forced_replies, prefill_prompts
+
+    ids, mask = engine.encode([p.prompt for p in problems], chat_template=False)
+    prompts = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
+    with engine.lock:
+        held = prefill_prompts(engine.adapter, ids, mask)
+        return {label: forced_replies(engine.adapter, prompts, [list(r) for r in replies], cfg, held=held)
+                for label, cfg in strategies.items()}
+
+
+def forced_verdict(forced: Any, reply: Sequence[int]) -> tuple[int | None, float, bool]:
+    """(the first position where the strategy leaves `reply` or None, the smallest margin up to and including it,
+    settled: whether the pass alone says the strategy writes `reply`: no change and no close call)."""
+    k = forced.first_change(reply)
+    margin = min(forced.margin[:len(reply) if k is None else k + 1])
+    return k, margin, k is None and margin >= FORCED_MARGIN
+
+
+def answer_forced(engine: Any, bench: Benchmark, problems: Sequence[Problem], strategies: dict[str, StrategyConfig],
+                  full: dict[str, dict[str, Any]], batch: int, on_record: Callable[[str, dict[str, Any]], None],
+                  todo: dict[str, set[str]], on_forced: Callable[[str, dict[str, Any]], None],
+                  forced_done: dict[str, dict[str, dict[str, Any]]] | None = None) -> None:
+    """Each strategy on the problems full depth has answered (`full`: pid -> its record), in two passes.
+
+    First, batch after batch, one pass of every strategy over full depth's reply (`forced_batch`, the batch's
+    prompts prefilled once for all): on_forced(label, row) gets each outcome (where the strategy first leaves
+    the reply, the smallest margin, whether that settles it). Where a strategy never leaves it and no pick was a
+    close call, its greedy reply is full depth's: the record (via "forced") is full depth's reply, text and verdict
+    with the strategy's own layers, handed to on_record at once. Then, strategy after strategy in the order given,
+    the problems it changes are answered freely (`answer_many`, `batch` at a time; early exit one at a time, as
+    its exit is decided per batch), each record (via "generated") keeping where the pass said it would change.
+    `forced_done`: label -> pid -> the outcomes already recorded (a resumed run reads no problem twice)."""
+    done = {label: dict((forced_done or {}).get(label, {})) for label in strategies}
+    order = sorted([p for p in problems if p.pid in full], key=lambda p: len(p.prompt))
+    for i in range(0, len(order), batch):
+        part = order[i:i + batch]
+        labels = [k for k in strategies if any(p.pid in todo[k] and p.pid not in done[k] for p in part)]
+        if not labels:
+            continue
+        t0, c0 = time.perf_counter(), time.process_time()
+        replies = [full[p.pid]["ids"] for p in part]
+        forced = forced_batch(engine, part, replies, {k: strategies[k] for k in labels})
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+        batch_id = f"{time.time():.3f}"
+        for label in labels:
+            mine = [k for k, p in enumerate(part) if p.pid in todo[label] and p.pid not in done[label]]
+            for k in mine:
+                p, f = part[k], forced[label][k]
+                first, margin, settled = forced_verdict(f, replies[k])
+                row = {"pid": p.pid, "first_change": first, "min_margin": round(margin, 5), "settled": settled,
+                       "tokens": len(replies[k]), "layers": list(f.layers[:len(replies[k]) if first is None else first + 1]),
+                       "batch": len(part), "batch_id": batch_id, "elapsed": round(elapsed, 3),
+                       "cpu_elapsed": round(cpu / (len(mine) * len(labels)), 3)}
+                on_forced(label, row)
+                done[label][p.pid] = row
+                if settled:
+                    base = full[p.pid]
+                    on_record(label, {"pid": p.pid, "passed": base["passed"], "status": base["status"],
+                                      "completion": base["completion"], "ids": list(base["ids"]),
+                                      "tokens": len(base["ids"]), "layers": sum(f.layers),
+                                      "mean_layers": round(sum(f.layers) / len(f.layers), 4),
+                                      "layer_steps": _runs(f.layers), "batch": len(part), "batch_id": batch_id,
+                                      "elapsed": round(elapsed, 3), "cpu_elapsed": row["cpu_elapsed"],
+                                      "shared_prefill": True, "via": "forced", "forced_first_change": None,
+                                      "forced_margin": row["min_margin"]})
+    by_id = {p.pid: p for p in order}
+    for label, cfg in strategies.items():
+        free = [by_id[pid] for pid, row in done[label].items() if pid in todo[label] and pid in by_id and not row["settled"]]
+        if not free:
+            continue
+
+        def generated(_label: str, r: dict[str, Any], label: str = label) -> None:
+            row = done[label][r["pid"]]
+            agrees = first_change(full[r["pid"]]["ids"], r["ids"]) == row["first_change"]
+            on_record(label, {**r, "via": "generated", "forced_first_change": row["first_change"],
+                              "forced_margin": row["min_margin"], "forced_agrees": agrees})
+
+        answer_many(engine, bench, free, {label: cfg}, 1 if isinstance(cfg, EarlyExitConfig) else batch, generated)

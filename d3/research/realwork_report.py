@@ -20,7 +20,7 @@ NUM_LAYERS = 28
 FIXED_COST_LAYERS = 4.986849303078707  # Qwen2.5-Coder-1.5B's LM head in decoder layers (results/drop_order_qwen25coder.json)
 PUBLISHED = {"humaneval": ("70.7", "Qwen2.5-Coder-1.5B-Instruct's HumanEval in its technical report (chat format, "
                            "full-precision weights)")}
-TOTALS = {"humaneval": 164}
+TOTALS = {"humaneval": 164, "word_sorting": 60}  # word sorting: the first 60 of the seeded shuffle
 LENGTH_BINS = (0, 40, 80, 120, 400)  # full depth's answer length in tokens, for pass@1 by length
 SUMMARY_START = "<!-- realwork:start -->"
 SUMMARY_END = "<!-- realwork:end -->"
@@ -66,6 +66,19 @@ def seconds(recs: Sequence[dict[str, Any]]) -> float:
     return sum(ends.values())
 
 
+def cpu_seconds(recs: Sequence[dict[str, Any]]) -> float:
+    """CPU time the records took: a freely decoded batch's is its last reply's (each record counts from the batch's
+    start); a record settled by the shortcut carries its own share of its pass."""
+    ends: dict[str, float] = {}
+    shares = 0.0
+    for r in recs:
+        if r.get("via") == "forced":
+            shares += r.get("cpu_elapsed", 0.0)
+        else:
+            ends[r["batch_id"]] = max(ends.get(r["batch_id"], 0.0), r.get("cpu_elapsed", 0.0))
+    return shares + sum(ends.values())
+
+
 def full_row(full: dict[str, dict[str, Any]]) -> dict[str, Any]:
     recs = list(full.values())
     rate = exact_rate([r["passed"] for r in recs]).to_dict()
@@ -79,9 +92,15 @@ def full_row(full: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "dtype": recs[0].get("dtype"), "at_cap": sum(r["tokens"] >= (r.get("max_new_tokens") or 10**9) for r in recs)}
 
 
-def setting_row(label: str, rows: dict[str, dict[str, Any]], full: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """A setting against full depth on the problems both answered."""
+def setting_row(label: str, rows: dict[str, dict[str, Any]], full: dict[str, dict[str, Any]],
+                forced: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A setting against full depth on the problems both answered. `forced`: pid -> the setting's pass over full
+    depth's reply (the shortcut), which says for every problem it read whether the reply changes and where, before
+    the changed ones are answered: `pending` lists the changed problems not answered yet (pass@1 and the paired
+    difference then cover the answered problems only: `complete` says whether any is left)."""
+    forced = {p: f for p, f in (forced or {}).items() if p in full}
     pids = [p for p in rows if p in full]
+    pending = sorted(p for p, f in forced.items() if p not in rows)
     mine, ref = [rows[p] for p in pids], [full[p] for p in pids]
     tokens = sum(r["tokens"] for r in mine)
     layers = sum(r["layers"] for r in mine) / max(tokens, 1)
@@ -93,13 +112,18 @@ def setting_row(label: str, rows: dict[str, dict[str, Any]], full: dict[str, dic
             "diff": exact_difference([r["passed"] for r in ref], [r["passed"] for r in mine]).to_dict() if mine else None,
             "fidelity": exact_rate([a["completion"] == b["completion"] for a, b in zip(ref, mine)]).to_dict() if mine else None,
             "mean_layers": round(layers, 3), "depth": round(layers / NUM_LAYERS, 4), "tokens": tokens,
-            "theory_fixed": round(theoretical_speedup([layers], NUM_LAYERS, FIXED_COST_LAYERS), 4),
-            "theory_plain": round(theoretical_speedup([layers], NUM_LAYERS), 4),
+            "theory_fixed": round(theoretical_speedup([layers], NUM_LAYERS, FIXED_COST_LAYERS), 4) if mine else None,
+            "theory_plain": round(theoretical_speedup([layers], NUM_LAYERS), 4) if mine else None,
             # not a controlled timing (other jobs share the machine; batches differ): the ABBA timing is `speed`
-            "batch_speedup": round((ref_secs / max(ref_tokens, 1)) / max(secs / max(tokens, 1), 1e-12), 3),
+            "batch_speedup": round((ref_secs / max(ref_tokens, 1)) / max(secs / max(tokens, 1), 1e-12), 3)
+            if mine else None,
             "first_changes": [c for c in changes],
             "lost": [p for p, a, b in zip(pids, ref, mine) if a["passed"] and not b["passed"]],
-            "won": [p for p, a, b in zip(pids, ref, mine) if b["passed"] and not a["passed"]]}
+            "won": [p for p, a, b in zip(pids, ref, mine) if b["passed"] and not a["passed"]],
+            "pending": pending, "complete": not pending,
+            "forced": {"n": len(forced), "same": sum(bool(f["settled"]) for f in forced.values()),
+                       "first_changes": [f["first_change"] for f in forced.values()],
+                       "pids": sorted(forced)} if forced else None}
 
 
 def by_length(full: dict[str, dict[str, Any]], rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -115,18 +139,23 @@ def by_length(full: dict[str, dict[str, Any]], rows: dict[str, dict[str, Any]]) 
     return out
 
 
-def report(recs: Sequence[dict[str, Any]], speed: dict[str, Any] | None = None) -> dict[str, Any]:
+def report(recs: Sequence[dict[str, Any]], speed: dict[str, Any] | None = None,
+           forced: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """Full depth's row and each setting's (`forced`: the shortcut's passes over full depth's replies)."""
     groups = by_setting(recs)
     if "full" not in groups:
         return {"settings": [], "full": None}
     full = groups["full"]
-    rows = [setting_row(label, rows, full) for label, rows in groups.items() if label != "full"]
+    passes = by_setting(forced)
+    labels = [k for k in groups if k != "full"] + [k for k in passes if k not in groups]
+    rows = [setting_row(label, groups.get(label, {}), full, passes.get(label)) for label in labels]
     for row in rows:
-        row["by_length"] = by_length(full, groups[row["label"]])
+        row["by_length"] = by_length(full, groups.get(row["label"], {}))
         if speed and row["label"] in speed:
             row["speed"] = speed[row["label"]]
     rows.sort(key=lambda r: (r["curve"], -r["mean_layers"]))
-    return {"full": full_row(full), "settings": rows, "headline": headlines(rows)}
+    return {"full": full_row(full), "settings": rows, "headline": headlines(rows),
+            "full_passed_by_pid": {p: bool(r["passed"]) for p, r in full.items()}}
 
 
 def headlines(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -134,6 +163,7 @@ def headlines(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     and the interval's lower end are both within the bound (a loss of at most the bound that the data cannot rule
     out being larger is said so)."""
     out: dict[str, Any] = {}
+    rows = [r for r in rows if r.get("complete", True)]  # a setting with changed problems still to answer: not yet
     for bound in (0.01, 0.03):
         ok = [r for r in rows if r["diff"] and r["diff"]["low"] >= -bound - 1e-12]
         best = min(ok, key=lambda r: r["mean_layers"], default=None)
@@ -156,7 +186,8 @@ def figure(rep: dict[str, Any], bench: str) -> Any:
         "pass@1 by full depth's answer length"))
     curves: dict[str, list[dict[str, Any]]] = {}
     for r in rep["settings"]:
-        curves.setdefault(r["curve"], []).append(r)
+        if r["diff"] and r.get("complete", True):
+            curves.setdefault(r["curve"], []).append(r)
     for name, rs in curves.items():
         rs = sorted(rs, key=lambda r: r["mean_layers"])
         fig.add_trace(go.Scatter(
@@ -167,12 +198,14 @@ def figure(rep: dict[str, Any], bench: str) -> Any:
                   f"{r['fidelity']['same']}/{r['n']}" for r in rs], hoverinfo="text+x+y"), row=1, col=1)
     for r in rep["settings"]:
         if r["curve"].startswith("d3"):
-            xs = [c for c in r["first_changes"] if c is not None]
+            fo = r.get("forced")  # the pass over full depth's replies says where, for every problem it read
+            changes, n = (fo["first_changes"], fo["n"]) if fo and fo["n"] >= r["n"] else (r["first_changes"], r["n"])
+            xs = [c for c in changes if c is not None]
             if xs:
-                fig.add_trace(go.Histogram(x=xs, name=f"{r['label']} ({len(xs)} of {r['n']} changed)", opacity=0.6,
+                fig.add_trace(go.Histogram(x=xs, name=f"{r['label']} ({len(xs)} of {n} changed)", opacity=0.6,
                                            xbins=dict(start=0, size=10), legendgroup="hist", visible=True
                                            if r["curve"] == "d3 calibrated" else "legendonly"), row=1, col=2)
-    shown = [r for r in rep["settings"] if r["curve"] == "d3 calibrated"]
+    shown = [r for r in rep["settings"] if r["curve"] == "d3 calibrated" and r.get("complete", True) and r["n"]]
     if shown:
         bins = [b["bin"] for b in shown[0]["by_length"]]
         fig.add_trace(go.Bar(x=bins, y=[100 * b["full"] for b in shown[0]["by_length"]], name="full depth",
@@ -188,6 +221,31 @@ def figure(rep: dict[str, Any], bench: str) -> Any:
     fig.update_layout(title=f"D3 on real work: {bench}, qwen2.5-coder-1.5b", barmode="group", height=520,
                       width=1500)
     return fig
+
+
+def headline_text(rep: dict[str, Any]) -> str:
+    """The headline in words: the largest theoretical speedup (LM head as fixed cost) among the settings answered
+    on every problem they were read on whose paired loss is at most 1 and at most 3 points, and whether any beats
+    1.1x within 1 point; measured speedups only where timed."""
+    done = [r for r in rep["settings"] if r.get("complete", True) and r["diff"]]
+    parts = []
+    for bound in (1, 3):
+        ok = [r for r in done if r["diff"]["diff"] >= -bound / 100 - 1e-12]
+        best = max(ok, key=lambda r: r["theory_fixed"], default=None)
+        timed = [r for r in ok if r.get("speed")]
+        fastest = max(timed, key=lambda r: r["speed"]["ratio"], default=None)
+        parts.append(f"within {bound} point{'s' if bound > 1 else ''} (paired point estimate): "
+                     + (f"{best['label']}, {best['mean_layers']:.2f} of {NUM_LAYERS} layers, theory "
+                        f"{best['theory_fixed']:.2f}x (n={best['n']})" if best else "no setting")
+                     + (f", measured {fastest['speed']['ratio']:.2f}x ({fastest['label']})" if fastest
+                        else ", no measured (ABBA) speedup yet"))
+    beats = [r for r in done if r["diff"]["diff"] >= -0.01 - 1e-12 and r["theory_fixed"] >= 1.1]
+    verdict = ("Nothing beats 1.1x within 1 point, not even in theory: the settings that keep the answers run at "
+               "least " + f"{min((r['mean_layers'] for r in done if r['diff']['diff'] >= -0.01 - 1e-12), default=NUM_LAYERS):.2f}"
+               f" of {NUM_LAYERS} layers." if not beats else
+               f"{len(beats)} setting(s) at 1.1x or more in theory within 1 point: " + ", ".join(r["label"] for r in beats)
+               + " (the intervals say how far that holds).")
+    return "**Headline** (" + "; ".join(parts) + "). " + verdict
 
 
 def pct(x: float) -> str:
@@ -208,11 +266,39 @@ def table(rep: dict[str, Any]) -> list[str]:
     for r in sorted(rep["settings"], key=lambda r: -r["mean_layers"]):
         sp = r.get("speed")
         speed = f"{sp['ratio']:.2f}x [{sp['low']:.2f}, {sp['high']:.2f}]" if sp else "not timed"
-        lines.append(f"| {r['label']} | {r['n']} | {r['mean_layers']:.2f} ({pct(r['depth'])}%) | {r['passed']}/{r['n']} "
-                     f"(full {r['full_passed']}/{r['n']}) | {diff_text(r['diff'])} | {r['diff']['lost']} / "
-                     f"{r['diff']['won']} | {r['fidelity']['same']}/{r['n']} | {r['theory_fixed']:.2f}x / "
-                     f"{r['theory_plain']:.2f}x | {speed} |")
+        fo = r.get("forced")
+        same = f"{fo['same']}/{fo['n']}" if fo and fo["n"] >= r["n"] else (
+            f"{r['fidelity']['same']}/{r['n']}" if r["fidelity"] else "")
+        if r.get("complete", True) and r["diff"]:
+            lines.append(f"| {r['label']} | {r['n']} | {r['mean_layers']:.2f} ({pct(r['depth'])}%) | "
+                         f"{r['passed']}/{r['n']} (full {r['full_passed']}/{r['n']}) | {diff_text(r['diff'])} | "
+                         f"{r['diff']['lost']} / {r['diff']['won']} | {same} | {r['theory_fixed']:.2f}x / "
+                         f"{r['theory_plain']:.2f}x | {speed} |")
+            continue
+        # the changed problems not answered yet: pass@1 lies between all of them failing and all passing
+        n, k = r["n"] + len(r["pending"]), len(r["pending"])
+        layers = f"{r['mean_layers']:.2f} on the {r['n']} answered" if r["n"] else "pending"
+        lines.append(f"| {r['label']} | {r['n']} of {n} answered ({k} changed, pending) | {layers} | between "
+                     f"{r['passed']}/{n} and {r['passed'] + k}/{n} (full {_full_passed(rep, r)}/{n}) "
+                     f"| pending | pending | {same} | | {speed} |")
     return lines
+
+
+def _full_passed(rep: dict[str, Any], r: dict[str, Any]) -> int:
+    """Full depth's passes on the problems a setting's row covers, answered or pending."""
+    return int(r["full_passed"] + sum(rep["full_passed_by_pid"].get(p, False) for p in r["pending"]))
+
+
+RUN_SCRIPTS = {"humaneval": Path("scripts/realwork_run.sh"), "word_sorting": Path("scripts/realwork_run_word_sorting.sh")}
+
+
+def planned_settings(bench: str) -> list[str]:
+    """The settings the benchmark's run script answers (its SETTINGS lines), in its order."""
+    script = RUN_SCRIPTS.get(bench)
+    if script is None or not script.is_file():
+        return []
+    text = "".join(re.findall(r'^SETTINGS\+?="([^"]*)"', script.read_text(encoding="utf-8"), flags=re.M))
+    return [w.strip() for w in text.split(";") if w.strip()]
 
 
 def write_all(folder: Path, benches: Sequence[str], summary: Path = Path("results/SUMMARY.md"),
@@ -222,7 +308,21 @@ def write_all(folder: Path, benches: Sequence[str], summary: Path = Path("result
         recs = records(folder / f"realwork_{bench}.jsonl")
         speed_file = folder / f"realwork_{bench}_speed.json"
         speed = json.loads(speed_file.read_text()) if speed_file.is_file() else None
-        rep = report(recs, speed)
+        rep = report(recs, speed, records(folder / f"realwork_{bench}_forced.jsonl"))
+        check_file = folder / f"realwork_{bench}_shortcut_check.json"
+        if check_file.is_file():
+            check = json.loads(check_file.read_text())
+            rep["shortcut_check"] = {k: v for k, v in check.items() if k != "rows"}
+        rep["planned"] = planned_settings(bench)
+        passes = records(folder / f"realwork_{bench}_forced.jsonl")
+        by = by_setting(recs)
+        minutes = {"full": cpu_seconds(list(by.get("full", {}).values())) / 60,
+                   # a record the shortcut settled costs its share of a pass: counted once, with the passes
+                   "settings": sum(cpu_seconds([r for r in v.values() if r.get("via") != "forced"])
+                                   for k, v in by.items() if k != "full") / 60,
+                   "passes": sum(r.get("cpu_elapsed", 0.0) for r in passes) / 60,
+                   "check": rep.get("shortcut_check", {}).get("cpu_s", 0.0) / 60}
+        rep["cpu_minutes"] = {**{k: round(v, 1) for k, v in minutes.items()}, "total": round(sum(minutes.values()), 1)}
         if rep["full"] is None:
             continue
         reps[bench] = rep
@@ -259,6 +359,26 @@ def summary_section(reps: dict[str, dict[str, Any]]) -> str:
         out.append("")
         out.extend(table(rep))
         out.append("")
+        out.append(headline_text(rep))
+        out.append("")
+        cpu = rep.get("cpu_minutes")
+        if cpu:
+            out.append(f"CPU time so far: {cpu['total']:.0f} CPU-minutes (full depth {cpu['full']:.0f}, the settings "
+                       f"{cpu['settings']:.0f} answering freely, their passes over full depth's replies {cpu['passes']:.0f}, the "
+                       f"shortcut's check {cpu['check']:.0f}), float32 on 2 threads of a shared 2-core machine.")
+            out.append("")
+        check = rep.get("shortcut_check")
+        if check:
+            out.append(f"Settings are read over full depth's replies in one pass (the shortcut, docs/realwork.md): checked "
+                       f"on the {check['records']} records written by free decoding on {check['problems']} problems, "
+                       f"{'every one identical' if check['all_identical'] else 'NOT all identical'} (where each "
+                       "setting first changes full depth's reply, with which token; each reply picked whole with its "
+                       f"layers): results/realwork_{bench}_shortcut_check.json.")
+            out.append("")
+        missing = [label for label in rep.get("planned", []) if label not in {r["label"] for r in rep["settings"]}]
+        if missing:
+            out.append(f"Not run yet ({len(missing)} settings of {RUN_SCRIPTS[bench]}): " + ", ".join(missing) + ".")
+            out.append("")
         out.append(f"Figure: [docs/realwork_{bench}.html](../docs/realwork_{bench}.html). Method, prompt, caveats: "
                    "[docs/realwork.md](../docs/realwork.md).")
         out.append("")

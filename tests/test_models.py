@@ -281,10 +281,11 @@ def test_qwen_falls_back_to_its_hub_id_only_where_the_hub_can_give_it(monkeypatc
     assert models.hub_fallback(qwen) == models.QWEN_CODER_HUB_ID  # cached: offline, not a Space, still found
 
 
-def test_qwen_loads_from_the_hub_cache_offline_in_its_declared_dtype(tmp_path: Path):
+def test_qwen_loads_from_the_hub_cache_offline_in_the_dtype_auto_gives_it(tmp_path: Path):
     """`get_model("qwen2.5-coder-1.5b")` with its packages absent, HF_HOME holding a hub-layout snapshot of its hub
-    id and HF_HUB_OFFLINE=1 (no network): the snapshot's model, 28 layers, in the known model's dtype (its
-    KnownModel says which), with the chat-turn stop tokens added. In a fresh interpreter: huggingface_hub reads
+    id and HF_HUB_OFFLINE=1 (no network): the snapshot's model, 28 layers, in the dtype "auto" gives it on this
+    machine (`auto_dtype`: its stored bfloat16, or float32 on a CPU without a native half-precision matmul), with the
+    chat-turn stop tokens added. In a fresh interpreter: huggingface_hub reads
     HF_HOME and HF_HUB_OFFLINE once, at import."""
     from d3.testing import hub_snapshot
 
@@ -300,7 +301,8 @@ def test_qwen_loads_from_the_hub_cache_offline_in_its_declared_dtype(tmp_path: P
     assert out.returncode == 0, out.stderr[-2000:]
     path, dtype, layers, arch = json.loads(out.stdout.strip().splitlines()[-1])
     assert path == "Qwen/Qwen2.5-Coder-1.5B-Instruct" and arch == "qwen2" and layers == 28
-    assert dtype == f"torch.{KNOWN_MODELS[models.QWEN_CODER].dtype}"
+    assert dtype == f"torch.{models.auto_dtype(models.QWEN_CODER, torch.device('cpu'))}"
+    assert KNOWN_MODELS[models.QWEN_CODER].dtype == "bfloat16"  # stored so, whatever it computes in
 
 
 def test_file_key_changes_with_the_file(tmp_path: Path):

@@ -134,6 +134,22 @@ def serve(demo: gr.Blocks) -> Iterator[str]:
         demo.close()
 
 
+def tiny_engines(layers: dict[str, int]) -> dict[str, CountingEngine]:
+    """Tiny random Llamas served under the embedded models' names with their layer counts ({name: layers})."""
+    from tests.tiny import tiny_llama, tiny_tokenizer
+    return {name: CountingEngine(tiny_llama(n), tiny_tokenizer(), name=name) for name, n in layers.items()}
+
+
+@contextlib.contextmanager
+def serve_engines(engines: dict[str, Engine], max_new_tokens: int = 64) -> Iterator[str]:
+    """The page as a local server builds it (not public), over these engines; yields its address."""
+    from explorer.caps import Caps
+    demo = page.build_demo(engines.__getitem__, model_names=tuple(engines), public=False,
+                           caps=Caps(max_new_tokens=max_new_tokens))
+    with serve(demo) as address:
+        yield address
+
+
 def wait_until(condition, timeout: float = 60.0, every: float = 0.05) -> None:
     deadline = time.monotonic() + timeout
     while not condition():

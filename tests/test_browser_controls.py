@@ -12,11 +12,8 @@ import re
 
 import pytest
 
-from explorer.caps import Caps
-from explorer.page import build_demo
-from tests.apphelpers import CountingEngine, serve
+from tests.apphelpers import serve_engines, tiny_engines
 from tests.pagehelpers import Watched
-from tests.tiny import tiny_llama, tiny_tokenizer
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::UserWarning")]
@@ -27,14 +24,12 @@ GUARD_MS = 120_000
 
 @pytest.fixture(scope="module")
 def engines():
-    return {"smollm2-135m": CountingEngine(tiny_llama(30), tiny_tokenizer(), name="smollm2-135m"),
-            "qwen2.5-coder-1.5b": CountingEngine(tiny_llama(28), tiny_tokenizer(), name="qwen2.5-coder-1.5b")}
+    return tiny_engines({"smollm2-135m": 30, "qwen2.5-coder-1.5b": 28})
 
 
 @pytest.fixture(scope="module")
 def url(engines):
-    demo = build_demo(engines.__getitem__, model_names=tuple(engines), public=False, caps=Caps(max_new_tokens=64))
-    with serve(demo) as address:
+    with serve_engines(engines) as address:
         yield address
 
 

@@ -19,9 +19,8 @@ import pytest
 from explorer.caps import Caps
 from explorer.page import build_demo
 from explorer.scenarios import offered
-from tests.apphelpers import CountingEngine, serve
+from tests.apphelpers import serve, serve_engines, tiny_engines
 from tests.pagehelpers import D3_POINT, PLOT_HAS_DATA
-from tests.tiny import tiny_llama, tiny_tokenizer
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::UserWarning")]
@@ -34,14 +33,12 @@ TOKENS = 4
 
 @pytest.fixture(scope="module")
 def engines():
-    return {"smollm2-135m": CountingEngine(tiny_llama(30), tiny_tokenizer(), name="smollm2-135m"),
-            "gemma3-270m": CountingEngine(tiny_llama(18), tiny_tokenizer(), name="gemma3-270m")}
+    return tiny_engines({"smollm2-135m": 30, "gemma3-270m": 18})
 
 
 @pytest.fixture(scope="module")
 def url(engines):
-    demo = build_demo(engines.__getitem__, model_names=tuple(engines), public=False, caps=Caps(max_new_tokens=64))
-    with serve(demo) as address:
+    with serve_engines(engines) as address:
         yield address
 
 

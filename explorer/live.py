@@ -250,7 +250,10 @@ def _stream(session: Session, run_id: int, setup: RunSetup, view: ViewOptions, c
                 limit = _time_limit_note(caps.max_run_s, _written(update), setup.gen.max_new_tokens,
                                          first_s) if late else ""
                 note = " ".join(n for n in (setup.note, limit) if n)
-                yield _render(session, setup, update, view, figures, note)
+                rendered = _render(session, setup, update, view, figures, note)
+                if not session.is_current(run_id):
+                    return  # abandoned while it was drawn (a model switch): the page shows the new model's state
+                yield rendered
 
 
 @takes_controls

@@ -18,6 +18,10 @@ from explorer.runs import LiveUpdate
 from viz.layout import short_label
 from viz.stream import count_words, speed_words
 
+# How long a model switch waits for the run it stops to leave its stream (one decoding step, as a rule): an update
+# that run had begun to render would otherwise reach the page after the switch's own status line (walk D5).
+ABANDON_WAIT_S = 3.0
+
 HISTORY_COLUMNS = ["run", "strategy", "tokens", "mean layers", "theoretical ×", "measured ×", "speed, read how",
                    "agreement", "tokens agreeing", "agree 95%", "first divergence", "KL teacher", "KL free"]
 HISTORY_LIMIT = 50  # runs kept per session, like everything a session keeps: bounded
@@ -129,6 +133,18 @@ class Session:
         self.trigger(run=False)
         with self._lock:
             self.run_id += 1
+            abandoned = self.running
+        if abandoned is not None:  # its last update must not reach the page after the new model's status
+            self.wait_ended(abandoned, ABANDON_WAIT_S)
+
+    def wait_ended(self, run_id: int, timeout_s: float) -> bool:
+        """Wait (at most `timeout_s`) until run `run_id` has left its stream (`end`): True once it has."""
+        limit = time.monotonic() + timeout_s
+        while self.running == run_id:
+            if time.monotonic() >= limit:
+                return False
+            time.sleep(0.02)
+        return True
 
     def stopped_by_stop(self, run_id: int) -> bool:
         """Whether run `run_id` was stopped by the Stop button (pressed after it was asked for), rather than by a

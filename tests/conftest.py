@@ -166,6 +166,7 @@ def page(browser, url, request):
     pg.set_default_timeout(TIMEOUT_MS)
     pg.goto(url)
     pg.wait_for_selector("#generate")
+    pg.wait_for_selector("#status", state="attached")  # gradio renders the blocks one by one: the page is whole
     yield pg
     pg.close()
 

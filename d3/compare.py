@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
-from d3.config import FullConfig, GenerationConfig, StrategyConfig, TraceConfig, TRACE_OFF
+from d3.config import TRACE_OFF, FullConfig, GenerationConfig, StrategyConfig, TraceConfig
 from d3.decoder import DecodeState, StepOutput
 from d3.engine import Engine
 from d3.trace import RAN, Comparison, Speedup, Trace, measured_speedup, token_agreement  # noqa: F401

@@ -100,7 +100,7 @@ class Param:
         """Raise ValueError naming the field, the value and what is allowed."""
         _check(self.ok(value), name, value, self.allowed())
 
-    def narrowed(self, lo: float | None = None, hi: float | None = None) -> "Param":
+    def narrowed(self, lo: float | None = None, hi: float | None = None) -> Param:
         """This field's Param with a narrower range (an entry point that allows less: the page's sliders, a sweep's
         token count); never wider than the field itself allows."""
         new_lo = self.lo if lo is None else (lo if self.lo is None else max(lo, self.lo))
@@ -143,7 +143,7 @@ def params(cls: type) -> dict[str, Param]:
     return dict(_params(cls))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _params(cls: type) -> tuple[tuple[str, Param], ...]:
     return tuple((f.name, replace(f.metadata["param"], default=f.default)) for f in fields(cls) if "param" in f.metadata)
 
@@ -250,7 +250,7 @@ class StrategyConfig:
         """Raise ValueError if this config cannot run on a model with `num_layers` decoder layers."""
         _check(_is_int(num_layers) and num_layers >= 1, "num_layers", num_layers, "an integer >= 1")
 
-    def with_(self, **changes: Any) -> "StrategyConfig":
+    def with_(self, **changes: Any) -> StrategyConfig:
         return replace(self, **changes)
 
 

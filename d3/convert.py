@@ -11,8 +11,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from d3.gguf_sources import from_dict, to_dict
 from d3.model_cache import cached_conversion

@@ -7,8 +7,9 @@ every position (filled by copy / propagate, or a masked-out hole), so every laye
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F

@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence, cast
+from typing import Any, cast
 
 import torch
 
 from d3.adapter import Adapter, check_supported
 from d3.config import (
     MAX_PROMPT_TOKENS_CAP,
+    TRACE_OFF,
+    D3Config,
     EarlyExitConfig,
     FullConfig,
     GenerationConfig,
     StrategyConfig,
     TraceConfig,
-    TRACE_OFF,
-    D3Config,
     default_core,
 )
 from d3.decoder import DecodeState, StepOutput, decode_one_token, prefill, sample
@@ -26,6 +27,7 @@ from d3.hooks import StatsRecorder
 from d3.schedule import LayerPlan, plan
 from d3.trace import Trace
 from d3.trace_builder import TraceBuilder, token_text
+
 
 def check_prompt(prompt: Any) -> str:
     """A prompt must be non-empty text without control characters (newlines and tabs are fine)."""
@@ -107,7 +109,7 @@ class Engine:
         return self._lock
 
     @classmethod
-    def from_loaded(cls, loaded: Any) -> "Engine":
+    def from_loaded(cls, loaded: Any) -> Engine:
         return cls(loaded.model, loaded.tokenizer, name=loaded.name)
 
     # -- text in ---------------------------------------------------------------------------------

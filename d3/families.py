@@ -9,8 +9,9 @@ the error message, `d3 info`, docs/models.md and tests/test_families.py (which b
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 TESTED_ON = "2026-11-25"  # when tests/test_families.py last passed for every family in FAMILIES
 TESTED_TRANSFORMERS = "5.24.0"

@@ -6,9 +6,10 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 Progress = Callable[[str], None]
 BLOCK = 1 << 20  # bytes read and written at a time: the assembled file is never held in memory

@@ -8,15 +8,17 @@ removes them in `finally`. Values stay on the device until one transfer at the e
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
-from typing import Any, Callable, Iterator, cast
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 
 from d3.adapter import Adapter
 from d3.trace import LAYER_STATS
+
 
 def _change(before: torch.Tensor, after: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean over positions of cosine(before, after) and ||after - before|| / ||before||: two [batch] tensors."""

@@ -3,8 +3,9 @@ through the final norm and LM head in a few batched calls, only when someone loo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch

@@ -72,7 +72,7 @@ class Calibration:
         return d
 
     @classmethod
-    def from_dict(cls, d: Any) -> "Calibration":
+    def from_dict(cls, d: Any) -> Calibration:
         """A calibration read back (JSON); ValueError saying what is wrong with it, whatever was stored."""
         if not isinstance(d, dict):
             raise ValueError(f"a calibration is a JSON object, not {type(d).__name__}")

@@ -8,8 +8,9 @@ layer above runs on all generated positions at once, reading the prompt's exact 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from transformers.cache_utils import DynamicCache
@@ -17,7 +18,6 @@ from transformers.cache_utils import DynamicCache
 from d3.adapter import Adapter
 from d3.decoder import shared_prefill
 from d3.schedule import fill_plan, plan
-
 
 CHUNK_ELEMENTS = 1 << 26  # log-probs read out at once: 256 MiB of float32 (256 positions of Gemma 3's vocabulary)
 KEPT_REFERENCE_ELEMENTS = 1 << 27  # full depth's log-probs are kept up to 512 MiB, else read out again per score

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -127,7 +128,7 @@ class TokenStep:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "TokenStep":
+    def from_dict(cls, d: dict[str, Any]) -> TokenStep:
         d = dict(d)
         d["layers_run"] = tuple(d["layers_run"])
         d["filled"] = tuple(_fill_entry(f) for f in d["filled"])
@@ -192,7 +193,7 @@ class Trace:
     fixed_cost_layers: float = 0.0
     layer_types: tuple[str, ...] = ()  # each layer's attention type (full_attention, sliding_attention); () unknown
 
-    def with_steps(self, steps: Iterable[TokenStep], **changes: Any) -> "Trace":
+    def with_steps(self, steps: Iterable[TokenStep], **changes: Any) -> Trace:
         return replace(self, steps=tuple(steps), **changes)
 
     # -- derived views of the steps --------------------------------------------------------
@@ -275,7 +276,7 @@ class Trace:
         return json.dumps(self.to_dict(), **kwargs)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Trace":
+    def from_dict(cls, d: dict[str, Any]) -> Trace:
         ps = d.get("prompt_stats", {})
         prompt_stats = PromptStats(
             tokens=tuple(ps.get("tokens", ())),
@@ -297,7 +298,7 @@ class Trace:
         )
 
     @classmethod
-    def from_json(cls, text: str) -> "Trace":
+    def from_json(cls, text: str) -> Trace:
         return cls.from_dict(json.loads(text))
 
     def to_frame(self) -> pd.DataFrame:  # one row per (token, layer)
@@ -331,7 +332,7 @@ def run_counts(skip: Trace, full: Trace) -> dict[str, Any]:
             "agreement": a.agreement, "first_divergence": a.first_divergence, "ended_first": ended}
 
 
-def speedup_fields(speedup: "Speedup | None") -> dict[str, Any]:
+def speedup_fields(speedup: Speedup | None) -> dict[str, Any]:
     nan = float("nan")
     return {"measured_speedup": speedup.ratio if speedup else nan, "measured_speedup_low": speedup.low if speedup else nan,
             "measured_speedup_high": speedup.high if speedup else nan,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from d3.config import MAX_NEW_TOKENS_CAP, MAX_PROMPT_TOKENS_CAP
 from d3.models import MAX_PARAMETERS
@@ -44,7 +44,7 @@ class Caps:
     max_wait_s: int = 60  # public: a run or measurement that would wait longer for a slot is refused (explorer.fair)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> "Caps":
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> Caps:
         """D3_MAX_NEW_TOKENS, D3_MAX_PROMPT_CHARS, D3_MAX_PROMPT_TOKENS, D3_QUEUE_SIZE, D3_CONCURRENCY,
         D3_FIGURE_EVERY, D3_SESSION_TTL, D3_MAX_SESSIONS, D3_MAX_MODELS, D3_MAX_RUN_S, D3_MAX_PARAMETERS,
         D3_SESSION_MEMORY_MIB, D3_EVENTS_PER_ADDRESS, D3_MAX_WAIT_S; defaults suit a CPU Space (16 GB: three models

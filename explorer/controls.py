@@ -7,19 +7,20 @@ import functools
 import inspect
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, make_dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from d3.config import (
     DEFAULT_MODEL,
     DROP_ORDERS,
-    Param,
     FILLS,
     D3Config,
     EarlyExitConfig,
     GenerationConfig,
+    Param,
     SkipDecodeConfig,
     StrategyConfig,
     UnifiedConfig,
@@ -223,7 +224,7 @@ class Controls:
     log_kl: Any = False
     presentation: Any = False
 
-    def with_(self, **changes: Any) -> "Controls":
+    def with_(self, **changes: Any) -> Controls:
         return replace(self, **changes)
 
     def strategy_config(self, num_layers: int, caps: Caps) -> StrategyConfig:
@@ -246,7 +247,7 @@ class Controls:
         return int(as_number("attention_layer", value, 0, num_layers - 1, integer=True))
 
     @property
-    def view(self) -> "ViewOptions":
+    def view(self) -> ViewOptions:
         """View settings, made safe: they only change how a trace is drawn, so junk falls back to a default."""
         return ViewOptions(layer=whole(self.attention_layer), head=whole(self.attention_head),
                            metric=self.metric if self.metric in METRICS else "both", log_kl=self.log_kl is True,

@@ -15,7 +15,8 @@ import ctypes.util
 import datetime
 import gc
 import logging
-from typing import Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 log = logging.getLogger(__name__)
 PRUNE_EVERY_S = 10.0

@@ -17,7 +17,8 @@ import inspect
 import math
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import gradio as gr
 from gradio.context import LocalContext

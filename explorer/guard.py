@@ -19,9 +19,10 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Awaitable, Callable
+from typing import Any
 from urllib.parse import parse_qs
 
 import gradio as gr

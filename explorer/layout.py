@@ -9,42 +9,42 @@ import gradio as gr
 import pandas as pd
 
 from d3.config import DROP_ORDERS, FILLS, default_core, max_core_side
-from d3.research.data import example_prompts
 from d3.models import ModelFacts
+from d3.research.data import example_prompts
 from explorer import views
 from explorer.controls import (
     ALPHA_STEP,
     CONTROLS,
-    GROWN,
-    OWN_FILL,
-    PAGE_RANGES,
     DECODINGS,
     DEFAULTS,
+    GROWN,
     HELP,
     LABELS,
+    OWN_FILL,
+    PAGE_RANGES,
     STRATEGY_LABELS,
     default_attention_layer,
     model_defaults,
 )
 from explorer.export import figures
 from explorer.pool import ModelPool
-from explorer.view_handlers import prompt_titles
 from explorer.scenarios import offered
 from explorer.session import HISTORY_COLUMNS
 from explorer.share import share_box
 from explorer.sweep_tab import (
     SWEEP_DEFAULT,
+    SWEEP_DEFAULT_TOKENS,
     SWEEP_MAX_NEW_TOKENS,
     SWEEP_MAX_PROMPTS,
     SWEEP_MAX_SETTINGS,
     SWEEP_MENU,
-    SWEEP_DEFAULT_TOKENS,
     SWEEP_MIN_NEW_TOKENS,
     SWEEP_PROMPT,
     SWEEP_TABLE_COLUMNS,
     sweep_bounds_text,
 )
 from explorer.ui import slider_range
+from explorer.view_handlers import prompt_titles
 from explorer.views import caps_html, decay, status_html, usage
 from explorer.wording import INTRO, SWEEP_EXPLAIN
 

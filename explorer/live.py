@@ -6,17 +6,18 @@ import contextlib
 import math
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import gradio as gr
 
 from d3.config import FILLS
+from d3.trace import measured_speedup
 from explorer import views
 from explorer.caps import Caps
 from explorer.controls import Controls, ViewOptions, page_words, takes_controls
 from explorer.deadline import Deadline
 from explorer.pool import ModelPool
-from d3.trace import measured_speedup
 from explorer.runs import LiveUpdate, RunSetup, check_run, fill_comparison, prepare_run, side_by_side
 from explorer.session import Session
 from explorer.ui import caller_check, ordered, refused, user_errors
@@ -185,7 +186,8 @@ def _first_outputs(session: Session, setup: RunSetup, view: ViewOptions, *, clea
     blank = "<div class='d3-tokens'>(waiting for the first token…)</div>"
     emptied = {key: views.empty(key, p, running=True)
                for key in session.due(k for k in RUN_VIEWS if not views.by_key()[k].live)}
-    emptied_fills = {fills.KEY: views.empty(fills.KEY, p) for _ in session.due((fills.KEY,) if clear_fills else ())}
+    fills_due = list(session.due((fills.KEY,) if clear_fills else ()))
+    emptied_fills = {fills.KEY: views.empty(fills.KEY, p)} if fills_due else {}
     note = first_token_note(setup.prompt_tokens, STREAMING.count)
     return ordered(GENERATE_OUTPUTS, session=session, status=views.status_html(None, None, "streaming", note=note),
                    d3_title=f"### {views.pane_title(setup.strategy, 'D3')}", d3_tokens=blank, full_tokens=blank,

@@ -11,8 +11,9 @@ follow it with `.then` (dispatched by the page one event at a time, so a deferre
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import gradio as gr
 
@@ -55,9 +56,9 @@ class Moves:
             groups.setdefault(tuple(handlers), []).append(trigger)
         for handlers, triggers in groups.items():
             head, *rest = (self._handlers[k] for k in handlers)
-            event = self._make(head, lambda h, **kw: gr.on(triggers, h.fn, h.inputs, h.outputs, **kw))
+            event = self._make(head, lambda h, **kw: gr.on(triggers, h.fn, h.inputs, h.outputs, **kw))  # noqa: B023 (called within this iteration)
             for handler in rest:
-                self._make(handler, lambda h, **kw: event.then(h.fn, h.inputs, h.outputs, **kw))
+                self._make(handler, lambda h, **kw: event.then(h.fn, h.inputs, h.outputs, **kw))  # noqa: B023 (called within this iteration)
 
     @staticmethod
     def _make(handler: _Handler, make: Callable[..., Any]) -> Any:

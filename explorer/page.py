@@ -6,15 +6,15 @@ import gc
 import os
 import socket
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import gradio as gr
-
-from d3.research.data import ASSETS
-from d3.engine import Engine
-from d3.models import KNOWN_MODELS
 from starlette.middleware import Middleware
 
+from d3.engine import Engine
+from d3.models import KNOWN_MODELS
+from d3.research.data import ASSETS
 from explorer.caps import Caps, is_public
 from explorer.expiry import session_expiry
 from explorer.guard import RequestGuard, UploadBudget, bound_the_log

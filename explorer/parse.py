@@ -9,7 +9,6 @@ from typing import Any
 from d3.engine import Engine, check_prompt
 from explorer.caps import Caps
 
-
 MAX_NUMBER_CHARS = 64  # a number typed or sent as text: longer is refused before it is read
 
 

@@ -14,7 +14,8 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from typing import Any, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from d3.engine import Engine
 from d3.models import KNOWN_MODELS, ModelFacts

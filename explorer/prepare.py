@@ -12,7 +12,7 @@ import html
 import logging
 import re
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 Prepare = Callable[[str, Callable[[str], None]], None]  # (model name, report a stage line) -> when ready
@@ -32,8 +32,8 @@ def prepare_order(names: tuple[str, ...]) -> tuple[str, ...]:
     """The known models in the order to prepare them: those with nothing to do first (converted already, or in the
     hub cache), then downloads, then conversions (minutes of CPU each), so that a quick one never waits behind a
     slow one. Names that are not known models keep their place at the end."""
-    from d3.models import KNOWN_MODELS, hub_cached, hub_fallback, known_key
     from d3.model_cache import ready_conversion
+    from d3.models import KNOWN_MODELS, hub_cached, hub_fallback, known_key
 
     def cost(name: str) -> int:
         if name not in KNOWN_MODELS:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Generator, Iterator
+from typing import Any
 
 from d3.compare import Recorded, compare, record, run_recorded
 from d3.config import FILLS, TRACE_OFF, D3Config, FullConfig, GenerationConfig, StrategyConfig, TraceConfig
@@ -16,7 +17,6 @@ from d3.trace import Comparison, Trace
 from explorer.controls import Controls, fitted, parse_controls, schedule_of
 from explorer.parse import as_flag, check_prompt_tokens, clean_prompt
 from explorer.pool import ModelPool
-
 
 # With the "Record the logit lens" control on (the default), the D3 run keeps what the lens reads (each layer's output
 # at the newest position, `TraceConfig(lens_states=True)`): a copy of [layers, d_model] floats per step, no LM head.

@@ -9,23 +9,24 @@ read back here through `Controls`, which names every control once."""
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 from urllib.parse import urlencode
 
 import gradio as gr
 
-from explorer import views
 from d3.config import default_core
+from explorer import views
 from explorer.controls import (
     CONTROL_NAMES,
     CONTROLS,
     DEFAULTS,
-    PAGE_TOKENS,
-    model_defaults,
     METRICS,
+    PAGE_TOKENS,
     STRATEGY_LABELS,
     Controls,
     default_attention_layer,
+    model_defaults,
     parse_strategy,
     takes_controls,
 )

@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 import re
 import tempfile
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
 import gradio as gr
 import numpy as np
@@ -22,8 +23,8 @@ from d3.research.sweep.measure import References, measure_row, quality, referenc
 from d3.research.sweep.table import append_row, read_results
 from explorer import views
 from explorer.caps import Caps
-from explorer.deadline import Deadline
 from explorer.controls import CONTROL_NAMES, FIELDS, LABELS, PAGE_RANGES, STRATEGY_LABELS, layer_order_text, page_param
+from explorer.deadline import Deadline
 from explorer.parse import as_choice, as_flag, as_number, clean_prompt
 from explorer.pool import ModelPool
 from explorer.ui import core_sliders, ordered, user_errors

@@ -9,12 +9,13 @@ from typing import Any
 import gradio as gr
 
 from d3.config import default_core
-from d3.research.data import example_prompts
 from d3.models import ModelFacts
+from d3.research.data import example_prompts
 from explorer import views
 from explorer.controls import (
     CONTROL_NAMES,
     DEFAULTS,
+    PAGE_TOKENS,
     Controls,
     check_sliders,
     clamped_core,
@@ -22,9 +23,8 @@ from explorer.controls import (
     default_attention_layer,
     derived,
     fitted,
-    page_words,
-    PAGE_TOKENS,
     model_defaults,
+    page_words,
     parse_controls,
     parse_schedule,
     slider_ranges,
@@ -34,8 +34,15 @@ from explorer.memory import DROPPED, dropped_view
 from explorer.parse import as_choice
 from explorer.parse import shown as shown_value
 from explorer.pool import ModelPool
-from explorer.scenarios import (ARITHMETIC, INTERRUPTED, SCENARIOS, fill_finding, scenario_controls, scenario_finding,
-                                scenario_text)
+from explorer.scenarios import (
+    ARITHMETIC,
+    INTERRUPTED,
+    SCENARIOS,
+    fill_finding,
+    scenario_controls,
+    scenario_finding,
+    scenario_text,
+)
 from explorer.session import Session
 from explorer.ui import core_sliders, ordered, refused, slider_range, user_errors
 from explorer.views import planned

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import functools
+import json
 from typing import Any
 
 import gradio as gr
 
 from d3.research.data import ASSETS
-import json
-
+from explorer import views
 from explorer.controls import CONTROL_NAMES, PREVIEW_IDS, REDRAW_NAMES, RELEASE_NAMES, SETTLED_NAMES
-from explorer.fair import HEAVY, heavy_slots, replaced_by_newer
 from explorer.export import export_figure, export_inputs, export_sweep, export_trace
-from explorer.moves import Moves
+from explorer.fair import HEAVY, heavy_slots, replaced_by_newer
 from explorer.live import FILLS_OUTPUTS, GENERATE_OUTPUTS, compare_fills, generate, interrupt, stop
+from explorer.moves import Moves
 from explorer.pool import ModelPool
 from explorer.scenarios import offered
 from explorer.share import wire_share
@@ -26,15 +26,14 @@ from explorer.sweep_tab import (
     load_sweep_setting,
     stream_sweep,
 )
-from explorer import views
 from explorer.view_handlers import (
     ATTENTION_OUTPUTS,
     DRAWN_ON_OPEN,
     MODEL_OUTPUTS,
     SCENARIO_OUTPUTS,
+    SETTLE_OUTPUTS,
     VIEW_OUTPUTS,
     apply_scenario,
-    SETTLE_OUTPUTS,
     check_release,
     load_model,
     model_changed,

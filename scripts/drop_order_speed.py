@@ -19,11 +19,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from d3.config import TRACE_OFF, FullConfig, GenerationConfig
+from d3.engine import Engine
+from d3.models import get_model
 from d3.research.data import example_prompts
 from d3.research.stats import median_interval, speed_flag
 from d3.schedule import theoretical_speedup
-from d3.engine import Engine
-from d3.models import get_model
 from explorer.caps import Caps
 from explorer.controls import model_defaults, parse_controls
 

@@ -41,8 +41,28 @@ from d3.research.answers import PrefilledQuestions
 from d3.research.calibration_sets import CalibrationSet
 from d3.research.gentasks import ROOM, ROOMY_TASKS, get_generation_task
 from d3.research.stats import exact_difference
-from d3.research.study import (SCREEN_MIN, SCREEN_QUESTIONS, STARTS, TIMING_PAIRS, COLLAPSE, GO_ON, NAMED_ORDERS, TARGETS, Eta, Outcome, QuestionSet, collapsed, curve_name,
-                              goes_on, paired_row, per_token_timing, same_run, screen_rule, screen_tasks, settings)
+from d3.research.study import (
+    COLLAPSE,
+    GO_ON,
+    NAMED_ORDERS,
+    SCREEN_MIN,
+    SCREEN_QUESTIONS,
+    STARTS,
+    TARGETS,
+    TIMING_PAIRS,
+    Eta,
+    Outcome,
+    QuestionSet,
+    collapsed,
+    curve_name,
+    goes_on,
+    paired_row,
+    per_token_timing,
+    same_run,
+    screen_rule,
+    screen_tasks,
+    settings,
+)
 
 VERSION = 4  # 4: roomy tasks, screened at 80%, balanced, fresh seed, start axis, per-token timing; 3: the sequential, paired, swept study (2: every setting on every question; 1: one alpha per target, unpaired)
 SHORT = {"smollm2-135m": "smollm2", "gemma3-270m": "gemma3", "qwen2.5-coder-1.5b": "qwen25coder"}
@@ -71,20 +91,20 @@ def calibrations(engine, result: dict, tasks: list[str], scale: float, save, sig
     multiplies the plan's validation questions per task; only the plan's `signals` are measured (those measured
     before stay in the study)."""
     done = result.setdefault("calibrations", {})
-    for signal, steps, per_task in PLAN:
-        if signal not in signals:
+    for sig_name, steps, per_task in PLAN:
+        if sig_name not in signals:
             continue
         val_limit = max(1, round(per_task * scale))
         cal_set = CalibrationSet(f"task:{'+'.join(tasks)}:{val_limit}", tasks=tuple(tasks), chat_template=False,
                                  val_limit=val_limit)
-        if signal not in done:
+        if sig_name not in done:
             t0, c0 = time.perf_counter(), time.process_time()
-            c = cal.calibrate(engine, signal, cal_set, steps=steps,
-                              progress=lambda d, t, w: print(f"\r{signal} [{d}/{t}] {w}   ", end="", file=sys.stderr))
-            done[signal] = {"order": list(c.order), "steps": steps, "val_questions": sum(len(get_generation_task(t).split("validation")[:val_limit]) for t in tasks),
+            c = cal.calibrate(engine, sig_name, cal_set, steps=steps,
+                              progress=lambda d, t, w: print(f"\r{sig_name} [{d}/{t}] {w}   ", end="", file=sys.stderr))  # noqa: B023 (called within this iteration)
+            done[sig_name] = {"order": list(c.order), "steps": steps, "val_questions": sum(len(get_generation_task(t).split("validation")[:val_limit]) for t in tasks),
                             "seconds": round(time.perf_counter() - t0, 1)}
             _cost(result, "calibrate", t0, c0)
-            say(f"\ncalibrated by {signal}: {c.order[:8]} ({done[signal]['seconds']:.0f} s)")
+            say(f"\ncalibrated by {sig_name}: {c.order[:8]} ({done[sig_name]['seconds']:.0f} s)")
             save()
     return {f"calibrated {s}": {"drop_order": "calibrated", "layer_order": tuple(c["order"])} for s, c in done.items()}
 
@@ -312,7 +332,7 @@ def write_curves(study: dict, path: Path) -> Path:
 def child_argv(argv: list[str], model: str, parts: list[str]) -> list[str]:
     """This run's command line for one model and the measuring parts only (no --models, --only or --jobs)."""
     out, skip = [], False
-    for i, arg in enumerate(argv):
+    for _i, arg in enumerate(argv):
         if skip:
             skip = False
             continue

@@ -21,11 +21,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from d3.compare import compare, perplexity, run_recorded  # noqa: E402
 from d3.config import TRACE_OFF, D3Config, FullConfig, GenerationConfig  # noqa: E402
-from d3.research.data import ppl_text  # noqa: E402
 from d3.engine import Engine  # noqa: E402
 from d3.models import get_model  # noqa: E402
-from d3.schedule import alpha_for_mean_depth  # noqa: E402
+from d3.research.data import ppl_text  # noqa: E402
 from d3.research.sweep.spec import load_prompts  # noqa: E402
+from d3.schedule import alpha_for_mean_depth  # noqa: E402
 
 FILLS = ("copy", "copy_any_type", "propagate", "none")
 

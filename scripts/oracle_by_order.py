@@ -13,11 +13,11 @@ import statistics
 import sys
 from pathlib import Path
 
-from d3.orders import CHAT_ORDERS, MEASURED
 from d3.config import D3Config
-from d3.research.data import example_prompts
 from d3.engine import Engine
 from d3.models import get_model
+from d3.orders import CHAT_ORDERS, MEASURED
+from d3.research.data import example_prompts
 from d3.research.oracle import measure
 from explorer.scenarios import ASK
 

@@ -24,7 +24,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--max-models", type=int, default=3)
     args = parser.parse_args()
-    from d3.config import FullConfig, GenerationConfig, TRACE_OFF
+    from d3.config import TRACE_OFF, FullConfig, GenerationConfig
     from d3.models import KNOWN_MODELS
     from explorer.caps import Caps
     from explorer.pool import ModelPool

@@ -91,7 +91,7 @@ def strategy(label: str, engine, horizon: int) -> StrategyConfig:
     if words[0] == "unified":
         return unified_for_depth(depth, L, horizon)
     if words[0] == "early_exit":
-        from d3.config import GenerationConfig, TRACE_OFF
+        from d3.config import TRACE_OFF, GenerationConfig
 
         probe = EarlyExitConfig(threshold=1.0)
         trace = engine.generate(EARLY_EXIT_PROMPT, probe, GenerationConfig(max_new_tokens=48, stop_at_eos=False),
@@ -147,7 +147,7 @@ def run(args) -> None:
         started = time.perf_counter()
 
         def append(label: str, record: dict) -> None:
-            meta = {"bench": bench.name, "setting": label, "config": cfgs[label].to_dict(), "model": engine.name,
+            meta = {"bench": bench.name, "setting": label, "config": cfgs[label].to_dict(), "model": engine.name,  # noqa: B023 (called within this iteration)
                     "dtype": dtype, "threads": torch.get_num_threads(), "seed": args.seed,
                     "max_new_tokens": bench.max_new_tokens}
             with path.open("a", encoding="utf-8") as f:
@@ -172,8 +172,8 @@ def run(args) -> None:
                 forced_done.setdefault(row["setting"], {})[row["pid"]] = row
 
             def forced(label: str, row: dict) -> None:
-                with forced_path.open("a", encoding="utf-8") as f:
-                    f.write(json.dumps({"setting": label, "config": cfgs[label].to_dict(), **row}) + "\n")
+                with forced_path.open("a", encoding="utf-8") as f:  # noqa: B023 (called within this iteration)
+                    f.write(json.dumps({"setting": label, "config": cfgs[label].to_dict(), **row}) + "\n")  # noqa: B023 (called within this iteration)
                 say(f"  {label}: {row['pid']} read over full depth's reply: "
                     + ("the same reply" if row["settled"] else f"first change at token {row['first_change']}"
                        if row["first_change"] is not None else f"a close call ({row['min_margin']:.4f})"))

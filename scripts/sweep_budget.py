@@ -46,11 +46,11 @@ CANDIDATES = (  # preference order: the matched-depth comparison first, then few
 
 
 def _pool(model: str) -> Any:
+    from default_tokens import run_once
+
     from explorer.caps import Caps
     from explorer.page import tune_process
     from explorer.pool import ModelPool
-
-    from default_tokens import run_once
 
     tune_process()  # as the server does
     pool = ModelPool(caps=Caps.from_env())
@@ -75,7 +75,7 @@ class Beside:
 
         self.threads = [threading.Thread(target=other, daemon=True) for _ in range(count)]
 
-    def __enter__(self) -> "Beside":
+    def __enter__(self) -> Beside:
         for t in self.threads:
             t.start()
         time.sleep(3.0 if self.threads else 0.0)  # past its prefill, decoding

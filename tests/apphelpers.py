@@ -7,8 +7,9 @@ import contextlib
 import gc
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 import gradio as gr
 
@@ -57,7 +58,7 @@ def api_figure(output) -> dict:
     return json.loads(output["plot"])
 
 
-def array(value) -> "np.ndarray":
+def array(value) -> np.ndarray:
     """A plotly data array from a figure's JSON: a plain list, or plotly's base64 typed array {dtype, bdata, shape}."""
     import base64
 

@@ -12,11 +12,11 @@ import pandas as pd
 import pytest
 
 import app
-from explorer import export, live, page, view_handlers
 from d3.config import D3Config
 from d3.models import ModelFacts
 from d3.schedule import budgets, planned_grid
 from d3.trace import Trace
+from explorer import export, live, page, view_handlers
 from explorer.caps import Caps
 from explorer.controls import REDRAW_NAMES
 from explorer.pool import ModelPool
@@ -331,10 +331,10 @@ def test_the_server_log_shows_each_warning_once(monkeypatch) -> None:
         page.show_warnings_once()
         page.show_warnings_once()  # launching twice does not wrap twice
         for _ in range(3):
-            warnings.warn("`past_key_values` is deprecated (a test)", FutureWarning)
+            warnings.warn("`past_key_values` is deprecated (a test)", FutureWarning, stacklevel=1)
             with warnings.catch_warnings():
                 pass
-        warnings.warn("another warning (a test)", UserWarning)
+        warnings.warn("another warning (a test)", UserWarning, stacklevel=1)
     assert shown == ["`past_key_values` is deprecated (a test)", "another warning (a test)"]
 
 
@@ -364,7 +364,8 @@ def test_export_trace_writes_json_and_csv_under_server_chosen_names(finished) ->
 
 def measured(pool, figure: str, args: dict) -> dict:
     """The state argument of a view that draws its own measurement (needs, layers), measured on the tiny model."""
-    from explorer.views import layers as layers_view, needs
+    from explorer.views import layers as layers_view
+    from explorer.views import needs
 
     if figure == "needs":
         return {"needs_state": needs.measure_needs(pool, None, prompt=DEFAULTS["prompt"], **args)[0]}

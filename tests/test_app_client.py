@@ -11,12 +11,21 @@ import numpy as np
 import pytest
 from gradio_client import Client
 
-from explorer import live, page
 from d3.config import D3Config
 from d3.schedule import budgets, planned_grid
+from explorer import live, page
 from explorer.caps import Caps
-from tests.apphelpers import (CountingEngine, api_figure, array, call_undocumented,
-                              new_client, output_names, RUN, serve, wait_until)
+from tests.apphelpers import (
+    RUN,
+    CountingEngine,
+    api_figure,
+    array,
+    call_undocumented,
+    new_client,
+    output_names,
+    serve,
+    wait_until,
+)
 from tests.tiny import tiny_llama, tiny_tokenizer
 
 pytestmark = [pytest.mark.usefixtures("exports_in_tmp"), pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.filterwarnings("ignore::UserWarning")]

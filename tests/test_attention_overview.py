@@ -7,8 +7,14 @@ import pytest
 
 from d3.config import D3Config, FullConfig, GenerationConfig, TraceConfig
 from d3.trace import PromptStats, TokenStep, Trace
-from viz.attention_overview import attention_overview, compared_weights, divergence_grid, divergence_overview, js_divergence
 from tests.figures import by_role, message, title_text
+from viz.attention_overview import (
+    attention_overview,
+    compared_weights,
+    divergence_grid,
+    divergence_overview,
+    js_divergence,
+)
 
 P, HEADS, L = 3, 2, 4
 RNG = np.random.default_rng(0)

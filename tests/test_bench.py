@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from d3.research import bench
 from d3.cli import bench as bench_cli
 from d3.engine import Engine
+from d3.research import bench
 from d3.schedule import planned_mean_layers
 from tests.tiny import tiny_llama, tiny_tokenizer
 

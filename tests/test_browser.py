@@ -4,25 +4,24 @@ go to $D3_SCREENSHOTS when set (for a person to look at), else into the run's sc
 from __future__ import annotations
 
 import re
-
 import time
 
 import pytest
 
 from explorer.caps import Caps
 from explorer.page import build_demo
+from tests.apphelpers import serve, wait_until
 from tests.pagehelpers import (
     ARTIFACTS,
-    click_tab,
     D3_POINT,
-    open_page,
     PLOT_HAS_DATA,
-    show_tab,
     TIMEOUT_MS,
     TOKENS_IN,
+    click_tab,
+    open_page,
+    show_tab,
     wait_for_status,
 )
-from tests.apphelpers import serve, wait_until
 
 pytestmark = [pytest.mark.usefixtures("exports_in_tmp"), pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::UserWarning")]

@@ -16,15 +16,15 @@ from d3.config import D3Config
 from d3.schedule import budgets
 from tests.pagehelpers import (
     ARTIFACTS,
-    assert_plots_fit,
     ERROR_PILLS,
-    generate,
     IN_VIEW,
-    open_view,
     PHONE,
     PRESENTATION,
     TOASTS,
     UNREACHABLE_VIEWS,
+    assert_plots_fit,
+    generate,
+    open_view,
     view_names,
     wait_for_status,
 )

@@ -127,8 +127,8 @@ def test_parallel_pass_equals_teacher_forced_decoding(identity_engine):
     """The one-pass score of a fixed removal is what D3's own decode loop computes with that removal, teacher-forced."""
     import torch
 
-    from d3.research.calibrate import CalibrationSet, _own_answers
     from d3.config import GenerationConfig
+    from d3.research.calibrate import CalibrationSet, _own_answers
 
     tf = _own_answers(identity_engine, CalibrationSet("p", PROMPTS[:2]), 10)
     removed = (2, 5)
@@ -137,7 +137,7 @@ def test_parallel_pass_equals_teacher_forced_decoding(identity_engine):
         steps = []
         run = identity_engine.run([prompt], StaticSkipConfig(skip=removed), GenerationConfig(max_new_tokens=len(cont) + 1),
                                   forced=[cont + [0]],
-                                  observer=lambda step, out, state: steps.append(torch.log_softmax(out.logits[0], -1)))
+                                  observer=lambda step, out, state: steps.append(torch.log_softmax(out.logits[0], -1)))  # noqa: B023 (called within this iteration)
         for _ in run:
             pass
         # step 0 is the prompt's prefill; decode step k + 1 feeds continuation token k, scored at position k
@@ -145,8 +145,8 @@ def test_parallel_pass_equals_teacher_forced_decoding(identity_engine):
 
 
 def test_resolve_a_name_and_generate_with_it(identity_engine, cache_dir):
-    from d3.research.calibrate import CalibrationSet, calibrate, resolve
     from d3.config import GenerationConfig
+    from d3.research.calibrate import CalibrationSet, calibrate, resolve
 
     with pytest.raises(ValueError, match="python -m d3 calibrate"):
         resolve(D3Config(drop_order="calibrated", layer_order="agreement", core_head=1, core_tail=1), identity_engine)

@@ -121,8 +121,7 @@ def test_cli_on_the_embedded_model():
 
 
 def test_info_names_the_family_how_exact_each_fill_is_and_the_dtype_gap(tmp_path, capsys):
-    from d3.testing import clear_model_cache
-    from d3.testing import tiny_family_model, tiny_tokenizer
+    from d3.testing import clear_model_cache, tiny_family_model, tiny_tokenizer
 
     tiny_family_model("qwen3").save_pretrained(tmp_path)
     tiny_tokenizer().save_pretrained(tmp_path)

@@ -8,10 +8,10 @@ import pytest
 
 from d3.config import (
     CONFIDENCE_MEASURES,
+    MAX_ATTENTION_LAYERS,
     D3Config,
     EarlyExitConfig,
     GenerationConfig,
-    MAX_ATTENTION_LAYERS,
     SkipDecodeConfig,
     StrategyConfig,
     TraceConfig,

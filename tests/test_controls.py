@@ -3,32 +3,33 @@
 from __future__ import annotations
 
 import gradio as gr
+import numpy as np
 import pytest
 
 from d3.config import D3Config
 from d3.orders import CHAT_ORDERS, MEASURED
+from d3.schedule import plan
 from explorer.caps import Caps
 from explorer.controls import (
+    DEFAULTS,
+    OWN_FILL,
+    both_words,
     check_sliders,
+    default_attention_layer,
     derived,
     fitted,
     model_defaults,
-    both_words,
     page_words,
     parse_layer_order,
     parse_strategy,
     refit_order,
     slider_ranges,
 )
-from explorer.controls import DEFAULTS, OWN_FILL
 from explorer.parse import as_choice, as_number
 from explorer.pool import ModelPool
 from explorer.runs import check_run
 from explorer.ui import user_errors
 from tests.apphelpers import tiny_factory
-import numpy as np
-from d3.schedule import plan
-from explorer.controls import default_attention_layer
 
 SMOL = "smollm2-135m"
 

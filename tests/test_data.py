@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 
 from d3.research import data
-from tests.bigbench import write_task
 from d3.research.data import Example, TaskInfo
-
+from tests.bigbench import write_task
 
 MC = {
     "task_prefix": "Answer the question.\n",

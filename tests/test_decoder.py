@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from d3.config import (
+    TRACE_OFF,
     D3Config,
     EarlyExitConfig,
     FullConfig,
     GenerationConfig,
     SkipDecodeConfig,
     TraceConfig,
-    TRACE_OFF,
     UnifiedConfig,
 )
 from d3.engine import Engine
@@ -60,7 +60,7 @@ def test_fill_strategies_differ_where_sets_are_not_nested(tiny_engine):
         rows = []
         cfg = D3Config(alpha=0.9, core_head=1, core_tail=1, drop_order="strided", fill=fill)
         tiny_engine.generate(PROMPT, cfg, GREEDY, TRACE_OFF, forced=[list(range(5, 29))],
-                             observer=lambda i, o, s: rows.append(o.logits))
+                             observer=lambda i, o, s: rows.append(o.logits))  # noqa: B023 (called within this iteration)
         logits[fill] = torch.cat(rows)
     assert (logits["copy"] - logits["none"]).abs().max() > 1e-4
     assert (logits["copy"] - logits["propagate"]).abs().max() > 1e-4
@@ -72,7 +72,7 @@ def test_fills_do_not_matter_for_nested_schedules(tiny_engine):
     for fill in ("copy", "none"):
         rows = []
         cfg = D3Config(alpha=0.85, core_head=1, core_tail=1, fill=fill)
-        tiny_engine.generate(PROMPT, cfg, GREEDY, TRACE_OFF, observer=lambda i, o, s: rows.append(o.logits))
+        tiny_engine.generate(PROMPT, cfg, GREEDY, TRACE_OFF, observer=lambda i, o, s: rows.append(o.logits))  # noqa: B023 (called within this iteration)
         outs[fill] = torch.cat(rows)
     torch.testing.assert_close(outs["copy"], outs["none"])
 
@@ -97,7 +97,7 @@ def test_copy_any_type_equals_copy_on_one_attention_type(tiny_engine):
         rows = []
         cfg = D3Config(alpha=0.9, core_head=1, core_tail=1, drop_order="strided", fill=fill)
         trace = tiny_engine.generate(PROMPT, cfg, GREEDY, TraceConfig(), forced=[list(range(5, 29))],
-                                     observer=lambda i, o, s: rows.append(o.logits))
+                                     observer=lambda i, o, s: rows.append(o.logits))  # noqa: B023 (called within this iteration)
         logits[fill] = torch.cat(rows)
         assert (trace.grid() == FILLED_COPY).any()
     assert torch.equal(logits["copy"], logits["copy_any_type"])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from d3.config import D3Config, EarlyExitConfig, FullConfig, GenerationConfig, TraceConfig, TRACE_OFF, UnifiedConfig
+from d3.config import TRACE_OFF, D3Config, EarlyExitConfig, FullConfig, GenerationConfig, TraceConfig, UnifiedConfig
 from d3.engine import Engine
 from tests.tiny import tiny_llama
 

@@ -9,8 +9,7 @@ import pytest
 
 from explorer import expiry, page
 from explorer.caps import Caps
-from tests.apphelpers import new_client
-from tests.apphelpers import RUN, serve, wait_until
+from tests.apphelpers import RUN, new_client, serve, wait_until
 
 pytestmark = [pytest.mark.usefixtures("exports_in_tmp"), pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::UserWarning")]

@@ -14,10 +14,10 @@ import pandas as pd
 import pytest
 
 from explorer import export
-from explorer.session import Session
-from tests.apphelpers import DEFAULTS
 from explorer.export import export_figure
 from explorer.pool import ModelPool
+from explorer.session import Session
+from tests.apphelpers import DEFAULTS
 
 pytestmark = [pytest.mark.usefixtures("exports_in_tmp"), pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 FIGURE_ARGS = {k: v for k, v in DEFAULTS.items() if k != "prompt"}
@@ -99,7 +99,7 @@ def test_the_total_stays_under_the_cap_oldest_first(pool, finished, monkeypatch)
     js = (export.EXPORT_ROOT / "plotly.min.js").stat().st_size
     monkeypatch.setattr(export, "EXPORT_MAX_BYTES", js + 3 * one + one // 2)  # room for three pages
     folders = []
-    for i in range(6):
+    for _i in range(6):
         folders.append(Path(figure(pool, Session(d3=finished.d3, full=finished.full), "usage")[0]).parent)
         time.sleep(0.02)  # distinct modification times
     left = [f for f in folders if f.exists()]

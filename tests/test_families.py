@@ -15,14 +15,21 @@ import numpy as np
 import pytest
 import torch
 
-from d3.config import (TRACE_OFF, D3Config, EarlyExitConfig, FullConfig, GenerationConfig, SkipDecodeConfig, TraceConfig,
-                       UnifiedConfig)
+from d3.config import (
+    TRACE_OFF,
+    D3Config,
+    EarlyExitConfig,
+    FullConfig,
+    GenerationConfig,
+    SkipDecodeConfig,
+    TraceConfig,
+    UnifiedConfig,
+)
 from d3.decoder import left_padded_positions
 from d3.engine import Engine
 from d3.families import FAMILIES, TESTED_ON, TESTED_TRANSFORMERS, family_of
 from d3.models import get_model
-from d3.testing import clear_model_cache
-from d3.testing import tiny_family_model, tiny_tokenizer
+from d3.testing import clear_model_cache, tiny_family_model, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 CUSTOM = str(ROOT / "hub" / "d3-generate")

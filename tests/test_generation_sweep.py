@@ -9,12 +9,12 @@ import math
 import pandas as pd
 import pytest
 
-from d3.research import data, gentasks
 from d3.cli import main as cli_main
 from d3.config import FullConfig
+from d3.reports.generation import best_within, generation_markdown, headline_lines, matched_table
+from d3.research import data, gentasks
 from d3.research.data import TaskInfo
 from d3.research.gentasks import GenerationTask, worked_arithmetic
-from d3.reports.generation import best_within, generation_markdown, headline_lines, matched_table
 from d3.research.sweep import SweepSpec
 from d3.research.sweep.generation import GEN_COLUMNS, answer_batch, read_generation, reply, run_generation_sweep, wilson
 from tests.bigbench import write_task
@@ -146,9 +146,8 @@ def test_the_criterion_reads_the_paired_bound_on_the_loss_when_the_table_has_it(
 
 
 def test_cli_generate_mode(engine, task, tmp_path, monkeypatch, capsys) -> None:
-    from d3.cli import sweep as sweep_cli
-
     from d3.cli import build_parser
+    from d3.cli import sweep as sweep_cli
 
     out = tmp_path / "g.csv"
     args = ["sweep", "--task-mode", "generate", "--tasks", "fake_gen", "--task-limit", "5", "--new-tokens", "5",

@@ -7,7 +7,14 @@ import pytest
 
 from d3.research import data, gentasks
 from d3.research.data import Example, TaskInfo
-from d3.research.gentasks import GENERATION_TASKS, GenerationTask, answer_text, is_correct, worked_arithmetic, worked_counting
+from d3.research.gentasks import (
+    GENERATION_TASKS,
+    GenerationTask,
+    answer_text,
+    is_correct,
+    worked_arithmetic,
+    worked_counting,
+)
 from tests.bigbench import write_task
 
 

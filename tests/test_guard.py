@@ -13,8 +13,7 @@ import pytest
 from explorer import page
 from explorer.caps import Caps
 from explorer.guard import BoundedRecords, RequestGuard, UploadBounds, UploadBudget, bound_the_log
-from tests.apphelpers import new_client
-from tests.apphelpers import RUN, CountingEngine, serve
+from tests.apphelpers import RUN, CountingEngine, new_client, serve
 from tests.tiny import tiny_llama, tiny_tokenizer
 
 pytestmark = [pytest.mark.usefixtures("exports_in_tmp"), pytest.mark.filterwarnings("ignore::DeprecationWarning"),
@@ -187,7 +186,7 @@ def test_uvicorn_error_records_are_bounded_and_one_line_per_kind(capfd) -> None:
         logging.config.dictConfig(uvicorn.config.LOGGING_CONFIG)  # what uvicorn does as it starts
         capfd.readouterr()
         log = logging.getLogger("uvicorn.error")
-        for i in range(30):
+        for _i in range(30):
             try:
                 raise KeyError("y" * (200 * 1000))
             except KeyError:

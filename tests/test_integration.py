@@ -7,18 +7,18 @@ import pytest
 
 from d3.compare import compare, perplexity
 from d3.config import (
+    TRACE_OFF,
     D3Config,
     EarlyExitConfig,
     FullConfig,
     GenerationConfig,
     SkipDecodeConfig,
     TraceConfig,
-    TRACE_OFF,
     UnifiedConfig,
 )
 from d3.engine import Engine
-from d3.testing import count_hooks
 from d3.schedule import plan
+from d3.testing import count_hooks
 
 pytestmark = pytest.mark.integration
 PROMPT = "Give me two tips for learning to cook."

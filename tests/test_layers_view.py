@@ -8,11 +8,11 @@ import pytest
 
 from d3.config import D3Config
 from d3.schedule import flex_drop_order, plan
-from explorer.views import layers as view
 from explorer.caps import Caps
 from explorer.controls import DEFAULTS, parse_strategy
-from tests.figures import message, role
+from explorer.views import layers as view
 from tests.apphelpers import NEEDS_CONTROLS as CONTROLS  # the same controls as test_needs
+from tests.figures import message, role
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

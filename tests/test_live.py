@@ -11,14 +11,14 @@ import pytest
 
 from d3.config import D3Config, EarlyExitConfig, FullConfig, GenerationConfig, SkipDecodeConfig, UnifiedConfig
 from d3.research.data import example_prompts
+from explorer import live
 from explorer.caps import Caps, is_public
 from explorer.controls import Controls, other_schedules, parse_controls
+from explorer.live import stop
 from explorer.pool import KNOWN_FACTS, ModelPool
 from explorer.runs import LiveUpdate, fill_comparison, prepare_run, side_by_side
 from explorer.scenarios import SCENARIOS, scenario_controls
 from explorer.session import Session
-from explorer import live
-from explorer.live import stop
 
 CAPS = Caps()
 GEN = GenerationConfig(max_new_tokens=10, stop_at_eos=False)

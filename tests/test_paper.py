@@ -12,7 +12,16 @@ from pathlib import Path
 import pytest
 
 from d3.config import D3Config, FullConfig
-from d3.research.paper import CSV_COLUMNS, Addition, BigBenchExactMatch, PaperRow, Scored, select, start_steps, write_csv
+from d3.research.paper import (
+    CSV_COLUMNS,
+    Addition,
+    BigBenchExactMatch,
+    PaperRow,
+    Scored,
+    select,
+    start_steps,
+    write_csv,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMING = {"full_s", "d3_s", "measured_speedup"}

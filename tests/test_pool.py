@@ -12,14 +12,14 @@ import gradio as gr
 import pytest
 
 from d3 import models
-from explorer import live, pool as pool_module, view_handlers
+from explorer import live, view_handlers
+from explorer import pool as pool_module
 from explorer.caps import Caps
 from explorer.page import build_demo
 from explorer.parse import shown
 from explorer.pool import ModelPool
 from explorer.session import Session
-from tests.apphelpers import new_client
-from tests.apphelpers import DEFAULTS, serve, wait_until
+from tests.apphelpers import DEFAULTS, new_client, serve, wait_until
 from tests.tiny import tiny_llama
 
 pytestmark = [pytest.mark.usefixtures("exports_in_tmp"), pytest.mark.filterwarnings("ignore::DeprecationWarning"),

@@ -8,8 +8,8 @@ import threading
 import gradio as gr
 import pytest
 
-from explorer import live, page
 from d3.models import ModelFacts
+from explorer import live, page
 from explorer.pool import ModelPool
 from explorer.prepare import Preparation, percent
 from explorer.session import Session

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from d3.compare import compare
-from d3.config import D3Config, GenerationConfig, TRACE_OFF
+from d3.config import TRACE_OFF, D3Config, GenerationConfig
 from explorer import views
 from viz.stream import token_html
 

@@ -15,8 +15,8 @@ import torch
 
 from d3.config import TRACE_OFF, D3Config, FullConfig, GenerationConfig
 from d3.engine import Engine
-from d3.models import QWEN_CODER, QWEN_CODER_CHUNKS, KNOWN_MODELS, get_model, known_key
 from d3.model_cache import ready_conversion
+from d3.models import KNOWN_MODELS, QWEN_CODER, QWEN_CODER_CHUNKS, get_model, known_key
 
 
 def _installed() -> bool:

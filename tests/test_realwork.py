@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from d3.config import D3Config, FullConfig, GenerationConfig, SkipDecodeConfig, UnifiedConfig, TRACE_OFF
+from d3.config import TRACE_OFF, D3Config, FullConfig, GenerationConfig, SkipDecodeConfig, UnifiedConfig
 from d3.research.realwork import Benchmark, Problem, answer, answer_batch, cut, first_change
 
 PROMPTS = ["hello there", "a", "the quick brown fox jumps", "zz top 42, and more"]

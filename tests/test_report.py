@@ -10,10 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from d3.reports import sweep as report
 from d3.cli import report as report_cli
-from d3.research.sweep import COLUMNS, table
 from d3.cli.report import write_report
+from d3.reports import sweep as report
+from d3.research.sweep import COLUMNS, table
 from viz import report as viz_report
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import ast
 import json
 import math
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import gradio as gr
 import httpx
@@ -15,19 +16,30 @@ from gradio_client import Client
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from explorer import export, live, page, view_handlers
-from explorer.views import errors, flow
 import d3.models
 from d3.decoder import DecodeState
 from d3.testing import count_hooks
 from d3.trace import Trace
-from explorer import loadtest
+from explorer import export, live, loadtest, page, view_handlers
 from explorer.caps import Caps, is_public
 from explorer.controls import REDRAW_NAMES
 from explorer.pool import ModelPool
 from explorer.session import Session
-from tests.apphelpers import ROOT, alive, call_undocumented, new_client, rss_mib
-from tests.apphelpers import DEFAULTS, RUN, api_defaults, last_value, serve, tiny_factory, wait_until
+from explorer.views import errors, flow
+from tests.apphelpers import (
+    DEFAULTS,
+    ROOT,
+    RUN,
+    alive,
+    api_defaults,
+    call_undocumented,
+    last_value,
+    new_client,
+    rss_mib,
+    serve,
+    tiny_factory,
+    wait_until,
+)
 from tests.figures import message
 
 pytestmark = [pytest.mark.usefixtures("exports_in_tmp"), pytest.mark.filterwarnings("ignore::DeprecationWarning"),

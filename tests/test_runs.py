@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from d3.config import D3Config
 from explorer import controls as controls_module
+from explorer import views
 from explorer.caps import Caps
 from explorer.live import compare_fills, generate
 from explorer.pool import ModelPool
 from explorer.session import Session
-from d3.config import D3Config
-from explorer import views
 from tests.apphelpers import run_pair
 
 

@@ -7,14 +7,13 @@ from __future__ import annotations
 import pytest
 
 from d3.compare import compare
-from d3.config import TRACE_OFF, FullConfig
+from d3.config import TRACE_OFF, D3Config, FullConfig
 from d3.research.data import example_prompts
 from d3.research.gentasks import answer_text
 from d3.trace import token_agreement
 from explorer.caps import Caps
 from explorer.controls import Controls, model_defaults, parse_controls
 from explorer.scenarios import scenario_controls
-from d3.config import D3Config
 from tests.apphelpers import run_pair
 
 pytestmark = pytest.mark.integration

@@ -4,17 +4,16 @@ tests/test_browser_lens.py."""
 
 from __future__ import annotations
 
-
 import gradio as gr
 import pytest
 
 from d3.config import D3Config, GenerationConfig, TraceConfig
 from d3.trace import RAN
 from explorer.controls import DEFAULTS
-from explorer.view_handlers import view_opened
-from explorer.views.scrub import PAUSE, PLAY, RUN_OUTPUTS, next_token, render_scrub, show_run, toggle_play
 from explorer.runs import check_run, side_by_side
 from explorer.session import Session
+from explorer.view_handlers import view_opened
+from explorer.views.scrub import PAUSE, PLAY, RUN_OUTPUTS, next_token, render_scrub, show_run, toggle_play
 from tests.figures import by_role
 from viz.layout import CELL_COLORS
 

@@ -10,9 +10,9 @@ import pytest
 
 from d3.config import D3Config, GenerationConfig, TraceConfig
 from d3.trace import RAN, TokenStep, Trace
+from tests.figures import message
 from viz.layout import CELL_COLORS, FILL_COLORS
 from viz.stack import BOX_RIGHT, DETOUR_X, PATH_X, caption, fills, layer_stack
-from tests.figures import message
 
 L = 6
 CORE = (1, 1)
@@ -221,10 +221,10 @@ def test_a_real_run_on_the_tiny_model(tiny_engine) -> None:
 CHROMIUM = Path("/usr/bin/chromium")
 SHOWN = """() => { const gd = document.getElementById('stack');
     return {active: gd.layout.sliders[0].active,
-            ran: gd.data[0].marker.color.filter(c => c === '%s').length,
+            ran: gd.data[0].marker.color.filter(c => c === 'RAN_COLOR').length,
             arrows: gd.layout.annotations.filter(a => (a.name || '').startsWith('copy ') && a.arrowhead
                                                       && a.visible !== false).map(a => a.name.slice(5).split('->').map(Number)),
-            caption: gd.layout.annotations.find(a => a.name === 'caption').text}; }""" % CELL_COLORS[RAN]
+            caption: gd.layout.annotations.find(a => a.name === 'caption').text}; }""".replace("RAN_COLOR", CELL_COLORS[RAN])
 
 
 @pytest.mark.browser

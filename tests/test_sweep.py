@@ -12,8 +12,8 @@ import pytest
 from d3.cli import sweep as sweep_cli
 from d3.config import D3Config, FullConfig, UnifiedConfig
 from d3.engine import Engine
-from d3.schedule import planned_mean_layers
 from d3.research.sweep import COLUMNS, Setting, SweepSpec, grid, measure, run, setting_key, table, tasks
+from d3.schedule import planned_mean_layers
 
 SMALL = SweepSpec(prompts=("hello there", "the sky is"), max_new_tokens=3, repeats=1, depths=(0.5,),
                   starts=(0, 2), baselines=("skipdecode", "unified", "early_exit"), ppl_chunks=1, ppl_prefix=4)
@@ -246,7 +246,7 @@ def test_loglik_scoring_sums_only_each_options_own_tokens(engine: Engine) -> Non
     alone = []
     for option in ex.choices:
         ids = engine.tokenizer(" " + option, add_special_tokens=False)["input_ids"]
-        from d3.config import GenerationConfig, TRACE_OFF
+        from d3.config import TRACE_OFF, GenerationConfig
         t = engine.generate_batch([prompt], FullConfig(), GenerationConfig(max_new_tokens=len(ids), stop_at_eos=False),
                                   TRACE_OFF, forced=[ids])[0]
         alone.append(sum(s.logprob for s in t.steps))

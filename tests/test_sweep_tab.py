@@ -12,13 +12,12 @@ import pandas as pd
 import pytest
 
 import app
+from d3.research.sweep.grid import d3_for_depth, planned_mean_layers
 from explorer import export, sweep_tab
 from explorer.caps import Caps
 from explorer.pool import ModelPool
-from explorer.sweep_tab import SWEEP_MAX_SETTINGS
+from explorer.sweep_tab import SWEEP_MAX_SETTINGS, sweep_spec
 from tests.apphelpers import tiny_factory
-from d3.research.sweep.grid import d3_for_depth, planned_mean_layers
-from explorer.sweep_tab import sweep_spec
 
 pytestmark = [pytest.mark.usefixtures("exports_in_tmp"), pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -286,8 +285,8 @@ def test_full_depth_reads_one_against_itself_and_keeps_its_own_timing_as_noise(s
 
 
 def test_the_small_wording_says_what_happens() -> None:
-    from explorer.views.scrub import PAUSE, PLAY
     from explorer.sweep_tab import SWEEP_REPEATS, sweep_bounds_text
+    from explorer.views.scrub import PAUSE, PLAY
     from explorer.wording import SWEEP_EXPLAIN
 
     assert f"{SWEEP_REPEATS} timing pairs" in sweep_bounds_text() and "1 repeat" not in sweep_bounds_text()

@@ -13,8 +13,9 @@ from explorer.caps import Caps
 from explorer.page import build_demo
 from explorer.pool import ModelPool
 from explorer.session import Session
-from tests.apphelpers import new_client
-from tests.apphelpers import DEFAULTS, RUN, api_defaults, CountingEngine, serve, tiny_factory, wait_until
+from explorer.views import layers as layers_view
+from explorer.views import needs
+from tests.apphelpers import DEFAULTS, RUN, CountingEngine, api_defaults, new_client, serve, tiny_factory, wait_until
 from tests.tiny import tiny_llama, tiny_tokenizer
 
 pytestmark = [pytest.mark.usefixtures("exports_in_tmp"), pytest.mark.filterwarnings("ignore::DeprecationWarning"),
@@ -90,7 +91,6 @@ def test_a_job_nobody_reads_frees_its_slot(slow_engine) -> None:
 # ---------------------------------------------------------------- the measuring endpoints
 
 
-from explorer.views import layers as layers_view, needs  # noqa: E402
 
 MEASURING = {"measure_layers": lambda pool: layers_view.measure_layers(pool, None, **RUN_TINY),
              "measure_needs": lambda pool: needs.measure_needs(pool, None, **RUN_TINY),

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
-from d3.trace import Agreement, Comparison, TokenStep, Trace, token_agreement
-import json
 from d3.config import FullConfig, GenerationConfig
+from d3.trace import Agreement, Comparison, TokenStep, Trace, token_agreement
 
 
 @pytest.mark.parametrize("a, b, expected", [

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from d3.config import D3Config, GenerationConfig, TraceConfig
 from d3.trace import FILLED_COPY, RAN, Trace
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import gradio as gr
 import pytest
 
+from d3.config import D3Config, GenerationConfig
 from explorer.caps import Caps
 from explorer.pool import ModelPool
 from explorer.session import Session
 from explorer.view_handlers import SETTLE_OUTPUTS, check_release, settle_controls, settle_released
-from d3.config import D3Config, GenerationConfig
 
 
 @pytest.fixture()
@@ -234,8 +234,8 @@ def test_a_core_reset_gives_back_the_pages_own_order_for_that_kind_of_text(kind)
 def test_the_example_menu_names_the_prompt_a_scenario_set(pool, key) -> None:
     """Issue 35 (ugly list): the Example prompt menu went blank after a scenario (its arithmetic question is no
     example). It names the scenario's prompt, one of its own choices, and picking that gives the prompt back."""
-    from explorer.view_handlers import SCENARIO_OUTPUTS, apply_scenario, prompt_titles, use_example
     from explorer.scenarios import SCENARIOS
+    from explorer.view_handlers import SCENARIO_OUTPUTS, apply_scenario, prompt_titles, use_example
 
     if key not in SCENARIOS:
         pytest.skip(f"no scenario {key!r}")

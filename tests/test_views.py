@@ -5,11 +5,11 @@ from __future__ import annotations
 import importlib
 import sys
 
+import numpy as np
 import pytest
 
-from explorer import views
-import numpy as np
 from d3.config import D3Config, GenerationConfig
+from explorer import views
 from tests.figures import by_role, title_text
 
 NEW_VIEW = '''

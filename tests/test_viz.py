@@ -13,15 +13,22 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from d3.config import D3Config, EarlyExitConfig, FullConfig, SkipDecodeConfig, StrategyConfig, UnifiedConfig
+import viz
+from d3.config import (
+    D3Config,
+    EarlyExitConfig,
+    FullConfig,
+    GenerationConfig,
+    SkipDecodeConfig,
+    StrategyConfig,
+    UnifiedConfig,
+)
 from d3.schedule import budgets, d3_budget, planned_grid
 from d3.trace import FILL_CODES, FILLED_COPY, HOLE, RAN, SKIPPED, Comparison, TokenStep, Trace
-import viz
-from viz.layout import CELL_COLORS, plot_text, readable_token
 from tests.figures import message, title_text
 from tests.traces import WORDS, make_trace  # noqa: F401
-from d3.config import GenerationConfig
 from viz.depth import decay_curve
+from viz.layout import CELL_COLORS, plot_text, readable_token
 
 pytestmark = pytest.mark.filterwarnings("error::RuntimeWarning")  # e.g. numpy's "mean of empty slice"
 
@@ -658,7 +665,7 @@ def test_on_gemma3_the_grid_hover_names_the_layer_the_decoder_copied_from(tiny_g
     """Gemma 3 with fill copy: a skipped global layer copies a global layer, not the nearest lower layer that ran.
     The hover of the usage grid (and of the lens heatmap) names the layer the decoder recorded, in every copied
     cell; at least one of them is a cell where the nearest-lower rule the figures once re-derived would be wrong."""
-    from d3.config import GenerationConfig, TRACE_OFF
+    from d3.config import TRACE_OFF, GenerationConfig
 
     cfg = D3Config(alpha=0.8, core_head=1, core_tail=1, drop_order="strided", fill="copy")
     trace = tiny_gemma.generate("hello world", cfg, GenerationConfig(max_new_tokens=8, stop_at_eos=False), TRACE_OFF)
@@ -694,7 +701,7 @@ def test_error_propagation_names_masked_holes_as_holes(tiny_engine) -> None:
     """Issue 24, item 9: with fill none the outlined cells are masked holes, which no later token reads; they were
     labelled "filled, read by later tokens". With fill copy the same cells are read copies."""
     from d3.compare import compare
-    from d3.config import GenerationConfig, TRACE_OFF
+    from d3.config import TRACE_OFF, GenerationConfig
 
     gen = GenerationConfig(max_new_tokens=8, stop_at_eos=False)
     names = {}

@@ -9,11 +9,10 @@ import numpy as np
 import pytest
 
 from d3.config import D3Config, FullConfig
-from d3.trace import FILLED_COPY, RAN, Trace
+from d3.trace import FILLED_COPY, RAN, Trace, prediction_depth
 from tests.figures import title_text
 from tests.traces import make_trace
 from viz.layout import CELL_COLORS
-from d3.trace import prediction_depth
 from viz.lens import has_lens, lens_arrays, logit_lens_heatmap
 from viz.scrub import full_context_agrees, scrub_html, token_layers, topk_compare
 

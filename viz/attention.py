@@ -163,7 +163,7 @@ def attention_map(trace: Trace, layer: int, head: int, *, compare: Trace | None 
     names = [short_label(run.strategy) for run in runs]
     layout = panels(len(runs), titles=names if len(runs) > 1 else None, spacing=0.14)
     data, shapes, notes = [], [], []
-    for index, (run, name) in enumerate(zip(runs, names), start=1):
+    for index, (run, _name) in enumerate(zip(runs, names), start=1):
         traces, panel_shapes, xaxis, yaxis, note = _panel(run, layer, head, index, strategy_label(run.strategy))
         suffix = "" if index == 1 else str(index)
         layout["xaxis" + suffix].update(xaxis)

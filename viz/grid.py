@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import plotly.graph_objects as go
@@ -21,9 +21,9 @@ from d3.trace import (
 from viz.layout import (
     CELL_CODES,
     CELL_COLORS,
+    CORE_FILL,
     axis_ref,
     cell_names,
-    CORE_FILL,
     core_legend_entry,
     core_shapes,
     decode_plan,

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import html
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import pandas as pd
 from plotly.offline import get_plotlyjs

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from plotly.colors import sample_colorscale, unlabel_rgb

@@ -6,13 +6,20 @@ import argparse
 import importlib
 import json
 import sys
-from typing import Any, NoReturn, Sequence
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
-from d3.config import STRATEGIES, TRACE_OFF, GenerationConfig, Param, StrategyConfig, TraceConfig, params, \
-    strategy_from_dict
-
-from d3.cli.common import CLI_NARROW, CliError, add_field_args, add_model_arg, check_device, describe_param, \
-    param_type
+from d3.cli.common import CLI_NARROW, CliError, add_field_args, add_model_arg, check_device, describe_param, param_type
+from d3.config import (
+    STRATEGIES,
+    TRACE_OFF,
+    GenerationConfig,
+    Param,
+    StrategyConfig,
+    TraceConfig,
+    params,
+    strategy_from_dict,
+)
 from d3.research.data import fetch
 
 # Subcommands that live in their own modules, each exposing add_parser(subparsers) and main(args) -> int.
@@ -155,9 +162,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    from d3.families import family_of, fill_exactness
     from d3.models import describe, get_model
-
-    from d3.families import fill_exactness, family_of
 
     check_device(args.device)
     _quiet_transformers()

@@ -46,9 +46,9 @@ def main(args: argparse.Namespace, engine: Any = None) -> int:
         check_output_file(args.json, "--json")
     set_threads(args.threads)
     # Loaded here, not at the top: the parser is built for every command, and the bench needs torch.
-    from d3.research.bench import d3_two_thirds, interleaved, load_time, profile_load, profile_misses, results, table
     from d3.engine import Engine
     from d3.models import get_model
+    from d3.research.bench import d3_two_thirds, interleaved, load_time, profile_load, profile_misses, results, table
 
     if engine is None:
         engine = Engine.from_loaded(get_model(args.model, device="cpu"))

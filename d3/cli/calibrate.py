@@ -7,8 +7,19 @@ import json
 import sys
 from typing import Any
 
-from d3.cli.common import CliError, add_field_args, add_model_arg, add_threads_arg, check_input_file, check_steps, \
-    describe_param, int_in, known_layers, param_type, set_threads
+from d3.cli.common import (
+    CliError,
+    add_field_args,
+    add_model_arg,
+    add_threads_arg,
+    check_input_file,
+    check_steps,
+    describe_param,
+    int_in,
+    known_layers,
+    param_type,
+    set_threads,
+)
 from d3.config import D3Config
 from d3.orders import SIGNALS
 from d3.research.calibration_sets import TOKENS

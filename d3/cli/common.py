@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from d3.config import DEFAULT_MODEL, MAX_NEW_TOKENS_CAP, Param, params
 

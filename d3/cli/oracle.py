@@ -8,10 +8,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from d3.cli.common import CliError, add_field_args, add_model_arg, add_threads_arg, check_input_file, \
-    check_output_file, int_in, set_threads
 from d3.cli import layer_order_arg
-from d3.config import GenerationConfig, D3Config
+from d3.cli.common import (
+    CliError,
+    add_field_args,
+    add_model_arg,
+    add_threads_arg,
+    check_input_file,
+    check_output_file,
+    int_in,
+    set_threads,
+)
+from d3.config import D3Config, GenerationConfig
 from d3.research.data import example_prompts
 from d3.research.oracle_fit import PAPER_ALPHAS
 

@@ -7,11 +7,19 @@ import sys
 from dataclasses import fields
 from typing import Any
 
-from d3.cli.common import CliError, add_model_arg, add_threads_arg, check_device, check_output_file, check_steps, \
-    int_in, known_layers, set_threads
+from d3.cli.common import (
+    CliError,
+    add_model_arg,
+    add_threads_arg,
+    check_device,
+    check_output_file,
+    check_steps,
+    int_in,
+    known_layers,
+    set_threads,
+)
 from d3.config import DROP_ORDERS, D3Config, default_core, params
 from d3.research.paper import SELECTION_RULE, TASKS, RunSettings
-
 
 # The orders the validation split may choose among: every named drop order of the registry (d3.config.DROP_ORDERS;
 # calibrated: per model, not per task), and `task`, the order calibrated on the task's own validation split.

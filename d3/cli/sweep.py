@@ -5,14 +5,23 @@ from __future__ import annotations
 import argparse
 import csv
 import re
+from collections.abc import Callable
 from dataclasses import fields
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import d3.research.sweep
-from d3.cli.common import CliError, add_field_args, add_model_arg, add_threads_arg, check_output_file, \
-    describe_param, int_in, set_threads
+from d3.cli.common import (
+    CliError,
+    add_field_args,
+    add_model_arg,
+    add_threads_arg,
+    check_output_file,
+    describe_param,
+    int_in,
+    set_threads,
+)
 from d3.config import BASELINES, CONFIDENCE_MEASURES, DROP_ORDERS, FILLS, core_fits, params
 from d3.research.data import DEFAULT_TASKS
 from d3.research.gentasks import DEFAULT_GENERATION_TASKS

@@ -1,7 +1,7 @@
 """Research tools built on the engine: calibrated drop orders, the depth oracle, sweeps, the paper's protocol,
 benchmarks, and the tasks and data they read. They import the core (`d3.*`); the core never imports them."""
 
-from typing import Callable
+from collections.abc import Callable
 
 ShouldStop = Callable[[], bool]  # checked between a measurement's steps: True ends it (a time limit, a caller gone)
 

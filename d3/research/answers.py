@@ -10,8 +10,9 @@ engine's (`d3.decoder.decode_one_token` through `d3.schedule.plan`), greedy, sto
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -19,7 +20,6 @@ from d3.config import TRACE_OFF, EarlyExitConfig, StrategyConfig
 from d3.decoder import DecodeState, decode_one_token, shared_prefill
 from d3.research.gentasks import STOP
 from d3.schedule import plan
-
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,26 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
+from d3.config import TRACE_OFF, D3Config, FullConfig, GenerationConfig, StaticSkipConfig
+from d3.orders import (  # noqa: F401  (what a calibration is and where it is kept: part of this module's API)
+    CALIBRATION_ENV,
+    CHAT_ORDERS,
+    HIGHER_IS_BETTER,
+    MEASURED,
+    SIGNALS,
+    UNITS,
+    Calibration,
+    cached,
+    calibration_path,
+    calibration_root,
+    read_calibration,
+    resolve,
+)
+from d3.research import ShouldStop, stop_if
 from d3.research.calibration_sets import (  # noqa: F401  (the sets are part of this module's API)
     TOKENS,
     CalibrationSet,
@@ -40,12 +57,6 @@ from d3.research.calibration_sets import (  # noqa: F401  (the sets are part of 
     task_set,
     text_set,
 )
-from d3.config import TRACE_OFF, D3Config, FullConfig, GenerationConfig, StaticSkipConfig
-from d3.orders import (  # noqa: F401  (what a calibration is and where it is kept: part of this module's API)
-    CALIBRATION_ENV, CHAT_ORDERS, HIGHER_IS_BETTER, MEASURED, SIGNALS, UNITS, Calibration, cached, calibration_path, calibration_root,
-    read_calibration, resolve,
-)
-from d3.research import ShouldStop, stop_if
 from d3.teacher_forced import Batches, Score, TeacherForced
 
 log = logging.getLogger(__name__)

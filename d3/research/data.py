@@ -11,9 +11,10 @@ import sys
 import tarfile
 import tempfile
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Literal, Sequence
+from typing import Literal
 
 BIGBENCH_VERSION = "1.0.0"
 # assets/ sits beside the packages in a checkout (and an editable install); `pip install .` puts it in d3/assets.

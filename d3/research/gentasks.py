@@ -13,9 +13,10 @@ from __future__ import annotations
 import math
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Any, Callable
+from typing import Any
 
 from d3.research.data import Example, chance_level, load_task, normalize
 
@@ -441,7 +442,7 @@ class SyntheticTask(GenerationTask):
         """The space holds at least ROOM times what one seed draws, so another seed draws fresh questions."""
         return self.space_size >= ROOM * self.drawn
 
-    def with_seed(self, seed: int) -> "SyntheticTask":
+    def with_seed(self, seed: int) -> SyntheticTask:
         return replace(self, seed=seed)
 
     def shot_text(self, shot: Example) -> str:

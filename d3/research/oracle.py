@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -175,7 +177,7 @@ class BudgetScan:
         return [bool(self.keeps[i, j]) for i, j in enumerate(self._columns(cfg, num_layers))]
 
 
-def scan_budgets(adapter: Adapter, fp: FullPass, cfg: D3Config, lock: ContextManager[Any] | None = None,
+def scan_budgets(adapter: Adapter, fp: FullPass, cfg: D3Config, lock: AbstractContextManager[Any] | None = None,
                  should_stop: ShouldStop | None = None) -> BudgetScan:
     """Run every answer token at every D3 budget below L (one batch per token) against full depth.
 

@@ -7,8 +7,8 @@ grid of (alpha, start) at once; a test checks them against `d3.schedule.budgets`
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Sequence
 
 import numpy as np
 

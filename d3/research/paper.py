@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import csv
 import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
 from d3.config import D3Config, FullConfig, StrategyConfig
 
@@ -204,7 +205,7 @@ def grid(alphas: Sequence[float], starts: Sequence[int], core: tuple[int | None,
             for s in starts]
 
 
-def order_choices(engine: Any, task: PaperTask, words: Sequence[str], settings: "RunSettings",
+def order_choices(engine: Any, task: PaperTask, words: Sequence[str], settings: RunSettings,
                   log: Callable[[str], None] = lambda _: None) -> list[dict[str, Any]]:
     """The drop orders the validation grid tries: named orders as they are, `task` calibrated on the validation split."""
     out: list[dict[str, Any]] = []

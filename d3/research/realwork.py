@@ -16,9 +16,10 @@ import json
 import random
 import re
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -272,7 +273,7 @@ def answer_many(engine: Any, bench: Benchmark, problems: Sequence[Problem], stra
                                   "ids": list(r.ids), "tokens": len(r.ids), "layers": sum(r.layers),
                                   "mean_layers": round(r.mean_layers, 4), "layer_steps": _runs(r.layers),
                                   "batch": len(part), "batch_id": batch_id, "elapsed": round(elapsed, 3),
-                                  "cpu_elapsed": round(cpu, 3), "shared_prefill": len(labels) > 1})
+                                  "cpu_elapsed": round(cpu, 3), "shared_prefill": len(labels) > 1})  # noqa: B023 (called within this iteration)
 
             answer_batch(engine, [p.prompt for p in part], strategies[label], bench.max_new_tokens, bench.stop,
                          on_end=record, held=held)

@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import re
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from d3.research.realwork import first_change
 from d3.research.stats import exact_difference, exact_rate

@@ -11,8 +11,9 @@ for any per-question score (agreement, same-answer rate, accuracy). Identical an
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

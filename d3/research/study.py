@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from d3.config import D3Config, FullConfig, StrategyConfig
 from d3.research.answers import Answers, PrefilledQuestions
@@ -47,14 +48,14 @@ class Outcome:
     def accuracy(self) -> float:
         return sum(self.correct) / max(len(self.correct), 1)
 
-    def join(self, other: "Outcome") -> "Outcome":
+    def join(self, other: Outcome) -> Outcome:
         """This outcome's questions, then `other`'s (a first stage and the rest)."""
         tokens = self.tokens + other.tokens
         layers = (self.mean_layers * self.tokens + other.mean_layers * other.tokens) / max(tokens, 1)
         return Outcome(self.correct + other.correct, self.answers + other.answers, layers, tokens,
                        self.seconds + other.seconds, self.cpu_seconds + other.cpu_seconds)
 
-    def head(self, n: int) -> "Outcome":
+    def head(self, n: int) -> Outcome:
         """The first `n` questions' answers (times and layers are the whole run's: only for pairing)."""
         return Outcome(self.correct[:n], self.answers[:n], self.mean_layers, self.tokens, self.seconds, self.cpu_seconds)
 

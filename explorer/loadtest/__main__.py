@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from d3.config import DEFAULT_MODEL
 from explorer.loadtest import __doc__ as DOC

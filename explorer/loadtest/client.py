@@ -6,9 +6,10 @@ import concurrent.futures
 import json
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from d3.config import default_core
 

@@ -7,7 +7,8 @@ import concurrent.futures
 import sys
 import threading
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from d3.models import KNOWN_MODELS
 from explorer.loadtest.client import Outcome, Spec, Tokens, error_kind, exported_d3_ids, generate

@@ -9,9 +9,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from explorer.caps import Caps
 from explorer.page import build_demo, free_port, launch, tune_process

@@ -9,8 +9,9 @@ import html
 import importlib
 import math
 import pkgutil
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import gradio as gr
 import plotly.graph_objects as go
@@ -27,7 +28,6 @@ from viz.flow import sublayer_flow
 from viz.grid import layer_grid, planned_grid_figure
 from viz.layout import empty_figure, readable_token, short_label, shown_text, strategy_label
 from viz.stream import count_words, speed_words
-
 
 SCHEDULE = ("decay", "planned")  # the schedule preview: the two views drawn from the controls alone (no run)
 # px; the decay curve shares the first screen with the panes. In presentation mode its box sets its height
@@ -180,7 +180,7 @@ class Shown:
     phase: str = ""
 
     @classmethod
-    def of(cls, session: Any) -> "Shown":
+    def of(cls, session: Any) -> Shown:
         """The session's run; phase "streaming" while a run of the session is going (a view then says it is drawn
         when the run has finished, not "Press Generate")."""
         if session is None:
@@ -222,7 +222,7 @@ class View:
     after_run: bool = False
     live: bool = False
     controls: Callable[[dict[str, Any], Any], None] | None = None
-    wire: Callable[[Any, dict[str, Any], "Page"], None] | None = None
+    wire: Callable[[Any, dict[str, Any], Page], None] | None = None
     follow: Callable[[Any, dict[str, Any], Any], Any] | None = None
     tab: bool = True
     plot: bool = True

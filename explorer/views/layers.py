@@ -13,8 +13,8 @@ from typing import Any
 import gradio as gr
 import plotly.graph_objects as go
 
-from d3.research.calibrate import Calibration, calibrate_and_compare, prompt_set
 from d3.config import D3Config
+from d3.research.calibrate import Calibration, calibrate_and_compare, prompt_set
 from d3.schedule import flex_drop_order, order_key
 from explorer.controls import Controls, layer_order_text, takes_controls
 from explorer.pool import ModelPool

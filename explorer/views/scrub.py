@@ -18,7 +18,8 @@ from explorer.pool import ModelPool
 from explorer.session import Session
 from explorer.ui import ordered, user_errors
 from explorer.views import Page, View, waiting
-from explorer.views.lens import KEY as LENS, lens_view, read_session_lens
+from explorer.views.lens import KEY as LENS
+from explorer.views.lens import lens_view, read_session_lens
 from viz.scrub import scrub_html, token_layers, topk_compare
 
 KEY = "scrub"

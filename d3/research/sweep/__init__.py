@@ -24,11 +24,18 @@ from __future__ import annotations
 #   tasks    BIG-bench task accuracy under a schedule
 #   table    the CSV's columns, reading and appending rows, JSON sidecars
 #   run      the loop: settings not yet in the CSV, measured one by one (loads torch)
-
 from typing import Any
 
 from d3.research.sweep.grid import all_settings
-from d3.research.sweep.spec import BASELINES, BUILTIN_PROMPTS, TASK_SCORINGS, Setting, SweepSpec, load_prompts, setting_key
+from d3.research.sweep.spec import (
+    BASELINES,
+    BUILTIN_PROMPTS,
+    TASK_SCORINGS,
+    Setting,
+    SweepSpec,
+    load_prompts,
+    setting_key,
+)
 from d3.research.sweep.table import COLUMNS, read_results, sidecar
 
 __all__ = ["BASELINES", "BUILTIN_PROMPTS", "TASK_SCORINGS", "COLUMNS", "Setting", "SweepSpec", "all_settings",

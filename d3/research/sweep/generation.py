@@ -15,19 +15,20 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import pandas as pd
 
 from d3.config import TRACE_OFF, FullConfig, GenerationConfig, StrategyConfig
-from d3.research.stats import bootstrap_difference, exact_difference
 from d3.research.gentasks import STOP, GenerationTask, answer_text, get_generation_task
-from d3.schedule import theoretical_speedup
+from d3.research.stats import bootstrap_difference, exact_difference
 from d3.research.sweep.grid import all_settings
 from d3.research.sweep.spec import Progress, Setting, SweepSpec, setting_key
+from d3.schedule import theoretical_speedup
 
 GEN_COLUMNS = (
     "key", "model", "num_layers", "strategy", "label", "params", "target_depth", "tasks", "questions",
@@ -181,7 +182,7 @@ def measure_setting(engine: Any, spec: SweepSpec, setting: Setting, key: str,
         "diff": paired.diff, "diff_low": paired.low, "diff_high": paired.high,
         "same_answer": 1 + same.diff, "same_answer_low": 1 + same.low, "same_answer_high": 1 + same.high,
         "task_accuracy": json.dumps(per_task, sort_keys=True), "seconds": time.perf_counter() - started,
-        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
 
 

@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from typing import Any, Iterable, Sequence, TypeVar
+from typing import Any, TypeVar
 
-from d3.config import TRACE_OFF, D3Config, drop_order_fields, EarlyExitConfig, FullConfig, GenerationConfig, SkipDecodeConfig, \
-    StrategyConfig, UnifiedConfig
-from d3.schedule import alpha_for_mean_depth, planned_mean_layers, unified_layers
+from d3.config import (
+    TRACE_OFF,
+    D3Config,
+    EarlyExitConfig,
+    FullConfig,
+    GenerationConfig,
+    SkipDecodeConfig,
+    StrategyConfig,
+    UnifiedConfig,
+    drop_order_fields,
+)
 from d3.research.sweep.spec import Setting, SweepSpec
+from d3.schedule import alpha_for_mean_depth, planned_mean_layers, unified_layers
 
 # ---------------------------------------------------------------- matching depths (pure)
 

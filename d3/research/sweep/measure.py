@@ -6,18 +6,19 @@ import json
 import math
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from d3.compare import Recorded, compare, perplexity, run_recorded
 from d3.config import TRACE_OFF, FullConfig, StrategyConfig, TraceConfig
 from d3.research.data import chance_level, ppl_text
-from d3.schedule import planned_mean_layers, theoretical_speedup
-from d3.research.sweep.spec import Progress, Setting, SweepSpec
 from d3.research.stats import bootstrap_difference, exact_difference
+from d3.research.sweep.spec import Progress, Setting, SweepSpec
 from d3.research.sweep.tasks import accuracy_of, load_examples, scoring_note, task_correct
+from d3.schedule import planned_mean_layers, theoretical_speedup
 
 
 @dataclass

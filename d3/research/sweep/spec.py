@@ -4,12 +4,25 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from d3.config import BASELINES, DEFAULT_MODEL, DROP_ORDERS, FILLS, D3Config, GenerationConfig, StrategyConfig, _check, \
-    check_params, drop_order_fields, param, params
+from d3.config import (
+    BASELINES,
+    DEFAULT_MODEL,
+    DROP_ORDERS,
+    FILLS,
+    D3Config,
+    GenerationConfig,
+    StrategyConfig,
+    _check,
+    check_params,
+    drop_order_fields,
+    param,
+    params,
+)
 from d3.research.data import ASSETS, example_prompts
 
 TASK_SPLITS = ("all", "test")

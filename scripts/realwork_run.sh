@@ -13,21 +13,20 @@ cd "$(dirname "$0")/.."
 PY="${PYTHON:-python}"
 COMMON=(--bench humaneval --dtype float32 --threads 2 --max-new-tokens 160)
 echo "realwork_run.sh: pid $$, $(date -u)" >&2
-SETTINGS="d3 calibrated a0.998;d3 calibrated a0.995;d3 calibrated a0.999;d3 calibrated a0.99;d3 middle_out a0.998"
-# After the first five, the frontier's breadth first: the collapse end, the other orders, a later start, the baselines
-SETTINGS+=";d3 calibrated a0.98;d3 bottom_up a0.998;d3 calibrated s24 a0.998;unified 0.9;skipdecode 0.9;early_exit 0.9"
-SETTINGS+=";d3 calibrated a0.9995;d3 middle_out a0.995;d3 bottom_up a0.995;d3 calibrated s24 a0.995"
-SETTINGS+=";unified 0.7;skipdecode 0.7;early_exit 0.7"
 nice -n 19 "$PY" scripts/realwork_study.py run "${COMMON[@]}" --batch 16 --stages "full@all"
 [[ -f results/realwork_humaneval_shortcut_check.json ]] || \
   nice -n 19 "$PY" scripts/realwork_study.py verify "${COMMON[@]}" --batch 8
-# The first five settings are a group ("|"): its passes over full depth's replies, then the problems each changes.
-# Every later setting is one group: all their passes first (one prefill per batch for all: each setting's first
-# change on every problem, cheap), then, setting after setting in the order above, the problems each changes.
-IFS=';' read -ra ALL <<< "$SETTINGS"
-STAGES=""
-for k in "${!ALL[@]}"; do
-  (( k == 0 )) || { (( k == 5 )) && STAGES+="|" || STAGES+=";"; }
-  STAGES+="${ALL[$k]}@all"
-done
+# The settings, each read over full depth's reply on every problem of its stage first (one pass per batch, all the
+# group's settings at once: where each first changes the reply), then, setting after setting, the problems each
+# changes answered freely. The frontier's top and the orders on all 164 problems; the settings near or past the
+# collapse (α 0.99 and below, the baselines at 70% depth), whose replies run to the token cap, on the first 60 of
+# the seeded shuffle: paired with full depth on those 60, wider intervals, a third of the CPU.
+# LABEL@N: the setting on the first N problems of the seeded shuffle (all: every problem); consecutive settings on
+# the same N are one group (d3/research/realwork_report.py reads these lines for each row's problems).
+SETTINGS="d3 calibrated a0.998@all;d3 calibrated a0.995@all;d3 calibrated a0.999@all;d3 calibrated a0.9995@all"
+SETTINGS+=";d3 middle_out a0.998@all;d3 bottom_up a0.998@all;d3 calibrated s24 a0.998@all;unified 0.9@all"
+SETTINGS+=";skipdecode 0.9@all;early_exit 0.9@all"
+SETTINGS+=";d3 calibrated a0.99@60;d3 calibrated a0.98@60;d3 middle_out a0.995@60;d3 bottom_up a0.995@60"
+SETTINGS+=";d3 calibrated s24 a0.995@60;unified 0.7@60;skipdecode 0.7@60;early_exit 0.7@60"
+STAGES="$SETTINGS"
 nice -n 19 "$PY" scripts/realwork_study.py run "${COMMON[@]}" --batch 16 --stages "$STAGES"

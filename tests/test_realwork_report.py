@@ -66,3 +66,23 @@ def test_a_setting_with_changed_problems_still_to_answer_is_shown_pending_not_pa
     fig = figure(rep, "toy")
     assert not [t for t in fig.data if t.type == "scatter"]  # no frontier point for a pending setting
     assert any(t.type == "histogram" and "2 of 4 changed" in t.name for t in fig.data)
+
+
+def test_a_setting_run_on_the_first_n_problems_is_read_on_those_only(tmp_path, monkeypatch) -> None:
+    """A run script's LABEL@N runs a setting on the first N problems of the seeded shuffle: its row pairs it with
+    full depth on those, a pass or record outside them (from an earlier plan) neither counts nor leaves it pending."""
+    from d3.research import realwork_report as rr
+
+    script = tmp_path / "run.sh"
+    script.write_text('SETTINGS="d3 calibrated a0.998@all;d3 calibrated a0.99@2"\nSETTINGS+=";unified 0.7@60"\n')
+    monkeypatch.setitem(rr.RUN_SCRIPTS, "toy", script)
+    assert rr.planned_stages("toy") == {"d3 calibrated a0.998": None, "d3 calibrated a0.99": 2, "unified 0.7": 60}
+    assert rr.planned_settings("toy") == ["d3 calibrated a0.998", "d3 calibrated a0.99", "unified 0.7"]
+    recs = [_rec("full", f"p{i}", True, [1, 2, 3, 4]) for i in range(4)]
+    recs += [_rec("d3 calibrated a0.99", "p0", False, [1, 9], 20), _rec("d3 calibrated a0.99", "p3", True, [1, 2, 3, 4], 20)]
+    forced = [{"setting": "d3 calibrated a0.99", "pid": p, "first_change": 1, "settled": False} for p in ("p0", "p1", "p3")]
+    unscoped = {r["label"]: r for r in rr.report(recs, forced=forced)["settings"]}["d3 calibrated a0.99"]
+    assert unscoped["pending"] == ["p1"] and unscoped["n"] == 2
+    row = {r["label"]: r for r in rr.report(recs, forced=forced, scopes={"d3 calibrated a0.99": {"p0", "p2"}})[
+        "settings"]}["d3 calibrated a0.99"]
+    assert row["n"] == 1 and row["pending"] == [] and row["complete"] and (row["diff"]["lost"], row["diff"]["won"]) == (1, 0)

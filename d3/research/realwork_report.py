@@ -141,13 +141,19 @@ def by_length(full: dict[str, dict[str, Any]], rows: dict[str, dict[str, Any]]) 
 
 
 def report(recs: Sequence[dict[str, Any]], speed: dict[str, Any] | None = None,
-           forced: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
-    """Full depth's row and each setting's (`forced`: the shortcut's passes over full depth's replies)."""
+           forced: Sequence[dict[str, Any]] = (), scopes: dict[str, set[str]] | None = None) -> dict[str, Any]:
+    """Full depth's row and each setting's (`forced`: the shortcut's passes over full depth's replies). `scopes`:
+    label -> the problems a setting's stage covers, where it ran on part of the benchmark only (its row, pairs and
+    pending problems are read on those; records outside, from an earlier plan, are left out)."""
     groups = by_setting(recs)
     if "full" not in groups:
         return {"settings": [], "full": None}
     full = groups["full"]
     passes = by_setting(forced)
+    for label, pids in (scopes or {}).items():
+        for table in (groups, passes):
+            if label in table:
+                table[label] = {p: r for p, r in table[label].items() if p in pids}
     labels = [k for k in groups if k != "full"] + [k for k in passes if k not in groups]
     rows = [setting_row(label, groups.get(label, {}), full, passes.get(label)) for label in labels]
     for row in rows:
@@ -293,13 +299,35 @@ def _full_passed(rep: dict[str, Any], r: dict[str, Any]) -> int:
 RUN_SCRIPTS = {"humaneval": Path("scripts/realwork_run.sh"), "word_sorting": Path("scripts/realwork_run_word_sorting.sh")}
 
 
-def planned_settings(bench: str) -> list[str]:
-    """The settings the benchmark's run script answers (its SETTINGS lines), in its order."""
+def planned_stages(bench: str) -> dict[str, int | None]:
+    """The settings the benchmark's run script answers (its SETTINGS lines), in its order: label -> the number of
+    problems of the seeded shuffle it runs on (LABEL@N; None: every problem, "@all" or no "@")."""
     script = RUN_SCRIPTS.get(bench)
     if script is None or not script.is_file():
-        return []
-    text = "".join(re.findall(r'^SETTINGS\+?="([^"]*)"', script.read_text(encoding="utf-8"), flags=re.M))
-    return [w.strip() for w in text.split(";") if w.strip()]
+        return {}
+    text = ";".join(re.findall(r'^SETTINGS\+?="([^"]*)"', script.read_text(encoding="utf-8"), flags=re.M))
+    out: dict[str, int | None] = {}
+    for word in (w.strip() for w in text.split(";") if w.strip()):
+        label, _, n = word.partition("@")
+        out[label.strip()] = int(n) if n.strip().isdigit() else None
+    return out
+
+
+def planned_settings(bench: str) -> list[str]:
+    """The settings the benchmark's run script answers, in its order."""
+    return list(planned_stages(bench))
+
+
+def stage_scopes(bench: str) -> dict[str, set[str]]:
+    """label -> the problems its stage covers, for the settings run on the first N problems only (the others cover
+    every problem full depth answered)."""
+    stages = {label: n for label, n in planned_stages(bench).items() if n is not None}
+    if not stages:
+        return {}
+    from d3.research.realwork import BENCHMARKS
+
+    problems = BENCHMARKS[bench]()
+    return {label: {p.pid for p in problems.subset(n)} for label, n in stages.items()}
 
 
 def write_all(folder: Path, benches: Sequence[str], summary: Path = Path("results/SUMMARY.md"),
@@ -309,7 +337,7 @@ def write_all(folder: Path, benches: Sequence[str], summary: Path = Path("result
         recs = records(folder / f"realwork_{bench}.jsonl")
         speed_file = folder / f"realwork_{bench}_speed.json"
         speed = json.loads(speed_file.read_text()) if speed_file.is_file() else None
-        rep = report(recs, speed, records(folder / f"realwork_{bench}_forced.jsonl"))
+        rep = report(recs, speed, records(folder / f"realwork_{bench}_forced.jsonl"), stage_scopes(bench))
         check_file = folder / f"realwork_{bench}_shortcut_check.json"
         if check_file.is_file():
             check = json.loads(check_file.read_text())

@@ -6,6 +6,7 @@ Usage:
   nice -n 10 python scripts/realwork_study.py run --bench humaneval --stages "full@all;d3 calibrated a0.998@40;..."
   nice -n 10 python scripts/realwork_study.py speed --bench humaneval --timed "d3 calibrated a0.998" --threads 1
   nice -n 19 python scripts/realwork_study.py verify --bench humaneval --dtype float32   (the shortcut on the records)
+  nice -n 10 python scripts/realwork_study.py throughput --bench humaneval --batch 8 --threads 2   (batched vs one at a time)
   python scripts/realwork_study.py rescore   (score again the records whose tests hit the first sandbox's wall clock)
   python scripts/realwork_study.py report [--bench humaneval]          (no model: the rows, SUMMARY and the figure)
 
@@ -229,6 +230,58 @@ def speed(args) -> None:
             f"{t['theory_fixed']:.3f}x / {t['theory_plain']:.3f}x ({time.perf_counter() - t0:.0f} s)")
 
 
+def throughput(args) -> None:
+    """What batching buys: full depth on the first --batch problems of the shuffle, answered as one padded batch and
+    one problem at a time, alternately (batch, single, single, batch: --pairs rounds of ABBA), the same --threads;
+    generated tokens per second of each, their ratio, and whether both wrote the same tokens for every problem.
+    Written to results/realwork_<bench>_throughput.json."""
+    import statistics
+
+    import torch
+
+    from d3.cli import load_engine
+    from d3.research.realwork import BENCHMARKS, answer_batch
+
+    torch.set_num_threads(args.threads)
+    bench = BENCHMARKS[args.bench]()
+    if args.max_new_tokens:
+        bench = dataclasses.replace(bench, max_new_tokens=args.max_new_tokens)
+    problems = sorted(bench.subset(args.batch, args.seed), key=lambda p: len(p.prompt))
+    args.device = "cpu"
+    engine = load_engine(args)
+    full = FullConfig()
+
+    def batched() -> tuple[float, list[tuple[int, ...]]]:
+        t0 = time.perf_counter()
+        replies = answer_batch(engine, [p.prompt for p in problems], full, bench.max_new_tokens, bench.stop)
+        return time.perf_counter() - t0, [tuple(r.ids) for r in replies]
+
+    def single() -> tuple[float, list[tuple[int, ...]]]:
+        t0, ids = time.perf_counter(), []
+        for p in problems:
+            ids += [tuple(r.ids) for r in answer_batch(engine, [p.prompt], full, bench.max_new_tokens, bench.stop)]
+        return time.perf_counter() - t0, ids
+
+    runs: dict[str, list[float]] = {"batched": [], "single": []}
+    replies: dict[str, list[tuple[int, ...]]] = {}
+    for k in range(max(args.pairs, 1)):
+        for name in ("batched", "single", "single", "batched") if k % 2 == 0 else ("single", "batched", "batched", "single"):
+            secs, ids = (batched if name == "batched" else single)()
+            runs[name].append(secs)
+            replies.setdefault(name, ids)
+            say(f"throughput: {name} {secs:.1f} s")
+    tokens = sum(len(r) for r in replies["batched"])
+    med = {name: statistics.median(v) for name, v in runs.items()}
+    out = {"bench": bench.name, "problems": [p.pid for p in problems], "threads": args.threads, "tokens": tokens,
+           "rounds": args.pairs, "seconds": runs, "tokens_per_s": {n: round(tokens / m, 3) for n, m in med.items()},
+           "gain": round(med["single"] / med["batched"], 3), "same_tokens": replies["batched"] == replies["single"],
+           "model": engine.name, "load_1min": os.getloadavg()[0]}
+    path = Path(args.out_dir) / f"realwork_{bench.name}_throughput.json"
+    path.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+    say(f"throughput: batch of {len(problems)} {out['gain']:.2f}x one at a time ({out['tokens_per_s']}), same tokens: "
+        f"{out['same_tokens']} -> {path}")
+
+
 def rescore(args) -> None:
     """Score again, with the sandbox as it is now, every record whose tests timed out on the wall clock (the first
     sandbox's only limit, which a loaded machine hit on correct programs); the file is rewritten in place (a record
@@ -315,7 +368,7 @@ def verify(args) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("part", choices=["run", "speed", "rescore", "report", "verify"])
+    p.add_argument("part", choices=["run", "speed", "rescore", "report", "verify", "throughput"])
     p.add_argument("--bench", default="humaneval")
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
     p.add_argument("--dtype", default="auto", help="auto: the model's own (bfloat16 for qwen2.5-coder-1.5b)")
@@ -338,6 +391,8 @@ def main() -> int:
         run(args)
     elif args.part == "speed":
         speed(args)
+    elif args.part == "throughput":
+        throughput(args)
     elif args.part == "rescore":
         rescore(args)
     elif args.part == "verify":

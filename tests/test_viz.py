@@ -203,6 +203,15 @@ def test_decay_curve_raw_formula_and_planned_budget(d3_cfg: D3Config, d3_trace: 
         assert_hover(trace)
 
 
+def test_a_short_runs_decay_curve_ticks_whole_tokens_only() -> None:
+    """A 4-token run on Qwen drew ticks at -0.5, 0.5, ... 3.5 under its tokens (docs/screenshots, issue 44.7): a step
+    is a whole token, so a short run's axis ticks each token and a long one's is left to plotly."""
+    for steps in (1, 4, 12):
+        xaxis = viz.decay_curve(D3Config(alpha=0.99), 28, steps).layout.xaxis
+        assert (xaxis.tick0, xaxis.dtick) == (0, 1), steps
+    assert viz.decay_curve(D3Config(alpha=0.99), 28, 64).layout.xaxis.dtick is None
+
+
 def test_decay_curve_says_what_its_d3_lines_were_drawn_for() -> None:
     """The layout meta and the named guides the page's browser-side preview moves (assets/decay_preview.js)."""
     cfg = D3Config(alpha=0.9, core_head=2, core_tail=1, start=4, drop_order="top_down", fill="none")

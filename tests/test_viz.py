@@ -853,3 +853,21 @@ def test_the_end_of_text_token_is_a_mark_in_the_pane_not_literal_text() -> None:
     assert "end-of-text token" in stream  # the tooltip still names it
     cut = viz.token_html(make_trace(FullConfig(), steps=3, texts=["The", " sky", " is"]))  # stopped at the length
     assert "∎ end" not in cut
+
+
+def test_the_status_names_an_end_of_text_divergence_as_the_pane_marks_it_not_as_literal_text() -> None:
+    """The walk on Qwen (issue 44): the full-depth pane ended in "∎ end" while the status said "D3 wrote ␣Q where
+    full depth wrote <|endoftext|>", the special token as text the pane does not show."""
+    from explorer import views
+
+    texts = ["8", " times", "<|endoftext|>"]
+    full = replace(make_trace(FullConfig(), steps=3, token_ids=[1, 2, 3], texts=texts), finish_reason="eos")
+    d3 = make_trace(D3Config(alpha=0.9), steps=4, token_ids=[1, 2, 4, 5], texts=["8", " times", " Q", ":"])
+    status = views.status_html(d3, full, "done")
+    assert "endoftext" not in status
+    assert "First divergence at token 2: D3 wrote <code>␣Q</code> where full depth ended (its end-of-text token, " \
+           "∎ end)" in status
+    early = replace(make_trace(D3Config(alpha=0.9), steps=3, token_ids=[1, 2, 3], texts=texts), finish_reason="eos")
+    longer = make_trace(FullConfig(), steps=4, token_ids=[1, 2, 4, 5], texts=["8", " times", " Q", ":"])
+    assert "D3 ended (its end-of-text token, ∎ end) where full depth wrote <code>␣Q</code>" in \
+        views.status_html(early, longer, "done")

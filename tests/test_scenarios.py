@@ -110,3 +110,20 @@ def test_a_contrast_cut_to_the_tokens_both_runs_wrote_reads_its_speed_against_th
     text = scenario_finding("core", [first, second], 30)
     assert "compared over the first 4 tokens" in text and "(1.33× fewer layer runs)" in text
     assert "measured 1.25×: above its theoretical 1.09×: a timing artefact" in text, text
+
+
+def test_a_scenarios_description_claims_an_outcome_only_for_the_model_it_was_measured_on() -> None:
+    """The walk on Gemma 3 (issue 44): "Full depth vs D3" said D3 "states the same answer as full depth ... while the
+    text stays the same" above panes that marked its tokens 8 and 16 as differing, and "Why the core layers matter"
+    said "with a core D3 keeps the answer" above a finding where both runs left full depth's text at token 7. A
+    sentence that tells what a run will show names the model it was measured on; the finding says what this one did."""
+    import re
+
+    from explorer.scenarios import SCENARIOS
+
+    outcome = re.compile(r"same answer|text stays the same|keeps the answer|lost at once|turns the text to nonsense")
+    for key in ("full_vs_d3", "core", "fill"):
+        for sentence in re.split(r"(?<=[.:;])\s+", SCENARIOS[key].text):
+            if outcome.search(sentence):
+                assert "SmolLM2" in sentence, (key, sentence)
+        assert "finding" in SCENARIOS[key].text, key

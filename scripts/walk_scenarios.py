@@ -12,6 +12,13 @@ then Qwen): it runs on the first model's page only. Writes every screen's readin
 Usage (a busy 2-core CPU: Qwen's runs take minutes each):
     nice -n 5 python scripts/walk_scenarios.py --json results/walk/walk.json \
         --models smollm2-135m gemma3-270m qwen2.5-coder-1.5b
+results/walk/walk.json was made on a 2-core CPU beside a benchmark in two walks side by side, the server's run limit
+raised (at its 180 s a loaded CPU stopped the fill scenario's run on SmolLM2, and a stopped run has no count to check):
+    D3_MAX_RUN_S=900 nice -n 5 python scripts/walk_scenarios.py --json results/walk/walk.json \
+        --models smollm2-135m gemma3-270m --scenarios full_vs_d3 core fill aggressive
+    D3_MAX_RUN_S=900 nice -n 5 python scripts/walk_scenarios.py --json results/walk/walk.json --merge \
+        --models qwen2.5-coder-1.5b
+(the deeper-model scenario, SmolLM2 then Qwen, on Qwen's page; `--merge` keeps the screens of the other models).
 """
 
 from __future__ import annotations
@@ -43,6 +50,8 @@ READ = """() => {
   }
   return {status: text('#status'), title: text('#d3-title'), counters: text('#d3-counters'),
           finding: text('#scenario-finding'), fullCounters: text('#full-counters'),
+          scenario: text('#scenario-text'),
+          d3Text: d3.map(s => s.innerText).join(''), fullText: spans('full-pane').map(s => s.innerText).join(''),
           d3Tokens: d3.length, fullTokens: full.length,
           diffs: d3.map((s, i) => s.classList.contains('d3-diff') ? i : -1).filter(i => i >= 0),
           badge: (() => { const pane = document.querySelector('#d3-pane'); if (!pane) return null;
@@ -233,24 +242,26 @@ def main(argv: list[str] | None = None) -> int:
     port = free_port()
     launch(demo, prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
     url = f"http://127.0.0.1:{port}/"
-    kept: list[dict[str, Any]] = []
-    models, scenarios = list(args.models), list(keys)
-    if args.merge and args.json.is_file():
-        before = json.loads(args.json.read_text(encoding="utf-8"))
-        kept = [s for s in before["screens"] if s["model"] not in args.models or s["scenario"] not in keys]
-        models = list(dict.fromkeys([*before["models"], *args.models]))
-        scenarios = list(dict.fromkeys([*before["scenarios"], *keys]))
-    report: dict[str, Any] = {"models": models, "scenarios": scenarios, "screens": list(kept)}
+    ours: list[dict[str, Any]] = []  # the screens this walk read
 
     def log(line: str) -> None:
         print(line, flush=True)
 
-    def save(screens: list[dict[str, Any]]) -> None:
-        report["screens_with_contradictions"] = len([s for s in [*report["screens"], *screens]
-                                                     if s.get("contradictions")])
+    def save(screens: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The report: this walk's screens so far, and with `--merge` those the file holds now of other models or
+        scenarios (read again at each save: a walk of another model beside this one writes the same file)."""
+        models, scenarios, kept = list(args.models), list(keys), []
+        if args.merge and args.json.is_file():
+            before = json.loads(args.json.read_text(encoding="utf-8"))
+            kept = [s for s in before["screens"] if s["model"] not in args.models or s["scenario"] not in keys]
+            models = list(dict.fromkeys([*before["models"], *args.models]))
+            scenarios = list(dict.fromkeys([*before["scenarios"], *keys]))
+        every = [*kept, *ours, *(screens or [])]
+        report = {"models": models, "scenarios": scenarios, "screens": every,
+                  "screens_with_contradictions": len([s for s in every if s.get("contradictions")])}
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({**report, "screens": [*report["screens"], *screens]}, indent=1,
-                                        ensure_ascii=False) + "\n", encoding="utf-8")
+        args.json.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        return report
 
     try:
         with sync_playwright() as p:
@@ -259,14 +270,12 @@ def main(argv: list[str] | None = None) -> int:
             for i, model in enumerate(args.models):
                 # the deeper-model scenario runs SmolLM2 then Qwen whatever the page's model: once is enough
                 these = [k for k in keys if k != "deeper" or i == 0]
-                report["screens"] += walk(url, browser, model, these, log, save)
+                ours += walk(url, browser, model, these, log, save)
             browser.close()
     finally:
         demo.close()
-    found = [s for s in report["screens"] if s.get("contradictions")]
-    report["screens_with_contradictions"] = len(found)
-    args.json.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    log(f"{len(report['screens'])} screens, {len(found)} with a contradiction: {args.json}")
+    report = save()
+    log(f"{len(report['screens'])} screens, {report['screens_with_contradictions']} with a contradiction: {args.json}")
     return 0
 
 

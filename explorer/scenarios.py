@@ -77,9 +77,10 @@ SCENARIOS: dict[str, Scenario] = {
     "full_vs_d3": Scenario(
         "Full depth vs D3",
         "The page's D3 setting for this model (on SmolLM2: α = 0.998 and the drop order measured best on its "
-        "arithmetic, which drops layers 4, 5 and 6 first; see Which layers matter) on a worked arithmetic question. D3 runs fewer layers per token "
-        "and states the same answer as full depth: watch the D3 tokens get lighter (the colour scale spans this "
-        "run's own depths, e.g. 28 to 30 of 30 layers) while the text stays the same. At so few skipped layers the "
+        "arithmetic, which drops layers 4, 5 and 6 first; see Which layers matter) on a worked arithmetic question. D3 runs fewer layers per token. "
+        "On SmolLM2 it states the same answer as full depth and its text stays the same while its tokens get "
+        "lighter (the colour scale spans the run's own depths, there 28 to 30 of 30 layers); on another model the "
+        "finding below says whether, and at which token, its text first leaves full depth's. At so few skipped layers the "
         "time saved is smaller than a shared CPU's noise: the counters say \u201ctoo small to measure here\u201d beside "
         "the theoretical speedup, rather than a number noise made.",
         (ASK,)),
@@ -88,7 +89,8 @@ SCENARIOS: dict[str, Scenario] = {
         "Two runs of the arithmetic question with α = 0.99 and drop order *bottom-up*, so the lowest flex layers are "
         "dropped first: first with the default core, then with core 0 + 0, so that layer 0 is the first to go. The "
         "first layers turn token embeddings into what every later layer reads (they change the hidden state the "
-        "most, see Information flow): with a core D3 keeps the answer; without it the text is lost at once.",
+        "most, see Information flow). On SmolLM2 and Qwen2.5-Coder, with a core D3 keeps the answer and without it "
+        "the text is lost at once; the finding below says how long each run kept full depth's text on this model.",
         ({**ASK, "alpha": 0.99, "drop_order": "bottom_up"},
          {**ASK, "alpha": 0.99, "drop_order": "bottom_up", "core_head": 0, "core_tail": 0})),
     "fill": Scenario(
@@ -97,7 +99,8 @@ SCENARIOS: dict[str, Scenario] = {
         "for a later token and read that token's missing key/value entry. Filling decides what it reads. "
         "This runs fill 'none' (the hole is masked out) in the panes at α = 0.99, then compares copy, propagate and "
         "none on the same prompt (Fill strategies tab). On SmolLM2 *copy* turns the text to nonsense (full depth "
-        "finds it about 15x less likely than *propagate*'s), *propagate* keeps it readable. With a nested drop order "
+        "finds it about 15x less likely than *propagate*'s), *propagate* keeps it readable; the finding below gives "
+        "each fill's numbers on this model. With a nested drop order "
         "no later token ever reads a hole, so the fill would make no difference.",
         ({"prompt": EXPLAIN_PROMPT, "chat_template": True, "max_new_tokens": 32, "alpha": 0.99,
           "drop_order": "strided", "fill": "none"},), fills=True),

@@ -11,8 +11,10 @@ Usage: python scripts/screenshots.py OUT_DIR [--tokens 24] [--chromium /usr/bin/
 
 The screenshots in docs/screenshots/ (issue 44, item 7; the *-first-screen.png and *-view-*.png of each model) were
 made by
-    python scripts/screenshots.py docs/screenshots --tokens 8 --no-scenarios --sizes laptop projector phone \
-        --views "Layer stack (animated)" --models smollm2-135m gemma3-270m qwen2.5-coder-1.5b
+    python scripts/screenshots.py docs/screenshots --tokens 8 --one-run --no-scenarios \
+        --sizes laptop projector phone --views "Layer stack (animated)" --models smollm2-135m gemma3-270m
+    python scripts/screenshots.py docs/screenshots --tokens 4 --one-run --no-scenarios \
+        --sizes laptop projector phone --views "Layer stack (animated)" --models qwen2.5-coder-1.5b
 """
 
 from __future__ import annotations

@@ -12,6 +12,13 @@ then Qwen): it runs on the first model's page only. Writes every screen's readin
 Usage (a busy 2-core CPU: Qwen's runs take minutes each):
     nice -n 5 python scripts/walk_scenarios.py --json results/walk/walk.json \
         --models smollm2-135m gemma3-270m qwen2.5-coder-1.5b
+results/walk/walk.json was made on a 2-core CPU beside a benchmark in two walks side by side, the server's run limit
+raised (at its 180 s a loaded CPU stopped the fill scenario's run on SmolLM2, and a stopped run has no count to check):
+    D3_MAX_RUN_S=900 nice -n 5 python scripts/walk_scenarios.py --json results/walk/walk.json \
+        --models smollm2-135m gemma3-270m --scenarios full_vs_d3 core fill aggressive
+    D3_MAX_RUN_S=900 nice -n 5 python scripts/walk_scenarios.py --json results/walk/walk.json --merge \
+        --models qwen2.5-coder-1.5b
+(the deeper-model scenario, SmolLM2 then Qwen, on Qwen's page; `--merge` keeps the screens of the other models).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 TIMEOUT_MS = 1_500_000  # a Qwen scenario's runs on a loaded 2-core CPU
+FILLS_DONE = "Fill comparison"  # the status after the fill scenario's comparison (explorer/live.py `_fills`)
 SPEED_ABOVE_THEORY = 1.02  # viz.stream.SPEED_ABOVE_THEORY: read here so the check stays free of the page's code
 
 # What a person reads on one screen, in the browser (innerText, spans' classes and the usage figure's data).
@@ -42,6 +50,8 @@ READ = """() => {
   }
   return {status: text('#status'), title: text('#d3-title'), counters: text('#d3-counters'),
           finding: text('#scenario-finding'), fullCounters: text('#full-counters'),
+          scenario: text('#scenario-text'),
+          d3Text: d3.map(s => s.innerText).join(''), fullText: spans('full-pane').map(s => s.innerText).join(''),
           d3Tokens: d3.length, fullTokens: full.length,
           diffs: d3.map((s, i) => s.classList.contains('d3-diff') ? i : -1).filter(i => i >= 0),
           badge: (() => { const pane = document.querySelector('#d3-pane'); if (!pane) return null;
@@ -67,36 +77,42 @@ def contradictions(screen: dict[str, Any], strategy: str = "D3") -> list[str]:
     n_d3, n_full, diffs = screen["d3Tokens"], screen["fullTokens"], screen["diffs"]
     # Tokens: the status's counts against the panes' tokens, the counters' and the usage grid's columns.
     said = re.search(r"(\d+) (.+?) tokens, (\d+) full-depth tokens: (\d+) of the (\d+) tokens both wrote agree", status)
-    if not said:
-        if status.startswith("Stopped"):  # a run stopped at the server's limit: its status gives no count to check
-            return []
-        return [f"the status gives no count of the run: {status!r}"]
-    s_d3, name, s_full, agreeing, compared = int(said[1]), said[2], int(said[3]), int(said[4]), int(said[5])
-    if name != strategy:
-        out.append(f"status names the strategy {name!r}, the run was {strategy}")
+    agree_counter = re.search(r"(\d+) / (\d+)\s*\n\s*tokens agreeing", counters)
     if not screen["title"].startswith(strategy):
         out.append(f"the D3 pane's title {screen['title']!r} does not name {strategy}")
-    if s_d3 != n_d3:
-        out.append(f"status says {s_d3} {name} tokens, the pane shows {n_d3}")
-    if s_full != n_full:
-        out.append(f"status says {s_full} full-depth tokens, the pane shows {n_full}")
+    if said:
+        s_d3, name, s_full, agreeing, compared = int(said[1]), said[2], int(said[3]), int(said[4]), int(said[5])
+        if name != strategy:
+            out.append(f"status names the strategy {name!r}, the run was {strategy}")
+        if s_d3 != n_d3:
+            out.append(f"status says {s_d3} {name} tokens, the pane shows {n_d3}")
+        if s_full != n_full:
+            out.append(f"status says {s_full} full-depth tokens, the pane shows {n_full}")
+    elif status.startswith("Stopped"):  # a run stopped at the server's limit: its status gives no count to check
+        return []
+    elif status.startswith(FILLS_DONE) and agree_counter:
+        # The fill scenario ends on its fill comparison's status, which counts nothing: the run's count on this
+        # screen is the counters', checked against the panes and the finding as the status's would be.
+        agreeing, compared = int(agree_counter[1]), int(agree_counter[2])
+    else:
+        return [*out, f"the status gives no count of the run: {status!r}"]
+    who = "status" if said else "the agreement counter"
     if compared != min(n_d3, n_full):
-        out.append(f"status compares {compared} tokens, the panes share {min(n_d3, n_full)}")
+        out.append(f"{who} compares {compared} tokens, the panes share {min(n_d3, n_full)}")
     shown_agree = compared - len([i for i in diffs if i < compared])
     if agreeing != shown_agree:
-        out.append(f"status says {agreeing} of {compared} agree, the pane marks {compared - shown_agree} differing")
+        out.append(f"{who} says {agreeing} of {compared} agree, the pane marks {compared - shown_agree} differing")
     if screen.get("usageColumns") is not None and screen["usageColumns"] != n_d3:
         out.append(f"the usage grid has {screen['usageColumns']} token columns, the pane {n_d3} tokens")
     tokens_counter = _number(r"^\s*(\d+)\s*\n\s*tokens\b", counters)
     if tokens_counter is not None and int(tokens_counter) != n_d3:
         out.append(f"the tokens counter says {int(tokens_counter)}, the pane shows {n_d3}")
-    agree_counter = re.search(r"(\d+) / (\d+)\s*\n\s*tokens agreeing", counters)
     if agree_counter and (int(agree_counter[1]), int(agree_counter[2])) != (agreeing, compared):
         out.append(f"the counter says {agree_counter[1]} / {agree_counter[2]} agree, the status {agreeing} of {compared}")
     # First divergence: the status's, the pane's badge and the first token marked as differing.
     first = _number(r"First divergence at token (\d+)", status)
     marked = diffs[0] if diffs else None
-    if (None if first is None else int(first)) != marked:
+    if said and (None if first is None else int(first)) != marked:
         out.append(f"status puts the first divergence at {first}, the pane marks token {marked} first")
     if screen.get("badge") is not None and screen["badge"] != marked:
         out.append(f"the pane's badge sits before token {screen['badge']}, the first differing token is {marked}")
@@ -152,7 +168,10 @@ def contradictions(screen: dict[str, Any], strategy: str = "D3") -> list[str]:
     return out
 
 
-def walk(url: str, browser: Any, model: str, scenarios: list[str], log: Any) -> list[dict[str, Any]]:
+def walk(url: str, browser: Any, model: str, scenarios: list[str], log: Any,
+         saved: Any = None) -> list[dict[str, Any]]:
+    """The scenarios on one model's page; `saved(screens)` after each screen (a slow model's walk cut short
+    keeps the screens it read)."""
     page = browser.new_page(viewport={"width": 1280, "height": 800})
     page.set_default_timeout(TIMEOUT_MS)
     page.goto(f"{url}?model={model}")
@@ -168,8 +187,9 @@ def walk(url: str, browser: Any, model: str, scenarios: list[str], log: Any) -> 
         page.wait_for_timeout(1500)
         page.wait_for_function("() => { const f = document.querySelector('#scenario-finding')?.innerText || '';"
                                " return f.trim() && !f.includes('Running'); }", timeout=TIMEOUT_MS)
-        page.wait_for_function("() => /Done|Stopped/.test(document.querySelector('#status')?.innerText || '')",
-                               timeout=TIMEOUT_MS)
+        # the fill scenario's last status is its comparison's ("Fill comparison done: ..."), not the run's "Done."
+        page.wait_for_function("() => /Done|Stopped|Fill comparison done/.test("
+                               "document.querySelector('#status')?.innerText || '')", timeout=TIMEOUT_MS)
         page.wait_for_timeout(1000)  # the figures after the last update
         screen = page.evaluate(READ)
         found = contradictions(screen)
@@ -178,6 +198,8 @@ def walk(url: str, browser: Any, model: str, scenarios: list[str], log: Any) -> 
         screens.append(row)
         log(f"{model} {key}: {row['seconds']} s, {len(found)} contradiction(s){': ' if found else ''}"
             + "; ".join(found))
+        if saved is not None:
+            saved(screens)
     page.close()
     return screens
 
@@ -202,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, required=True)
     parser.add_argument("--chromium", default="/usr/bin/chromium")
     parser.add_argument("--recheck", action="store_true", help="only check the screens already in --json again")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the screens already in --json that this walk does not read again (a slow model "
+                             "walked on its own)")
     args = parser.parse_args(argv)
     if args.recheck:
         return recheck(args.json)
@@ -217,10 +242,26 @@ def main(argv: list[str] | None = None) -> int:
     port = free_port()
     launch(demo, prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
     url = f"http://127.0.0.1:{port}/"
-    report: dict[str, Any] = {"models": args.models, "scenarios": keys, "screens": []}
+    ours: list[dict[str, Any]] = []  # the screens this walk read
 
     def log(line: str) -> None:
         print(line, flush=True)
+
+    def save(screens: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The report: this walk's screens so far, and with `--merge` those the file holds now of other models or
+        scenarios (read again at each save: a walk of another model beside this one writes the same file)."""
+        models, scenarios, kept = list(args.models), list(keys), []
+        if args.merge and args.json.is_file():
+            before = json.loads(args.json.read_text(encoding="utf-8"))
+            kept = [s for s in before["screens"] if s["model"] not in args.models or s["scenario"] not in keys]
+            models = list(dict.fromkeys([*before["models"], *args.models]))
+            scenarios = list(dict.fromkeys([*before["scenarios"], *keys]))
+        every = [*kept, *ours, *(screens or [])]
+        report = {"models": models, "scenarios": scenarios, "screens": every,
+                  "screens_with_contradictions": len([s for s in every if s.get("contradictions")])}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        return report
 
     try:
         with sync_playwright() as p:
@@ -229,16 +270,12 @@ def main(argv: list[str] | None = None) -> int:
             for i, model in enumerate(args.models):
                 # the deeper-model scenario runs SmolLM2 then Qwen whatever the page's model: once is enough
                 these = [k for k in keys if k != "deeper" or i == 0]
-                report["screens"] += walk(url, browser, model, these, log)
-                args.json.parent.mkdir(parents=True, exist_ok=True)
-                args.json.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+                ours += walk(url, browser, model, these, log, save)
             browser.close()
     finally:
         demo.close()
-    found = [s for s in report["screens"] if s.get("contradictions")]
-    report["screens_with_contradictions"] = len(found)
-    args.json.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    log(f"{len(report['screens'])} screens, {len(found)} with a contradiction: {args.json}")
+    report = save()
+    log(f"{len(report['screens'])} screens, {report['screens_with_contradictions']} with a contradiction: {args.json}")
     return 0
 
 

@@ -261,3 +261,20 @@ def test_a_finished_run_keeps_full_depth_s_text_for_the_finding() -> None:
     session.finish(LiveUpdate(d3, full, phase="done"), "D3")
     detail = session.history[-1].detail()
     assert (detail["text"], detail["full_text"]) == (d3.text, full.text) and detail["text"] != detail["full_text"]
+
+
+def test_a_scenarios_description_claims_an_outcome_only_for_the_model_it_was_measured_on() -> None:
+    """The walk on Gemma 3 (issue 44): "Full depth vs D3" said D3 "states the same answer as full depth ... while the
+    text stays the same" above panes that marked its tokens 8 and 16 as differing, and "Why the core layers matter"
+    said "with a core D3 keeps the answer" above a finding where both runs left full depth's text at token 7. A
+    sentence that tells what a run will show names the model it was measured on; the finding says what this one did."""
+    import re
+
+    from explorer.scenarios import SCENARIOS
+
+    outcome = re.compile(r"same answer|text stays the same|keeps the answer|lost at once|turns the text to nonsense")
+    for key in ("full_vs_d3", "core", "fill"):
+        for sentence in re.split(r"(?<=[.:;])\s+", SCENARIOS[key].text):
+            if outcome.search(sentence):
+                assert "SmolLM2" in sentence, (key, sentence)
+        assert "finding" in SCENARIOS[key].text, key

@@ -267,3 +267,34 @@ def test_play_and_step_work_in_chromium_as_gradio_draws_the_figure(tmp_path) -> 
         first = page.evaluate(SHOWN)
         assert first["ran"] == L and first["arrows"] == [] and first["caption"].startswith("token 0 ")
         browser.close()
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("width, presentation", [(643, False), (1380, True)])
+def test_the_sliders_last_token_label_is_not_cut_at_the_figures_right_edge(tmp_path, width, presentation) -> None:
+    """The screenshots (issue 44.7) showed "7 ␣becaus" for SmolLM2's last token and "3 ␣blu" for Qwen's in
+    presentation mode: the last label is centred on the slider's last tick, at the plot's right edge, and half of it
+    lay outside the figure. Every step label lies inside the figure at the layer stack's widths on the page."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if not CHROMIUM.exists():
+        pytest.skip(f"no Chromium at {CHROMIUM}")
+    words = ["The", " sky", " looks", " blue", " during", " the", " day", " because"]
+    trace = make_trace(*(step(i, w, tuple(range(L))) for i, w in enumerate(words)))
+    fig = layer_stack(trace, presentation=presentation)
+    page_file = tmp_path / "stack.html"
+    plotly_js = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+    page_file.write_text(f"<html><head><meta charset='utf-8'><script src='{plotly_js.as_uri()}'></script></head>"
+                         f"<body style='margin:0'><div id='stack' style='width:{width}px;height:700px'></div><script>"
+                         f"const fig = {fig.to_json()}; Plotly.react('stack', fig.data, fig.layout);</script></body>"
+                         "</html>", encoding="utf-8")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": width + 40, "height": 800})
+        page.goto(page_file.as_uri())
+        page.wait_for_selector(".slider-label")
+        right = page.evaluate("() => document.querySelector('#stack .main-svg').getBoundingClientRect().right")
+        labels = page.evaluate("() => Array.from(document.querySelectorAll('#stack .slider-label'))"
+                               ".map(t => [t.textContent, t.getBoundingClientRect().right])")
+        browser.close()
+    assert [t for t, _ in labels][-1].startswith("7 "), labels
+    assert all(edge <= right for _, edge in labels), (right, labels)

@@ -203,6 +203,15 @@ def test_decay_curve_raw_formula_and_planned_budget(d3_cfg: D3Config, d3_trace: 
         assert_hover(trace)
 
 
+def test_a_short_runs_decay_curve_ticks_whole_tokens_only() -> None:
+    """A 4-token run on Qwen drew ticks at -0.5, 0.5, ... 3.5 under its tokens (docs/screenshots, issue 44.7): a step
+    is a whole token, so a short run's axis ticks each token and a long one's is left to plotly."""
+    for steps in (1, 4, 12):
+        xaxis = viz.decay_curve(D3Config(alpha=0.99), 28, steps).layout.xaxis
+        assert (xaxis.tick0, xaxis.dtick) == (0, 1), steps
+    assert viz.decay_curve(D3Config(alpha=0.99), 28, 64).layout.xaxis.dtick is None
+
+
 def test_decay_curve_says_what_its_d3_lines_were_drawn_for() -> None:
     """The layout meta and the named guides the page's browser-side preview moves (assets/decay_preview.js)."""
     cfg = D3Config(alpha=0.9, core_head=2, core_tail=1, start=4, drop_order="top_down", fill="none")
@@ -844,3 +853,21 @@ def test_the_end_of_text_token_is_a_mark_in_the_pane_not_literal_text() -> None:
     assert "end-of-text token" in stream  # the tooltip still names it
     cut = viz.token_html(make_trace(FullConfig(), steps=3, texts=["The", " sky", " is"]))  # stopped at the length
     assert "∎ end" not in cut
+
+
+def test_the_status_names_an_end_of_text_divergence_as_the_pane_marks_it_not_as_literal_text() -> None:
+    """The walk on Qwen (issue 44): the full-depth pane ended in "∎ end" while the status said "D3 wrote ␣Q where
+    full depth wrote <|endoftext|>", the special token as text the pane does not show."""
+    from explorer import views
+
+    texts = ["8", " times", "<|endoftext|>"]
+    full = replace(make_trace(FullConfig(), steps=3, token_ids=[1, 2, 3], texts=texts), finish_reason="eos")
+    d3 = make_trace(D3Config(alpha=0.9), steps=4, token_ids=[1, 2, 4, 5], texts=["8", " times", " Q", ":"])
+    status = views.status_html(d3, full, "done")
+    assert "endoftext" not in status
+    assert "First divergence at token 2: D3 wrote <code>␣Q</code> where full depth ended (its end-of-text token, " \
+           "∎ end)" in status
+    early = replace(make_trace(D3Config(alpha=0.9), steps=3, token_ids=[1, 2, 3], texts=texts), finish_reason="eos")
+    longer = make_trace(FullConfig(), steps=4, token_ids=[1, 2, 4, 5], texts=["8", " times", " Q", ":"])
+    assert "D3 ended (its end-of-text token, ∎ end) where full depth wrote <code>␣Q</code>" in \
+        views.status_html(early, longer, "done")

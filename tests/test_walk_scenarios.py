@@ -63,6 +63,16 @@ def test_a_run_stopped_at_the_servers_limit_has_no_count_to_check_and_any_other_
     assert "gives no count" in walk.contradictions({**GOOD, "status": "Done."})[0]
 
 
+def test_the_fill_scenarios_screen_is_checked_by_its_counters_not_named_for_its_comparisons_status() -> None:
+    """The fill scenario ends on its fill comparison's status, which counts nothing: the walk waited for a "Done" that
+    never came and would have named the screen for a status without a count. Its counters are checked instead."""
+    fill = {**GOOD, "status": "Fill comparison done: see the Fill strategies tab."}
+    assert walk.contradictions(fill) == []
+    wrong = {**fill, "counters": COUNTERS.replace("3 / 24\ntokens agreeing", "5 / 24\ntokens agreeing")}
+    assert any("the agreement counter says 5 of 24 agree" in f for f in walk.contradictions(wrong))
+    assert any("finding says 3 of 24 agree" in f for f in walk.contradictions(wrong))
+
+
 def test_a_finding_that_says_its_speed_is_above_theory_is_not_named() -> None:
     """The walk's first version cut the finding's clause at the first "." (in "1.14×") and named this one."""
     finding = GOOD["finding"].replace("measured 1.52×.", "measured 2.25×: above its theoretical 1.97×: a timing "

@@ -99,6 +99,9 @@ def _planned_line(cfg: StrategyConfig, num_layers: int, steps: int, *, name: str
                                                                   "strategy": cfg.name})
 
 
+FEW_STEPS = 12  # up to this many steps the decay curve's axis ticks every token
+
+
 def decay_curve(cfg: StrategyConfig, num_layers: int, steps: int, *, trace: Trace | None = None,
                 others: dict[str, StrategyConfig] | None = None, others_traces: dict[str, Trace] | None = None,
                 title: str | None = None, presentation: bool = False, height: int | None = None,
@@ -156,8 +159,9 @@ def decay_curve(cfg: StrategyConfig, num_layers: int, steps: int, *, trace: Trac
                        if notes else {}), **({"t": 34} if presentation else {"t": 14} if title == "" else {})),
         # Presentation mode: no axis title under the steps (the legend over the curve says "D3: planned" per step),
         # so that the curve, its ticks and its legend keep a readable height on the first 1280x800 screen.
+        # A step is a whole token: a short run ticks each one (plotly's own ticks fell on -0.5, 0.5, ... for 4).
         xaxis=dict(title=dict(text="" if presentation else "generated token (step i)"),
-                   range=[-0.5, max(steps, 1) - 0.5]),
+                   range=[-0.5, max(steps, 1) - 0.5], **({"tick0": 0, "dtick": 1} if steps <= FEW_STEPS else {})),
         # Short: the curve is kept low (it shares the first screen with the panes) and the title must fit its height.
         yaxis=dict(title=dict(text="layers run"), range=[0, num_layers + 1]))
     if d3 is not None:

@@ -207,9 +207,13 @@ def _slider(trace: Trace, frames: list[dict[str, Any]], index: int, presentation
     few = len(trace.steps) <= 12
     steps = [dict(method="animate", label=f"{i} {readable_token(shown_text(s))[:12]}", args=[[frames[i]], STEP])
              for i, s in enumerate(trace.steps)]
-    return dict(active=index, steps=steps, x=0.0, len=1.0, y=0, yanchor="top", pad=dict(t=50, b=0),
+    label_px = font_size(presentation, delta=-5)
+    # The last label is centred on the last tick, at the plot's right edge: the rail ends half its width earlier, so
+    # that it is not cut ("7 ␣becaus" on SmolLM2 at 1280x800; a character is at most ~0.6 em wide).
+    right = round(0.6 * label_px * len(steps[-1]["label"]) / 2) if few else 0
+    return dict(active=index, steps=steps, x=0.0, len=1.0, y=0, yanchor="top", pad=dict(t=50, b=0, r=right),
                 currentvalue=dict(prefix="token ", font=dict(size=font_size(presentation, delta=-2), color="#1F2937")),
-                font=dict(size=font_size(presentation, delta=-5), color="#374151" if few else "rgba(0,0,0,0)"),
+                font=dict(size=label_px, color="#374151" if few else "rgba(0,0,0,0)"),
                 ticklen=4 if few else 2)
 
 

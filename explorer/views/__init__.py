@@ -116,6 +116,15 @@ def pane_title(trace_or_cfg: Trace | StrategyConfig | None, fallback: str) -> st
     return strategy_label(strategy)
 
 
+def _wrote(trace: Trace, i: int) -> str:
+    """What a run did at token `i`, as the status says it (HTML): "wrote <code>␣Q</code>", or, at the end-of-text
+    token the run stopped at, "ended (its end-of-text token, ∎ end)", as its pane marks it (viz.stream), never the
+    special token as text ("<|endoftext|>")."""
+    if trace.finish_reason == "eos" and i == len(trace.steps) - 1:
+        return "ended (its end-of-text token, ∎ end)"
+    return f"wrote <code>{html.escape(readable_token(shown_text(trace.steps[i])))}</code>"
+
+
 def status_html(d3: Trace | None, full: Trace | None, phase: str, *, comparison: Comparison | None = None,
                 note: str = "") -> str:
     """One status line: the phase, tokens so far, and the first divergence called out in words."""
@@ -127,9 +136,9 @@ def status_html(d3: Trace | None, full: Trace | None, phase: str, *, comparison:
         parts.append(html.escape(f"{len(d3.steps)} {name} tokens, {len(full.steps)} full-depth tokens: "
                                  f"{count_words(counts, name, final=final)}."))
         if first is not None:
-            a, b = readable_token(shown_text(d3.steps[first])), readable_token(shown_text(full.steps[first]))
-            parts.append(f'<span class="d3-callout">First divergence at token {first}: {html.escape(name)} wrote '
-                         f'<code>{html.escape(a)}</code> where full depth wrote <code>{html.escape(b)}</code>.</span>')
+            a, b = _wrote(d3, first), _wrote(full, first)
+            parts.append(f'<span class="d3-callout">First divergence at token {first}: {html.escape(name)} {a} '
+                         f'where full depth {b}.</span>')
         elif n:
             so_far = "" if final else " so far"
             parts.append(f'<span class="d3-agree">No divergence{so_far}: {html.escape(name)} wrote exactly what full '

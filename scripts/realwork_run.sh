@@ -25,11 +25,12 @@ nice -n "${NICE:-19}" "$PY" scripts/realwork_study.py run "${COMMON[@]}" --batch
 # the same N are one group: all their passes first (one prefill per batch for all), then, setting after setting, the
 # problems each changes (d3/research/realwork_report.py reads these lines for each row's problems). α 0.998 and 0.995
 # ran on all 164 problems; the rest on the first 32 of the seeded shuffle (paired with full depth on those 32), the
-# frontier's top first, then the orders, the baselines at about 90% depth, a later start, the collapse: a study that
+# frontier's top first, a later start, the orders, the collapse, the baselines at about 90% depth (early exit
+# last: it answers one problem at a time): a study that
 # fits one session of a shared 2-core machine (all 164 for every setting is about 20 CPU-hours).
 SETTINGS="d3 calibrated a0.998@all;d3 calibrated a0.995@all"
-SETTINGS+=";d3 calibrated a0.9995@32;d3 calibrated a0.999@32;d3 middle_out a0.998@32;d3 bottom_up a0.998@32"
-SETTINGS+=";unified 0.9@32;skipdecode 0.9@32;early_exit 0.9@32;d3 calibrated s24 a0.998@32;d3 calibrated a0.99@32"
-SETTINGS+=";d3 calibrated a0.98@32"
+SETTINGS+=";d3 calibrated a0.9995@32;d3 calibrated a0.999@32;d3 calibrated s24 a0.998@32;d3 middle_out a0.998@32"
+SETTINGS+=";d3 bottom_up a0.998@32;d3 calibrated a0.99@32;unified 0.9@32;skipdecode 0.9@32;d3 calibrated a0.98@32"
+SETTINGS+=";early_exit 0.9@32"
 STAGES="$SETTINGS"
 nice -n "${NICE:-19}" "$PY" scripts/realwork_study.py run "${COMMON[@]}" --batch 16 --stages "$STAGES"

@@ -212,6 +212,8 @@ def speed(args) -> None:
 
     torch.set_num_threads(args.threads)
     bench = BENCHMARKS[args.bench]()
+    if args.max_new_tokens:  # the timed replies' budget (per-token timing needs no whole answer)
+        bench = dataclasses.replace(bench, max_new_tokens=args.max_new_tokens)
     path = Path(args.out_dir) / f"realwork_{bench.name}_speed.json"
     done = json.loads(path.read_text()) if path.is_file() else {}
     args.device = "cpu"
@@ -223,7 +225,8 @@ def speed(args) -> None:
         cfg = engine.resolve(strategy(label, engine, args.horizon))
         t0 = time.perf_counter()
         done[label] = {**per_token_timing(timed, cfg, engine.num_layers, engine.fixed_cost_layers, pairs=args.pairs,
-                                          threads=args.threads), "problems": [p.pid for p in timed[0].examples]}
+                                          threads=args.threads), "problems": [p.pid for p in timed[0].examples],
+                       "max_new_tokens": bench.max_new_tokens, "load_1min": round(os.getloadavg()[0], 1)}
         path.write_text(json.dumps(done, indent=1))
         t = done[label]
         say(f"speed, {label}: {t['ratio']:.3f}x [{t['low']:.3f}, {t['high']:.3f}] per token, theory "

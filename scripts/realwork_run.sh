@@ -16,11 +16,6 @@ echo "realwork_run.sh: pid $$, $(date -u)" >&2
 nice -n "${NICE:-19}" "$PY" scripts/realwork_study.py run "${COMMON[@]}" --batch 16 --stages "full@all"
 [[ -f results/realwork_humaneval_shortcut_check.json ]] || \
   nice -n "${NICE:-19}" "$PY" scripts/realwork_study.py verify "${COMMON[@]}" --batch 8
-# The settings, each read over full depth's reply on every problem of its stage first (one pass per batch, all the
-# group's settings at once: where each first changes the reply), then, setting after setting, the problems each
-# changes answered freely. The frontier's top and the orders on all 164 problems; the settings near or past the
-# collapse (α 0.99 and below, the baselines at 70% depth), whose replies run to the token cap, on the first 60 of
-# the seeded shuffle: paired with full depth on those 60, wider intervals, a third of the CPU.
 # LABEL@N: the setting on the first N problems of the seeded shuffle (all: every problem); consecutive settings on
 # the same N are one group: all their passes first (one prefill per batch for all), then, setting after setting, the
 # problems each changes (d3/research/realwork_report.py reads these lines for each row's problems). α 0.998 and 0.995

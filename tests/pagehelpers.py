@@ -78,9 +78,9 @@ def open_page(browser, url: str, viewport: dict | None = None):
     return page
 
 
-def wait_for_status(page, text: str) -> None:
+def wait_for_status(page, text: str, timeout_ms: float = TIMEOUT_MS) -> None:
     page.wait_for_function("(t) => document.querySelector('#status')?.innerText.includes(t)", arg=text,
-                           timeout=TIMEOUT_MS)
+                           timeout=timeout_ms)
 
 
 def generate(page, tokens: int = 16) -> None:

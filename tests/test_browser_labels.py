@@ -174,7 +174,9 @@ def after_fills(browser, url):
     """One page after the fill scenario (a long D3 label: strided, fill none; and the fill comparison)."""
     pg = new_page(browser, url, DESKTOP)
     run_scenario(pg, "fill")
-    wait_for_status(pg, "Fill comparison done")
+    # a hang guard, not a speed claim: the scenario runs several generations, and under a loaded suite (4 workers on
+    # 2 cores beside a benchmark) it passed 120 s once
+    wait_for_status(pg, "Fill comparison done", timeout_ms=3 * TIMEOUT_MS)
     yield pg
     pg.close()
 

@@ -116,18 +116,33 @@ def test_answer_many_records_only_what_is_left(tiny_engine) -> None:
     assert sorted(got) == [("d3", "p0"), ("d3", "p3"), ("full", "p1")]
 
 
-def test_word_sorting_asks_long_lists_and_scores_the_words_in_order() -> None:
-    from d3.research.data import task_file
-    from d3.research.realwork import WORD_SORTING_MIN_WORDS, word_sorting
+def test_gsm_symbolic_is_the_same_60_problems_with_shots_from_other_templates() -> None:
+    """GSM-Symbolic as the study asks it: the same 60 problems every time, 3 worked shots on templates none of the
+    problems uses (so no shot is a problem with other numbers), and the final number after "####" scored by
+    Reasoning Gym's own scorer."""
+    from d3.research.realwork import GSM_SHOTS, final_number, gsm_symbolic
 
-    if not task_file("word_sorting").is_file():
-        pytest.skip("BIG-bench data not fetched (bash scripts/fetch_data.sh)")
-    bench = word_sorting()
-    assert len(bench.problems) > 500 and bench.stop == r"\n"
+    bench, again = gsm_symbolic(), gsm_symbolic()
+    assert len(bench.problems) == 60 and [p.prompt for p in bench.problems] == [p.prompt for p in again.problems]
+    shots = bench.problems[0].prompt.rsplit("Question: ", 1)[0]
+    templates = {p.data["template"] for p in bench.problems}
+    assert len(templates) > 30  # many templates, not one question with other numbers
+    for p in bench.problems:
+        assert p.prompt.startswith(shots) and p.prompt.count("Question: ") == GSM_SHOTS + 1
+        assert p.prompt.endswith("\nAnswer:") and shots.count("#### ") == GSM_SHOTS
+        assert p.data["entry"]["question"].strip() not in shots
     p = bench.problems[0]
-    assert p.prompt.count("Q: ") == 4 and p.prompt.endswith("\nA:")
-    assert len(p.data["target"].split()) >= WORD_SORTING_MIN_WORDS
-    assert bench.score(p, " " + p.data["target"])[0] and not bench.score(p, " " + p.data["target"][::-1])[0]
+    answer = p.data["entry"]["answer"]
+    worked = " " + p.data["entry"]["metadata"]["answer_cot"]
+    assert bench.score(p, worked) == (True, "passed")
+    assert bench.score(p, " 2 + 2 = 4\n#### $1,000,000")[0] is False
+    assert bench.score(p, " the answer is " + answer)[0] is False  # no "####": no final answer
+    assert final_number("x\n#### $1,234.5") == "1234.5" and final_number("#### 3\n#### -7") == "-7"
+    # the reply ends after its "#### N" line, not at a blank line between steps (the shots have them)
+    assert cut(worked.rstrip() + "\n\nQuestion: next", bench.stop) == worked.rstrip()
+    assert cut(" 1. a\n\n2. b = 3\n#### 3\nmore", bench.stop) == " 1. a\n\n2. b = 3\n#### 3"
+    assert cut(" 1. a\n\n2. b\nQuestion: next", bench.stop) == " 1. a\n\n2. b"
+    assert cut(" steps\n#### 3", bench.stop) == " steps\n#### 3"  # not ended yet: the line may go on
 
 
 @pytest.mark.parametrize("batch", [2, 4])

@@ -1,4 +1,4 @@
-"""D3 on real work: benchmarks whose answers are long (HumanEval's function bodies, BBH word sorting's full lists),
+"""D3 on real work: benchmarks whose answers are long (HumanEval's function bodies, GSM-Symbolic's worked answers),
 answered greedily in padded batches under any strategy, each reply cut at its benchmark's stop sequences and scored.
 
 The decode loop is the engine's own (`d3.decoder.prefill` at full depth on the whole left-padded prompt, then
@@ -69,9 +69,13 @@ class Benchmark:
 
 
 def cut(text: str, stop: str | None) -> str:
-    """`text` up to the first match of the regular expression `stop` (all of it when there is none)."""
+    """`text` up to the first match of the regular expression `stop` (all of it when there is none); where `stop`
+    has a group named "end", up to where that group starts (the text before it kept, as a final answer's line)."""
     found = re.search(stop, text) if stop else None
-    return text[:found.start()] if found else text
+    if found is None:
+        return text
+    return text[:found.start("end") if "end" in found.re.groupindex and found.group("end") is not None
+                else found.start()]
 
 
 # ---------------------------------------------------------------- HumanEval
@@ -109,38 +113,72 @@ def humaneval(path: Path | None = None) -> Benchmark:
                      "HumanEval (164 problems), raw completion of the prompt, Codex stop sequences, pass@1 greedy")
 
 
-# ---------------------------------------------------------------- BBH word sorting, full lists
+# ---------------------------------------------------------------- GSM-Symbolic (Reasoning Gym): grade-school math, worked
+
+# The second benchmark, of another kind than code: grade-school math answered with its working, as in GSM8K (which
+# the D3 paper reports). BBH's word sorting was the first plan, but its data cannot be fetched here (PyPI's bigbench
+# 1.0.0 has no files), and Reasoning Gym's word sorting of 10-15 words was a floor for this model (0 of 7 at full
+# depth in a pilot: no room to measure a loss). Reasoning Gym (Stojanovski et al. 2025, `reasoning-gym` on PyPI)
+# generates GSM-Symbolic's problems offline (Mirzadeh et al. 2024: GSM8K's questions as templates, new names and
+# numbers) with a worked solution ending "#### N", and scores the final number with its own `score_answer`.
+# Fixed before any reply was seen: 60 problems of seed 2026, 3 worked shots from a far seed on templates none of the
+# problems uses, raw completion ("Question: ... / Answer: ..."), the reply cut after its "#### N" line.
+GSM_PROBLEMS = 60
+GSM_SEED = 2026  # problem i is drawn from Random(seed + i) (Reasoning Gym's rule), its template from Random(seed)
+GSM_SHOT_SEED = 1_000_000  # far from the problems' seeds
+GSM_SHOTS = 3
+GSM_MAX_NEW_TOKENS = 256
+# The reply ends at the newline after its "#### N" line (kept: the group "end" marks where `cut` cuts), or before a
+# next question; not at a blank line: worked answers (a shot's among them) have blank lines between their steps.
+GSM_STOP = r"####[^\n]*\d[^\n]*(?P<end>\n)|\nQuestion:"
 
 
-WORD_SORTING_MIN_WORDS = 10  # lists of at least this many words: answers of 30 tokens or more
-WORD_SORTING_SHOTS = 3
+def _gsm_dataset(seed: int, size: int) -> Any:
+    try:
+        import reasoning_gym
+    except ImportError as err:  # pragma: no cover (the research extra installs it)
+        raise ImportError("GSM-Symbolic needs the reasoning-gym package: pip install -r requirements-research.txt") from err
+    return reasoning_gym.create_dataset("gsm_symbolic", size=size, seed=seed)
 
 
-def _words(example: Any) -> list[str]:
-    return example.input.split("List:", 1)[-1].split()
+def _gsm_text(entry: dict[str, Any]) -> str:
+    return f"Question: {entry['question'].strip()}\nAnswer:"
 
 
-def word_sorting(data_dir: str | Path | None = None) -> Benchmark:
-    """BIG-bench word sorting (a BBH task, the one the D3 paper shows filling matters on), lists of
-    WORD_SORTING_MIN_WORDS words or more; 3-shot, the answer the sorted words on one line; exact match of the words.
-    The shots are the task's first three such lists; the problems are every other one."""
-    from d3.research.data import load_task
-
-    examples = [ex for ex in load_task("word_sorting", data_dir=data_dir) if len(_words(ex)) >= WORD_SORTING_MIN_WORDS]
-    shots, rest = examples[:WORD_SORTING_SHOTS], examples[WORD_SORTING_SHOTS:]
-    head = "".join(f"Q: {s.input}\nA: {s.target}\n\n" for s in shots)
-    problems = tuple(Problem(f"word_sorting/{i}", f"{head}Q: {ex.input}\nA:", {"target": ex.target})
-                     for i, ex in enumerate(rest))
-    return Benchmark("word_sorting", problems, r"\n", 160, score_word_sorting,
-                     f"BBH word sorting, lists of >= {WORD_SORTING_MIN_WORDS} words, 3-shot, exact match")
-
-
-def score_word_sorting(problem: Problem, completion: str) -> tuple[bool, str]:
-    got, want = completion.split(), problem.data["target"].split()
-    return got == want, "passed" if got == want else "failed: another order or other words"
+def gsm_symbolic(n: int = GSM_PROBLEMS) -> Benchmark:
+    """GSM-Symbolic from Reasoning Gym: `n` problems of GSM_SEED, 3-shot with worked answers (raw completion), the
+    reply cut after its "#### N" line (GSM_STOP) and scored on the number after its last "####" by Reasoning Gym's
+    own `score_answer` (passed at 1.0: the same number)."""
+    data = _gsm_dataset(GSM_SEED, n)
+    used = set(data.task_indices)
+    pool = _gsm_dataset(GSM_SHOT_SEED, 200)
+    shots = [pool[i] for i in range(len(pool)) if pool.task_indices[i] not in used][:GSM_SHOTS]
+    head = "".join(f"{_gsm_text(s)} {s['metadata']['answer_cot'].strip()}\n\n" for s in shots)
+    problems = tuple(Problem(f"gsm_symbolic/{i}", f"{head}{_gsm_text(entry)}",
+                             {"entry": entry, "dataset": data, "template": data.task_indices[i]})
+                     for i, entry in enumerate(data))
+    return Benchmark("gsm_symbolic", problems, GSM_STOP, GSM_MAX_NEW_TOKENS, score_gsm,
+                     f"GSM-Symbolic via Reasoning Gym (seed {GSM_SEED}, {n} problems), 3 worked shots, raw "
+                     "completion, the final number after '####' scored by its own score_answer")
 
 
-BENCHMARKS: dict[str, Callable[[], Benchmark]] = {"humaneval": humaneval, "word_sorting": word_sorting}
+def final_number(completion: str) -> str | None:
+    """The number after the reply's last "####" ($ and thousands commas dropped), or None when it has none."""
+    if "####" not in completion:
+        return None
+    found = re.search(r"-?\d+(?:\.\d+)?", completion.rsplit("####", 1)[1].replace(",", "").replace("$", ""))
+    return found.group(0) if found else None
+
+
+def score_gsm(problem: Problem, completion: str) -> tuple[bool, str]:
+    answer = final_number(completion)
+    if answer is None:
+        return False, "failed: no final answer (####)"
+    ok = problem.data["dataset"].score_answer(answer, problem.data["entry"]) == 1.0
+    return ok, "passed" if ok else f"failed: {answer}, not {problem.data['entry']['answer']}"
+
+
+BENCHMARKS: dict[str, Callable[[], Benchmark]] = {"humaneval": humaneval, "gsm_symbolic": gsm_symbolic}
 
 
 # ---------------------------------------------------------------- batched greedy decoding

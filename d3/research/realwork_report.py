@@ -21,7 +21,7 @@ NUM_LAYERS = 28
 FIXED_COST_LAYERS = 4.986849303078707  # Qwen2.5-Coder-1.5B's LM head in decoder layers (results/drop_order_qwen25coder.json)
 PUBLISHED = {"humaneval": ("70.7", "Qwen2.5-Coder-1.5B-Instruct's HumanEval in its technical report (chat format, "
                            "full-precision weights)")}
-TOTALS = {"humaneval": 164, "word_sorting": 60}  # word sorting: the first 60 of the seeded shuffle
+TOTALS = {"humaneval": 164, "gsm_symbolic": 60}  # GSM-Symbolic: 60 problems of Reasoning Gym seed 2026
 LENGTH_BINS = (0, 40, 80, 120, 400)  # full depth's answer length in tokens, for pass@1 by length
 SUMMARY_START = "<!-- realwork:start -->"
 SUMMARY_END = "<!-- realwork:end -->"
@@ -296,7 +296,7 @@ def _full_passed(rep: dict[str, Any], r: dict[str, Any]) -> int:
     return int(r["full_passed"] + sum(rep["full_passed_by_pid"].get(p, False) for p in r["pending"]))
 
 
-RUN_SCRIPTS = {"humaneval": Path("scripts/realwork_run.sh"), "word_sorting": Path("scripts/realwork_run_word_sorting.sh")}
+RUN_SCRIPTS = {"humaneval": Path("scripts/realwork_run.sh"), "gsm_symbolic": Path("scripts/realwork_run_gsm.sh")}
 
 
 def planned_stages(bench: str) -> dict[str, int | None]:
@@ -374,7 +374,7 @@ def summary_section(reps: dict[str, dict[str, Any]]) -> str:
         out.append("")
         total = TOTALS.get(bench)
         if total and f["n"] < total:
-            out.append(f"**Partial** (the run is resumable and goes on: `bash scripts/realwork_run.sh`): full depth "
+            out.append(f"**Partial** (the run is resumable and goes on: `bash {RUN_SCRIPTS[bench]}`): full depth "
                        f"on {f['n']} of {total} problems so far, each setting on the problems listed by its row; "
                        "intervals this wide say only where the data cannot yet tell. Settings are paired with full "
                        "depth on the same problems only.")

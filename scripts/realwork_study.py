@@ -1,4 +1,4 @@
-"""D3 on real work: HumanEval (and BBH word sorting) answered greedily under full depth, D3 with three orders and two
+"""D3 on real work: HumanEval (and GSM-Symbolic) answered greedily under full depth, D3 with three orders and two
 starts, SkipDecode, Unified Layer Skipping and early exit; every problem's reply, verdict and layers appended to a
 JSONL file as each batch finishes, so the run is resumable (a rerun skips the problems already there).
 

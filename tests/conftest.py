@@ -237,13 +237,6 @@ def chunked_model(tmp_path, monkeypatch):
 # ---------------------------------------------------------------- how the suite spreads over the workers
 
 
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """`-n auto`: two workers per core, at most 4. A browser test waits on its page (quiet windows, streamed runs) for
-    about half its time, so one worker per core left the CPU half idle (measured: 23 CPU-minutes over a 26-minute
-    run on 2 cores)."""
-    return max(1, min(4, 2 * (os.cpu_count() or 1)))
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """With `--dist loadgroup` (pytest.ini), each test module is one group, kept on one worker so its served page

@@ -18,7 +18,6 @@ from tests.pagehelpers import Watched
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::UserWarning")]
 playwright_api = pytest.importorskip("playwright.sync_api")
-XDIST_SPLIT = 2  # two groups on two workers (tests/conftest.py): about 5 worker-minutes
 
 GUARD_MS = 120_000
 

@@ -29,7 +29,7 @@ playwright_api = pytest.importorskip("playwright.sync_api")
 QUIET_S = 5.0  # the page is idle: no request for this long
 GUARD_S = 120.0  # hang guard for every wait (not a claim about speed)
 TOKENS = 4
-XDIST_SPLIT = 3  # three groups on three workers (tests/conftest.py): the longest module, about 12 worker-minutes
+XDIST_SPLIT = 2  # two groups, one per worker (tests/conftest.py): the longest module, about 12 worker-minutes
 
 
 @pytest.fixture(scope="module")

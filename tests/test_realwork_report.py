@@ -74,7 +74,7 @@ def test_a_setting_run_on_the_first_n_problems_is_read_on_those_only(tmp_path, m
     from d3.research import realwork_report as rr
 
     script = tmp_path / "run.sh"
-    script.write_text('SETTINGS="d3 calibrated a0.998@all;d3 calibrated a0.99@2"\nSETTINGS+=";unified 0.7@60"\n')
+    script.write_text('SETTINGS="d3 calibrated a0.998@all|d3 calibrated a0.99@2"\nSETTINGS+=";unified 0.7@60"\n')
     monkeypatch.setitem(rr.RUN_SCRIPTS, "toy", script)
     assert rr.planned_stages("toy") == {"d3 calibrated a0.998": None, "d3 calibrated a0.99": 2, "unified 0.7": 60}
     assert rr.planned_settings("toy") == ["d3 calibrated a0.998", "d3 calibrated a0.99", "unified 0.7"]

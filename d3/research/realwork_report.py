@@ -307,7 +307,7 @@ def planned_stages(bench: str) -> dict[str, int | None]:
         return {}
     text = ";".join(re.findall(r'^SETTINGS\+?="([^"]*)"', script.read_text(encoding="utf-8"), flags=re.M))
     out: dict[str, int | None] = {}
-    for word in (w.strip() for w in text.split(";") if w.strip()):
+    for word in (w.strip() for w in re.split(r"[;|]", text) if w.strip()):  # "|" ends a group, ";" joins one
         label, _, n = word.partition("@")
         out[label.strip()] = int(n) if n.strip().isdigit() else None
     return out

@@ -201,7 +201,7 @@ def figure(rep: dict[str, Any], bench: str) -> Any:
             x=[r["mean_layers"] for r in rs], y=[100 * r["diff"]["diff"] for r in rs], mode="lines+markers", name=name,
             error_y=dict(type="data", symmetric=False, array=[100 * (r["diff"]["high"] - r["diff"]["diff"]) for r in rs],
                          arrayminus=[100 * (r["diff"]["diff"] - r["diff"]["low"]) for r in rs]),
-            text=[f"{r['label']}: {r['passed']}/{r['n']} (full {r['full_passed']}/{r['n']}), same code "
+            text=[f"{r['label']}: {r['passed']}/{r['n']} (full {r['full_passed']}/{r['n']}), same reply "
                   f"{r['fidelity']['same']}/{r['n']}" for r in rs], hoverinfo="text+x+y"), row=1, col=1)
     for r in rep["settings"]:
         if r["curve"].startswith("d3"):
@@ -266,7 +266,7 @@ def diff_text(d: dict[str, Any]) -> str:
 def table(rep: dict[str, Any]) -> list[str]:
     f = rep["full"]
     lines = ["| setting | problems | mean layers (of 28) | pass@1 | vs full depth, paired (points, 95% exact) | "
-             "lost / won | same code as full depth | theory (LM head fixed / none) | measured per token (ABBA) |",
+             "lost / won | same reply as full depth | theory (LM head fixed / none) | measured per token (ABBA) |",
              "|---|---|---|---|---|---|---|---|---|",
              f"| full depth | {f['n']} | 28 | {f['passed']}/{f['n']} = {pct(f['pass_at_1']['rate'])}% "
              f"[{pct(f['pass_at_1']['low'])}, {pct(f['pass_at_1']['high'])}] | | | | 1 / 1 | 1 |"]

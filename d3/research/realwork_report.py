@@ -235,6 +235,8 @@ def headline_text(rep: dict[str, Any]) -> str:
     on every problem they were read on whose paired loss is at most 1 and at most 3 points, and whether any beats
     1.1x within 1 point; measured speedups only where timed."""
     done = [r for r in rep["settings"] if r.get("complete", True) and r["diff"]]
+    if not done:
+        return "**Headline**: none yet. No setting has been answered on all its problems."
     parts = []
     for bound in (1, 3):
         ok = [r for r in done if r["diff"]["diff"] >= -bound / 100 - 1e-12]

@@ -241,8 +241,10 @@ def chunked_model(tmp_path, monkeypatch):
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """With `--dist loadgroup` (pytest.ini), each test module is one group, kept on one worker so its served page
     and models are built once, except a module that sets XDIST_SPLIT = n: its tests are dealt round-robin into n
-    groups (its module fixtures are then built once per group). Modules that drive the browser go first, then the
-    slow ones, so the longest groups do not start last (the order within a module is kept)."""
+    groups (its module fixtures are then built once per group), and modules that set the same XDIST_GROUP share one
+    group (the modules that load the 28-layer model in float32, about 9 GB each: one worker at a time holds it).
+    Modules that drive the browser go first, then the slow ones, so the longest groups do not start last (the order
+    within a module is kept)."""
     def rank(item: pytest.Item) -> int:
         return 0 if item.get_closest_marker("browser") else 1 if item.get_closest_marker("slow") else 2
 
@@ -251,7 +253,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         modules.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
     order = sorted(modules, key=lambda m: min(rank(i) for i in modules[m]))
     for name in order:
-        split = getattr(modules[name][0].module, "XDIST_SPLIT", 1) if hasattr(modules[name][0], "module") else 1
+        module = getattr(modules[name][0], "module", None)
+        split, group = getattr(module, "XDIST_SPLIT", 1), getattr(module, "XDIST_GROUP", name)
         for k, item in enumerate(modules[name]):
-            item.add_marker(pytest.mark.xdist_group(f"{name}#{k % split}" if split > 1 else name))
+            item.add_marker(pytest.mark.xdist_group(f"{group}#{k % split}" if split > 1 else group))
     items[:] = [item for name in order for item in modules[name]]

@@ -128,7 +128,10 @@ class Watched:
     """A page, every event request it sends (to count what an idle page sends) and every text its status line
     showed (a MutationObserver keeps them all, so a line shown for a moment between two looks is seen too)."""
 
-    QUIET_S = 5.0  # idle: no request for this long
+    # Idle: no request for this long. The page's own pollers run every 300-400 ms (assets/*.js) and its only
+    # server timer every 2 s (a public server's preparation line), so a storm or a late run shows within 3 s;
+    # 5 s windows cost the browser modules about 4 worker-minutes more for no case they caught.
+    QUIET_S = 3.0
     GUARD_S = 120.0  # hang guard for every wait (not a claim about speed)
 
     def __init__(self, page) -> None:

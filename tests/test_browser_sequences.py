@@ -1,5 +1,5 @@
 """Issue 24, "A page that survives a lecture": a person's sequences of moves in headless Chromium, each followed by
-the same three checks: once the page is idle it sends no request for 5 s (no event storm), it answers a click (Stop
+the same three checks: once the page is idle it sends no request for 3 s (no event storm), it answers a click (Stop
 says "Nothing is running."), and Generate either runs to "Done." or says what to change (no dead end). Plus a seeded
 randomized version. The page serves tiny random Llamas under the embedded models' names and layer counts, so each
 model starts with its calibrated drop order, as on the real page.
@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::Deprecati
               pytest.mark.filterwarnings("ignore::UserWarning")]
 playwright_api = pytest.importorskip("playwright.sync_api")
 
-QUIET_S = 5.0  # the page is idle: no request for this long
+QUIET_S = 3.0  # the page is idle: no request for this long (pagehelpers.Watched.QUIET_S says why 3 s)
 GUARD_S = 120.0  # hang guard for every wait (not a claim about speed)
 TOKENS = 4
 XDIST_SPLIT = 2  # two groups, one per worker (tests/conftest.py): the longest module, about 12 worker-minutes

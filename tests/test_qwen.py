@@ -28,6 +28,7 @@ def _installed() -> bool:
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not _installed(), reason=f"not installed: {KNOWN_MODELS[QWEN_CODER].install}")]
+XDIST_GROUP = "deep-model"  # one worker at a time holds the 28-layer model (tests/conftest.py)
 # 16 tokens: on the shared 2-core CPU full depth runs at 0.2-1 token/s in float32 (docs/models.md), and this test
 # runs it twice; scripts/qwen_exact.py checks 64 tokens against transformers on the GGUF itself.
 TOKENS = 16

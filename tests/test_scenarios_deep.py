@@ -25,6 +25,7 @@ def _installed() -> bool:
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not _installed(), reason=f"not installed: {KNOWN_MODELS[QWEN_CODER].install}")]
+XDIST_GROUP = "deep-model"  # one worker at a time holds the 28-layer model (tests/conftest.py)
 CAPS = Caps(max_new_tokens=64)
 ANSWER = " 8 times 7 is 56. So the answer is 56."
 

@@ -130,7 +130,7 @@ class Watched:
 
     # Idle: no request for this long. The page's own pollers run every 300-400 ms (assets/*.js) and its only
     # server timer every 2 s (a public server's preparation line), so a storm or a late run shows within 3 s;
-    # 5 s windows cost the browser modules about 4 worker-minutes more for no case they caught.
+    # Each window is a wait the suite pays in full (a settle() is two): it was 5 s.
     QUIET_S = 3.0
     GUARD_S = 120.0  # hang guard for every wait (not a claim about speed)
 

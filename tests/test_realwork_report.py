@@ -39,6 +39,21 @@ def test_the_report_pairs_each_setting_with_full_depth_on_the_same_problems(tmp_
     assert text.count("D3 on real work") == 1 and text.endswith("# older results\n")
 
 
+def test_when_no_setting_keeps_the_answers_the_headline_names_the_deepest_and_its_loss() -> None:
+    """GSM-Symbolic's first row (α 0.998 lost 10 points): the verdict does not say the settings that keep the answers
+    run "at least 28 of 28 layers" (there are none); it names the deepest setting answered and what it lost."""
+    from d3.research.realwork_report import headline_text, report
+
+    recs = [_rec("full", f"p{i}", True, [1, 2, 3, 4]) for i in range(4)]
+    recs += [_rec("d3 calibrated a0.998", f"p{i}", i > 0, [1, 2, 9, 4], 24) for i in range(4)]  # one lost
+    recs += [_rec("d3 calibrated a0.99", f"p{i}", i > 1, [1, 9, 9, 4], 18) for i in range(4)]  # two lost
+    words = headline_text(report(recs))
+    assert "within 1 point (paired point estimate): no setting" in words
+    assert "no setting answered so far keeps the answers within 1 point" in words
+    assert "the deepest, d3 calibrated a0.998, runs 24.00 of 28 layers and loses 25.0 points" in words
+    assert "at least 28.00" not in words
+
+
 def test_a_setting_with_changed_problems_still_to_answer_is_shown_pending_not_paired() -> None:
     """The shortcut's passes say which problems a setting changes before they are answered: a setting with some
     left is not paired on its unchanged problems alone (that would read +0.0); its pass@1 is a range, its same-code
